@@ -1,0 +1,127 @@
+// Public C++ entry points: validate -> select a backend -> run, and `explain`.
+#include <exception>
+
+#include "common/log.hpp"
+#include "dispatch/backend.hpp"
+#include "dispatch/select.hpp"
+#include "problem/layout.hpp"
+#include "problem/problem.hpp"
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn {
+
+std::string_view to_string(StatusCode code) {
+  switch (code) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::invalid_argument: return "invalid_argument";
+    case StatusCode::unsupported: return "unsupported";
+    case StatusCode::backend_error: return "backend_error";
+    case StatusCode::internal: return "internal";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f32: return "f32";
+  }
+  return "unknown";
+}
+
+std::size_t size_of(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+std::string_view to_string(MaskKind mask) {
+  switch (mask) {
+    case MaskKind::none: return "none";
+    case MaskKind::causal: return "causal";
+    case MaskKind::causal_bottom_right: return "causal-bottom-right";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(Backend backend) {
+  switch (backend) {
+    case Backend::automatic: return "auto";
+    case Backend::reference: return "reference";
+    case Backend::cpu: return "cpu";
+    case Backend::cuda: return "cuda";
+    case Backend::cudnn: return "cudnn";
+  }
+  return "unknown";
+}
+
+std::optional<Backend> backend_from_string(std::string_view name) {
+  for (Backend b : {Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda,
+                    Backend::cudnn})
+    if (name == to_string(b)) return b;
+  return std::nullopt;
+}
+
+std::string_view version() { return "0.1.0"; }
+
+bool backend_compiled(Backend backend) { return detail::backend_impl(backend) != nullptr; }
+
+namespace {
+
+using detail::Problem;
+
+template <class Args>
+Status run(const Args& args, bool backward) {
+  try {
+    Problem problem;
+    if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
+    detail::Selection sel = detail::select_backend(problem, args.backend);
+    if (!sel.chosen) return sel.status;
+    detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);
+    return backward ? impl->backward(problem) : impl->forward(problem);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::backend_error, "out of host memory");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string("internal error: ") + e.what());
+  }
+}
+
+template <class Args>
+Status workspace(const Args& args, std::size_t* bytes) {
+  if (!bytes) return Status(StatusCode::invalid_argument, "workspace_size: bytes is null");
+  *bytes = 0;
+  try {
+    Problem problem;
+    if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
+    detail::Selection sel = detail::select_backend(problem, args.backend);
+    if (!sel.chosen) return sel.status;
+    return detail::backend_impl(*sel.chosen)->workspace_size(problem, bytes);
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string("internal error: ") + e.what());
+  }
+}
+
+template <class Args>
+Explanation explain_impl(const Args& args) {
+  Explanation ex;
+  try {
+    Problem problem;
+    ex.validation = detail::make_problem(args, &problem);
+    if (!ex.validation.ok()) return ex;
+    ex.layout = detail::describe_layout(problem);
+    detail::Selection sel = detail::select_backend(problem, Backend::automatic);
+    ex.verdicts = std::move(sel.verdicts);
+    ex.chosen = sel.chosen;
+  } catch (const std::exception& e) {
+    ex.validation = Status(StatusCode::internal, std::string("internal error: ") + e.what());
+  }
+  return ex;
+}
+
+}  // namespace
+
+Status forward(const ForwardArgs& args) { return run(args, false); }
+Status backward(const BackwardArgs& args) { return run(args, true); }
+Status workspace_size(const ForwardArgs& args, std::size_t* bytes) { return workspace(args, bytes); }
+Status workspace_size(const BackwardArgs& args, std::size_t* bytes) { return workspace(args, bytes); }
+Explanation explain(const ForwardArgs& args) { return explain_impl(args); }
+Explanation explain(const BackwardArgs& args) { return explain_impl(args); }
+
+}  // namespace strideattn

@@ -1,0 +1,1 @@
+// STUB: cpu backward (owner: cpu helper).

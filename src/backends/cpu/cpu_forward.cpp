@@ -1,0 +1,1 @@
+// STUB: cpu forward (owner: cpu helper).

@@ -1,0 +1,32 @@
+// The executable specification (docs/semantics.md): plain loops over a validated problem,
+// reading every tensor through its real strides. Two precisions:
+//   exact      - fp64 everywhere (the truth every backend is compared with);
+//   naive_lowp - DESIGN's "naive implementation in the same low precision": inputs in the
+//                dtype, S and softmax in fp32, P rounded to the dtype before P.V, outputs
+//                rounded (backward likewise: dS rounded to the dtype before the dQ/dK GEMMs).
+// The error of naive_lowp against exact sets each backend's tolerance.
+#pragma once
+
+#include <vector>
+
+#include "problem/problem.hpp"
+
+namespace strideattn::detail {
+
+enum class RefPrecision { exact, naive_lowp };
+
+// Results in contiguous row-major arrays with the *logical* shapes of the output views:
+// o [B, S_q, H, Dv], lse [B, H, S_q], dq like q, dk like k, dv like v, where B and S are the
+// views' extents (varlen: B = 1, S = tokens). Elements no sequence covers (varlen padding)
+// hold what docs/semantics.md says the backends write there (0; LSE -inf).
+// naive_lowp values are already rounded to the dtype (held in double).
+struct ReferenceOutputs {
+  std::vector<double> o, lse;
+  std::vector<double> dq, dk, dv;  // backward only
+};
+
+// Forward; for a backward problem also the gradients (using d_o from the problem; o and lse
+// are recomputed, not read from the problem's o/lse views).
+[[nodiscard]] ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision);
+
+}  // namespace strideattn::detail

@@ -1,0 +1,1 @@
+// STUB: C ABI (owner: validation helper).

@@ -1,0 +1,64 @@
+// A validated attention problem: the user's views plus the sizes, mask and varlen tables
+// resolved once, so that backends and support checks read named fields instead of
+// re-deriving them. Built only by make_problem(), which applies every validation rule.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn::detail {
+
+enum class Direction { forward, backward };
+[[nodiscard]] std::string_view to_string(Direction d);
+
+struct Problem {
+  Direction direction = Direction::forward;
+  DType dtype = DType::f16;
+  Memory memory = Memory::host;
+
+  // sizes
+  std::int64_t batch = 0;            // number of sequences
+  std::int64_t s_q = 0, s_kv = 0;    // dense: extents; varlen: longest sequence
+  std::int64_t heads = 0, kv_heads = 0;
+  std::int64_t d_qk = 0, d_v = 0;
+
+  // options, resolved
+  MaskKind mask = MaskKind::none;
+  Window window{};
+  double scale = 0.0;  // never 0 after make_problem: the default 1/sqrt(d_qk) is filled in
+  bool deterministic = false;
+
+  // varlen: lengths and first-token offsets (offsets filled in when packed); empty if dense
+  bool varlen = false;
+  std::vector<std::int64_t> seqlens_q, seqlens_kv, offsets_q, offsets_kv;
+
+  // the caller's views (unchanged)
+  TensorView q, k, v, o;
+  LseView lse;  // forward: optional output; backward: required input
+  TensorView d_o, dq, dk, dv;  // backward only
+
+  void* stream = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+
+  [[nodiscard]] bool is_backward() const { return direction == Direction::backward; }
+  [[nodiscard]] bool writes_lse() const { return lse.data != nullptr; }
+  [[nodiscard]] std::int64_t group_size() const { return heads / kv_heads; }
+  // Tokens in the seq dimension of the views (dense: s_q / s_kv).
+  [[nodiscard]] std::int64_t q_tokens() const { return q.shape[kSeq]; }
+  [[nodiscard]] std::int64_t kv_tokens() const { return k.shape[kSeq]; }
+  // (query, key) pairs the mask leaves visible, summed over sequences and query heads.
+  [[nodiscard]] double visible_pairs() const;
+  // FLOPs by DESIGN's convention: forward 2 * pairs * (d_qk + d_v); backward 2.5x that.
+  [[nodiscard]] double flops() const;
+};
+
+// Validate arguments and build the problem. On error, `out` is unspecified and the status
+// names the tensor, the value found and what is supported.
+[[nodiscard]] Status make_problem(const ForwardArgs& args, Problem* out);
+[[nodiscard]] Status make_problem(const BackwardArgs& args, Problem* out);
+
+}  // namespace strideattn::detail

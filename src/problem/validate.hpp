@@ -1,0 +1,18 @@
+// Validation rules of the contract (DESIGN.md, issue "Foundation" item 3). Each failure is
+// one message naming the tensor, the value found and what is supported.
+#pragma once
+
+#include "problem/problem.hpp"
+
+namespace strideattn::detail {
+
+// All rules, in a fixed order; the first failure is returned. Runs on a resolved but
+// unvalidated problem and must not crash on any input (garbage sizes, null pointers,
+// mismatched varlen vector lengths).
+[[nodiscard]] Status validate_problem(const Problem& problem);
+
+// Two strided views of one dtype overlap in memory (exact where strides allow, see
+// validate.cpp). Exposed for tests.
+[[nodiscard]] bool views_overlap(const TensorView& a, const TensorView& b);
+
+}  // namespace strideattn::detail

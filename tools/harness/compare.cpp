@@ -1,0 +1,2 @@
+// STUB (owner: reference helper)
+#include "harness/compare.hpp"

@@ -1,0 +1,2 @@
+// STUB (owner: validation/layout helper)
+#include "harness/views.hpp"
