@@ -1,0 +1,67 @@
+// Runs one attention case end to end, the way `strideattn check`, `fuzz` and the tests do:
+// allocate the named buffers (host, and a device mirror for GPU backends), fill them with
+// fresh random values, poison the outputs, run each backend, check that every element of
+// each output view was written and nothing outside the output views changed (guard
+// bands), and compare with the fp64 reference under DESIGN's correctness rule.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/compare.hpp"
+#include "harness/views.hpp"
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn::harness {
+
+struct CaseSpec {
+  DType dtype = DType::bf16;
+  ProblemSizes sizes;        // varlen when sizes.seqlens_q is non-empty
+  LayoutViews views;         // from make_layout_views() or given explicitly
+  std::string layout_name;   // what the views came from ("" for explicit views)
+  AttentionOptions options;
+  bool grad = false;         // also run and check the backward
+  std::uint64_t seed = 1;    // random inputs are drawn from this seed
+};
+
+// The one-line `strideattn check ...` command that reproduces `spec`.
+[[nodiscard]] std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backends);
+
+struct BackendResult {
+  Backend backend = Backend::reference;
+  std::string status;   // "ok" | "unsupported" | "error" | "mismatch"
+  std::string reason;   // unsupported/error: the library's message; mismatch: worst element
+  std::vector<TensorCheck> checks;  // o, lse, and with grad dq, dk, dv
+  bool guard_ok = true;     // nothing outside the output views changed
+  bool written_ok = true;   // every element inside the output views was written
+  double time_ms = 0;       // one timed run (use bench_backend for real timing)
+  double tflops = 0;
+};
+
+struct CaseReport {
+  std::string layout;  // the library's description of the views (explain)
+  std::vector<BackendResult> backends;
+  [[nodiscard]] bool all_ok() const;  // every backend ok or unsupported
+};
+
+// Invalid specs (bad views, validation failures) return invalid_argument with the library's
+// message; per-backend problems are reported in `report`.
+[[nodiscard]] Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends,
+                              CaseReport* report);
+
+struct BenchResult {
+  Backend backend = Backend::reference;
+  std::string status, reason;
+  double median_ms = 0, tflops = 0;
+  int runs = 0;
+};
+// DESIGN's protocol: warm up, then the median of at least `runs` timed runs (CUDA events on
+// GPU backends); with spec.grad, forward + backward.
+[[nodiscard]] Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends,
+                                int runs, std::vector<BenchResult>* results);
+
+// True when a CUDA device is usable in this process (false in CPU-only builds).
+[[nodiscard]] bool gpu_available();
+
+}  // namespace strideattn::harness
