@@ -1,5 +1,104 @@
-// STUB: cpu backend (owner: cpu helper).
+// The `cpu` backend: registry entry, support rules, and the host plumbing shared by its
+// forward (cpu_forward.cpp) and backward (cpu_backward.cpp): thread pool and varlen padding.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <system_error>
+#include <thread>
+
+#include "backends/cpu/cpu_common.hpp"
+#include "common/log.hpp"
 #include "dispatch/backend.hpp"
+#include "dispatch/select.hpp"
+
 namespace strideattn::detail {
-BackendImpl* cpu_backend() { return nullptr; }
+namespace cpu {
+
+int thread_count() {
+  if (const char* env = std::getenv("STRIDEATTN_CPU_THREADS"); env && *env) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
+    log_line(LogLevel::info, std::string("STRIDEATTN_CPU_THREADS='") + env +
+                                 "' is not a positive integer; using hardware_concurrency");
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+bool run_threads(int threads, const std::function<void(int)>& body) {
+  std::atomic<bool> failed{false};
+  // An exception must not leave a thread (std::terminate); it is reported as failure.
+  auto guarded = [&](int t) {
+    try {
+      body(t);
+    } catch (...) {
+      failed.store(true);
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    pool.reserve(threads > 1 ? threads - 1 : 0);
+    for (int t = 1; t < threads; ++t) pool.emplace_back(guarded, t);
+  } catch (const std::system_error&) {
+    // Fewer threads than asked: the ones running (and thread 0) drain the shared counter.
+  } catch (const std::bad_alloc&) {
+  }
+  guarded(0);
+  for (auto& th : pool) th.join();
+  return !failed.load();
+}
+
+std::vector<unsigned char> covered_tokens(const kernel::SequenceTable& table, std::int64_t batch,
+                                          std::int64_t tokens) {
+  std::vector<unsigned char> covered(static_cast<std::size_t>(tokens > 0 ? tokens : 0),
+                                     table.varlen() ? 0 : 1);
+  if (!table.varlen()) return covered;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t first = kernel::max64(table.first_token(b), 0);
+    const std::int64_t last = kernel::min64(table.first_token(b) + table.length(b), tokens);
+    for (std::int64_t t = first; t < last; ++t) covered[static_cast<std::size_t>(t)] = 1;
+  }
+  return covered;
+}
+
+}  // namespace cpu
+
+namespace {
+
+class CpuBackend final : public BackendImpl {
+ public:
+  CpuBackend() : rules_{memory_rule(Memory::host)} {}
+  [[nodiscard]] Backend id() const override { return Backend::cpu; }
+  [[nodiscard]] Verdict supports(const Problem& problem) const override {
+    return evaluate_rules(Backend::cpu, rules_, problem);
+  }
+  [[nodiscard]] Status forward(const Problem& problem) override { return guarded(problem, false); }
+  [[nodiscard]] Status backward(const Problem& problem) override { return guarded(problem, true); }
+
+ private:
+  // Allocation failure (large head dims times many threads) becomes a status, never an
+  // exception out of the API.
+  static Status guarded(const Problem& problem, bool backward) {
+    try {
+      return backward ? cpu::backward(problem) : cpu::forward(problem);
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::backend_error,
+                    std::string("cpu backend: out of host memory for the ") +
+                        (backward ? "backward" : "forward") + " scratch buffers");
+    } catch (const std::exception& e) {
+      return Status(StatusCode::internal, std::string("cpu backend: ") + e.what());
+    }
+  }
+  std::vector<SupportRule> rules_;
+};
+
+}  // namespace
+
+BackendImpl* cpu_backend() {
+  static CpuBackend instance;
+  return &instance;
+}
+
 }  // namespace strideattn::detail

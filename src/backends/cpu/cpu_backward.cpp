@@ -1,1 +1,8 @@
-// STUB: cpu backward (owner: cpu helper).
+// `cpu` backward (in progress).
+#include "backends/cpu/cpu_common.hpp"
+
+namespace strideattn::detail::cpu {
+Status backward(const Problem&) {
+  return Status(StatusCode::unsupported, "cpu backward: not implemented yet");
+}
+}  // namespace strideattn::detail::cpu

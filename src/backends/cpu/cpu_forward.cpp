@@ -1,1 +1,180 @@
-// STUB: cpu forward (owner: cpu helper).
+// `cpu` forward: the tiled online-softmax algorithm (FlashAttention-2 order) in fp32.
+// Work item = (sequence, query head, tile of kBlockRows query rows). For each item: load the
+// Q tile, loop over the key tiles the mask leaves visible (kernel::key_range_for_rows),
+// S = scale * Q K^T, mask only tiles that are not kernel::tile_fully_visible, online softmax
+// (running max m, running sum l, rescale O), then O /= l and LSE = m + log(l). Rows that see
+// no key get O = 0 and LSE = -inf. Items run on a thread pool, heaviest first.
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/cpu_common.hpp"
+#include "problem/params.hpp"
+
+namespace strideattn::detail::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Item {
+  std::int64_t batch = 0, head = 0, r0 = 0, r1 = 0;
+  std::int64_t cost = 0;  // visible key span times rows: for longest-first ordering
+};
+
+// Per-thread fp32 tile buffers, allocated once per thread per call.
+struct Scratch {
+  std::vector<float> q;    // [kBlockRows][d_qk]
+  std::vector<float> kt;   // [d_qk][kBlockKeys]  K tile transposed: S rows are contiguous
+  std::vector<float> v;    // [kBlockKeys][d_v]
+  std::vector<float> s;    // [kBlockRows][kBlockKeys]  scores, then probabilities
+  std::vector<float> o;    // [kBlockRows][d_v]  unnormalized output accumulator
+  std::vector<float> row;  // [max(d_qk, d_v)]  staging for transposed loads
+  std::vector<float> m, l; // [kBlockRows] running max and sum
+  Scratch(std::int64_t d_qk, std::int64_t d_v)
+      : q(kBlockRows * d_qk),
+        kt(d_qk * kBlockKeys),
+        v(kBlockKeys * d_v),
+        s(kBlockRows * kBlockKeys),
+        o(kBlockRows * d_v),
+        row(kernel::max64(d_qk, d_v)),
+        m(kBlockRows),
+        l(kBlockRows) {}
+};
+
+std::vector<Item> make_items(const kernel::AttentionParams& a) {
+  std::vector<Item> items;
+  for (std::int64_t b = 0; b < a.batch; ++b) {
+    const kernel::MaskRule mask = a.mask(b);
+    for (std::int64_t r0 = 0; r0 < mask.s_q; r0 += kBlockRows) {
+      const std::int64_t r1 = kernel::min64(r0 + kBlockRows, mask.s_q);
+      const kernel::TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        items.push_back({b, h, r0, r1, (keys.end - keys.begin + 1) * (r1 - r0)});
+    }
+  }
+  // Heaviest first (causal and windowed tiles differ in work); stable keeps the order
+  // deterministic, though results do not depend on it (each item owns its output rows).
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  return items;
+}
+
+void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratch& w) {
+  const std::int64_t dq = a.d_qk, dv = a.d_v, rows = it.r1 - it.r0;
+  const kernel::MaskRule mask = a.mask(it.batch);
+  const std::int64_t kvh = kernel::kv_head_of(it.head, a.heads, a.kv_heads);
+  const kernel::SequenceSpan q_span = a.q_seq.span(a.q_st, it.batch);
+  const kernel::SequenceSpan k_span = a.kv_seq.span(a.k_st, it.batch);
+  const kernel::SequenceSpan v_span = a.kv_seq.span(a.v_st, it.batch);
+  const kernel::SequenceSpan o_span = a.q_seq.span(a.o_st, it.batch);
+
+  float* q = w.q.data();
+  float* s = w.s.data();
+  float* o = w.o.data();
+  for (std::int64_t r = 0; r < rows; ++r)
+    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq);
+  std::fill_n(o, rows * dv, 0.f);
+  std::fill_n(w.m.data(), rows, kNegInf);
+  std::fill_n(w.l.data(), rows, 0.f);
+
+  const kernel::TileRange keys = kernel::key_range_for_rows(mask, it.r0, it.r1);
+  for (std::int64_t c0 = keys.begin; c0 < keys.end; c0 += kBlockKeys) {
+    const std::int64_t c1 = kernel::min64(c0 + kBlockKeys, keys.end), nc = c1 - c0;
+    // K tile, transposed into kt[k][j]; V tile row-major.
+    for (std::int64_t j = 0; j < nc; ++j) {
+      load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, c0 + j, kvh), dq, w.row.data());
+      for (std::int64_t k = 0; k < dq; ++k) w.kt[k * kBlockKeys + j] = w.row[k];
+      load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), dv,
+               w.v.data() + j * dv);
+    }
+    // S = Q K^T (unscaled; the scale is applied with the mask below).
+    std::fill_n(s, rows * kBlockKeys, 0.f);
+    gemm_acc(rows, nc, dq, q, dq, 1, w.kt.data(), kBlockKeys, s, kBlockKeys);
+
+    const bool full = kernel::tile_fully_visible(mask, it.r0, it.r1, c0, c1);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * kBlockKeys;
+      std::int64_t j0 = 0, j1 = nc;  // visible columns of this row within the tile
+      if (!full) {
+        j0 = kernel::min64(kernel::max64(mask.key_begin(it.r0 + r) - c0, 0), nc);
+        j1 = kernel::max64(kernel::min64(mask.key_end(it.r0 + r) - c0, nc), j0);
+      }
+      float mx = kNegInf;
+      for (std::int64_t j = j0; j < j1; ++j) {
+        sr[j] *= a.scale;
+        mx = std::max(mx, sr[j]);
+      }
+      const float m_new = std::max(w.m[r], mx);
+      if (m_new == kNegInf || j0 == j1) {  // nothing visible in this tile for this row
+        std::fill_n(sr, nc, 0.f);
+        continue;
+      }
+      float sum = 0.f;
+      for (std::int64_t j = 0; j < j0; ++j) sr[j] = 0.f;
+      for (std::int64_t j = j0; j < j1; ++j) {
+        sr[j] = std::exp(sr[j] - m_new);
+        sum += sr[j];
+      }
+      for (std::int64_t j = j1; j < nc; ++j) sr[j] = 0.f;
+      const float alpha = std::exp(w.m[r] - m_new);  // 0 when m was -inf
+      if (alpha != 1.f) {
+        float* orow = o + r * dv;
+        for (std::int64_t k = 0; k < dv; ++k) orow[k] *= alpha;
+      }
+      w.l[r] = w.l[r] * alpha + sum;
+      w.m[r] = m_new;
+    }
+    // O += P V
+    gemm_acc(rows, dv, nc, s, kBlockKeys, 1, w.v.data(), dv, o, dv);
+  }
+
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t off = kernel::row_offset(o_span, a.o_st, it.r0 + r, it.head);
+    const bool empty = !(w.l[r] > 0.f);
+    if (empty)
+      zero_row(a.o, dt, off, dv);
+    else
+      store_row(a.o, dt, off, dv, o + r * dv, 1.f / w.l[r]);
+    if (a.lse)
+      a.lse[kernel::lse_offset(a.q_seq, a.lse_st, it.batch, it.head, it.r0 + r)] =
+          empty ? kNegInf : w.m[r] + std::log(w.l[r]);
+  }
+}
+
+// Varlen padding: every element of O (and LSE) that belongs to no sequence gets 0 (-inf).
+void write_padding(const Problem& p, const kernel::AttentionParams& a) {
+  if (!p.varlen) return;
+  const std::int64_t tokens = p.q_tokens();
+  const std::int64_t lse_tokens = p.writes_lse() ? p.lse.shape[2] : 0;
+  const auto covered = covered_tokens(a.q_seq, a.batch, kernel::max64(tokens, lse_tokens));
+  for (std::int64_t t = 0; t < kernel::max64(tokens, lse_tokens); ++t) {
+    if (covered[static_cast<std::size_t>(t)]) continue;
+    for (std::int64_t h = 0; h < a.heads; ++h) {
+      if (t < tokens) zero_row(a.o, p.dtype, t * a.o_st.s + h * a.o_st.h, a.d_v);
+      if (t < lse_tokens) a.lse[h * a.lse_st.h + t * a.lse_st.s] = kNegInf;
+    }
+  }
+}
+
+}  // namespace
+
+Status forward(const Problem& p) {
+  const kernel::AttentionParams a = make_params(p);
+  write_padding(p, a);
+  const std::vector<Item> items = make_items(a);
+  if (items.empty()) return Status::Ok();
+  const int threads = static_cast<int>(
+      kernel::min64(thread_count(), static_cast<std::int64_t>(items.size())));
+  std::atomic<std::size_t> next{0};
+  const bool ok = run_threads(threads, [&](int) {
+    Scratch w(a.d_qk, a.d_v);
+    for (std::size_t i = next++; i < items.size(); i = next++) run_item(a, p.dtype, items[i], w);
+  });
+  if (!ok)
+    return Status(StatusCode::backend_error,
+                  "cpu forward: a worker thread failed (out of host memory for its tile "
+                  "buffers); the output is incomplete");
+  return Status::Ok();
+}
+
+}  // namespace strideattn::detail::cpu

@@ -1,0 +1,142 @@
+// Shared pieces of the `cpu` backend: tile sizes, the one-shot thread pool, strided row
+// loads/stores through the dtype, the small fp32 GEMM the tiles use, and the varlen padding
+// bookkeeping. All index arithmetic comes from src/common/attention_math.hpp (the same
+// functions the CUDA kernels use); this file only adds host-side plumbing.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common/attention_math.hpp"
+#include "common/dtype.hpp"
+#include "problem/problem.hpp"
+
+namespace strideattn::detail::cpu {
+
+// ------------------------------------------------------------------------------ tiles
+// Query rows per tile. 64 rows make the Q/O/dO tiles (64 x d fp32, 16 KiB at d = 64) and the
+// S/P tile (64 x 64, 16 KiB) fit in L2 together with a K/V tile even at d = 256, while every
+// K/V tile loaded (and converted from f16/bf16) is reused by 64 rows.
+inline constexpr std::int64_t kBlockRows = 64;
+// Keys per tile. 64 keys give a 64-float S row (16 SSE / 8 AVX vectors, the contiguous
+// inner loop of S = Q K^T) and amortize the per-tile online-softmax rescale of O over 64
+// keys; larger tiles waste work on the masked diagonal of causal problems.
+inline constexpr std::int64_t kBlockKeys = 64;
+
+// ------------------------------------------------------------------------------ threads
+
+// Worker threads: STRIDEATTN_CPU_THREADS when set to a positive integer, otherwise
+// std::thread::hardware_concurrency() (at least 1).
+[[nodiscard]] int thread_count();
+
+// Runs body(thread_index) on `threads` threads (the caller is thread 0) and joins them.
+// If a thread cannot be started, its share of the work falls to the threads that did start
+// (bodies pull work from a shared counter), so the result is the same. Returns false when a
+// body threw (e.g. out of memory for its scratch); the output is then incomplete.
+[[nodiscard]] bool run_threads(int threads, const std::function<void(int)>& body);
+
+// ------------------------------------------------------------------------------ rows
+
+// dst[0..n) = element `offset + k` of `base` (dtype `dt`) as fp32, times `mul`.
+inline void load_row(const void* base, DType dt, std::int64_t offset, std::int64_t n, float* dst,
+                     float mul = 1.f) {
+  switch (dt) {
+    case DType::f32: {
+      const float* s = static_cast<const float*>(base) + offset;
+      for (std::int64_t k = 0; k < n; ++k) dst[k] = s[k] * mul;
+      return;
+    }
+    case DType::bf16: {
+      const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + offset;
+      for (std::int64_t k = 0; k < n; ++k) dst[k] = bf16_to_float(s[k]) * mul;
+      return;
+    }
+    case DType::f16: {
+      const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + offset;
+      for (std::int64_t k = 0; k < n; ++k) dst[k] = f16_to_float(s[k]) * mul;
+      return;
+    }
+  }
+}
+
+// Element `offset + k` of `base` = src[k] * mul rounded to `dt` (round to nearest even).
+inline void store_row(void* base, DType dt, std::int64_t offset, std::int64_t n, const float* src,
+                      float mul = 1.f) {
+  switch (dt) {
+    case DType::f32: {
+      float* d = static_cast<float*>(base) + offset;
+      for (std::int64_t k = 0; k < n; ++k) d[k] = src[k] * mul;
+      return;
+    }
+    case DType::bf16: {
+      std::uint16_t* d = static_cast<std::uint16_t*>(base) + offset;
+      for (std::int64_t k = 0; k < n; ++k) d[k] = float_to_bf16(src[k] * mul);
+      return;
+    }
+    case DType::f16: {
+      std::uint16_t* d = static_cast<std::uint16_t*>(base) + offset;
+      for (std::int64_t k = 0; k < n; ++k) d[k] = float_to_f16(src[k] * mul);
+      return;
+    }
+  }
+}
+
+// Zero `n` elements at `offset`.
+inline void zero_row(void* base, DType dt, std::int64_t offset, std::int64_t n) {
+  if (dt == DType::f32) {
+    std::fill_n(static_cast<float*>(base) + offset, n, 0.f);
+  } else {
+    std::fill_n(static_cast<std::uint16_t*>(base) + offset, n, std::uint16_t{0});  // +0 in f16/bf16
+  }
+}
+
+// ------------------------------------------------------------------------------ GEMM
+
+// C[m][0..n) += sum_k A(m, k) * B[k][0..n) for m < rows, k < depth; A(m, k) =
+// a[m * a_row + k * a_col] (so a transposed operand needs no copy), B rows `ldb` apart,
+// C rows `ldc` apart. The inner loop runs over contiguous n and vectorizes without
+// reassociating sums; two C rows per pass reuse each B row load.
+inline void gemm_acc(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a,
+                     std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
+                     float* c, std::int64_t ldc) {
+  std::int64_t m = 0;
+  for (; m + 2 <= rows; m += 2) {
+    float* __restrict c0 = c + m * ldc;
+    float* __restrict c1 = c0 + ldc;
+    for (std::int64_t k = 0; k < depth; ++k) {
+      const float x0 = a[m * a_row + k * a_col];
+      const float x1 = a[(m + 1) * a_row + k * a_col];
+      if (x0 == 0.f && x1 == 0.f) continue;  // masked P / dS entries
+      const float* __restrict bk = b + k * ldb;
+      for (std::int64_t j = 0; j < n; ++j) {
+        c0[j] += x0 * bk[j];
+        c1[j] += x1 * bk[j];
+      }
+    }
+  }
+  for (; m < rows; ++m) {
+    float* __restrict c0 = c + m * ldc;
+    for (std::int64_t k = 0; k < depth; ++k) {
+      const float x0 = a[m * a_row + k * a_col];
+      if (x0 == 0.f) continue;
+      const float* __restrict bk = b + k * ldb;
+      for (std::int64_t j = 0; j < n; ++j) c0[j] += x0 * bk[j];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ varlen
+
+// covered[t] = 1 when token t of a tensor's seq dimension belongs to some sequence of
+// `table` (dense tables cover every token). Tokens outside are varlen padding.
+[[nodiscard]] std::vector<unsigned char> covered_tokens(const kernel::SequenceTable& table,
+                                                        std::int64_t batch, std::int64_t tokens);
+
+// ------------------------------------------------------------------------------ entry points
+
+[[nodiscard]] Status forward(const Problem& problem);
+[[nodiscard]] Status backward(const Problem& problem);
+
+}  // namespace strideattn::detail::cpu
