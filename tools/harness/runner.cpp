@@ -1,0 +1,662 @@
+// One attention case end to end (runner.hpp): buffers with guard bands and fresh random
+// inputs, poisoned outputs, each backend run on host memory or a device mirror, the
+// written/guard checks, and DESIGN's correctness rule against the fp64 reference. Also the
+// benchmark protocol and the one-line reproducer.
+#include "harness/runner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "backends/reference/reference.hpp"
+#include "harness/buffers.hpp"
+#include "problem/problem.hpp"
+
+#ifdef STRIDEATTN_HARNESS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace strideattn::harness {
+
+namespace {
+
+const char* const kLseBuffer = "#lse";  // not a legal CLI buffer name: never collides
+
+bool is_gpu(Backend b) { return b == Backend::cuda || b == Backend::cudnn; }
+
+std::string fmt(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", x);
+  return buf;
+}
+
+// The views a case uses, and the LSE as a pseudo-view [b, h, s_q, 1] of its fp32 buffer.
+struct CaseViews {
+  const ViewSpec *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
+  ViewSpec lse;
+  bool grad = false;
+  [[nodiscard]] std::vector<const ViewSpec*> data_views() const {
+    if (grad) return {q, k, v, o, d_o, dq, dk, dv};
+    return {q, k, v, o};
+  }
+};
+
+CaseViews case_views(const CaseSpec& spec) {
+  CaseViews cv{&spec.views.q,  &spec.views.k,  &spec.views.v,  &spec.views.o,
+               &spec.views.d_o, &spec.views.dq, &spec.views.dk, &spec.views.dv, {}, spec.grad};
+  const std::int64_t b = spec.views.q.shape[kBatch], s = spec.views.q.shape[kSeq];
+  const std::int64_t h = spec.views.q.shape[kHead];
+  cv.lse.buffer = kLseBuffer;
+  cv.lse.shape = {b, h, s, 1};
+  cv.lse.stride = {h * s, s, 1, 1};
+  return cv;
+}
+
+std::int64_t numel(const ViewSpec& v) {
+  std::int64_t n = 1;
+  for (std::int64_t x : v.shape) n *= std::max<std::int64_t>(x, 0);
+  return n;
+}
+
+// Element pointers: buffer name -> element 0 (host buffer or its device mirror).
+using Bases = std::map<std::string, std::byte*>;
+
+TensorView tensor(const Bases& bases, const ViewSpec& v, DType dtype) {
+  TensorView t;
+  t.data = bases.at(v.buffer) + v.offset * std::int64_t(size_of(dtype));
+  t.dtype = dtype;
+  t.shape = v.shape;
+  t.stride = v.stride;
+  return t;
+}
+
+LseView lse_view(const Bases& bases, const CaseViews& cv) {
+  LseView l;
+  l.data = reinterpret_cast<float*>(bases.at(kLseBuffer));
+  l.shape = {cv.lse.shape[0], cv.lse.shape[1], cv.lse.shape[2]};
+  l.stride = {cv.lse.stride[0], cv.lse.stride[1], cv.lse.stride[2]};
+  return l;
+}
+
+Varlen varlen_of(const ProblemSizes& sizes) {
+  Varlen vl;
+  if (!sizes.varlen()) return vl;
+  vl.seqlens_q = sizes.seqlens_q;
+  vl.seqlens_kv = sizes.seqlens_kv;
+  vl.offsets_q = sizes.offsets_q;
+  vl.offsets_kv = sizes.offsets_kv;
+  return vl;
+}
+
+ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
+                         Backend backend, Memory memory) {
+  ForwardArgs a;
+  a.q = tensor(bases, *cv.q, spec.dtype);
+  a.k = tensor(bases, *cv.k, spec.dtype);
+  a.v = tensor(bases, *cv.v, spec.dtype);
+  a.o = tensor(bases, *cv.o, spec.dtype);
+  a.lse = lse_view(bases, cv);
+  a.options = spec.options;
+  a.varlen = varlen_of(spec.sizes);
+  a.backend = backend;
+  a.memory = memory;
+  return a;
+}
+
+BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
+                           Backend backend, Memory memory) {
+  BackwardArgs a;
+  a.q = tensor(bases, *cv.q, spec.dtype);
+  a.k = tensor(bases, *cv.k, spec.dtype);
+  a.v = tensor(bases, *cv.v, spec.dtype);
+  a.o = tensor(bases, *cv.o, spec.dtype);
+  a.d_o = tensor(bases, *cv.d_o, spec.dtype);
+  a.lse = lse_view(bases, cv);
+  a.dq = tensor(bases, *cv.dq, spec.dtype);
+  a.dk = tensor(bases, *cv.dk, spec.dtype);
+  a.dv = tensor(bases, *cv.dv, spec.dtype);
+  a.options = spec.options;
+  a.varlen = varlen_of(spec.sizes);
+  a.backend = backend;
+  a.memory = memory;
+  return a;
+}
+
+Bases host_bases(BufferSet& bufs) {
+  Bases b;
+  for (auto& [name, buf] : bufs.all()) b[name] = static_cast<std::byte*>(buf.data());
+  return b;
+}
+
+// A view must not reach before its buffer's first element (negative offsets/strides).
+Status check_view_bounds(const char* tensor_name, const ViewSpec& v) {
+  if (v.buffer.empty())
+    return Status(StatusCode::invalid_argument,
+                  std::string("view ") + tensor_name + ": no buffer name");
+  std::int64_t lowest = v.offset;
+  bool empty = false;
+  for (int i = 0; i < 4; ++i) {
+    if (v.shape[i] <= 0) empty = true;
+    if (v.stride[i] < 0 && v.shape[i] > 0) lowest += (v.shape[i] - 1) * v.stride[i];
+  }
+  if (!empty && lowest < 0)
+    return Status(StatusCode::invalid_argument,
+                  std::string("view ") + tensor_name + ": reaches element " +
+                      std::to_string(lowest) + " before the start of buffer '" + v.buffer +
+                      "'; offsets and strides must keep every element at index >= 0");
+  return Status::Ok();
+}
+
+// -------------------------------------------------------------------- device mirror
+
+#ifdef STRIDEATTN_HARNESS_CUDA
+std::string cuda_msg(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+#endif
+
+// Device copies of every host buffer (guard bands included), same layout.
+class DeviceMirror {
+ public:
+  DeviceMirror() = default;
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+  ~DeviceMirror() {
+#ifdef STRIDEATTN_HARNESS_CUDA
+    for (auto& [name, p] : raw_) (void)cudaFree(p);
+#endif
+  }
+  [[nodiscard]] Status upload(BufferSet& bufs) {
+#ifdef STRIDEATTN_HARNESS_CUDA
+    for (auto& [name, buf] : bufs.all()) {
+      void*& p = raw_[name];
+      if (!p) {
+        if (cudaError_t e = cudaMalloc(&p, buf.total_bytes()); e != cudaSuccess) {
+          p = nullptr;
+          return Status(StatusCode::backend_error, cuda_msg("cudaMalloc", e));
+        }
+      }
+      if (cudaError_t e = cudaMemcpy(p, buf.raw(), buf.total_bytes(), cudaMemcpyHostToDevice);
+          e != cudaSuccess)
+        return Status(StatusCode::backend_error, cuda_msg("cudaMemcpy to device", e));
+      bases_[name] = static_cast<std::byte*>(p) + kGuardElems * std::int64_t(size_of(buf.dtype()));
+    }
+    return Status::Ok();
+#else
+    (void)bufs;
+    return Status(StatusCode::unsupported, "built without CUDA");
+#endif
+  }
+  [[nodiscard]] Status download(BufferSet& bufs) {
+#ifdef STRIDEATTN_HARNESS_CUDA
+    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+      return Status(StatusCode::backend_error, cuda_msg("after the run", e));
+    for (auto& [name, buf] : bufs.all())
+      if (cudaError_t e = cudaMemcpy(buf.raw(), raw_.at(name), buf.total_bytes(),
+                                     cudaMemcpyDeviceToHost);
+          e != cudaSuccess)
+        return Status(StatusCode::backend_error, cuda_msg("cudaMemcpy to host", e));
+    return Status::Ok();
+#else
+    (void)bufs;
+    return Status(StatusCode::unsupported, "built without CUDA");
+#endif
+  }
+  [[nodiscard]] const Bases& bases() const { return bases_; }
+
+ private:
+  std::map<std::string, void*> raw_;
+  Bases bases_;
+};
+
+Status device_sync() {
+#ifdef STRIDEATTN_HARNESS_CUDA
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+    return Status(StatusCode::backend_error, cuda_msg("cudaDeviceSynchronize", e));
+#endif
+  return Status::Ok();
+}
+
+// Why a backend cannot run in this process at all (empty when it can).
+std::string unavailable_reason(Backend b) {
+  if (is_gpu(b)) {
+#ifndef STRIDEATTN_HARNESS_CUDA
+    return "built without CUDA";
+#else
+    if (!backend_compiled(b))
+      return b == Backend::cudnn ? "built without cuDNN" : "built without CUDA";
+    if (!gpu_available()) return "no GPU present";
+#endif
+  }
+  if (!backend_compiled(b)) return "backend not compiled into this build";
+  return {};
+}
+
+// ------------------------------------------------------------------- checking
+
+// "o[b=0,s=17,h=3,d=5]" for the logical row-major index of a tensor's view.
+std::string element_name(const std::string& tensor, const ViewSpec& v, std::int64_t index,
+                         bool varlen) {
+  if (index < 0) return tensor;
+  std::int64_t idx[4];
+  std::int64_t rest = index;
+  for (int i = 3; i >= 0; --i) {
+    const std::int64_t n = std::max<std::int64_t>(v.shape[i], 1);
+    idx[i] = rest % n;
+    rest /= n;
+  }
+  std::ostringstream os;
+  if (tensor == "lse")
+    os << "lse[b=" << idx[0] << ",h=" << idx[1] << (varlen ? ",t=" : ",s=") << idx[2] << "]";
+  else
+    os << tensor << "[b=" << idx[0] << (varlen ? ",t=" : ",s=") << idx[1] << ",h=" << idx[2]
+       << ",d=" << idx[3] << "]";
+  return os.str();
+}
+
+struct Expected {
+  std::string name;
+  const ViewSpec* view;
+  const std::vector<double>* exact;
+  double tol;
+};
+
+std::string describe_failure(const TensorCheck& c, const ViewSpec& v, bool varlen) {
+  std::string s = element_name(c.name, v, c.err.worst_index, varlen) + " = " +
+                  fmt(c.err.worst_value) + " vs " + fmt(c.err.worst_expected) + " (tol " +
+                  fmt(c.tol) + ")";
+  if (c.err.non_finite > 0)
+    s = c.name + ": " + std::to_string(c.err.non_finite) +
+        " non-finite value(s) where the reference is finite (or vice versa); worst " + s;
+  return s;
+}
+
+// Compares the written outputs with the reference; appends to r.checks and r.reason.
+void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen,
+                   BackendResult* r, std::vector<std::string>* failures) {
+  for (const Expected& e : expected) {
+    TensorCheck c;
+    c.name = e.name;
+    c.err = compare(read_view(bufs.at(e.view->buffer), *e.view), *e.exact);
+    c.tol = e.tol;
+    if (!c.pass()) failures->push_back(describe_failure(c, *e.view, varlen));
+    r->checks.push_back(std::move(c));
+  }
+}
+
+void apply_run_check(const BufferSet::CheckResult& ck, const char* phase, BackendResult* r,
+                     std::vector<std::string>* failures) {
+  if (!ck.written_ok) {
+    r->written_ok = false;
+    failures->push_back(std::string(phase) + ": " + ck.written_msg);
+  }
+  if (!ck.guard_ok) {
+    r->guard_ok = false;
+    failures->push_back(std::string(phase) + ": " + ck.guard_msg);
+  }
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Everything one case shares between its backends.
+struct Prepared {
+  BufferSet bufs;
+  std::map<std::string, std::vector<std::byte>> pristine;
+  CaseViews cv;
+  double flops = 0;  // forward, plus backward with grad
+};
+
+Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd) {
+  p->cv = case_views(spec);
+  const char* names[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
+  const std::vector<const ViewSpec*> views = p->cv.data_views();
+  for (std::size_t i = 0; i < views.size(); ++i)
+    if (Status s = check_view_bounds(names[i], *views[i]); !s.ok()) return s;
+  p->bufs.allocate(views, spec.dtype);
+  p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(p->cv.lse));
+  p->bufs.fill_random(spec.seed);
+  p->pristine = p->bufs.save();
+  const Bases hb = host_bases(p->bufs);
+  if (Status s = detail::make_problem(
+          forward_args(spec, p->cv, hb, Backend::reference, Memory::host), fwd);
+      !s.ok())
+    return s;
+  p->flops = fwd->flops();
+  if (spec.grad) {
+    if (Status s = detail::make_problem(
+            backward_args(spec, p->cv, hb, Backend::reference, Memory::host), bwd);
+        !s.ok())
+      return s;
+    p->flops += bwd->flops();
+  }
+  return Status::Ok();
+}
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b,
+                      const detail::ReferenceOutputs& exact, const std::vector<double>& tols) {
+  BackendResult r;
+  r.backend = b;
+  if (std::string why = unavailable_reason(b); !why.empty()) {
+    r.status = "unsupported";
+    r.reason = why;
+    return r;
+  }
+  const bool gpu = is_gpu(b);
+  const Memory mem = gpu ? Memory::device : Memory::host;
+  const CaseViews& cv = p.cv;
+  const bool varlen = spec.sizes.varlen();
+  std::vector<std::string> failures;
+  auto fail = [&](Status s, const char* phase) {
+    r.status = s.code() == StatusCode::unsupported ? "unsupported" : "error";
+    r.reason = std::string(phase) + ": " + s.message();
+    return r;
+  };
+
+  // Forward on fresh inputs with poisoned O and LSE.
+  p.bufs.restore(p.pristine);
+  p.bufs.prepare_outputs({cv.o, &cv.lse}, {}, {cv.q, cv.k, cv.v});
+  DeviceMirror dev;
+  if (gpu)
+    if (Status s = dev.upload(p.bufs); !s.ok()) return fail(s, "forward");
+  const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
+  Clock::time_point t0 = Clock::now();
+  Status s = forward(forward_args(spec, cv, bases, b, mem));
+  if (s.ok() && gpu) s = device_sync();
+  double elapsed = ms_since(t0);
+  if (!s.ok()) return fail(s, "forward");
+  if (gpu)
+    if (Status d = dev.download(p.bufs); !d.ok()) return fail(d, "forward");
+  apply_run_check(p.bufs.check_after_run(), "forward", &r, &failures);
+  check_outputs(p.bufs, {{"o", cv.o, &exact.o, tols[0]}, {"lse", &cv.lse, &exact.lse, tols[1]}},
+                varlen, &r, &failures);
+
+  if (spec.grad) {
+    // Backward on this backend's own O and LSE, with poisoned dQ, dK, dV.
+    p.bufs.prepare_outputs({cv.dq, cv.dk, cv.dv}, {},
+                           {cv.q, cv.k, cv.v, cv.o, cv.d_o, &cv.lse});
+    if (gpu)
+      if (Status u = dev.upload(p.bufs); !u.ok()) return fail(u, "backward");
+    t0 = Clock::now();
+    s = backward(backward_args(spec, cv, bases, b, mem));
+    if (s.ok() && gpu) s = device_sync();
+    elapsed += ms_since(t0);
+    if (!s.ok()) {
+      // A forward mismatch outranks a backward that cannot run.
+      if (!failures.empty()) {
+        failures.push_back("backward: " + s.message());
+      } else {
+        return fail(s, "backward");
+      }
+    } else {
+      if (gpu)
+        if (Status d = dev.download(p.bufs); !d.ok()) return fail(d, "backward");
+      apply_run_check(p.bufs.check_after_run(), "backward", &r, &failures);
+      check_outputs(p.bufs,
+                    {{"dq", cv.dq, &exact.dq, tols[2]},
+                     {"dk", cv.dk, &exact.dk, tols[3]},
+                     {"dv", cv.dv, &exact.dv, tols[4]}},
+                    varlen, &r, &failures);
+    }
+  }
+  r.time_ms = elapsed;
+  r.tflops = elapsed > 0 ? p.flops / (elapsed * 1e9) : 0;
+  if (failures.empty()) {
+    r.status = "ok";
+  } else {
+    r.status = "mismatch";
+    for (std::size_t i = 0; i < failures.size(); ++i)
+      r.reason += (i ? "; " : "") + failures[i];
+  }
+  return r;
+}
+
+std::string join_backends(const std::vector<Backend>& backends) {
+  std::string s;
+  for (Backend b : backends) s += (s.empty() ? "" : ",") + std::string(to_string(b));
+  return s;
+}
+
+std::string view_arg(const ViewSpec& v) {
+  std::ostringstream os;
+  os << v.buffer;
+  if (v.offset != 0) os << "+" << v.offset;
+  os << ":" << v.shape[0] << "," << v.shape[1] << "," << v.shape[2] << "," << v.shape[3] << ":"
+     << v.stride[0] << "," << v.stride[1] << "," << v.stride[2] << "," << v.stride[3];
+  return os.str();
+}
+
+bool same_view(const ViewSpec& a, const ViewSpec& b) {
+  return a.buffer == b.buffer && a.offset == b.offset && a.shape == b.shape &&
+         a.stride == b.stride;
+}
+
+std::string list(const std::vector<std::int64_t>& v) {
+  std::string s;
+  for (std::int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------- public
+
+bool CaseReport::all_ok() const {
+  return std::all_of(backends.begin(), backends.end(), [](const BackendResult& r) {
+    return r.status == "ok" || r.status == "unsupported";
+  });
+}
+
+bool gpu_available() {
+#ifdef STRIDEATTN_HARNESS_CUDA
+  static const bool available = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, CaseReport* report) {
+  if (report == nullptr) return Status(StatusCode::invalid_argument, "run_case: report is null");
+  *report = CaseReport{};
+  try {
+    Prepared p;
+    detail::Problem fwd, bwd;
+    if (Status s = prepare(spec, &p, &fwd, &bwd); !s.ok()) return s;
+    {
+      const Bases hb = host_bases(p.bufs);
+      Explanation ex = explain(forward_args(spec, p.cv, hb, Backend::automatic, Memory::host));
+      report->layout = ex.layout;
+    }
+    const detail::Problem& ref_problem = spec.grad ? bwd : fwd;
+    const detail::ReferenceOutputs exact =
+        detail::reference_compute(ref_problem, detail::RefPrecision::exact);
+    const detail::ReferenceOutputs naive =
+        detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
+
+    // The reference must produce every output, in the views' logical shapes.
+    struct Want {
+      const char* name;
+      const std::vector<double>* e;
+      const std::vector<double>* n;
+      std::int64_t count;
+    };
+    std::vector<Want> wants = {{"o", &exact.o, &naive.o, numel(*p.cv.o)},
+                               {"lse", &exact.lse, &naive.lse, numel(p.cv.lse)}};
+    if (spec.grad) {
+      wants.push_back({"dq", &exact.dq, &naive.dq, numel(*p.cv.dq)});
+      wants.push_back({"dk", &exact.dk, &naive.dk, numel(*p.cv.dk)});
+      wants.push_back({"dv", &exact.dv, &naive.dv, numel(*p.cv.dv)});
+    }
+    std::vector<double> tols;
+    for (const Want& w : wants) {
+      if (std::int64_t(w.e->size()) != w.count || std::int64_t(w.n->size()) != w.count)
+        return Status(StatusCode::internal,
+                      std::string("reference returned ") + std::to_string(w.e->size()) +
+                          " values for " + w.name + ", expected " + std::to_string(w.count));
+      const double naive_err = compare(*w.n, *w.e).max_abs_err;
+      // LSE is fp32 in every backend; its low-precision error comes from the inputs only.
+      tols.push_back(tolerance(std::string(w.name) == "lse" ? DType::f32 : spec.dtype, naive_err));
+    }
+    tols.resize(5, 0.0);
+    for (Backend b : backends) report->backends.push_back(run_one(spec, p, b, exact, tols));
+    return Status::Ok();
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::backend_error, "out of host memory for the case's buffers");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string("run_case: ") + e.what());
+  }
+}
+
+Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, int runs,
+                  std::vector<BenchResult>* results) {
+  if (results == nullptr)
+    return Status(StatusCode::invalid_argument, "bench_case: results is null");
+  results->clear();
+  runs = std::max(runs, 20);
+  try {
+    Prepared p;
+    detail::Problem fwd, bwd;
+    if (Status s = prepare(spec, &p, &fwd, &bwd); !s.ok()) return s;
+    for (Backend b : backends) {
+      BenchResult r;
+      r.backend = b;
+      auto finish = [&](Status s) {
+        r.status = s.code() == StatusCode::unsupported ? "unsupported" : "error";
+        r.reason = s.message();
+        results->push_back(r);
+      };
+      if (std::string why = unavailable_reason(b); !why.empty()) {
+        finish(Status(StatusCode::unsupported, why));
+        continue;
+      }
+      const bool gpu = is_gpu(b);
+      const Memory mem = gpu ? Memory::device : Memory::host;
+      p.bufs.restore(p.pristine);
+      DeviceMirror dev;
+      if (gpu)
+        if (Status s = dev.upload(p.bufs); !s.ok()) {
+          finish(s);
+          continue;
+        }
+      const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
+      const ForwardArgs fa = forward_args(spec, p.cv, bases, b, mem);
+      const BackwardArgs ba = backward_args(spec, p.cv, bases, b, mem);
+      auto once = [&]() -> Status {
+        if (Status s = forward(fa); !s.ok()) return s;
+        if (spec.grad)
+          if (Status s = backward(ba); !s.ok()) return s;
+        return Status::Ok();
+      };
+      Status s = Status::Ok();
+      const int warmup = gpu ? 3 : 1;
+      for (int i = 0; i < warmup && s.ok(); ++i) s = once();
+      if (s.ok() && gpu) s = device_sync();
+      std::vector<double> times;
+#ifdef STRIDEATTN_HARNESS_CUDA
+      cudaEvent_t start = nullptr, stop = nullptr;
+      if (gpu) {
+        (void)cudaEventCreate(&start);
+        (void)cudaEventCreate(&stop);
+      }
+#endif
+      for (int i = 0; i < runs && s.ok(); ++i) {
+        if (gpu) {
+#ifdef STRIDEATTN_HARNESS_CUDA
+          (void)cudaEventRecord(start, nullptr);
+          s = once();
+          (void)cudaEventRecord(stop, nullptr);
+          if (cudaError_t e = cudaEventSynchronize(stop); e != cudaSuccess && s.ok())
+            s = Status(StatusCode::backend_error, cuda_msg("timing event", e));
+          float ms = 0;
+          (void)cudaEventElapsedTime(&ms, start, stop);
+          times.push_back(ms);
+#endif
+        } else {
+          const Clock::time_point t0 = Clock::now();
+          s = once();
+          times.push_back(ms_since(t0));
+        }
+      }
+#ifdef STRIDEATTN_HARNESS_CUDA
+      if (gpu) {
+        (void)cudaEventDestroy(start);
+        (void)cudaEventDestroy(stop);
+      }
+#endif
+      if (!s.ok()) {
+        finish(s);
+        continue;
+      }
+      r.status = "ok";
+      r.runs = int(times.size());
+      r.median_ms = median(times);
+      r.tflops = r.median_ms > 0 ? p.flops / (r.median_ms * 1e9) : 0;
+      results->push_back(r);
+    }
+    return Status::Ok();
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::backend_error, "out of host memory for the case's buffers");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string("bench_case: ") + e.what());
+  }
+}
+
+std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backends) {
+  std::ostringstream os;
+  const ProblemSizes& z = spec.sizes;
+  os << "strideattn check --dtype " << to_string(spec.dtype);
+  if (z.varlen()) {
+    os << " --seqlens-q " << list(z.seqlens_q) << " --seqlens-kv " << list(z.seqlens_kv);
+    if (!z.offsets_q.empty()) os << " --offsets-q " << list(z.offsets_q);
+    if (!z.offsets_kv.empty()) os << " --offsets-kv " << list(z.offsets_kv);
+  } else {
+    os << " --batch " << z.batch << " --seqlen-q " << z.s_q << " --seqlen-kv " << z.s_kv;
+  }
+  os << " --heads " << z.heads << " --kv-heads " << z.kv_heads << " --head-dim " << z.d_qk
+     << " --head-dim-v " << z.d_v;
+  LayoutViews made;
+  const bool from_layout =
+      !spec.layout_name.empty() && make_layout_views(spec.layout_name, z, &made).ok();
+  if (from_layout) os << " --layout '" << spec.layout_name << "'";
+  const std::pair<const char*, const ViewSpec*> given[] = {
+      {"q", &spec.views.q},   {"k", &spec.views.k},   {"v", &spec.views.v},
+      {"o", &spec.views.o},   {"do", &spec.views.d_o}, {"dq", &spec.views.dq},
+      {"dk", &spec.views.dk}, {"dv", &spec.views.dv}};
+  const ViewSpec* layout_view[] = {&made.q, &made.k, &made.v, &made.o,
+                                   &made.d_o, &made.dq, &made.dk, &made.dv};
+  for (int i = 0; i < (spec.grad ? 8 : 4); ++i)
+    if (!from_layout || !same_view(*given[i].second, *layout_view[i]))
+      os << " --" << given[i].first << " " << view_arg(*given[i].second);
+  if (spec.options.mask != MaskKind::none) os << " --mask " << to_string(spec.options.mask);
+  if (!spec.options.window.unbounded())
+    os << " --window " << spec.options.window.left << "," << spec.options.window.right;
+  if (spec.options.scale) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", *spec.options.scale);
+    os << " --scale " << buf;
+  }
+  if (spec.options.deterministic) os << " --deterministic";
+  if (spec.grad) os << " --grad";
+  os << " --seed " << spec.seed;
+  if (!backends.empty()) os << " --backends " << join_backends(backends);
+  return os.str();
+}
+
+}  // namespace strideattn::harness
