@@ -1,8 +1,285 @@
-// `cpu` backward (in progress).
+// `cpu` backward by recomputation, FlashAttention-2 manner, in fp32. Three parallel passes,
+// each output element owned by exactly one work item, so the result is bitwise
+// deterministic for any thread count:
+//   1. D = rowsum(dO * O) from the given O, per (query row, head).
+//   2. dK, dV: item = (sequence, KV head, key tile). For each query head of the GQA group
+//      and each query tile in kernel::query_range_for_keys: recompute P = exp(scale S - LSE)
+//      from Q, K and the given LSE; dV += P^T dO; dP = dO V^T; dS = P * (dP - D);
+//      dK += dS^T Q. dK (times scale) and dV are written once, summed over the group.
+//   3. dQ: item = (sequence, query head, query tile). For each key tile in
+//      kernel::key_range_for_rows recompute P and dS the same way; dQ += dS K.
+// Varlen padding tokens of dQ, dK and dV are written as 0.
+#include <atomic>
+#include <cmath>
+#include <limits>
+
 #include "backends/cpu/cpu_common.hpp"
+#include "problem/params.hpp"
 
 namespace strideattn::detail::cpu {
-Status backward(const Problem&) {
-  return Status(StatusCode::unsupported, "cpu backward: not implemented yet");
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Item {
+  std::int64_t batch = 0, head = 0, r0 = 0, r1 = 0;  // head: query or KV head; rows or keys
+  std::int64_t cost = 0;
+};
+
+void heaviest_first(std::vector<Item>& items) {
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
 }
+
+// Rows of D: sequence b's query row i, head h is D[(row_base[b] + i) * heads + h].
+struct DTable {
+  std::vector<std::int64_t> row_base;
+  std::vector<float> d;
+  std::int64_t heads = 0;
+  float* at(std::int64_t b, std::int64_t i, std::int64_t h) {
+    return &d[static_cast<std::size_t>((row_base[b] + i) * heads + h)];
+  }
+};
+
+// Per-thread fp32 tile buffers.
+struct Scratch {
+  std::int64_t dq = 0, dv = 0;
+  std::vector<float> q, d_o;       // [kBlockRows][d_qk], [kBlockRows][d_v]
+  std::vector<float> kt, vt;       // [d_qk][kBlockKeys], [d_v][kBlockKeys]  (transposed)
+  std::vector<float> k;            // [kBlockKeys][d_qk]  (dQ pass)
+  std::vector<float> p, ds;        // [kBlockRows][kBlockKeys]
+  std::vector<float> acc_a, acc_b; // dK [kBlockKeys][d_qk] and dV [kBlockKeys][d_v], or dQ
+  std::vector<float> lse, delta;   // [kBlockRows]
+  std::vector<float> row;          // staging for transposed loads
+  Scratch(std::int64_t d_qk, std::int64_t d_v)
+      : dq(d_qk),
+        dv(d_v),
+        q(kBlockRows * d_qk),
+        d_o(kBlockRows * d_v),
+        kt(d_qk * kBlockKeys),
+        vt(d_v * kBlockKeys),
+        k(kBlockKeys * d_qk),
+        p(kBlockRows * kBlockKeys),
+        ds(kBlockRows * kBlockKeys),
+        acc_a(kernel::max64(kBlockKeys, kBlockRows) * d_qk),
+        acc_b(kBlockKeys * d_v),
+        lse(kBlockRows),
+        delta(kBlockRows),
+        row(kernel::max64(d_qk, d_v)) {}
+};
+
+// Everything one sequence/head pair reads, resolved once per item.
+struct Views {
+  kernel::MaskRule mask;
+  kernel::SequenceSpan q, k, v, o, d_o, dq, dk, dv;
+};
+Views views_of(const kernel::AttentionParams& a, std::int64_t b) {
+  return {a.mask(b),
+          a.q_seq.span(a.q_st, b),   a.kv_seq.span(a.k_st, b),  a.kv_seq.span(a.v_st, b),
+          a.q_seq.span(a.o_st, b),   a.q_seq.span(a.do_st, b),  a.q_seq.span(a.dq_st, b),
+          a.kv_seq.span(a.dk_st, b), a.kv_seq.span(a.dv_st, b)};
+}
+
+// Load the K and V tile of keys [c0, c0 + nc) of KV head `kvh`, transposed (and K also
+// row-major when `k_rows`).
+void load_kv(const kernel::AttentionParams& a, DType dt, const Views& vw, std::int64_t kvh,
+             std::int64_t c0, std::int64_t nc, bool k_rows, Scratch& w) {
+  for (std::int64_t j = 0; j < nc; ++j) {
+    float* row = w.row.data();
+    load_row(a.k, dt, kernel::row_offset(vw.k, a.k_st, c0 + j, kvh), w.dq, row);
+    for (std::int64_t x = 0; x < w.dq; ++x) w.kt[x * kBlockKeys + j] = row[x];
+    if (k_rows) std::copy_n(row, w.dq, w.k.data() + j * w.dq);
+    load_row(a.v, dt, kernel::row_offset(vw.v, a.v_st, c0 + j, kvh), w.dv, row);
+    for (std::int64_t x = 0; x < w.dv; ++x) w.vt[x * kBlockKeys + j] = row[x];
+  }
+}
+
+// Load Q, dO, LSE and D of query rows [r0, r0 + rows) of head `h`.
+void load_rows(const kernel::AttentionParams& a, DType dt, const Views& vw, DTable& dtab,
+               std::int64_t b, std::int64_t h, std::int64_t r0, std::int64_t rows, Scratch& w) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq);
+    load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), w.dv,
+             w.d_o.data() + r * w.dv);
+    w.lse[r] = a.lse[kernel::lse_offset(a.q_seq, a.lse_st, b, h, r0 + r)];
+    w.delta[r] = *dtab.at(b, r0 + r, h);
+  }
+}
+
+// For the tile rows [r0, r0 + rows) x keys [c0, c0 + nc) with Q, dO, K^T, V^T loaded:
+// P = exp(scale * Q K^T - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
+// dS = P * (dO V^T - D). Results in w.p and w.ds.
+void recompute_tile(const kernel::AttentionParams& a, const kernel::MaskRule& mask,
+                    std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t nc,
+                    Scratch& w) {
+  float* p = w.p.data();
+  float* ds = w.ds.data();
+  std::fill_n(p, rows * kBlockKeys, 0.f);
+  std::fill_n(ds, rows * kBlockKeys, 0.f);
+  gemm_acc(rows, nc, w.dq, w.q.data(), w.dq, 1, w.kt.data(), kBlockKeys, p, kBlockKeys);
+  gemm_acc(rows, nc, w.dv, w.d_o.data(), w.dv, 1, w.vt.data(), kBlockKeys, ds, kBlockKeys);
+  const bool full = kernel::tile_fully_visible(mask, r0, r0 + rows, c0, c0 + nc);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* pr = p + r * kBlockKeys;
+    float* dsr = ds + r * kBlockKeys;
+    std::int64_t j0 = 0, j1 = nc;
+    if (!full) {
+      j0 = kernel::min64(kernel::max64(mask.key_begin(r0 + r) - c0, 0), nc);
+      j1 = kernel::max64(kernel::min64(mask.key_end(r0 + r) - c0, nc), j0);
+    }
+    const float lse = w.lse[r], delta = w.delta[r];
+    if (lse == kNegInf) j1 = j0;  // row sees no key at all: P = 0
+    for (std::int64_t j = 0; j < j0; ++j) pr[j] = dsr[j] = 0.f;
+    for (std::int64_t j = j0; j < j1; ++j) {
+      pr[j] = std::exp(pr[j] * a.scale - lse);
+      dsr[j] = pr[j] * (dsr[j] - delta);
+    }
+    for (std::int64_t j = j1; j < nc; ++j) pr[j] = dsr[j] = 0.f;
+  }
+}
+
+// ------------------------------------------------------------------------------ pass 1: D
+
+void compute_delta(const kernel::AttentionParams& a, DType dt, const Item& it, DTable& dtab,
+                   Scratch& w) {
+  const Views vw = views_of(a, it.batch);
+  for (std::int64_t i = it.r0; i < it.r1; ++i)
+    for (std::int64_t h = 0; h < a.heads; ++h) {
+      load_row(a.o, dt, kernel::row_offset(vw.o, a.o_st, i, h), w.dv, w.acc_b.data());
+      load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, i, h), w.dv, w.row.data());
+      float sum = 0.f;
+      for (std::int64_t x = 0; x < w.dv; ++x) sum += w.acc_b[x] * w.row[x];
+      *dtab.at(it.batch, i, h) = sum;
+    }
+}
+
+// ------------------------------------------------------------------------------ pass 2: dK, dV
+
+void key_tile(const kernel::AttentionParams& a, DType dt, const Item& it, DTable& dtab,
+              Scratch& w) {
+  const Views vw = views_of(a, it.batch);
+  const std::int64_t kvh = it.head, c0 = it.r0, nc = it.r1 - it.r0;
+  const std::int64_t group = a.heads / a.kv_heads;
+  float* dk = w.acc_a.data();
+  float* dv = w.acc_b.data();
+  std::fill_n(dk, nc * w.dq, 0.f);
+  std::fill_n(dv, nc * w.dv, 0.f);
+  load_kv(a, dt, vw, kvh, c0, nc, false, w);
+  const kernel::TileRange queries = kernel::query_range_for_keys(vw.mask, c0, it.r1);
+  for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (std::int64_t r0 = queries.begin; r0 < queries.end; r0 += kBlockRows) {
+      const std::int64_t rows = kernel::min64(r0 + kBlockRows, queries.end) - r0;
+      load_rows(a, dt, vw, dtab, it.batch, h, r0, rows, w);
+      recompute_tile(a, vw.mask, r0, rows, c0, nc, w);
+      // dV += P^T dO ; dK += dS^T Q   (A(j, i) = P[i][j]: row step 1, column step kBlockKeys)
+      gemm_acc(nc, w.dv, rows, w.p.data(), 1, kBlockKeys, w.d_o.data(), w.dv, dv, w.dv);
+      gemm_acc(nc, w.dq, rows, w.ds.data(), 1, kBlockKeys, w.q.data(), w.dq, dk, w.dq);
+    }
+  }
+  for (std::int64_t j = 0; j < nc; ++j) {
+    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, dk + j * w.dq,
+              a.scale);
+    store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), w.dv, dv + j * w.dv);
+  }
+}
+
+// ------------------------------------------------------------------------------ pass 3: dQ
+
+void query_tile(const kernel::AttentionParams& a, DType dt, const Item& it, DTable& dtab,
+                Scratch& w) {
+  const Views vw = views_of(a, it.batch);
+  const std::int64_t h = it.head, r0 = it.r0, rows = it.r1 - it.r0;
+  const std::int64_t kvh = kernel::kv_head_of(h, a.heads, a.kv_heads);
+  float* dq = w.acc_a.data();
+  std::fill_n(dq, rows * w.dq, 0.f);
+  load_rows(a, dt, vw, dtab, it.batch, h, r0, rows, w);
+  const kernel::TileRange keys = kernel::key_range_for_rows(vw.mask, r0, it.r1);
+  for (std::int64_t c0 = keys.begin; c0 < keys.end; c0 += kBlockKeys) {
+    const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
+    load_kv(a, dt, vw, kvh, c0, nc, true, w);
+    recompute_tile(a, vw.mask, r0, rows, c0, nc, w);
+    gemm_acc(rows, w.dq, nc, w.ds.data(), kBlockKeys, 1, w.k.data(), w.dq, dq, w.dq);  // dQ += dS K
+  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), w.dq, dq + r * w.dq,
+              a.scale);
+}
+
+// ------------------------------------------------------------------------------ driver
+
+// Varlen padding: gradient rows of tokens that belong to no sequence are 0.
+void zero_padding(void* base, DType dt, const kernel::SequenceTable& table, std::int64_t batch,
+                  std::int64_t tokens, std::int64_t heads, const kernel::Strides& st,
+                  std::int64_t dim) {
+  if (!table.varlen()) return;
+  const auto covered = covered_tokens(table, batch, tokens);
+  for (std::int64_t t = 0; t < tokens; ++t)
+    if (!covered[static_cast<std::size_t>(t)])
+      for (std::int64_t h = 0; h < heads; ++h) zero_row(base, dt, t * st.s + h * st.h, dim);
+}
+
+template <class Fn>
+bool run_items(const std::vector<Item>& items, const kernel::AttentionParams& a, Fn&& fn) {
+  if (items.empty()) return true;
+  const int threads = static_cast<int>(
+      kernel::min64(thread_count(), static_cast<std::int64_t>(items.size())));
+  std::atomic<std::size_t> next{0};
+  return run_threads(threads, [&](int) {
+    Scratch w(a.d_qk, a.d_v);
+    for (std::size_t i = next++; i < items.size(); i = next++) fn(items[i], w);
+  });
+}
+
+}  // namespace
+
+Status backward(const Problem& p) {
+  const kernel::AttentionParams a = make_params(p);
+  const DType dt = p.dtype;
+  zero_padding(a.dq, dt, a.q_seq, a.batch, p.q_tokens(), a.heads, a.dq_st, a.d_qk);
+  zero_padding(a.dk, dt, a.kv_seq, a.batch, p.kv_tokens(), a.kv_heads, a.dk_st, a.d_qk);
+  zero_padding(a.dv, dt, a.kv_seq, a.batch, p.kv_tokens(), a.kv_heads, a.dv_st, a.d_v);
+
+  DTable dtab;
+  dtab.heads = a.heads;
+  dtab.row_base.resize(static_cast<std::size_t>(a.batch) + 1, 0);
+  for (std::int64_t b = 0; b < a.batch; ++b)
+    dtab.row_base[b + 1] = dtab.row_base[b] + a.q_seq.length(b);
+  dtab.d.assign(static_cast<std::size_t>(dtab.row_base[a.batch] * a.heads), 0.f);
+
+  std::vector<Item> row_tiles, q_items, k_items;
+  for (std::int64_t b = 0; b < a.batch; ++b) {
+    const kernel::MaskRule mask = a.mask(b);
+    for (std::int64_t r0 = 0; r0 < mask.s_q; r0 += kBlockRows) {
+      const std::int64_t r1 = kernel::min64(r0 + kBlockRows, mask.s_q);
+      row_tiles.push_back({b, 0, r0, r1, 0});
+      const kernel::TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        q_items.push_back({b, h, r0, r1, (keys.end - keys.begin + 1) * (r1 - r0)});
+    }
+    for (std::int64_t c0 = 0; c0 < mask.s_kv; c0 += kBlockKeys) {
+      const std::int64_t c1 = kernel::min64(c0 + kBlockKeys, mask.s_kv);
+      const kernel::TileRange rows = kernel::query_range_for_keys(mask, c0, c1);
+      for (std::int64_t kvh = 0; kvh < a.kv_heads; ++kvh)
+        k_items.push_back({b, kvh, c0, c1, (rows.end - rows.begin + 1) * (c1 - c0)});
+    }
+  }
+  heaviest_first(q_items);
+  heaviest_first(k_items);
+
+  bool ok = run_items(row_tiles, a, [&](const Item& it, Scratch& w) {
+    compute_delta(a, dt, it, dtab, w);
+  });
+  ok = ok && run_items(k_items, a, [&](const Item& it, Scratch& w) {
+         key_tile(a, dt, it, dtab, w);
+       });
+  ok = ok && run_items(q_items, a, [&](const Item& it, Scratch& w) {
+         query_tile(a, dt, it, dtab, w);
+       });
+  if (!ok)
+    return Status(StatusCode::backend_error,
+                  "cpu backward: a worker thread failed (out of host memory for its tile "
+                  "buffers); the gradients are incomplete");
+  return Status::Ok();
+}
+
 }  // namespace strideattn::detail::cpu
