@@ -1,2 +1,76 @@
-// STUB (owner: reference helper)
+// DESIGN's correctness rule (see compare.hpp and docs/semantics.md "Correctness rule"):
+// elementwise error statistics against the fp64 reference, and the tolerances
+// 2 * naive_err + floor(dtype).
 #include "harness/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strideattn::harness {
+
+namespace {
+
+// Absolute floors per dtype: a few units in the last place of values of magnitude ~1 in the
+// dtype's own precision (bf16 ulp(1) = 7.8e-3, f16 9.8e-4, f32 1.2e-7), kept small enough
+// that a real bug (a wrong row, a missing key) cannot hide under them. They only matter
+// when the naive error happens to be tiny (e.g. O of rows that see one key).
+double floor_of(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 2e-5;
+    case DType::f16: return 1e-4;
+    case DType::bf16: return 1e-3;
+  }
+  return 1e-3;
+}
+
+}  // namespace
+
+ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact) {
+  ErrorStats st;
+  const std::size_t n = std::min(out.size(), exact.size());
+  std::int64_t first_bad = -1;  // first non-finite disagreement, reported as the worst
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = out[i], e = exact[i];
+    if (std::isnan(x) || std::isnan(e)) {  // NaN never passes, not even against NaN
+      ++st.non_finite;
+      if (first_bad < 0) first_bad = std::int64_t(i);
+      continue;
+    }
+    if (std::isinf(x) || std::isinf(e)) {
+      if (x == e) continue;  // -inf vs -inf (LSE of a row that sees no key) agrees
+      ++st.non_finite;
+      if (first_bad < 0) first_bad = std::int64_t(i);
+      continue;
+    }
+    const double abs_err = std::fabs(x - e);
+    const double rel_err = abs_err / std::max(std::fabs(e), 1e-6);
+    st.max_rel_err = std::max(st.max_rel_err, rel_err);
+    if (abs_err > st.max_abs_err || st.worst_index < 0) {
+      st.max_abs_err = abs_err;
+      st.worst_index = std::int64_t(i);
+      st.worst_value = x;
+      st.worst_expected = e;
+    }
+  }
+  // A length mismatch means elements are missing: each counts as a disagreement.
+  const std::size_t longer = std::max(out.size(), exact.size());
+  st.non_finite += std::int64_t(longer - n);
+  if (first_bad < 0 && longer > n) first_bad = std::int64_t(n);
+  if (first_bad >= 0) {
+    st.worst_index = first_bad;
+    st.worst_value = std::size_t(first_bad) < out.size() ? out[std::size_t(first_bad)] : std::nan("");
+    st.worst_expected =
+        std::size_t(first_bad) < exact.size() ? exact[std::size_t(first_bad)] : std::nan("");
+  }
+  return st;
+}
+
+double tolerance(DType dtype, double naive_max_abs_err) {
+  return 2.0 * naive_max_abs_err + floor_of(dtype);
+}
+
+double lse_tolerance(double naive_max_abs_err, double max_abs_lse) {
+  return 2.0 * naive_max_abs_err + floor_of(DType::f32) + 4e-6 * max_abs_lse;
+}
+
+}  // namespace strideattn::harness

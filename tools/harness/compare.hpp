@@ -26,6 +26,11 @@ struct ErrorStats {
 // Tolerance for a tensor of `dtype`: 2 * naive_err + floor (floor depends on the dtype).
 [[nodiscard]] double tolerance(DType dtype, double naive_max_abs_err);
 
+// Tolerance for LSE (fp32, magnitudes ~ log(s_kv) + max score): 2 * naive_err + the f32
+// floor + a relative floor 4e-6 * max|lse| (a few fp32 ulps of the largest finite LSE, which
+// legitimately-different fp32 summation orders reach). docs/semantics.md "Correctness rule".
+[[nodiscard]] double lse_tolerance(double naive_max_abs_err, double max_abs_lse);
+
 // One output's verdict.
 struct TensorCheck {
   std::string name;  // "o", "lse", "dq", ...
