@@ -1,0 +1,398 @@
+// strideattn._ext: nanobind bindings from DLPack tensors (numpy, PyTorch, CuPy, JAX, ...) to
+// the C++ API. Each tensor is read as a pointer plus its own element strides (no copies, no
+// layout names). Calls return (status code name, message); the Python layer (_core.py) maps
+// codes onto exceptions and allocates outputs in the caller's framework.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "strideattn/strideattn.hpp"
+
+namespace nb = nanobind;
+using namespace strideattn;
+
+namespace {
+
+using InArray = nb::ndarray<nb::ro>;  // inputs: any dtype/device/strides; read-only is fine
+using OutArray = nb::ndarray<>;       // outputs: must be writable
+using Result = std::tuple<std::string, std::string>;  // (status code name, message)
+
+// DLPack device types (dlpack.h): kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLCUDAManaged 13.
+constexpr int kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13;
+
+struct Placement {
+  bool set = false;
+  int device_type = 0;
+  int device_id = 0;
+  std::string first;  // name of the tensor that fixed the placement
+};
+
+std::string device_name(int type, int id) {
+  switch (type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda:" + std::to_string(id);
+    case kDLCUDAHost: return "cuda_host (pinned)";
+    case kDLCUDAManaged: return "cuda_managed:" + std::to_string(id);
+    default: return "DLPack device type " + std::to_string(type);
+  }
+}
+
+std::string dtype_name(nb::dlpack::dtype t) {
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  std::string base = code == nb::dlpack::dtype_code::Float    ? "float"
+                     : code == nb::dlpack::dtype_code::Bfloat ? "bfloat"
+                     : code == nb::dlpack::dtype_code::Int    ? "int"
+                     : code == nb::dlpack::dtype_code::UInt   ? "uint"
+                     : code == nb::dlpack::dtype_code::Bool   ? "bool"
+                     : code == nb::dlpack::dtype_code::Complex ? "complex"
+                                                               : "code" + std::to_string(t.code) + "_";
+  std::string s = base + std::to_string(t.bits);
+  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
+  return s;
+}
+
+Status bad(std::string msg) { return Status(StatusCode::invalid_argument, std::move(msg)); }
+
+Result result(const Status& s) { return {std::string(to_string(s.code())), s.message()}; }
+
+// Every tensor of one call must live on one device; the first one fixes it.
+template <class Array>
+Status place(const char* name, const Array& a, Placement* p) {
+  const int type = a.device_type(), id = a.device_id();
+  if (type != kDLCPU && type != kDLCUDA && type != kDLCUDAHost && type != kDLCUDAManaged)
+    return bad(std::string(name) + " is on " + device_name(type, id) +
+               "; supported: cpu, cuda (device, pinned host or managed memory)");
+  if (!p->set) {
+    *p = {true, type, id, name};
+    return Status::Ok();
+  }
+  const bool host_a = type == kDLCPU || type == kDLCUDAHost;
+  const bool host_p = p->device_type == kDLCPU || p->device_type == kDLCUDAHost;
+  if (host_a != host_p || (!host_a && id != p->device_id))
+    return bad(std::string(name) + " is on " + device_name(type, id) + " but " + p->first +
+               " is on " + device_name(p->device_type, p->device_id) +
+               "; all tensors of a call must be on one device");
+  return Status::Ok();
+}
+
+Memory memory_of(const Placement& p) {
+  return (p.device_type == kDLCUDA || p.device_type == kDLCUDAManaged) ? Memory::device
+                                                                        : Memory::host;
+}
+
+// A [b, s, h, d] tensor, or [tokens, h, d] (varlen) read as [1, tokens, h, d].
+template <class Array>
+Status to_view(const char* name, const Array& a, Placement* p, TensorView* out) {
+  if (Status s = place(name, a, p); !s.ok()) return s;
+  const nb::dlpack::dtype t = a.dtype();
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Float) {
+    out->dtype = DType::f16;
+  } else if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Bfloat) {
+    out->dtype = DType::bf16;
+  } else if (t.lanes == 1 && t.bits == 32 && code == nb::dlpack::dtype_code::Float) {
+    out->dtype = DType::f32;
+  } else {
+    return bad(std::string(name) + " has dtype " + dtype_name(t) +
+               "; supported: float16, bfloat16, float32");
+  }
+  const std::size_t nd = a.ndim();
+  if (nd != 4 && nd != 3)
+    return bad(std::string(name) + " has " + std::to_string(nd) +
+               " dimensions; supported: 4 ([batch, seq, heads, head_dim]) or 3 "
+               "([tokens, heads, head_dim], varlen)");
+  out->data = const_cast<void*>(static_cast<const void*>(a.data()));
+  const std::size_t lead = 4 - nd;
+  for (std::size_t i = 0; i < nd; ++i) {
+    out->shape[lead + i] = static_cast<std::int64_t>(a.shape(i));
+    out->stride[lead + i] = a.stride(i);
+  }
+  if (lead == 1) {
+    // The inserted batch dimension has extent 1: give it the span of the tensor as stride,
+    // so that it never looks like an aliased (zero-stride) dimension.
+    std::int64_t span = 1;
+    for (std::size_t i = 1; i < 4; ++i) {
+      const std::int64_t st = out->stride[i] < 0 ? -out->stride[i] : out->stride[i];
+      if (out->shape[i] > 0) span += (out->shape[i] - 1) * st;
+    }
+    out->shape[0] = 1;
+    out->stride[0] = span;
+  }
+  return Status::Ok();
+}
+
+// LSE: [b, h, s_q] float32, or [h, tokens] (varlen) read as [1, h, tokens].
+template <class Array>
+Status to_lse(const char* name, const Array& a, Placement* p, LseView* out) {
+  if (Status s = place(name, a, p); !s.ok()) return s;
+  const nb::dlpack::dtype t = a.dtype();
+  if (!(t.lanes == 1 && t.bits == 32 &&
+        static_cast<nb::dlpack::dtype_code>(t.code) == nb::dlpack::dtype_code::Float))
+    return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float32");
+  const std::size_t nd = a.ndim();
+  if (nd != 3 && nd != 2)
+    return bad(std::string(name) + " has " + std::to_string(nd) +
+               " dimensions; supported: 3 ([batch, heads, seq_q]) or 2 ([heads, tokens], varlen)");
+  out->data = static_cast<float*>(const_cast<void*>(static_cast<const void*>(a.data())));
+  const std::size_t lead = 3 - nd;
+  for (std::size_t i = 0; i < nd; ++i) {
+    out->shape[lead + i] = static_cast<std::int64_t>(a.shape(i));
+    out->stride[lead + i] = a.stride(i);
+  }
+  if (lead == 1) {
+    out->shape[0] = 1;
+    out->stride[0] = 1 + (out->shape[1] > 0 ? (out->shape[1] - 1) * std::llabs(out->stride[1]) : 0) +
+                     (out->shape[2] > 0 ? (out->shape[2] - 1) * std::llabs(out->stride[2]) : 0);
+  }
+  return Status::Ok();
+}
+
+Status parse_options(const std::string& mask, std::int64_t window_left, std::int64_t window_right,
+                     std::optional<double> scale, bool deterministic, AttentionOptions* o) {
+  if (mask == "none") {
+    o->mask = MaskKind::none;
+  } else if (mask == "causal") {
+    o->mask = MaskKind::causal;
+  } else if (mask == "causal-bottom-right" || mask == "causal_bottom_right") {
+    o->mask = MaskKind::causal_bottom_right;
+  } else {
+    return bad("mask='" + mask + "' is not a mask; supported: none, causal, causal-bottom-right");
+  }
+  o->window = Window{.left = window_left, .right = window_right};
+  o->scale = scale;
+  o->deterministic = deterministic;
+  return Status::Ok();
+}
+
+Status parse_backend(const std::string& name, Backend* b) {
+  auto parsed = backend_from_string(name);
+  if (!parsed)
+    return bad("backend='" + name + "' is not a backend; supported: auto, reference, cpu, cuda, cudnn");
+  *b = *parsed;
+  return Status::Ok();
+}
+
+Varlen make_varlen(std::vector<std::int64_t> seqlens_q, std::vector<std::int64_t> seqlens_kv,
+                   std::vector<std::int64_t> offsets_q, std::vector<std::int64_t> offsets_kv) {
+  Varlen v;
+  v.seqlens_q = std::move(seqlens_q);
+  v.seqlens_kv = std::move(seqlens_kv);
+  v.offsets_q = std::move(offsets_q);
+  v.offsets_kv = std::move(offsets_kv);
+  return v;
+}
+
+// Options shared by every entry point, in one struct so the bindings stay readable.
+struct CallOptions {
+  std::string mask = "none";
+  std::int64_t window_left = -1, window_right = -1;
+  std::optional<double> scale;
+  bool deterministic = false;
+  std::vector<std::int64_t> seqlens_q, seqlens_kv, offsets_q, offsets_kv;
+  std::string backend = "auto";
+  std::uintptr_t stream = 0;
+};
+
+template <class Args>
+Status fill_common(const CallOptions& c, Args* args) {
+  if (Status s = parse_options(c.mask, c.window_left, c.window_right, c.scale, c.deterministic,
+                               &args->options);
+      !s.ok())
+    return s;
+  if (Status s = parse_backend(c.backend, &args->backend); !s.ok()) return s;
+  args->varlen = make_varlen(c.seqlens_q, c.seqlens_kv, c.offsets_q, c.offsets_kv);
+  args->stream = reinterpret_cast<void*>(c.stream);
+  return Status::Ok();
+}
+
+Status build_forward(const InArray& q, const InArray& k, const InArray& v, const OutArray& o,
+                     const std::optional<OutArray>& lse, const CallOptions& c, ForwardArgs* args) {
+  Placement p;
+  if (Status s = to_view("q", q, &p, &args->q); !s.ok()) return s;
+  if (Status s = to_view("k", k, &p, &args->k); !s.ok()) return s;
+  if (Status s = to_view("v", v, &p, &args->v); !s.ok()) return s;
+  if (Status s = to_view("out", o, &p, &args->o); !s.ok()) return s;
+  if (lse)
+    if (Status s = to_lse("lse", *lse, &p, &args->lse); !s.ok()) return s;
+  args->memory = memory_of(p);
+  return fill_common(c, args);
+}
+
+Status build_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
+                      const InArray& d_o, const InArray& lse, const OutArray& dq,
+                      const OutArray& dk, const OutArray& dv, const CallOptions& c,
+                      BackwardArgs* args) {
+  Placement p;
+  if (Status s = to_view("q", q, &p, &args->q); !s.ok()) return s;
+  if (Status s = to_view("k", k, &p, &args->k); !s.ok()) return s;
+  if (Status s = to_view("v", v, &p, &args->v); !s.ok()) return s;
+  if (Status s = to_view("out", o, &p, &args->o); !s.ok()) return s;
+  if (Status s = to_view("dout", d_o, &p, &args->d_o); !s.ok()) return s;
+  if (Status s = to_lse("lse", lse, &p, &args->lse); !s.ok()) return s;
+  if (Status s = to_view("dq", dq, &p, &args->dq); !s.ok()) return s;
+  if (Status s = to_view("dk", dk, &p, &args->dk); !s.ok()) return s;
+  if (Status s = to_view("dv", dv, &p, &args->dv); !s.ok()) return s;
+  args->memory = memory_of(p);
+  return fill_common(c, args);
+}
+
+nb::dict explanation_dict(const Explanation& ex) {
+  nb::dict d;
+  d["valid"] = ex.validation.ok();
+  d["code"] = std::string(to_string(ex.validation.code()));
+  d["error"] = ex.validation.ok() ? nb::none() : nb::cast(ex.validation.message());
+  d["layout"] = ex.layout;
+  nb::list verdicts;
+  for (const Verdict& v : ex.verdicts) {
+    nb::dict e;
+    e["backend"] = std::string(to_string(v.backend));
+    e["supported"] = v.supported;
+    e["rule"] = v.rule;
+    e["reason"] = v.reason;
+    verdicts.append(e);
+  }
+  d["verdicts"] = verdicts;
+  d["chosen"] = ex.chosen ? nb::cast(std::string(to_string(*ex.chosen))) : nb::none();
+  return d;
+}
+
+// Binding signatures: tensors first, then the shared options as keyword arguments.
+#define STRIDEATTN_OPTION_ARGS                                                                  \
+  nb::arg("mask") = "none", nb::arg("window_left") = -1, nb::arg("window_right") = -1,          \
+  nb::arg("scale") = nb::none(), nb::arg("deterministic") = false,                              \
+  nb::arg("seqlens_q") = std::vector<std::int64_t>{},                                           \
+  nb::arg("seqlens_kv") = std::vector<std::int64_t>{},                                          \
+  nb::arg("offsets_q") = std::vector<std::int64_t>{},                                           \
+  nb::arg("offsets_kv") = std::vector<std::int64_t>{}, nb::arg("backend") = "auto",             \
+  nb::arg("stream") = 0
+
+CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr,
+                         std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
+                         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
+                         std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream) {
+  CallOptions c;
+  c.mask = std::move(mask);
+  c.window_left = wl;
+  c.window_right = wr;
+  c.scale = scale;
+  c.deterministic = det;
+  c.seqlens_q = std::move(sq);
+  c.seqlens_kv = std::move(skv);
+  c.offsets_q = std::move(oq);
+  c.offsets_kv = std::move(okv);
+  c.backend = std::move(backend);
+  c.stream = stream;
+  return c;
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "strideattn C++ bindings (use the strideattn package, not this module)";
+
+  m.def("version", [] { return std::string(version()); });
+
+  m.def("compiled_backends", [] {
+    std::vector<std::string> names;
+    for (Backend b : kConcreteBackends)
+      if (backend_compiled(b)) names.emplace_back(to_string(b));
+    return names;
+  });
+
+  m.def(
+      "forward",
+      [](InArray q, InArray k, InArray v, OutArray o, std::optional<OutArray> lse,
+         std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale,
+         bool det, std::vector<std::int64_t> sq, std::vector<std::int64_t> skv,
+         std::vector<std::int64_t> oq, std::vector<std::int64_t> okv, std::string backend,
+         std::uintptr_t stream) -> Result {
+        ForwardArgs args;
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
+                                           std::move(skv), std::move(oq), std::move(okv),
+                                           std::move(backend), stream);
+        if (Status s = build_forward(q, k, v, o, lse, c, &args); !s.ok()) return result(s);
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = strideattn::forward(args);
+        }
+        return result(s);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
+      STRIDEATTN_OPTION_ARGS);
+
+  m.def(
+      "backward",
+      [](InArray q, InArray k, InArray v, InArray o, InArray d_o, InArray lse, OutArray dq,
+         OutArray dk, OutArray dv, std::string mask, std::int64_t wl, std::int64_t wr,
+         std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
+         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
+         std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream) -> Result {
+        BackwardArgs args;
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
+                                           std::move(skv), std::move(oq), std::move(okv),
+                                           std::move(backend), stream);
+        if (Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args); !s.ok())
+          return result(s);
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = strideattn::backward(args);
+        }
+        return result(s);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
+      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
+
+  m.def(
+      "explain_forward",
+      [](InArray q, InArray k, InArray v, OutArray o, std::optional<OutArray> lse,
+         std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale,
+         bool det, std::vector<std::int64_t> sq, std::vector<std::int64_t> skv,
+         std::vector<std::int64_t> oq, std::vector<std::int64_t> okv, std::string backend,
+         std::uintptr_t stream) -> nb::dict {
+        ForwardArgs args;
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
+                                           std::move(skv), std::move(oq), std::move(okv),
+                                           std::move(backend), stream);
+        Explanation ex;
+        if (Status s = build_forward(q, k, v, o, lse, c, &args); !s.ok()) {
+          ex.validation = s;
+          return explanation_dict(ex);
+        }
+        return explanation_dict(strideattn::explain(args));
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
+      STRIDEATTN_OPTION_ARGS);
+
+  m.def(
+      "explain_backward",
+      [](InArray q, InArray k, InArray v, InArray o, InArray d_o, InArray lse, OutArray dq,
+         OutArray dk, OutArray dv, std::string mask, std::int64_t wl, std::int64_t wr,
+         std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
+         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
+         std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream) -> nb::dict {
+        BackwardArgs args;
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
+                                           std::move(skv), std::move(oq), std::move(okv),
+                                           std::move(backend), stream);
+        Explanation ex;
+        if (Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args); !s.ok()) {
+          ex.validation = s;
+          return explanation_dict(ex);
+        }
+        return explanation_dict(strideattn::explain(args));
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
+      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
+}

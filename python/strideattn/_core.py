@@ -1,0 +1,442 @@
+"""Framework-neutral entry points: attention, attention_backward and explain over any
+DLPack-capable tensors (numpy, PyTorch, CuPy, JAX). Tensors are passed to the C++ library
+as pointers plus their own strides; outputs are allocated in the caller's framework, dtype
+and device, in the dimension order of the matching input (so an sbhd input gives an sbhd
+output). Status codes from the library become exceptions here."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Optional, Sequence
+
+from . import _ext
+
+MASKS = ("none", "causal", "causal-bottom-right")
+
+
+class UnsupportedError(NotImplementedError):
+    """Valid input that the requested backend (or every backend, for ``auto``) cannot run.
+    The message names the first failing support rule, the value found and what is
+    supported."""
+
+
+class BackendError(RuntimeError):
+    """A backend failed at run time (CUDA or cuDNN error, out of memory, internal error)."""
+
+
+def _raise_for(code: str, message: str) -> None:
+    if code == "ok":
+        return
+    if code == "invalid_argument":
+        raise ValueError(message)
+    if code == "unsupported":
+        raise UnsupportedError(message)
+    raise BackendError(f"{message} [{code}]")
+
+
+# ----------------------------------------------------------------------------- frameworks
+
+
+def _framework(x: Any) -> str:
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("numpy", "torch", "cupy"):
+        return mod
+    if mod in ("jax", "jaxlib"):
+        return "jax"
+    return "other"
+
+
+def _np():
+    import numpy
+
+    return numpy
+
+
+def _element_strides(x: Any, fw: str) -> Optional[Sequence[int]]:
+    """Strides in elements, or None where the framework has no strides (JAX: row-major)."""
+    if fw == "torch":
+        return tuple(x.stride())
+    if fw in ("numpy", "cupy"):
+        item = x.dtype.itemsize
+        if any(s % item for s in x.strides):
+            raise ValueError(
+                f"tensor strides {tuple(x.strides)} (bytes) are not multiples of the element "
+                f"size {item}; DLPack needs element strides")
+        return tuple(s // item for s in x.strides)
+    return None
+
+
+def _dim_order(shape: Sequence[int], strides: Optional[Sequence[int]]) -> list:
+    """Dimensions from outermost to innermost by the input's strides (ties: logical order);
+    extent-1 dimensions go outermost, their strides mean nothing."""
+    n = len(shape)
+    if strides is None:
+        return list(range(n))
+    return sorted(range(n), key=lambda i: (0 if shape[i] == 1 else 1, -abs(strides[i]), i))
+
+
+def _is_cuda(x: Any, fw: str) -> bool:
+    if fw == "torch":
+        return x.device.type == "cuda"
+    if fw == "cupy":
+        return True
+    if fw == "jax":
+        return any(d.platform == "gpu" for d in x.devices())
+    if hasattr(x, "__dlpack_device__"):
+        return x.__dlpack_device__()[0] in (2, 13)
+    return False
+
+
+class _Context:
+    """Where a call runs and how its outputs are made: the framework of `like` (the first
+    input), its device, the stream to use, and allocation in that framework."""
+
+    def __init__(self, like: Any):
+        self.fw = _framework(like)
+        self.like = like
+        self.cuda = _is_cuda(like, self.fw)
+        self.stream = 0
+        self.sync_after = False
+        self._device_ctx = contextlib.nullcontext()
+        if self.fw == "torch" and self.cuda:
+            import torch
+
+            self._device_ctx = torch.cuda.device(like.device)
+            self.stream = torch.cuda.current_stream(like.device).cuda_stream
+        elif self.fw == "cupy":
+            import cupy
+
+            self._device_ctx = like.device
+            with like.device:
+                self.stream = cupy.cuda.get_current_stream().ptr
+        elif self.fw == "jax" and self.cuda:
+            # JAX has no current stream to share: wait for the inputs, run on the legacy
+            # default stream, and wait for the result before JAX sees it.
+            self.sync_after = True
+        elif self.fw == "other" and self.cuda:
+            self.sync_after = True
+
+    def device_scope(self):
+        return self._device_ctx
+
+    def prepare(self, x: Any) -> Any:
+        """What is handed to the extension for tensor x (no copies)."""
+        fw = _framework(x)
+        if fw == "torch":
+            return x.detach()
+        if fw == "jax":
+            x.block_until_ready()
+        return x
+
+    def empty(self, shape: Sequence[int], dtype: Any, order: Sequence[int], zero: bool) -> Any:
+        """A new tensor of logical `shape`, laid out with dims `order` outermost first."""
+        shape = tuple(int(s) for s in shape)
+        phys = tuple(shape[i] for i in order)
+        inverse = [0] * len(order)
+        for pos, dim in enumerate(order):
+            inverse[dim] = pos
+        fw = self.fw
+        if fw == "numpy" or (fw == "other" and not self.cuda):
+            np = _np()
+            dt = np.float32 if dtype == "float32" else dtype
+            make = np.zeros if zero else np.empty
+            return make(phys, dtype=dt).transpose(inverse)
+        if fw == "torch":
+            import torch
+
+            dt = torch.float32 if dtype == "float32" else dtype
+            make = torch.zeros if zero else torch.empty
+            return make(phys, dtype=dt, device=self.like.device).permute(inverse)
+        if fw == "cupy":
+            import cupy
+
+            dt = cupy.float32 if dtype == "float32" else dtype
+            with self.like.device:
+                make = cupy.zeros if zero else cupy.empty
+                return make(phys, dtype=dt).transpose(inverse)
+        if fw == "jax":
+            return self._jax_staging(shape, dtype)
+        raise ValueError(
+            f"cannot allocate outputs for a {type(self.like).__module__}.{type(self.like).__name__} "
+            "on a GPU; pass out= (and dq=, dk=, dv=) tensors")
+
+    def _jax_staging(self, shape, dtype):
+        # JAX arrays are immutable: compute into a PyTorch (or CuPy) buffer on the same GPU,
+        # then hand it to JAX through DLPack in finish().
+        import jax.numpy as jnp
+
+        name = "float32" if dtype == "float32" else jnp.dtype(dtype).name
+        dev = next(iter(self.like.devices()))
+        dev_id = getattr(dev, "local_hardware_id", None)
+        if dev_id is None:
+            dev_id = dev.id
+        try:
+            import torch
+
+            return ("staged", torch.zeros(shape, dtype=getattr(torch, name), device=f"cuda:{dev_id}"))
+        except ImportError:
+            import cupy
+
+            if name == "bfloat16":
+                raise UnsupportedError("bfloat16 JAX outputs need PyTorch installed (CuPy has "
+                                       "no bfloat16); use float16/float32 or install torch") from None
+            with cupy.cuda.Device(dev_id):
+                return ("staged", cupy.zeros(shape, dtype=name))
+
+    def as_ext(self, x: Any) -> Any:
+        """The object the extension reads for an output allocated by empty()."""
+        return x[1] if isinstance(x, tuple) else x
+
+    def finish(self, x: Any) -> Any:
+        if self.sync_after:
+            _device_synchronize()
+        if isinstance(x, tuple):
+            import jax.dlpack
+
+            return jax.dlpack.from_dlpack(x[1])
+        return x
+
+
+def _device_synchronize() -> None:
+    try:
+        import torch
+
+        torch.cuda.synchronize()
+        return
+    except ImportError:
+        pass
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+def _dtype_of(x: Any) -> Any:
+    return x.dtype
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _int_list(x: Any, name: str) -> list:
+    if x is None:
+        return []
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    try:
+        out = [int(v) for v in x]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a sequence of integers, got {x!r}") from None
+    if any(isinstance(v, list) for v in x):
+        raise ValueError(f"{name} must be one-dimensional, got {x!r}")
+    return out
+
+
+def _window(window: Any) -> tuple:
+    if window is None:
+        return (-1, -1)
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be (left, right) with -1 or None for unbounded, got {window!r}") from None
+    left = -1 if left is None else left
+    right = -1 if right is None else right
+    if not (isinstance(left, int) and isinstance(right, int)):
+        raise ValueError(f"window must hold integers, got {window!r}")
+    return (int(left), int(right))
+
+
+def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q, offsets_kv,
+             backend, stream) -> dict:
+    if not isinstance(mask, str):
+        raise ValueError(f"mask must be one of {', '.join(MASKS)}; got {mask!r}")
+    if not isinstance(backend, str):
+        raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {backend!r}")
+    left, right = _window(window)
+    if scale is not None:
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    return dict(mask=mask, window_left=left, window_right=right, scale=scale,
+                deterministic=bool(deterministic),
+                seqlens_q=_int_list(seqlens_q, "seqlens_q"),
+                seqlens_kv=_int_list(seqlens_kv, "seqlens_kv"),
+                offsets_q=_int_list(offsets_q, "offsets_q"),
+                offsets_kv=_int_list(offsets_kv, "offsets_kv"),
+                backend=backend, stream=int(stream))
+
+
+def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
+    if x is None:
+        raise ValueError(f"{name} is required")
+    fw = _framework(x)
+    if not (hasattr(x, "__dlpack__") or fw == "numpy"):
+        raise ValueError(f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), "
+                         f"got {type(x).__name__}")
+    if fw in ("numpy", "cupy"):
+        _element_strides(x, fw)
+    if writable:
+        if fw == "numpy" and not x.flags.writeable:
+            raise ValueError(f"{name} is a read-only numpy array; outputs must be writable")
+        if fw == "jax":
+            raise ValueError(f"{name}: JAX arrays are immutable and cannot be outputs; "
+                             "leave it out to get a new array")
+
+
+def _shape(x: Any) -> tuple:
+    return tuple(int(s) for s in x.shape)
+
+
+def _call(fn, *tensors, **opts):
+    try:
+        return fn(*tensors, **opts)
+    except TypeError as e:
+        # nanobind could not import a tensor through DLPack (e.g. a tensor that needs grad)
+        raise ValueError(f"a tensor could not be read through DLPack: {e}") from None
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] = None,
+              seqlens_q=None, seqlens_kv=None, offsets_q=None, offsets_kv=None,
+              backend: str = "auto", deterministic: bool = False, return_lse: bool = False,
+              out=None):
+    """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V.
+
+    Shapes (logical; any strides with a unit stride on the head dim): q [b, s_q, h, d_qk],
+    k [b, s_kv, hg, d_qk], v [b, s_kv, hg, d_v], h % hg == 0. Varlen: q/k/v are
+    [tokens, h, d] (or [1, tokens, h, d]) and seqlens_q/seqlens_kv give each sequence's token
+    count, offsets_q/offsets_kv its first token (default: packed back to back).
+
+    mask: "none", "causal" (top-left, j <= i) or "causal-bottom-right" (j <= i + s_kv - s_q);
+    window=(left, right) around the bottom-right diagonal, -1/None unbounded.
+    Returns O (in q's framework, dtype and device; laid out in q's dimension order), and the
+    fp32 LSE [b, h, s_q] (varlen: [h, tokens]) when return_lse. `out` receives O in place.
+
+    PyTorch tensors that require grad go through the autograd op of strideattn.torch.
+    Raises ValueError (bad input), UnsupportedError (a NotImplementedError) and
+    BackendError (a RuntimeError) with the library's message.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(x, name)
+    if out is not None:
+        _check_tensor(out, "out", writable=True)
+    if _framework(q) == "torch" and out is None and any(
+            getattr(x, "requires_grad", False) for x in (q, k, v)):
+        import torch
+
+        if torch.is_grad_enabled():
+            from . import torch as sa_torch
+
+            return sa_torch.attention(
+                q, k, v, mask=mask, window=window, scale=scale, seqlens_q=seqlens_q,
+                seqlens_kv=seqlens_kv, offsets_q=offsets_q, offsets_kv=offsets_kv,
+                backend=backend, deterministic=deterministic, return_lse=return_lse)
+
+    ctx = _Context(q)
+    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
+                    offsets_kv, backend, ctx.stream)
+    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
+    qs, vs = _shape(q), _shape(v)
+    if len(qs) not in (3, 4) or len(vs) not in (3, 4):
+        raise ValueError(f"q and v must have 4 dimensions [b, s, h, d] (or 3 for varlen "
+                         f"[tokens, h, d]); got q {qs}, v {vs}")
+    with ctx.device_scope():
+        o = out
+        if o is None:
+            o = ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q),
+                          _dim_order(qs, _element_strides(q, ctx.fw)), zero=varlen)
+        lse = None
+        if return_lse:
+            if varlen:
+                lse_shape, lse_order = (qs[-2], qs[-3]), [0, 1]
+            else:
+                lse_shape, lse_order = (qs[0], qs[2], qs[1]), [0, 1, 2]
+            lse = ctx.empty(lse_shape, "float32", lse_order, zero=varlen)
+        code, msg = _call(_ext.forward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
+                          ctx.as_ext(o), None if lse is None else ctx.as_ext(lse), **opts)
+        _raise_for(code, msg)
+        o = ctx.finish(o) if out is None else out
+        if lse is not None:
+            lse = ctx.finish(lse)
+    return (o, lse) if return_lse else o
+
+
+def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=None,
+                       scale: Optional[float] = None, seqlens_q=None, seqlens_kv=None,
+                       offsets_q=None, offsets_kv=None, backend: str = "auto",
+                       deterministic: bool = False, dq=None, dk=None, dv=None):
+    """Gradients of attention(): returns (dq, dk, dv) for the forward output `out`, its
+    gradient `dout` and the forward's LSE (return_lse=True). dk/dv are summed over each GQA
+    group. dq/dk/dv may be given as (strided) views to write into, e.g. slices of the
+    gradient of a fused QKV buffer; the others are allocated like q, k, v. Options must match
+    the forward call. deterministic=True asks for a bitwise reproducible result."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)):
+        _check_tensor(x, name)
+    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if x is not None:
+            _check_tensor(x, name, writable=True)
+    ctx = _Context(q)
+    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
+                    offsets_kv, backend, ctx.stream)
+    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
+    given = (dq, dk, dv)
+    with ctx.device_scope():
+        grads = []
+        for g, like in zip(given, (q, k, v)):
+            if g is None:
+                s = _shape(like)
+                g = ctx.empty(s, _dtype_of(like), _dim_order(s, _element_strides(like, _framework(like))),
+                              zero=varlen)
+            grads.append(g)
+        code, msg = _call(_ext.backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
+                          ctx.prepare(out), ctx.prepare(dout), ctx.prepare(lse),
+                          *[ctx.as_ext(g) for g in grads], **opts)
+        _raise_for(code, msg)
+        result = tuple(g if g0 is not None else ctx.finish(g) for g, g0 in zip(grads, given))
+    return result
+
+
+def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] = None,
+            seqlens_q=None, seqlens_kv=None, offsets_q=None, offsets_kv=None,
+            backend: str = "auto", deterministic: bool = False, grad: bool = False,
+            out=None, dout=None, lse=None) -> dict:
+    """What the library would do with these tensors, without running anything.
+
+    Returns {"valid": bool, "code": str, "error": message or None, "layout": str,
+    "verdicts": [{"backend", "supported", "rule", "reason"}, ... in auto preference order],
+    "chosen": the backend `auto` would run, or None}. grad=True explains the backward pass
+    (missing out/dout/lse are allocated)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(x, name)
+    ctx = _Context(q)
+    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
+                    offsets_kv, backend, ctx.stream)
+    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
+    qs, vs = _shape(q), _shape(v)
+    with ctx.device_scope():
+        order = _dim_order(qs, _element_strides(q, ctx.fw))
+        o = out if out is not None else ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q), order, False)
+        if not grad:
+            return _call(_ext.explain_forward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
+                         ctx.as_ext(o), None, **opts)
+        d_o = dout if dout is not None else ctx.empty(_shape(o), _dtype_of(q), order, False)
+        if lse is None:
+            lse = (ctx.empty((qs[-2], qs[-3]), "float32", [0, 1], False) if varlen else
+                   ctx.empty((qs[0], qs[2], qs[1]), "float32", [0, 1, 2], False))
+        grads = [ctx.empty(_shape(x), _dtype_of(x), _dim_order(_shape(x), _element_strides(x, _framework(x))), False)
+                 for x in (q, k, v)]
+        return _call(_ext.explain_backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
+                     ctx.as_ext(o), ctx.as_ext(d_o), ctx.as_ext(lse),
+                     *[ctx.as_ext(g) for g in grads], **opts)
+
+
+def version() -> str:
+    """The C++ library's version."""
+    return _ext.version()
+
+
+def compiled_backends() -> list:
+    """Backends this build contains (reference and cpu always; cuda/cudnn with CUDA)."""
+    return list(_ext.compiled_backends())
