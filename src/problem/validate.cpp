@@ -1,6 +1,543 @@
-// STUB: validation rules (owner: validation helper).
+// Validation rules of the contract (DESIGN.md; issue "Foundation" item 3) and the exact
+// memory-overlap test behind the "outputs must not overlap" rules.
+//
+// Every failure is one line naming the tensor, the value found and what is supported. The
+// rules run in a fixed order (enums, each view alone, dtypes, shapes, options, varlen
+// tables, LSE, overlap) and the first failure is returned. Nothing here dereferences a
+// tensor pointer, and all size arithmetic is overflow-checked, so garbage input gives a
+// message, never a crash.
+//
+// Decisions:
+//  - Negative strides are rejected (on dimensions of extent > 1): it keeps the overlap
+//    math and every backend's address arithmetic simple. Size-1 dimensions may carry any
+//    stride; it is never used.
+//  - Zero-size batch or sequence means "nothing to do"; zero heads or head dim is invalid.
+//  - Head dims above what a backend supports are not a validation error (backends refuse).
+//
+// Overlap: two views overlap when some byte of one is a byte of the other. Each view is
+// reduced to contiguous runs ("rows": the head-dim run, merged with any dimension whose
+// stride equals the run length) repeated over the remaining dimensions. If the byte ranges
+// are disjoint there is no overlap. Otherwise, when one view's dimensions are nested (each
+// stride >= the span of all smaller ones), membership in it is decided by division, and
+// the other view's rows are enumerated and tested one by one. When neither is nested, both
+// row sets are enumerated, sorted and swept. Enumeration is capped at kMaxRows rows per view;
+// above the cap the answer is the conservative one ("may overlap"), and the message says
+// so. The same machinery decides whether an output overlaps itself.
 #include "problem/validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
 namespace strideattn::detail {
-Status validate_problem(const Problem&) { return Status::Ok(); }
-bool views_overlap(const TensorView&, const TensorView&) { return false; }
+
+namespace {
+
+using i64 = std::int64_t;
+using i128 = __int128;
+
+constexpr i64 kMaxRows = i64{1} << 22;  // enumeration cap per view (see header comment)
+constexpr i64 kI64Max = std::numeric_limits<i64>::max();
+
+Status invalid(const std::string& message) { return Status(StatusCode::invalid_argument, message); }
+
+std::string str(i128 v) {
+  if (v == 0) return "0";
+  const bool neg = v < 0;
+  std::string s;
+  while (v != 0) {
+    int digit = static_cast<int>(v % 10);
+    s.push_back(static_cast<char>('0' + (digit < 0 ? -digit : digit)));
+    v /= 10;
+  }
+  if (neg) s.push_back('-');
+  return {s.rbegin(), s.rend()};
+}
+
+template <std::size_t N>
+std::string shape_str(const std::array<i64, N>& a) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < N; ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
+}
+
+constexpr const char* kTensorDims[4] = {"batch", "seq", "head", "head-dim"};
+constexpr const char* kLseDims[3] = {"batch", "head", "seq"};
+
+bool valid_dtype(DType d) { return d == DType::f16 || d == DType::bf16 || d == DType::f32; }
+
+// ------------------------------------------------------------------ byte-level regions
+
+// The bytes of a strided view: `rows` contiguous runs of `run` bytes starting at
+// base + sum(i_k * stride_k) over the remaining dims (extent > 1, stride >= 0, sorted by
+// stride ascending).
+struct Region {
+  bool empty = false;
+  bool representable = true;  // false: spans overflow; treat as "may overlap everything"
+  i128 base = 0;
+  i128 run = 1;
+  struct D {
+    i64 extent;
+    i128 stride;
+  };
+  std::vector<D> dims;
+  bool nested = false;
+  i128 hi = 0;  // one past the last byte
+  i128 rows = 1;
+};
+
+Region make_region(const void* data, i64 elem_bytes, const i64* shape, const i64* stride,
+                   int rank) {
+  Region r;
+  r.base = static_cast<i128>(reinterpret_cast<std::uintptr_t>(data));
+  r.run = elem_bytes;
+  for (int i = 0; i < rank; ++i) {
+    if (shape[i] <= 0) {
+      r.empty = true;
+      return r;
+    }
+  }
+  for (int i = 0; i < rank; ++i) {
+    if (shape[i] == 1) continue;
+    i128 s = static_cast<i128>(stride[i]) * elem_bytes;
+    if (s > (i128{1} << 60) || s < -(i128{1} << 60)) {  // absurd stride: no exact answer
+      r.representable = false;
+      return r;
+    }
+    if (s < 0) {  // walk the dimension the other way: same set of bytes
+      s = -s;
+      r.base -= s * (shape[i] - 1);
+    }
+    r.dims.push_back({shape[i], s});
+  }
+  // Merge dimensions that continue the contiguous run (head dim first, stride 1 element).
+  for (bool merged = true; merged;) {
+    merged = false;
+    for (std::size_t k = 0; k < r.dims.size(); ++k) {
+      if (r.dims[k].stride == r.run) {
+        r.run *= r.dims[k].extent;
+        r.dims.erase(r.dims.begin() + static_cast<std::ptrdiff_t>(k));
+        merged = true;
+        break;
+      }
+    }
+  }
+  std::sort(r.dims.begin(), r.dims.end(), [](const Region::D& a, const Region::D& b) {
+    return a.stride < b.stride;
+  });
+  i128 span = r.run, reach = r.run;
+  r.nested = true;
+  for (const auto& d : r.dims) {
+    if (d.stride < span) r.nested = false;
+    span = d.stride * (d.extent - 1) + span;
+    reach += d.stride * (d.extent - 1);
+    r.rows = r.rows > (i128{1} << 64) / d.extent ? (i128{1} << 64) : r.rows * d.extent;
+  }
+  r.hi = r.base + reach;
+  return r;
+}
+
+Region region_of(const TensorView& v) {
+  return make_region(v.data, static_cast<i64>(size_of(v.dtype)), v.shape.data(), v.stride.data(), 4);
+}
+Region region_of(const LseView& v) {
+  return make_region(v.data, 4, v.shape.data(), v.stride.data(), 3);
+}
+
+// Smallest byte offset q >= p (p >= 0, relative to base) in a nested region, using its
+// first k dims; -1 when there is none.
+i128 next_in(const Region& r, std::size_t k, i128 p) {
+  if (k == 0) return p < r.run ? p : -1;
+  const Region::D& d = r.dims[k - 1];
+  const i128 i = p / d.stride;
+  if (i >= d.extent) return -1;
+  const i128 q = next_in(r, k - 1, p - i * d.stride);
+  if (q >= 0) return i * d.stride + q;
+  if (i + 1 < d.extent) return (i + 1) * d.stride;
+  return -1;
+}
+
+// Row starts (absolute) of a region with at most kMaxRows rows.
+std::vector<i128> row_starts(const Region& r) {
+  std::vector<i128> starts;
+  starts.reserve(static_cast<std::size_t>(r.rows));
+  std::vector<i64> idx(r.dims.size(), 0);
+  i128 off = r.base;
+  for (;;) {
+    starts.push_back(off);
+    std::size_t k = 0;
+    for (; k < r.dims.size(); ++k) {
+      if (++idx[k] < r.dims[k].extent) {
+        off += r.dims[k].stride;
+        break;
+      }
+      off -= r.dims[k].stride * (r.dims[k].extent - 1);
+      idx[k] = 0;
+    }
+    if (k == r.dims.size()) break;
+  }
+  return starts;
+}
+
+struct OverlapResult {
+  bool overlap = false;
+  bool exact = true;   // false: the conservative answer (enumeration cap or huge spans)
+  i128 witness = 0;    // an absolute byte address in both (when exact and overlapping)
+};
+
+OverlapResult overlap_regions(const Region& a, const Region& b) {
+  OverlapResult res;
+  if (a.empty || b.empty) return res;
+  if (!a.representable || !b.representable) {
+    res.overlap = true;
+    res.exact = false;
+    return res;
+  }
+  if (a.hi <= b.base || b.hi <= a.base) return res;  // disjoint byte ranges
+  // Enumerate the rows of `s`, test each against nested `t`.
+  auto probe = [&](const Region& s, const Region& t) -> OverlapResult {
+    OverlapResult out;
+    for (i128 x : row_starts(s)) {
+      const i128 p = x - t.base;
+      if (p + s.run <= 0) continue;
+      const i128 q = next_in(t, t.dims.size(), p < 0 ? 0 : p);
+      if (q >= 0 && q < p + s.run) {
+        out.overlap = true;
+        out.witness = t.base + q;
+        return out;
+      }
+    }
+    return out;
+  };
+  const bool a_small = a.rows <= kMaxRows, b_small = b.rows <= kMaxRows;
+  if (b.nested && a_small && (!a.nested || a.rows <= b.rows || !b_small)) return probe(a, b);
+  if (a.nested && b_small) return probe(b, a);
+  if (a_small && b_small) {  // neither nested: sort both row sets and sweep
+    struct Run {
+      i128 lo, hi;
+    };
+    auto runs = [](const Region& r) {
+      std::vector<Run> v;
+      for (i128 x : row_starts(r)) v.push_back({x, x + r.run});
+      std::sort(v.begin(), v.end(), [](const Run& l, const Run& m) { return l.lo < m.lo; });
+      return v;
+    };
+    const std::vector<Run> ra = runs(a), rb = runs(b);
+    std::size_t i = 0, j = 0;
+    while (i < ra.size() && j < rb.size()) {
+      const i128 lo = std::max(ra[i].lo, rb[j].lo), hi = std::min(ra[i].hi, rb[j].hi);
+      if (lo < hi) {
+        res.overlap = true;
+        res.witness = lo;
+        return res;
+      }
+      if (ra[i].hi < rb[j].hi) ++i; else ++j;
+    }
+    return res;
+  }
+  res.overlap = true;
+  res.exact = false;
+  return res;
+}
+
+// Whether two distinct elements of a region share a byte.
+OverlapResult self_overlap(const Region& r) {
+  OverlapResult res;
+  if (r.empty || r.nested) return res;
+  if (!r.representable || r.rows > kMaxRows) {
+    res.overlap = true;
+    res.exact = false;
+    return res;
+  }
+  std::vector<i128> starts = row_starts(r);
+  std::sort(starts.begin(), starts.end());
+  for (std::size_t i = 1; i < starts.size(); ++i) {
+    if (starts[i] < starts[i - 1] + r.run) {
+      res.overlap = true;
+      res.witness = starts[i];
+      return res;
+    }
+  }
+  return res;
+}
+
+// ------------------------------------------------------------------ the tensors of a problem
+
+struct Named {
+  const char* name;
+  const TensorView* view;
+};
+
+struct NamedRegion {
+  const char* name;
+  Region region;
+  i128 data = 0;  // the view's data pointer
+};
+
+NamedRegion named_region(const char* name, const TensorView& v) {
+  return {name, region_of(v), static_cast<i128>(reinterpret_cast<std::uintptr_t>(v.data))};
+}
+NamedRegion named_region(const char* name, const LseView& v) {
+  return {name, region_of(v), static_cast<i128>(reinterpret_cast<std::uintptr_t>(v.data))};
+}
+
+// One view alone: sizes, strides, extent overflow, null data.
+template <std::size_t N>
+Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std::array<i64, N>& shape,
+                        const std::array<i64, N>& stride, const char* const* dim_names,
+                        int unit_stride_dim) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (shape[i] < 0)
+      return invalid(std::string(name) + ": " + dim_names[i] + " extent is " + std::to_string(shape[i]) +
+                     "; supported: >= 0");
+  }
+  if (unit_stride_dim >= 0 && stride[unit_stride_dim] != 1)
+    return invalid(std::string(name) + ": head-dim stride is " + std::to_string(stride[unit_stride_dim]) +
+                   "; supported: 1 (the head dimension must be contiguous)");
+  bool empty = false;
+  for (std::size_t i = 0; i < N; ++i) empty = empty || shape[i] == 0;
+  i128 reach = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    if (shape[i] <= 1) continue;  // size-1 dims may carry any stride
+    if (stride[i] < 0)
+      return invalid(std::string(name) + ": " + dim_names[i] + " stride is " + std::to_string(stride[i]) +
+                     "; supported: >= 0 (negative strides are not supported)");
+    if (empty) continue;
+    reach += static_cast<i128>(shape[i] - 1) * stride[i];
+    if (reach > kI64Max / elem_bytes - 1)
+      return invalid(std::string(name) + ": view extent overflows int64 (" + dim_names[i] + " extent " +
+                     std::to_string(shape[i]) + " with stride " + std::to_string(stride[i]) +
+                     " reaches past byte 2^63); supported: views whose last byte fits in int64");
+  }
+  if (!empty) {
+    const i128 last = static_cast<i128>(reinterpret_cast<std::uintptr_t>(data)) + reach * elem_bytes;
+    if (last > kI64Max)
+      return invalid(std::string(name) + ": view extent overflows int64 (pointer plus " + str(reach * elem_bytes) +
+                     " bytes); supported: views whose last byte fits in int64");
+  }
+  if (data == nullptr && !empty)
+    return invalid(std::string(name) + ": data is null but the view has shape " + shape_str(shape) +
+                   "; supported: a valid pointer, or null only for an empty view");
+  return Status::Ok();
+}
+
+Status check_tensor_alone(const char* name, const TensorView& v) {
+  if (!valid_dtype(v.dtype))
+    return invalid(std::string(name) + ": dtype " + std::to_string(static_cast<int>(v.dtype)) +
+                   " is unknown; supported: f16, bf16, f32");
+  if (Status s = check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride,
+                                  kTensorDims, kHeadDim);
+      !s.ok())
+    return s;
+  if (v.shape[kHead] == 0)
+    return invalid(std::string(name) + ": head extent is 0; supported: >= 1");
+  if (v.shape[kHeadDim] == 0)
+    return invalid(std::string(name) + ": head-dim extent is 0; supported: >= 1");
+  return Status::Ok();
+}
+
+// `a`'s extent of `dim` must equal `b`'s.
+Status same_extent(const char* a_name, const TensorView& a, const char* b_name, const TensorView& b, int dim) {
+  if (a.shape[dim] == b.shape[dim]) return Status::Ok();
+  return invalid(std::string(a_name) + ": " + kTensorDims[dim] + " extent " + std::to_string(a.shape[dim]) +
+                 " differs from " + b_name + "'s " + std::to_string(b.shape[dim]));
+}
+
+Status same_shape(const char* a_name, const TensorView& a, const char* b_name, const TensorView& b) {
+  for (int dim = 0; dim < 4; ++dim)
+    if (Status s = same_extent(a_name, a, b_name, b, dim); !s.ok()) return s;
+  return Status::Ok();
+}
+
+Status check_shapes(const Problem& p) {
+  const struct {
+    const char *a, *b;
+    const TensorView *va, *vb;
+    int dim;
+  } rules[] = {
+      {"k", "q", &p.k, &p.q, kBatch},     {"v", "q", &p.v, &p.q, kBatch},
+      {"v", "k", &p.v, &p.k, kSeq},       {"v", "k", &p.v, &p.k, kHead},
+      {"k", "q", &p.k, &p.q, kHeadDim},   {"o", "q", &p.o, &p.q, kBatch},
+      {"o", "q", &p.o, &p.q, kSeq},       {"o", "q", &p.o, &p.q, kHead},
+      {"o", "v", &p.o, &p.v, kHeadDim},
+  };
+  for (const auto& r : rules)
+    if (Status s = same_extent(r.a, *r.va, r.b, *r.vb, r.dim); !s.ok()) return s;
+  if (p.kv_heads > 0 && p.heads % p.kv_heads != 0)
+    return invalid("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " +
+                   std::to_string(p.kv_heads) + " (q has " + std::to_string(p.heads) + " heads, k and v " +
+                   std::to_string(p.kv_heads) + "); supported: heads % kv_heads == 0");
+  if (p.is_backward()) {
+    if (Status s = same_shape("dO", p.d_o, "o", p.o); !s.ok()) return s;
+    if (Status s = same_shape("dq", p.dq, "q", p.q); !s.ok()) return s;
+    if (Status s = same_shape("dk", p.dk, "k", p.k); !s.ok()) return s;
+    if (Status s = same_shape("dv", p.dv, "v", p.v); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+Status check_options(const Problem& p) {
+  const int mask = static_cast<int>(p.mask);
+  if (mask < 0 || mask > static_cast<int>(MaskKind::causal_bottom_right))
+    return invalid("mask kind " + std::to_string(mask) + " is unknown; supported: none, causal, causal-bottom-right");
+  if (p.window.left < -1)
+    return invalid("window left is " + std::to_string(p.window.left) + "; supported: -1 (unbounded) or >= 0");
+  if (p.window.right < -1)
+    return invalid("window right is " + std::to_string(p.window.right) + "; supported: -1 (unbounded) or >= 0");
+  if (!std::isfinite(p.scale) || p.scale <= 0) {
+    std::ostringstream os;
+    os << "scale is " << p.scale << "; supported: a finite value > 0";
+    return invalid(os.str());
+  }
+  return Status::Ok();
+}
+
+// One side's varlen tables against the token extent of its views.
+Status check_varlen_side(const char* side, const char* tensor, const std::vector<i64>& seqlens,
+                         const std::vector<i64>& offsets, i64 tokens) {
+  if (offsets.size() != seqlens.size())
+    return invalid(std::string("varlen: offsets_") + side + " has " + std::to_string(offsets.size()) +
+                   " entries but seqlens_" + side + " has " + std::to_string(seqlens.size()) +
+                   "; supported: one offset per sequence (or none: packed back to back)");
+  struct Seq {
+    i64 begin, end;
+    std::size_t index;
+  };
+  std::vector<Seq> seqs;
+  for (std::size_t i = 0; i < seqlens.size(); ++i) {
+    if (seqlens[i] < 0)
+      return invalid(std::string("varlen: seqlens_") + side + "[" + std::to_string(i) + "] is " +
+                     std::to_string(seqlens[i]) + "; supported: >= 0");
+    if (offsets[i] < 0)
+      return invalid(std::string("varlen: offsets_") + side + "[" + std::to_string(i) + "] is " +
+                     std::to_string(offsets[i]) + "; supported: >= 0");
+    const i128 end = static_cast<i128>(offsets[i]) + seqlens[i];
+    if (end > tokens)
+      return invalid(std::string(tensor) + ": sequence " + std::to_string(i) + " runs to token " + str(end) +
+                     " but " + tensor + " has " + std::to_string(tokens) + " tokens");
+    if (seqlens[i] > 0) seqs.push_back({offsets[i], static_cast<i64>(end), i});
+  }
+  std::sort(seqs.begin(), seqs.end(), [](const Seq& a, const Seq& b) { return a.begin < b.begin; });
+  for (std::size_t i = 1; i < seqs.size(); ++i) {
+    if (seqs[i].begin < seqs[i - 1].end) {
+      const Seq &a = seqs[i - 1], &b = seqs[i];
+      return invalid(std::string("varlen: ") + side + " sequences " + std::to_string(std::min(a.index, b.index)) +
+                     " and " + std::to_string(std::max(a.index, b.index)) + " overlap (tokens [" +
+                     std::to_string(a.begin) + ", " + std::to_string(a.end) + ") and [" + std::to_string(b.begin) +
+                     ", " + std::to_string(b.end) + ")); supported: disjoint sequences");
+    }
+  }
+  return Status::Ok();
+}
+
+Status check_varlen(const Problem& p, const std::vector<Named>& tensors) {
+  if (!p.varlen) return Status::Ok();
+  if (p.seqlens_q.size() != p.seqlens_kv.size())
+    return invalid("varlen: seqlens_q has " + std::to_string(p.seqlens_q.size()) + " sequences but seqlens_kv has " +
+                   std::to_string(p.seqlens_kv.size()) + "; supported: the same count on both sides");
+  for (const Named& t : tensors) {
+    if (t.view->shape[kBatch] != 1)
+      return invalid(std::string(t.name) + ": batch extent is " + std::to_string(t.view->shape[kBatch]) +
+                     " in a varlen problem; supported: 1 (the seq dimension counts tokens)");
+  }
+  if (Status s = check_varlen_side("q", "q", p.seqlens_q, p.offsets_q, p.q.shape[kSeq]); !s.ok()) return s;
+  return check_varlen_side("kv", "k", p.seqlens_kv, p.offsets_kv, p.k.shape[kSeq]);
+}
+
+Status check_lse(const Problem& p) {
+  if (p.lse.data == nullptr) {
+    if (p.is_backward())
+      return invalid("lse: data is null; supported: backward needs the forward's LSE [b, h, s_q] (fp32)");
+    return Status::Ok();  // forward: LSE not requested
+  }
+  if (Status s = check_view_alone("lse", p.lse.data, 4, p.lse.shape, p.lse.stride, kLseDims, -1); !s.ok())
+    return s;
+  const std::array<i64, 3> want{p.varlen ? 1 : p.q.shape[kBatch], p.q.shape[kHead], p.q.shape[kSeq]};
+  if (p.lse.shape != want)
+    return invalid("lse: shape " + shape_str(p.lse.shape) + " differs from " +
+                   (p.varlen ? "[1, h, tokens_q] = " : "[b, h, s_q] = ") + shape_str(want));
+  return Status::Ok();
+}
+
+std::string witness_text(const NamedRegion& a, const NamedRegion& b, const OverlapResult& r) {
+  return std::string("(") + a.name + " data + " + str(r.witness - a.data) + " bytes is " + b.name + " data + " +
+         str(r.witness - b.data) + " bytes)";
+}
+
+Status check_overlap(const Problem& p) {
+  std::vector<NamedRegion> inputs, outputs;
+  inputs.push_back(named_region("q", p.q));
+  inputs.push_back(named_region("k", p.k));
+  inputs.push_back(named_region("v", p.v));
+  if (p.is_backward()) {
+    inputs.push_back(named_region("o", p.o));
+    inputs.push_back(named_region("dO", p.d_o));
+    inputs.push_back(named_region("lse", p.lse));
+    outputs.push_back(named_region("dq", p.dq));
+    outputs.push_back(named_region("dk", p.dk));
+    outputs.push_back(named_region("dv", p.dv));
+  } else {
+    outputs.push_back(named_region("o", p.o));
+    if (p.writes_lse()) outputs.push_back(named_region("lse", p.lse));
+  }
+  for (const NamedRegion& out : outputs) {
+    const OverlapResult r = self_overlap(out.region);
+    if (!r.overlap) continue;
+    if (!r.exact)
+      return invalid(std::string(out.name) +
+                     " may overlap itself (strides not nested and too many rows to check exactly); "
+                     "supported: outputs whose elements have distinct addresses");
+    return invalid(std::string(out.name) + " overlaps itself: two of its elements share " + out.name + " data + " +
+                   str(r.witness - out.data) + " bytes; supported: outputs whose elements have distinct addresses");
+  }
+  auto check_pair = [](const NamedRegion& out, const NamedRegion& other) -> Status {
+    const OverlapResult r = overlap_regions(out.region, other.region);
+    if (!r.overlap) return Status::Ok();
+    if (!r.exact)
+      return invalid(std::string(out.name) + " may overlap " + other.name +
+                     " in memory (byte ranges intersect and the strides are too irregular to check "
+                     "exactly); supported: outputs disjoint from every other tensor");
+    return invalid(std::string(out.name) + " overlaps " + other.name + " in memory " +
+                   witness_text(out, other, r) + "; supported: outputs disjoint from every other tensor");
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (const NamedRegion& in : inputs)
+      if (Status s = check_pair(outputs[i], in); !s.ok()) return s;
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (Status s = check_pair(outputs[i], outputs[j]); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  return overlap_regions(region_of(a), region_of(b)).overlap;
+}
+
+Status validate_problem(const Problem& p) {
+  std::vector<Named> tensors = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}};
+  if (p.is_backward()) {
+    tensors.push_back({"dO", &p.d_o});
+    tensors.push_back({"dq", &p.dq});
+    tensors.push_back({"dk", &p.dk});
+    tensors.push_back({"dv", &p.dv});
+  }
+  for (const Named& t : tensors)
+    if (Status s = check_tensor_alone(t.name, *t.view); !s.ok()) return s;
+  for (const Named& t : tensors) {
+    if (t.view->dtype != p.q.dtype)
+      return invalid(std::string(t.name) + ": dtype " + std::string(to_string(t.view->dtype)) + " differs from q's " +
+                     std::string(to_string(p.q.dtype)) + "; supported: one dtype for every tensor (LSE is fp32)");
+  }
+  if (Status s = check_shapes(p); !s.ok()) return s;
+  if (Status s = check_options(p); !s.ok()) return s;
+  if (Status s = check_varlen(p, tensors); !s.ok()) return s;
+  if (Status s = check_lse(p); !s.ok()) return s;
+  return check_overlap(p);
+}
+
 }  // namespace strideattn::detail

@@ -1,0 +1,572 @@
+// One test per validation rule of the contract: each asserts the status code AND that the
+// message names the tensor and the value found. Valid problems (including empty batches,
+// size-1 dims with garbage strides, interleaved views) must pass.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "problem/problem.hpp"
+#include "problem/validate.hpp"
+
+namespace strideattn::detail {
+namespace {
+
+// Contiguous bshd view [b, s, h, d] at `data`.
+TensorView bshd(void* data, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d,
+                DType dtype = DType::f16) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.shape = {b, s, h, d};
+  v.stride = {s * h * d, h * d, d, 1};
+  return v;
+}
+
+// A valid forward problem: b=2, s_q=8, s_kv=6, h=4, hg=2, d_qk=16, d_v=8, separate buffers.
+struct Fixture : ::testing::Test {
+  static constexpr std::int64_t B = 2, SQ = 8, SKV = 6, H = 4, HG = 2, DQK = 16, DV = 8;
+  std::vector<std::uint16_t> q_buf = std::vector<std::uint16_t>(B * SQ * H * DQK),
+                             k_buf = std::vector<std::uint16_t>(B * SKV * HG * DQK),
+                             v_buf = std::vector<std::uint16_t>(B * SKV * HG * DV),
+                             o_buf = std::vector<std::uint16_t>(B * SQ * H * DV),
+                             do_buf = std::vector<std::uint16_t>(B * SQ * H * DV),
+                             dq_buf = std::vector<std::uint16_t>(B * SQ * H * DQK),
+                             dk_buf = std::vector<std::uint16_t>(B * SKV * HG * DQK),
+                             dv_buf = std::vector<std::uint16_t>(B * SKV * HG * DV);
+  std::vector<float> lse_buf = std::vector<float>(B * H * SQ);
+
+  LseView lse() {
+    LseView l;
+    l.data = lse_buf.data();
+    l.shape = {B, H, SQ};
+    l.stride = {H * SQ, SQ, 1};
+    return l;
+  }
+  ForwardArgs fwd() {
+    ForwardArgs a;
+    a.q = bshd(q_buf.data(), B, SQ, H, DQK);
+    a.k = bshd(k_buf.data(), B, SKV, HG, DQK);
+    a.v = bshd(v_buf.data(), B, SKV, HG, DV);
+    a.o = bshd(o_buf.data(), B, SQ, H, DV);
+    a.lse = lse();
+    return a;
+  }
+  BackwardArgs bwd() {
+    BackwardArgs a;
+    a.q = bshd(q_buf.data(), B, SQ, H, DQK);
+    a.k = bshd(k_buf.data(), B, SKV, HG, DQK);
+    a.v = bshd(v_buf.data(), B, SKV, HG, DV);
+    a.o = bshd(o_buf.data(), B, SQ, H, DV);
+    a.d_o = bshd(do_buf.data(), B, SQ, H, DV);
+    a.lse = lse();
+    a.dq = bshd(dq_buf.data(), B, SQ, H, DQK);
+    a.dk = bshd(dk_buf.data(), B, SKV, HG, DQK);
+    a.dv = bshd(dv_buf.data(), B, SKV, HG, DV);
+    return a;
+  }
+};
+
+template <class Args>
+Status check(const Args& args) {
+  Problem p;
+  return make_problem(args, &p);
+}
+
+// The status is invalid_argument and its message holds every piece of `needles`.
+#define EXPECT_INVALID(status, ...)                                                   \
+  do {                                                                                \
+    const Status st_ = (status);                                                      \
+    EXPECT_EQ(st_.code(), StatusCode::invalid_argument) << st_.message();             \
+    for (const char* needle_ : {__VA_ARGS__})                                         \
+      EXPECT_NE(st_.message().find(needle_), std::string::npos)                       \
+          << "message '" << st_.message() << "' lacks '" << needle_ << "'";          \
+    EXPECT_EQ(st_.message().find('\n'), std::string::npos) << "one line";            \
+  } while (0)
+
+using Validate = Fixture;
+
+TEST_F(Validate, ValidForwardAndBackwardPass) {
+  EXPECT_TRUE(check(fwd()).ok()) << check(fwd()).message();
+  EXPECT_TRUE(check(bwd()).ok()) << check(bwd()).message();
+  ForwardArgs a = fwd();
+  a.lse = {};  // forward LSE is optional
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+}
+
+TEST_F(Validate, HeadDimStrideMustBeOne) {
+  ForwardArgs a = fwd();
+  a.k.stride = {SKV * HG * DQK * 2, HG * DQK * 2, DQK * 2, 2};
+  EXPECT_INVALID(check(a), "k: head-dim stride is 2", "supported: 1");
+}
+
+TEST_F(Validate, NegativeSize) {
+  ForwardArgs a = fwd();
+  a.q.shape[kSeq] = -3;
+  EXPECT_INVALID(check(a), "q:", "seq extent is -3", ">= 0");
+}
+
+TEST_F(Validate, ZeroHeadsOrHeadDimInvalid) {
+  ForwardArgs a = fwd();
+  a.v.shape[kHeadDim] = 0;
+  EXPECT_INVALID(check(a), "v:", "head-dim extent is 0");
+  a = fwd();
+  a.q.shape[kHead] = 0;
+  EXPECT_INVALID(check(a), "q:", "head extent is 0");
+}
+
+TEST_F(Validate, EmptyBatchOrSequenceIsNothingToDo) {
+  ForwardArgs a = fwd();
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.o}) t->shape[kBatch] = 0;
+  a.lse.shape[0] = 0;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  a = fwd();
+  a.k.shape[kSeq] = a.v.shape[kSeq] = 0;  // no keys: rows give O = 0, LSE = -inf
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  a = fwd();
+  a.q.shape[kSeq] = a.o.shape[kSeq] = a.lse.shape[2] = 0;
+  a.q.data = a.o.data = nullptr;  // null is fine for an empty view
+  a.lse.data = lse_buf.data();
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+}
+
+TEST_F(Validate, NegativeStrideRejected) {
+  ForwardArgs a = fwd();
+  a.q.data = q_buf.data() + (SQ - 1) * H * DQK;
+  a.q.stride[kSeq] = -H * DQK;
+  EXPECT_INVALID(check(a), "q: seq stride is -64", "negative strides are not supported");
+}
+
+TEST_F(Validate, SizeOneDimsMayCarryAnyStride) {
+  ForwardArgs a = fwd();
+  a.q.shape[kBatch] = a.k.shape[kBatch] = a.v.shape[kBatch] = a.o.shape[kBatch] = 1;
+  a.lse.shape[0] = 1;
+  a.q.stride[kBatch] = -7;
+  a.k.stride[kBatch] = std::numeric_limits<std::int64_t>::max();
+  a.v.stride[kBatch] = 0;
+  a.o.stride[kBatch] = 123456789;
+  a.lse.stride[0] = -1;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+}
+
+TEST_F(Validate, BatchMismatch) {
+  ForwardArgs a = fwd();
+  a.k.shape[kBatch] = 3;
+  EXPECT_INVALID(check(a), "k: batch extent 3 differs from q's 2");
+}
+
+TEST_F(Validate, SeqKvMismatchBetweenKAndV) {
+  ForwardArgs a = fwd();
+  a.v.shape[kSeq] = 5;
+  EXPECT_INVALID(check(a), "v: seq extent 5 differs from k's 6");
+}
+
+TEST_F(Validate, HeadDimQkMismatch) {
+  ForwardArgs a = fwd();
+  a.k.shape[kHeadDim] = 8;
+  a.k.stride = {SKV * HG * 8, HG * 8, 8, 1};
+  EXPECT_INVALID(check(a), "k: head-dim extent 8 differs from q's 16");
+}
+
+TEST_F(Validate, KvHeadsMismatchBetweenKAndV) {
+  ForwardArgs a = fwd();
+  a.v.shape[kHead] = 1;
+  EXPECT_INVALID(check(a), "v: head extent 1 differs from k's 2");
+}
+
+TEST_F(Validate, OutputShapeMismatch) {
+  ForwardArgs a = fwd();
+  a.o.shape[kHeadDim] = 4;
+  EXPECT_INVALID(check(a), "o: head-dim extent 4 differs from v's 8");
+  a = fwd();
+  a.o.shape[kSeq] = 7;
+  EXPECT_INVALID(check(a), "o: seq extent 7 differs from q's 8");
+  a = fwd();
+  a.o.shape[kHead] = 2;
+  EXPECT_INVALID(check(a), "o: head extent 2 differs from q's 4");
+}
+
+TEST_F(Validate, HeadsNotMultipleOfKvHeads) {
+  ForwardArgs a = fwd();
+  a.k.shape[kHead] = a.v.shape[kHead] = 3;
+  EXPECT_INVALID(check(a), "heads 4 is not a multiple of kv_heads 3");
+}
+
+TEST_F(Validate, GradientShapesMatchTheirTensors) {
+  BackwardArgs a = bwd();
+  a.dq.shape[kSeq] = 4;
+  EXPECT_INVALID(check(a), "dq: seq extent 4 differs from q's 8");
+  a = bwd();
+  a.dk.shape[kHead] = 1;
+  EXPECT_INVALID(check(a), "dk: head extent 1 differs from k's 2");
+  a = bwd();
+  a.dv.shape[kHeadDim] = 4;
+  EXPECT_INVALID(check(a), "dv: head-dim extent 4 differs from v's 8");
+  a = bwd();
+  a.d_o.shape[kBatch] = 1;
+  EXPECT_INVALID(check(a), "dO: batch extent 1 differs from o's 2");
+}
+
+TEST_F(Validate, DtypeMismatch) {
+  ForwardArgs a = fwd();
+  a.v.dtype = DType::bf16;
+  EXPECT_INVALID(check(a), "v: dtype bf16 differs from q's f16");
+  BackwardArgs b = bwd();
+  b.dk.dtype = DType::f32;
+  EXPECT_INVALID(check(b), "dk: dtype f32 differs from q's f16");
+}
+
+TEST_F(Validate, UnknownDtypeValue) {
+  ForwardArgs a = fwd();
+  a.k.dtype = static_cast<DType>(7);
+  EXPECT_INVALID(check(a), "k: dtype 7 is unknown");
+}
+
+TEST_F(Validate, NullPointerWithNonZeroSize) {
+  ForwardArgs a = fwd();
+  a.v.data = nullptr;
+  EXPECT_INVALID(check(a), "v: data is null", "[2, 6, 2, 8]");
+  BackwardArgs b = bwd();
+  b.d_o.data = nullptr;
+  EXPECT_INVALID(check(b), "dO: data is null");
+}
+
+TEST_F(Validate, WindowBelowMinusOne) {
+  ForwardArgs a = fwd();
+  a.options.window.left = -2;
+  EXPECT_INVALID(check(a), "window left is -2", "-1 (unbounded) or >= 0");
+  a = fwd();
+  a.options.window.right = -5;
+  EXPECT_INVALID(check(a), "window right is -5");
+}
+
+TEST_F(Validate, ScaleMustBeFinitePositive) {
+  ForwardArgs a = fwd();
+  a.options.scale = 0.0;
+  EXPECT_INVALID(check(a), "scale is 0", "finite value > 0");
+  a.options.scale = -0.5;
+  EXPECT_INVALID(check(a), "scale is -0.5");
+  a.options.scale = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_INVALID(check(a), "scale is nan");
+  a.options.scale = std::numeric_limits<double>::infinity();
+  EXPECT_INVALID(check(a), "scale is inf");
+}
+
+TEST_F(Validate, UnknownMaskKind) {
+  ForwardArgs a = fwd();
+  a.options.mask = static_cast<MaskKind>(9);
+  EXPECT_INVALID(check(a), "mask kind 9 is unknown");
+}
+
+TEST_F(Validate, LargeHeadDimIsNotAValidationError) {
+  std::vector<std::uint16_t> q(1 * 2 * 1 * 576), k(1 * 2 * 1 * 576), v(1 * 2 * 1 * 576), o(1 * 2 * 1 * 576);
+  ForwardArgs a;
+  a.q = bshd(q.data(), 1, 2, 1, 576);
+  a.k = bshd(k.data(), 1, 2, 1, 576);
+  a.v = bshd(v.data(), 1, 2, 1, 576);
+  a.o = bshd(o.data(), 1, 2, 1, 576);
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+}
+
+TEST_F(Validate, ExtentOverflowsInt64) {
+  ForwardArgs a = fwd();
+  a.q.stride[kSeq] = std::int64_t{1} << 61;
+  EXPECT_INVALID(check(a), "q: view extent overflows int64", "seq extent 8");
+  a = fwd();
+  a.k.shape[kSeq] = a.v.shape[kSeq] = std::numeric_limits<std::int64_t>::max();
+  EXPECT_INVALID(check(a), "k: view extent overflows int64");
+}
+
+TEST_F(Validate, BackwardRequiresLse) {
+  BackwardArgs a = bwd();
+  a.lse.data = nullptr;
+  EXPECT_INVALID(check(a), "lse: data is null", "backward needs");
+}
+
+TEST_F(Validate, LseShape) {
+  ForwardArgs a = fwd();
+  a.lse.shape = {B, H, SQ - 1};
+  EXPECT_INVALID(check(a), "lse: shape [2, 4, 7]", "[2, 4, 8]");
+  BackwardArgs b = bwd();
+  b.lse.shape = {B, SQ, H};
+  EXPECT_INVALID(check(b), "lse: shape [2, 8, 4]");
+}
+
+// ---------------------------------------------------------------- overlap rules
+
+TEST_F(Validate, OutputOverlapsInput) {
+  ForwardArgs a = fwd();
+  // o placed inside q's buffer (same size in bytes at least)
+  a.o.data = q_buf.data() + 512;
+  EXPECT_INVALID(check(a), "o overlaps q in memory", "o data + 0 bytes is q data + 1024 bytes");
+}
+
+TEST_F(Validate, LseOverlapsOutput) {
+  ForwardArgs a = fwd();
+  a.lse.data = reinterpret_cast<float*>(o_buf.data() + 8);  // inside o
+  EXPECT_INVALID(check(a), "o overlaps lse in memory", "o data + 16 bytes is lse data + 0 bytes");
+  BackwardArgs b = bwd();
+  b.lse.data = reinterpret_cast<float*>(dq_buf.data() + 4);  // dq written over the LSE it reads
+  EXPECT_INVALID(check(b), "dq overlaps lse in memory", "dq data + 8 bytes is lse data + 0 bytes");
+}
+
+TEST_F(Validate, GradientsOverlapEachOther) {
+  BackwardArgs a = bwd();
+  a.dv.data = dk_buf.data() + 16;  // dv inside dk
+  EXPECT_INVALID(check(a), "dk overlaps dv in memory");
+}
+
+TEST_F(Validate, GradientOverlapsInput) {
+  BackwardArgs a = bwd();
+  a.dq.data = do_buf.data();  // do_buf is smaller than dq: only part overlaps
+  EXPECT_INVALID(check(a), "dq overlaps");
+}
+
+TEST_F(Validate, OutputOverlapsItself) {
+  ForwardArgs a = fwd();
+  a.o.stride[kSeq] = 0;  // every s row writes the same memory
+  EXPECT_INVALID(check(a), "o overlaps itself");
+  a = fwd();
+  a.o.stride = {SQ * H * DV, H * DV, 4, 1};  // heads 4 apart but 8 wide: partial overlap
+  EXPECT_INVALID(check(a), "o overlaps itself");
+}
+
+TEST_F(Validate, InputsMayShareMemory) {
+  // q, k, v may alias each other freely (self-attention on one tensor).
+  ForwardArgs a = fwd();
+  a.k = bshd(q_buf.data(), B, SQ, H, DQK);
+  a.v = bshd(q_buf.data(), B, SQ, H, DQK);
+  a.o = bshd(o_buf.data(), B, SQ, H, DQK);
+  std::vector<std::uint16_t> big(B * SQ * H * DQK);
+  a.o.data = big.data();
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+}
+
+TEST_F(Validate, InterleavedOutputsInOneBufferAreFine) {
+  // o and lse are separate; dq/dk/dv interleaved in one dqkv buffer (sbh3d-like) never
+  // share an element although their bounding boxes coincide.
+  BackwardArgs a = bwd();
+  const std::int64_t b = 2, s = 8, h = 2, d = 16;
+  std::vector<std::uint16_t> qkv(s * b * h * 3 * d), dqkv(s * b * h * 3 * d);
+  std::vector<std::uint16_t> o(b * s * h * d), dout(b * s * h * d);
+  std::vector<float> lse(b * h * s);
+  auto packed = [&](std::uint16_t* base, int which) {
+    TensorView v;
+    v.data = base + which * d;
+    v.shape = {b, s, h, d};
+    v.stride = {h * 3 * d, b * h * 3 * d, 3 * d, 1};
+    return v;
+  };
+  a.q = packed(qkv.data(), 0);
+  a.k = packed(qkv.data(), 1);
+  a.v = packed(qkv.data(), 2);
+  a.dq = packed(dqkv.data(), 0);
+  a.dk = packed(dqkv.data(), 1);
+  a.dv = packed(dqkv.data(), 2);
+  a.o = bshd(o.data(), b, s, h, d);
+  a.d_o = bshd(dout.data(), b, s, h, d);
+  a.lse.data = lse.data();
+  a.lse.shape = {b, h, s};
+  a.lse.stride = {h * s, s, 1};
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  // ... but dk shifted by one element into dq's territory is caught.
+  a.dk.data = dqkv.data() + d - 1;
+  EXPECT_INVALID(check(a), "dq overlaps dk in memory");
+}
+
+// ---------------------------------------------------------------- views_overlap exactly
+
+TEST(ViewsOverlap, DisjointByteRanges) {
+  std::vector<std::uint16_t> buf(256);
+  TensorView a = bshd(buf.data(), 1, 2, 1, 8), b = bshd(buf.data() + 16, 1, 2, 1, 8);
+  EXPECT_FALSE(views_overlap(a, b));
+  b.data = buf.data() + 15;
+  EXPECT_TRUE(views_overlap(a, b));
+}
+
+TEST(ViewsOverlap, InterleavedShareBoundingBoxButNoElement) {
+  std::vector<std::uint16_t> buf(4096);
+  // even and odd heads of one [s=16, 2*h=8, d=8] buffer
+  TensorView even, odd;
+  even.data = buf.data();
+  odd.data = buf.data() + 8;
+  even.shape = odd.shape = {1, 16, 4, 8};
+  even.stride = odd.stride = {0, 64, 16, 1};
+  EXPECT_FALSE(views_overlap(even, odd));
+  EXPECT_FALSE(views_overlap(odd, even));
+  EXPECT_TRUE(views_overlap(even, even));
+  // a one-element overlap: odd shifted so that its last element lands on one even element
+  TensorView one = odd;
+  one.data = buf.data() + 8 - 7;  // row 0 of `one` covers elements 1..8: element 1..7 are even
+  EXPECT_TRUE(views_overlap(even, one));
+  // exactly one shared element: a single element view at the last element of `even`
+  TensorView single;
+  single.data = buf.data() + 15 * 64 + 3 * 16 + 7;
+  single.shape = {1, 1, 1, 1};
+  single.stride = {999, -3, 77, 1};
+  EXPECT_TRUE(views_overlap(even, single));
+  single.data = buf.data() + 15 * 64 + 3 * 16 + 8;  // the next element belongs to `odd`
+  EXPECT_FALSE(views_overlap(even, single));
+  EXPECT_TRUE(views_overlap(odd, single));
+}
+
+TEST(ViewsOverlap, NonNestedViewsAreCheckedExactly) {
+  // Strides (s 3, h 2) over d = 1 are not nested on either side: addresses 0,2,3,5,6,8,...
+  std::vector<std::uint16_t> buf(1024);
+  TensorView a;
+  a.data = buf.data();
+  a.shape = {1, 4, 2, 1};
+  a.stride = {0, 3, 2, 1};  // {0,2,3,5,6,8,9,11}
+  TensorView b = a;
+  b.data = buf.data() + 1;  // {1,3,4,6,...}: shares 3 with a
+  EXPECT_TRUE(views_overlap(a, b));
+  TensorView c;
+  c.data = buf.data() + 1;
+  c.shape = {1, 4, 1, 1};
+  c.stride = {0, 3, 5, 1};  // {1,4,7,10}: a holds 0,2,3,5,6,8,9,11 -> no overlap
+  EXPECT_FALSE(views_overlap(a, c));
+}
+
+TEST(ViewsOverlap, DifferentElementSizes) {
+  std::vector<float> buf(64);
+  TensorView h16;  // 8 f16 elements = bytes [0, 16)
+  h16.data = buf.data();
+  h16.dtype = DType::f16;
+  h16.shape = {1, 1, 1, 8};
+  h16.stride = {8, 8, 8, 1};
+  TensorView f32 = h16;
+  f32.dtype = DType::f32;
+  f32.data = buf.data() + 4;  // bytes [16, 48)
+  EXPECT_FALSE(views_overlap(h16, f32));
+  f32.data = buf.data() + 3;
+  EXPECT_TRUE(views_overlap(h16, f32));
+}
+
+// ---------------------------------------------------------------- varlen rules
+
+struct VarlenFixture : ::testing::Test {
+  static constexpr std::int64_t H = 2, D = 8, TQ = 12, TKV = 10;
+  std::vector<std::uint16_t> q = std::vector<std::uint16_t>(TQ * H * D), k = std::vector<std::uint16_t>(TKV * H * D),
+                             v = std::vector<std::uint16_t>(TKV * H * D), o = std::vector<std::uint16_t>(TQ * H * D);
+  std::vector<float> lse = std::vector<float>(H * TQ);
+  ForwardArgs fwd() {
+    ForwardArgs a;
+    a.q = bshd(q.data(), 1, TQ, H, D);
+    a.k = bshd(k.data(), 1, TKV, H, D);
+    a.v = bshd(v.data(), 1, TKV, H, D);
+    a.o = bshd(o.data(), 1, TQ, H, D);
+    a.lse.data = lse.data();
+    a.lse.shape = {1, H, TQ};
+    a.lse.stride = {H * TQ, TQ, 1};
+    a.varlen.seqlens_q = {5, 0, 4};
+    a.varlen.seqlens_kv = {3, 2, 4};
+    a.varlen.offsets_q = {0, 5, 7};  // padding: tokens 5..6 and 11
+    return a;
+  }
+};
+using Varlen = VarlenFixture;
+
+TEST_F(Varlen, ValidPasses) { EXPECT_TRUE(check(fwd()).ok()) << check(fwd()).message(); }
+
+TEST_F(Varlen, BothSidesWithEqualCounts) {
+  ForwardArgs a = fwd();
+  a.varlen.seqlens_kv = {3, 2};
+  EXPECT_INVALID(check(a), "seqlens_q has 3 sequences but seqlens_kv has 2");
+  a = fwd();
+  a.varlen.seqlens_kv.clear();
+  EXPECT_INVALID(check(a), "seqlens_kv has 0");
+}
+
+TEST_F(Varlen, OffsetsCount) {
+  ForwardArgs a = fwd();
+  a.varlen.offsets_kv = {0, 3};
+  EXPECT_INVALID(check(a), "offsets_kv has 2 entries but seqlens_kv has 3");
+}
+
+TEST_F(Varlen, NegativeLengthOrOffset) {
+  ForwardArgs a = fwd();
+  a.varlen.seqlens_q[1] = -4;
+  EXPECT_INVALID(check(a), "seqlens_q[1] is -4");
+  a = fwd();
+  a.varlen.offsets_q[2] = -1;
+  EXPECT_INVALID(check(a), "offsets_q[2] is -1");
+}
+
+TEST_F(Varlen, SequenceRunsPastTokens) {
+  ForwardArgs a = fwd();
+  a.varlen.offsets_q = {0, 5, 9};
+  EXPECT_INVALID(check(a), "q: sequence 2 runs to token 13 but q has 12 tokens");
+  a = fwd();
+  a.varlen.seqlens_kv = {3, 2, 6};  // packed: 11 > 10
+  EXPECT_INVALID(check(a), "k: sequence 2 runs to token 11 but k has 10 tokens");
+  a = fwd();
+  a.varlen.offsets_q = {0, 5, std::numeric_limits<std::int64_t>::max()};  // no overflow crash
+  EXPECT_INVALID(check(a), "q: sequence 2 runs to token");
+}
+
+TEST_F(Varlen, SequencesMustNotOverlap) {
+  ForwardArgs a = fwd();
+  a.varlen.offsets_q = {0, 5, 3};
+  EXPECT_INVALID(check(a), "q sequences 0 and 2 overlap", "[0, 5)", "[3, 7)");
+}
+
+TEST_F(Varlen, ViewsNeedBatchOne) {
+  ForwardArgs a = fwd();
+  a.k.shape[kBatch] = a.v.shape[kBatch] = a.q.shape[kBatch] = a.o.shape[kBatch] = 2;
+  a.q.shape[kSeq] = a.o.shape[kSeq] = 6;
+  a.k.shape[kSeq] = a.v.shape[kSeq] = 5;
+  EXPECT_INVALID(check(a), "q: batch extent is 2 in a varlen problem");
+}
+
+TEST_F(Varlen, LseShapeIsTokens) {
+  ForwardArgs a = fwd();
+  a.lse.shape = {3, H, 5};
+  EXPECT_INVALID(check(a), "lse: shape [3, 2, 5]", "[1, h, tokens_q] = [1, 2, 12]");
+}
+
+TEST(ValidateGarbage, NeverCrashes) {
+  // Garbage of every kind must give a status, not a crash. Deterministic pseudo-random sweep.
+  std::uint64_t x = 88172645463325252ull;
+  auto next = [&]() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  const std::int64_t picks[] = {0, 1, 2, -1, 7, 64, 1 << 20, std::numeric_limits<std::int64_t>::max(),
+                                std::numeric_limits<std::int64_t>::min()};
+  int invalid = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    BackwardArgs a;
+    for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.d_o, &a.dq, &a.dk, &a.dv}) {
+      t->data = reinterpret_cast<void*>(next() % 3 == 0 ? 0 : (next() & ~std::uint64_t{7}));
+      t->dtype = static_cast<DType>(next() % 4);
+      for (int i = 0; i < 4; ++i) {
+        t->shape[i] = picks[next() % 9];
+        t->stride[i] = picks[next() % 9];
+      }
+    }
+    a.lse.data = reinterpret_cast<float*>(next() & ~std::uint64_t{7});
+    for (int i = 0; i < 3; ++i) {
+      a.lse.shape[i] = picks[next() % 9];
+      a.lse.stride[i] = picks[next() % 9];
+    }
+    if (next() % 2) {
+      a.varlen.seqlens_q = {picks[next() % 9], picks[next() % 9]};
+      a.varlen.seqlens_kv = {picks[next() % 9]};
+      if (next() % 2) a.varlen.seqlens_kv.push_back(picks[next() % 9]);
+      if (next() % 2) a.varlen.offsets_q = {picks[next() % 9], picks[next() % 9]};
+    }
+    a.options.window = {picks[next() % 9], picks[next() % 9]};
+    a.options.scale = double(picks[next() % 9]);
+    const Status s = check(a);
+    if (s.code() == StatusCode::invalid_argument) ++invalid;
+    EXPECT_FALSE(s.message().empty() && !s.ok());
+  }
+  EXPECT_GT(invalid, 1900);
+}
+
+}  // namespace
+}  // namespace strideattn::detail
