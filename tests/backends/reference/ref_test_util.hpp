@@ -4,6 +4,7 @@
 // library's MaskRule, so the tests check the rule against the documented formula).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -131,7 +132,7 @@ struct LseBuffer {
 };
 inline LseBuffer make_lse(std::int64_t b, std::int64_t h, std::int64_t s) {
   LseBuffer l;
-  l.data.assign(std::size_t(b * h * s), std::nanf(""));
+  l.data.assign(std::size_t(std::max<std::int64_t>(b * h * s, 1)), std::nanf(""));  // never null
   l.view.data = l.data.data();
   l.view.shape = {b, h, s};
   l.view.stride = {h * s, s, 1};

@@ -1,3 +1,5 @@
 # Reference backend and correctness-rule tests (owner: reference helper).
 strideattn_test(reference_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/reference_test.cpp)
+strideattn_test(reference_math_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/reference_math_test.cpp)
