@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,18 @@ struct CaseSpec {
   AttentionOptions options;
   bool grad = false;         // also run and check the backward
   std::uint64_t seed = 1;    // random inputs are drawn from this seed
+
+  // Test hook (tests only; the CLI never sets it): corrupt one result of every backend run
+  // after the run and before the checks, to prove the checks catch it. kind "value" adds
+  // `delta` to logical element `index` of output `tensor` (o, lse, dq, dk, dv); "unwritten"
+  // puts the poison back into that element; "guard" changes the element just past the end of
+  // the tensor's buffer (its back guard band).
+  struct Plant {
+    std::string kind, tensor;
+    std::int64_t index = 0;
+    double delta = 0;
+  };
+  std::optional<Plant> plant;
 };
 
 // The one-line `strideattn check ...` command that reproduces `spec`.
@@ -60,6 +73,10 @@ struct BenchResult {
 // GPU backends); with spec.grad, forward + backward.
 [[nodiscard]] Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends,
                                 int runs, std::vector<BenchResult>* results);
+
+// The library's explain() for the case's views on host buffers (the backward too when `bwd`
+// is not null). Invalid views return invalid_argument with the library's message.
+[[nodiscard]] Status explain_case(const CaseSpec& spec, Explanation* fwd, Explanation* bwd);
 
 // True when a CUDA device is usable in this process (false in CPU-only builds).
 [[nodiscard]] bool gpu_available();
