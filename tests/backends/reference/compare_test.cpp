@@ -1,0 +1,88 @@
+// DESIGN's correctness rule (tools/harness/compare.hpp): error statistics, non-finite
+// handling, the worst element, and the tolerance floors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "harness/compare.hpp"
+
+namespace {
+
+using strideattn::DType;
+using strideattn::harness::compare;
+using strideattn::harness::lse_tolerance;
+using strideattn::harness::TensorCheck;
+using strideattn::harness::tolerance;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+const double kNan = std::nan("");
+
+TEST(Compare, ReportsMaxErrorsAndWorstIndex) {
+  const auto st = compare({1.0, 2.5, -3.0, 0.0}, {1.0, 2.0, -3.1, 0.0});
+  EXPECT_DOUBLE_EQ(st.max_abs_err, 0.5);
+  EXPECT_EQ(st.worst_index, 1);
+  EXPECT_DOUBLE_EQ(st.worst_value, 2.5);
+  EXPECT_DOUBLE_EQ(st.worst_expected, 2.0);
+  EXPECT_DOUBLE_EQ(st.max_rel_err, 0.25);
+  EXPECT_EQ(st.non_finite, 0);
+}
+
+TEST(Compare, IdenticalIsZero) {
+  const auto st = compare({0.5, -kInf, 3.0}, {0.5, -kInf, 3.0});
+  EXPECT_EQ(st.max_abs_err, 0.0);
+  EXPECT_EQ(st.non_finite, 0);
+}
+
+TEST(Compare, MinusInfAgreesWithMinusInfOnly) {
+  EXPECT_EQ(compare({-kInf}, {-kInf}).non_finite, 0);
+  EXPECT_EQ(compare({-1e30}, {-kInf}).non_finite, 1);  // finite where the row is empty
+  EXPECT_EQ(compare({-kInf}, {2.0}).non_finite, 1);
+  EXPECT_EQ(compare({kInf}, {-kInf}).non_finite, 1);
+  EXPECT_EQ(compare({kInf}, {1.0}).non_finite, 1);
+}
+
+TEST(Compare, NanNeverPasses) {
+  const auto st = compare({0.0, kNan, 1.0}, {0.0, 0.0, 1.0});
+  EXPECT_EQ(st.non_finite, 1);
+  EXPECT_EQ(st.worst_index, 1);
+  EXPECT_TRUE(std::isnan(st.worst_value));
+  EXPECT_EQ(compare({kNan}, {kNan}).non_finite, 1);
+  TensorCheck c{"o", st, 1e9};
+  EXPECT_FALSE(c.pass());  // a NaN fails whatever the tolerance
+}
+
+TEST(Compare, NonFiniteIsReportedAsWorstEvenWithLargerFiniteErrors) {
+  const auto st = compare({10.0, kInf}, {0.0, 1.0});
+  EXPECT_EQ(st.non_finite, 1);
+  EXPECT_EQ(st.worst_index, 1);
+  EXPECT_DOUBLE_EQ(st.max_abs_err, 10.0);
+}
+
+TEST(Compare, RelativeErrorUsesFloorForZeros) {
+  const auto st = compare({1e-7}, {0.0});
+  EXPECT_NEAR(st.max_rel_err, 0.1, 1e-12);
+}
+
+TEST(Compare, LengthMismatchCountsMissingElements) {
+  EXPECT_EQ(compare({1.0, 2.0}, {1.0, 2.0, 3.0}).non_finite, 1);
+  EXPECT_EQ(compare({1.0, 2.0, 3.0}, {1.0}).non_finite, 2);
+}
+
+TEST(Tolerance, TwiceNaivePlusFloor) {
+  EXPECT_DOUBLE_EQ(tolerance(DType::f32, 0.0), 2e-5);
+  EXPECT_DOUBLE_EQ(tolerance(DType::f16, 0.0), 1e-4);
+  EXPECT_DOUBLE_EQ(tolerance(DType::bf16, 0.0), 1e-3);
+  EXPECT_DOUBLE_EQ(tolerance(DType::bf16, 0.01), 0.021);
+  EXPECT_DOUBLE_EQ(lse_tolerance(0.0, 0.0), 2e-5);
+  EXPECT_DOUBLE_EQ(lse_tolerance(1e-6, 10.0), 2e-6 + 2e-5 + 4e-5);
+}
+
+TEST(Tolerance, PassIsAtMostTolerance) {
+  TensorCheck c{"o", compare({1.0009}, {1.0}), tolerance(DType::bf16, 0.0)};
+  EXPECT_TRUE(c.pass());
+  c.err = compare({1.0011}, {1.0});
+  EXPECT_FALSE(c.pass());
+}
+
+}  // namespace
