@@ -68,12 +68,14 @@ def _element_strides(x: Any, fw: str) -> Optional[Sequence[int]]:
 
 
 def _dim_order(shape: Sequence[int], strides: Optional[Sequence[int]]) -> list:
-    """Dimensions from outermost to innermost by the input's strides (ties: logical order);
-    extent-1 dimensions go outermost, their strides mean nothing."""
+    """Dimensions from outermost to innermost by the input's strides (ties: logical order)."""
     n = len(shape)
     if strides is None:
         return list(range(n))
-    return sorted(range(n), key=lambda i: (0 if shape[i] == 1 else 1, -abs(strides[i]), i))
+    # extent-1 and broadcast (zero-stride) dims outermost; the head dim always innermost
+    outer = sorted(range(n - 1), key=lambda i: (0 if shape[i] == 1 or strides[i] == 0 else 1,
+                                                -abs(strides[i]), i))
+    return outer + [n - 1]
 
 
 def _is_cuda(x: Any, fw: str) -> bool:

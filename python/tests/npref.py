@@ -1,0 +1,137 @@
+"""Test-only numpy reference for attention, independent of the library: an exact fp64
+forward/backward and DESIGN's "naive low-precision" model (inputs in the dtype, S and softmax
+in fp32, P (and dS) rounded to the dtype before the second GEMMs, outputs rounded), whose
+error against fp64 sets the tolerance: 2 * naive_err + floor(dtype)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Absolute floors, as in tools/harness/compare.cpp (a few ulps of values ~1).
+FLOOR = {np.dtype(np.float32): 2e-5, np.dtype(np.float16): 1e-4}
+
+
+def visible(s_q: int, s_kv: int, mask: str, window) -> np.ndarray:
+    """[s_q, s_kv] bool: which keys each query sees (docs/semantics.md)."""
+    i = np.arange(s_q)[:, None]
+    j = np.arange(s_kv)[None, :]
+    m = np.ones((s_q, s_kv), bool)
+    if mask == "causal":
+        m &= j <= i
+    elif mask == "causal-bottom-right":
+        m &= j <= i + s_kv - s_q
+    left, right = (-1, -1) if window is None else window
+    diag = i + s_kv - s_q
+    if left is not None and left >= 0:
+        m &= j >= diag - left
+    if right is not None and right >= 0:
+        m &= j <= diag + right
+    return m
+
+
+def _seq(q, k, v, do, scale, m, lowp):
+    """One sequence. q [s_q,h,d], k [s_kv,hg,d], v [s_kv,hg,dv], do [s_q,h,dv] or None.
+    lowp: None (exact fp64) or the dtype of the naive model."""
+    h, hg = q.shape[1], k.shape[1]
+    g = h // hg
+    ct = np.float64 if lowp is None else np.float32  # compute type
+
+    def rnd(x):  # round to the low precision dtype (held in compute type)
+        return x if lowp is None else x.astype(lowp).astype(ct)
+
+    q, k, v = q.astype(ct), k.astype(ct), v.astype(ct)
+    kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    s = np.einsum("ihd,jhd->hij", q, kk) * ct(scale)
+    s = np.where(m[None], s, -np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mx = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf, ct)
+        mx_safe = np.where(np.isfinite(mx), mx, 0)
+        e = np.exp(s - mx_safe)
+        l = e.sum(axis=-1, keepdims=True)
+        lse = (np.log(l) + mx_safe)[..., 0]  # -inf for rows that see nothing
+        p = np.where(l > 0, e / np.where(l > 0, l, 1), 0)
+    lse = np.where(np.isfinite(mx[..., 0]), lse, -np.inf)
+    o = np.einsum("hij,jhd->ihd", rnd(p), vv)
+    o_r = rnd(o)
+    if do is None:
+        return o_r, lse, None
+    do = do.astype(ct)
+    dv_full = np.einsum("hij,ihd->jhd", rnd(p), do)
+    dp = np.einsum("ihd,jhd->hij", do, vv)
+    drow = np.einsum("ihd,ihd->hi", do, o_r)  # rowsum(dO * O), O as the forward returned it
+    ds = p * (dp - drow[..., None])
+    dq = np.einsum("hij,jhd->ihd", rnd(ds), kk) * ct(scale)
+    dk_full = np.einsum("hij,ihd->jhd", rnd(ds), q) * ct(scale)
+    s_kv = k.shape[0]
+    dk = dk_full.reshape(s_kv, hg, g, dk_full.shape[-1]).sum(axis=2)
+    dv = dv_full.reshape(s_kv, hg, g, dv_full.shape[-1]).sum(axis=2)
+    return o_r, lse, (rnd(dq), rnd(dk), rnd(dv))
+
+
+def attention_ref(q, k, v, *, mask="none", window=None, scale=None, do=None, seqlens_q=None,
+                  seqlens_kv=None, offsets_q=None, offsets_kv=None, lowp=None):
+    """Reference over logical arrays: dense q [b,s_q,h,d] or varlen q [tokens,h,d].
+    Returns dict with o (like q, d_v), lse ([b,h,s_q] or [h,tokens]) and, with do, dq/dk/dv.
+    Tokens that no sequence covers are 0 (LSE -inf)."""
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    d_qk = q.shape[-1]
+    scale = 1.0 / np.sqrt(d_qk) if scale is None else scale
+    ct = np.float64 if lowp is None else np.float32
+    if seqlens_q is None:
+        b, s_q, h, _ = q.shape
+        s_kv = k.shape[1]
+        m = visible(s_q, s_kv, mask, window)
+        o = np.zeros(q.shape[:-1] + (v.shape[-1],), ct)
+        lse = np.zeros((b, h, s_q), ct)
+        grads = [np.zeros(x.shape, ct) for x in (q, k, v)] if do is not None else None
+        for bi in range(b):
+            r = _seq(q[bi], k[bi], v[bi], None if do is None else do[bi], scale, m, lowp)
+            o[bi], lse[bi] = r[0], r[1]
+            if grads is not None:
+                for g, x in zip(grads, r[2]):
+                    g[bi] = x
+        out = dict(o=o, lse=lse)
+    else:
+        t_q, h = q.shape[0], q.shape[1]
+        off_q = offsets_q if offsets_q is not None else np.concatenate([[0], np.cumsum(seqlens_q)[:-1]])
+        off_kv = offsets_kv if offsets_kv is not None else np.concatenate([[0], np.cumsum(seqlens_kv)[:-1]])
+        o = np.zeros((t_q, h, v.shape[-1]), ct)
+        lse = np.full((h, t_q), -np.inf, ct)
+        grads = [np.zeros(x.shape, ct) for x in (q, k, v)] if do is not None else None
+        for i, (lq, lk) in enumerate(zip(seqlens_q, seqlens_kv)):
+            qs = slice(off_q[i], off_q[i] + lq)
+            ks = slice(off_kv[i], off_kv[i] + lk)
+            m = visible(lq, lk, mask, window)
+            r = _seq(q[qs], k[ks], v[ks], None if do is None else do[qs], scale, m, lowp)
+            o[qs], lse[:, qs] = r[0], r[1]
+            if grads is not None:
+                grads[0][qs] = r[2][0]
+                grads[1][ks] = r[2][1]
+                grads[2][ks] = r[2][2]
+        out = dict(o=o, lse=lse)
+    if grads is not None:
+        out.update(dq=grads[0], dk=grads[1], dv=grads[2])
+    return out
+
+
+def check(name, got, exact, naive, dtype, seed, lse=False):
+    """DESIGN's rule: max|got - exact| <= 2 * max|naive - exact| + floor; infinities (LSE of
+    rows that see nothing) must match exactly; no NaN."""
+    got = np.asarray(got, dtype=np.float64)
+    exact = np.asarray(exact, dtype=np.float64)
+    naive = np.asarray(naive, dtype=np.float64)
+    assert got.shape == exact.shape, f"{name}: shape {got.shape} != {exact.shape} (seed {seed})"
+    assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} NaN elements (seed {seed})"
+    inf_exact = np.isinf(exact)
+    assert np.array_equal(np.isinf(got), inf_exact) and np.array_equal(got[inf_exact], exact[inf_exact]), \
+        f"{name}: infinities differ from the reference (seed {seed})"
+    fin = ~inf_exact
+    err = float(np.abs(got[fin] - exact[fin]).max()) if fin.any() else 0.0
+    naive_err = float(np.abs(naive[fin] - exact[fin]).max()) if fin.any() else 0.0
+    floor = FLOOR[np.dtype(np.float32)] if lse else FLOOR[np.dtype(dtype)]
+    tol = 2 * naive_err + floor
+    if lse and fin.any():
+        tol += 4e-6 * float(np.abs(exact[fin]).max())
+    assert err <= tol, (f"{name}: max abs error {err:.3e} > tolerance {tol:.3e} "
+                        f"(naive {naive_err:.3e}, seed {seed})")
+    return err, tol
