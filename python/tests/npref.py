@@ -8,7 +8,25 @@ from __future__ import annotations
 import numpy as np
 
 # Absolute floors, as in tools/harness/compare.cpp (a few ulps of values ~1).
-FLOOR = {np.dtype(np.float32): 2e-5, np.dtype(np.float16): 1e-4}
+FLOOR = {"float32": 2e-5, "float16": 1e-4, "bfloat16": 1e-3}
+
+
+def dtype_name(dtype) -> str:
+    """'float16' / 'bfloat16' / 'float32' for numpy or torch dtypes (numpy has no bf16)."""
+    if isinstance(dtype, str) or str(dtype).startswith("torch."):
+        return str(dtype).replace("torch.", "")
+    return np.dtype(dtype).name
+
+
+def round_to(x: np.ndarray, lowp) -> np.ndarray:
+    """Round float32 values to the low precision `lowp` (kept in float32)."""
+    name = dtype_name(lowp)
+    x = np.asarray(x, np.float32)
+    if name == "bfloat16":  # round to nearest even on the upper 16 bits
+        u = x.view(np.uint32).astype(np.uint64)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return np.where(np.isfinite(x), u.astype(np.uint32).view(np.float32), x)
+    return x.astype(name).astype(np.float32)
 
 
 def visible(s_q: int, s_kv: int, mask: str, window) -> np.ndarray:
@@ -37,7 +55,7 @@ def _seq(q, k, v, do, scale, m, lowp):
     ct = np.float64 if lowp is None else np.float32  # compute type
 
     def rnd(x):  # round to the low precision dtype (held in compute type)
-        return x if lowp is None else x.astype(lowp).astype(ct)
+        return x if lowp is None else round_to(x, lowp)
 
     q, k, v = q.astype(ct), k.astype(ct), v.astype(ct)
     kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
@@ -128,7 +146,7 @@ def check(name, got, exact, naive, dtype, seed, lse=False):
     fin = ~inf_exact
     err = float(np.abs(got[fin] - exact[fin]).max()) if fin.any() else 0.0
     naive_err = float(np.abs(naive[fin] - exact[fin]).max()) if fin.any() else 0.0
-    floor = FLOOR[np.dtype(np.float32)] if lse else FLOOR[np.dtype(dtype)]
+    floor = FLOOR["float32"] if lse else FLOOR[dtype_name(dtype)]
     tol = 2 * naive_err + floor
     if lse and fin.any():
         tol += 4e-6 * float(np.abs(exact[fin]).max())
