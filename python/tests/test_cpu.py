@@ -359,3 +359,13 @@ def test_version_and_backends():
 def test_import_does_not_import_torch():
     code = "import sys, strideattn; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_readme_cpu_quick_start():
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "python/README.md lost its quick-start block"
+    exec(compile(blocks[0], "README.md (numpy quick start)", "exec"), {})
