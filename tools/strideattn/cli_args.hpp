@@ -1,0 +1,64 @@
+// Command-line parsing for the `strideattn` CLI: DESIGN's grammar (subcommand, PROBLEM
+// options, --backends/--grad/--seed/--json, fuzz options) into a harness::CaseSpec. Every
+// error is one Status of code invalid_argument whose message says what and why (the CLI
+// prints it as "strideattn: error: <message>" and exits 2).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/runner.hpp"
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn::cli {
+
+enum class Command { demo, check, explain, bench, fuzz, help, version, gpu_available };
+
+struct Invocation {
+  Command command = Command::demo;
+  harness::CaseSpec spec;            // check / explain / bench / demo
+  std::vector<Backend> backends;     // empty: the default set (see default_backends)
+  bool backends_given = false;
+  bool json = false;
+  bool grad = false;
+  std::uint64_t seed = 1;
+  bool seed_given = false;
+  // fuzz
+  std::int64_t cases = 0;
+  bool cases_given = false;
+  bool require_gpu = false;  // hidden: skip (exit 77) when no GPU is present
+  bool require_ran = false;  // hidden: fail if a backend never ran a case
+  int bench_runs = 20;
+};
+
+// Parse argv[1..]. The PROBLEM is resolved fully (preset, sizes, layout views, explicit views).
+[[nodiscard]] Status parse_command_line(const std::vector<std::string>& args, Invocation* out);
+
+// Every backend this build has and this machine can run, except `reference` (the yardstick).
+[[nodiscard]] std::vector<Backend> default_backends();
+// Every backend compiled and available, reference included (the demo).
+[[nodiscard]] std::vector<Backend> available_backends();
+
+// Named problems for --preset.
+struct Preset {
+  std::string name, description;
+  harness::ProblemSizes sizes;
+  DType dtype = DType::f16;
+  std::string layout;
+  AttentionOptions options;
+};
+[[nodiscard]] const std::vector<Preset>& presets();
+
+[[nodiscard]] std::string usage();
+
+// "f16 b=2 s_q=2048 s_kv=2048 h=16 hg=1 d_qk=64 d_v=64 mask=causal ..." (one line).
+[[nodiscard]] std::string describe_problem(const harness::CaseSpec& spec);
+
+// Explicit view syntax BUF+OFFSET:SHAPE:STRIDES (both directions).
+[[nodiscard]] Status parse_view(const std::string& option, const std::string& text,
+                                harness::ViewSpec* out);
+[[nodiscard]] std::string format_view(const harness::ViewSpec& v);
+
+}  // namespace strideattn::cli

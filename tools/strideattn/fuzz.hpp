@@ -1,0 +1,20 @@
+// `strideattn fuzz`: random problems and random views, each checked on the chosen backends
+// against the fp64 reference; failures print a one-line reproducer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cli_args.hpp"
+#include "harness/runner.hpp"
+
+namespace strideattn::cli {
+
+// Case `index` of the stream drawn from `seed` (deterministic).
+[[nodiscard]] harness::CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad);
+
+// Runs inv.cases cases; returns the exit code (0 none failed, 1 some failed, 77 skipped
+// because --require-gpu found no GPU).
+[[nodiscard]] int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends);
+
+}  // namespace strideattn::cli

@@ -1,0 +1,303 @@
+// The `strideattn` CLI (DESIGN "CLI contract"): the demo, check, explain, bench and fuzz,
+// text or --json output, and the exit codes 0 (agree) / 1 (disagree) / 2 (invalid input).
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_args.hpp"
+#include "fuzz.hpp"
+#include "harness/runner.hpp"
+
+namespace strideattn::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr int kExitOk = 0, kExitMismatch = 1, kExitInvalid = 2, kExitSkip = 77;
+
+int invalid(const std::string& msg) {
+  // Exactly one line on stderr.
+  std::string line = msg;
+  for (char& c : line)
+    if (c == '\n') c = ' ';
+  std::fprintf(stderr, "strideattn: error: %s\n", line.c_str());
+  return kExitInvalid;
+}
+
+int failed(const std::string& msg) {
+  std::fprintf(stderr, "strideattn: %s\n", msg.c_str());
+  return kExitMismatch;
+}
+
+std::string num(double x, const char* f = "%.3g") {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+json num_or_null(double x, bool have) { return have ? json(x) : json(nullptr); }
+
+json problem_json(const harness::CaseSpec& s) {
+  const harness::ProblemSizes& z = s.sizes;
+  json p = {{"dtype", std::string(to_string(s.dtype))},
+            {"batch", z.batch},
+            {"seqlen_q", z.s_q},
+            {"seqlen_kv", z.s_kv},
+            {"heads", z.heads},
+            {"kv_heads", z.kv_heads},
+            {"head_dim", z.d_qk},
+            {"head_dim_v", z.d_v},
+            {"mask", std::string(to_string(s.options.mask))},
+            {"window", {s.options.window.left, s.options.window.right}},
+            {"scale", s.options.scale ? json(*s.options.scale) : json(nullptr)},
+            {"deterministic", s.options.deterministic},
+            {"grad", s.grad},
+            {"seed", s.seed},
+            {"layout_name", s.layout_name}};
+  if (z.varlen())
+    p["varlen"] = {{"seqlens_q", z.seqlens_q}, {"seqlens_kv", z.seqlens_kv},
+                   {"offsets_q", z.offsets_q}, {"offsets_kv", z.offsets_kv}};
+  json views = {{"q", format_view(s.views.q)}, {"k", format_view(s.views.k)},
+                {"v", format_view(s.views.v)}, {"o", format_view(s.views.o)}};
+  if (s.grad) {
+    views["do"] = format_view(s.views.d_o);
+    views["dq"] = format_view(s.views.dq);
+    views["dk"] = format_view(s.views.dk);
+    views["dv"] = format_view(s.views.dv);
+  }
+  p["views"] = views;
+  return p;
+}
+
+json check_json(const harness::TensorCheck& c) {
+  return {{"max_abs_err", c.err.max_abs_err}, {"max_rel_err", c.err.max_rel_err},
+          {"tolerance", c.tol}, {"non_finite", c.err.non_finite}, {"pass", c.pass()}};
+}
+
+json backend_json(const harness::BackendResult& r, bool grad) {
+  const harness::TensorCheck* o = nullptr;
+  for (const auto& c : r.checks)
+    if (c.name == "o") o = &c;
+  const bool ran = r.status == "ok" || r.status == "mismatch";
+  json j = {{"backend", std::string(to_string(r.backend))},
+            {"status", r.status},
+            {"reason", r.reason},
+            {"max_abs_err", num_or_null(o ? o->err.max_abs_err : 0, o != nullptr)},
+            {"max_rel_err", num_or_null(o ? o->err.max_rel_err : 0, o != nullptr)},
+            {"tolerance", num_or_null(o ? o->tol : 0, o != nullptr)},
+            {"time_ms", num_or_null(r.time_ms, ran)},
+            {"tflops", num_or_null(r.tflops, ran)},
+            {"written_ok", r.written_ok},
+            {"guard_ok", r.guard_ok}};
+  for (const auto& c : r.checks)
+    if (c.name == "lse") j["lse"] = check_json(c);
+  if (grad) {
+    json g = json::object();
+    for (const auto& c : r.checks)
+      if (c.name == "dq" || c.name == "dk" || c.name == "dv") g[c.name] = check_json(c);
+    j["grad"] = g;
+  }
+  return j;
+}
+
+void print_check_table(const harness::CaseReport& rep) {
+  std::printf("%-10s %-12s %-6s %12s %12s %12s %10s %9s\n", "backend", "status", "tensor",
+              "max_abs_err", "max_rel_err", "tolerance", "time_ms", "TFLOP/s");
+  for (const harness::BackendResult& r : rep.backends) {
+    const std::string name(to_string(r.backend));
+    if (r.checks.empty()) {
+      std::printf("%-10s %-12s %s\n", name.c_str(), r.status.c_str(), r.reason.c_str());
+      continue;
+    }
+    bool first = true;
+    for (const harness::TensorCheck& c : r.checks) {
+      std::string tail;
+      if (first) tail = " " + num(r.time_ms, "%10.2f") + " " + num(r.tflops, "%9.3f");
+      std::printf("%-10s %-12s %-6s %12s %12s %12s%s%s\n", first ? name.c_str() : "",
+                  first ? r.status.c_str() : "", c.name.c_str(),
+                  num(c.err.max_abs_err).c_str(), num(c.err.max_rel_err).c_str(),
+                  num(c.tol).c_str(), tail.c_str(), c.pass() ? "" : "  <- exceeds tolerance");
+      first = false;
+    }
+    if (r.status != "ok") std::printf("%-10s %-12s %s\n", "", "", r.reason.c_str());
+  }
+}
+
+// check and the demo share this.
+int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool demo) {
+  harness::CaseReport rep;
+  Status s = harness::run_case(inv.spec, backends, &rep);
+  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
+  if (!s.ok()) return failed("error: " + s.message());
+  std::vector<std::string> bad;
+  for (const auto& r : rep.backends)
+    if (r.status == "mismatch" || r.status == "error")
+      bad.push_back(std::string(to_string(r.backend)) + " " + r.status + ": " + r.reason);
+  const int code = bad.empty() ? kExitOk : kExitMismatch;
+  if (inv.json) {
+    json j = {{"problem", problem_json(inv.spec)}, {"layout", rep.layout}, {"exit_code", code},
+              {"reproducer", harness::reproducer(inv.spec, backends)}};
+    json arr = json::array();
+    for (const auto& r : rep.backends) arr.push_back(backend_json(r, inv.spec.grad));
+    j["backends"] = arr;
+    std::printf("%s\n", j.dump(2).c_str());
+    return code;
+  }
+  if (demo)
+    std::printf("strideattn %s demo: DESIGN's seed case (split views of one fused buffer) on "
+                "every available backend\n",
+                std::string(version()).c_str());
+  std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(),
+              inv.spec.grad ? " (forward + backward)" : "");
+  std::printf("layout:  %s\n", rep.layout.c_str());
+  std::printf("errors against the fp64 reference; tolerance = 2 x naive low-precision error "
+              "+ floor; time of one run\n\n");
+  print_check_table(rep);
+  std::printf("\n");
+  if (bad.empty()) {
+    std::printf("strideattn: every compared backend agrees with the fp64 reference\n");
+  } else {
+    for (const std::string& b : bad) std::printf("strideattn: DISAGREES: %s\n", b.c_str());
+    std::printf("reproduce: %s\n", harness::reproducer(inv.spec, backends).c_str());
+  }
+  return code;
+}
+
+json verdicts_json(const Explanation& ex) {
+  json arr = json::array();
+  for (const Verdict& v : ex.verdicts)
+    arr.push_back({{"backend", std::string(to_string(v.backend))},
+                   {"supported", v.supported},
+                   {"rule", v.rule},
+                   {"reason", v.reason}});
+  return {{"verdicts", arr},
+          {"chosen", ex.chosen ? json(std::string(to_string(*ex.chosen))) : json(nullptr)}};
+}
+
+void print_verdicts(const char* title, const Explanation& ex) {
+  std::printf("%s:\n", title);
+  for (const Verdict& v : ex.verdicts)
+    std::printf("  %-10s %-12s %s%s\n", std::string(to_string(v.backend)).c_str(),
+                v.supported ? "supported" : "unsupported",
+                v.rule.empty() ? "" : ("[" + v.rule + "] ").c_str(), v.reason.c_str());
+  std::printf("  auto chooses: %s\n",
+              ex.chosen ? std::string(to_string(*ex.chosen)).c_str() : "nothing (see above)");
+}
+
+int run_explain(const Invocation& inv) {
+  Explanation fwd, bwd;
+  Status s = harness::explain_case(inv.spec, &fwd, inv.grad ? &bwd : nullptr);
+  if (s.ok() && !fwd.validation.ok()) s = fwd.validation;
+  if (s.ok() && inv.grad && !bwd.validation.ok()) s = bwd.validation;
+  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
+  if (!s.ok()) return failed("error: " + s.message());
+  if (inv.json) {
+    json j = {{"problem", problem_json(inv.spec)}, {"layout", fwd.layout},
+              {"forward", verdicts_json(fwd)}};
+    if (inv.grad) j["backward"] = verdicts_json(bwd);
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("problem: %s\n", describe_problem(inv.spec).c_str());
+  std::printf("layout:  %s\n", fwd.layout.c_str());
+  if (inv.spec.layout_name.empty()) {
+    std::printf("views:   q %s  k %s  v %s  o %s\n", format_view(inv.spec.views.q).c_str(),
+                format_view(inv.spec.views.k).c_str(), format_view(inv.spec.views.v).c_str(),
+                format_view(inv.spec.views.o).c_str());
+  }
+  print_verdicts("forward", fwd);
+  if (inv.grad) print_verdicts("backward", bwd);
+  return kExitOk;
+}
+
+int run_bench(const Invocation& inv, const std::vector<Backend>& backends) {
+  Explanation fwd;
+  Status s = harness::explain_case(inv.spec, &fwd, nullptr);
+  if (s.ok() && !fwd.validation.ok()) s = fwd.validation;
+  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
+  if (!s.ok()) return failed("error: " + s.message());
+  std::vector<harness::BenchResult> res;
+  s = harness::bench_case(inv.spec, backends, inv.bench_runs, &res);
+  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
+  if (!s.ok()) return failed("error: " + s.message());
+  int code = kExitOk;
+  for (const auto& r : res)
+    if (r.status == "error") code = kExitMismatch;
+  if (inv.json) {
+    json arr = json::array();
+    for (const auto& r : res) {
+      const bool ran = r.status == "ok";
+      arr.push_back({{"backend", std::string(to_string(r.backend))},
+                     {"status", r.status},
+                     {"reason", r.reason},
+                     {"time_ms", num_or_null(r.median_ms, ran)},
+                     {"tflops", num_or_null(r.tflops, ran)},
+                     {"runs", r.runs}});
+    }
+    json j = {{"problem", problem_json(inv.spec)}, {"layout", fwd.layout}, {"backends", arr},
+              {"exit_code", code}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return code;
+  }
+  std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(),
+              inv.spec.grad ? " (forward + backward)" : "");
+  std::printf("layout:  %s\n", fwd.layout.c_str());
+  std::printf("median of >= %d runs after warm-up (CUDA events on GPU backends)\n\n",
+              inv.bench_runs);
+  std::printf("%-10s %-12s %12s %10s %6s\n", "backend", "status", "median_ms", "TFLOP/s", "runs");
+  for (const auto& r : res) {
+    if (r.status != "ok") {
+      std::printf("%-10s %-12s %s\n", std::string(to_string(r.backend)).c_str(), r.status.c_str(),
+                  r.reason.c_str());
+      continue;
+    }
+    std::printf("%-10s %-12s %12.3f %10.3f %6d\n", std::string(to_string(r.backend)).c_str(),
+                r.status.c_str(), r.median_ms, r.tflops, r.runs);
+  }
+  return code;
+}
+
+int main_impl(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  Invocation inv;
+  if (Status s = parse_command_line(args, &inv); !s.ok()) return invalid(s.message());
+  const std::vector<Backend> backends = inv.backends_given ? inv.backends : default_backends();
+  switch (inv.command) {
+    case Command::help: std::printf("%s", usage().c_str()); return kExitOk;
+    case Command::version: std::printf("strideattn %s\n", std::string(version()).c_str()); return kExitOk;
+    case Command::gpu_available: {
+      const bool g = harness::gpu_available();
+      std::printf("%s\n", g ? "gpu: available" : "gpu: not available");
+      return g ? kExitOk : kExitSkip;
+    }
+    case Command::demo: {
+      Invocation demo;
+      Status s = parse_command_line({"check", "--preset", "seed"}, &demo);
+      if (!s.ok()) return invalid(s.message());
+      return run_check(demo, available_backends(), true);
+    }
+    case Command::check: return run_check(inv, backends, false);
+    case Command::explain: return run_explain(inv);
+    case Command::bench: return run_bench(inv, backends);
+    case Command::fuzz: return run_fuzz(inv, backends);
+  }
+  return kExitInvalid;
+}
+
+}  // namespace
+}  // namespace strideattn::cli
+
+int main(int argc, char** argv) {
+  try {
+    return strideattn::cli::main_impl(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strideattn: internal error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "strideattn: internal error\n");
+    return 1;
+  }
+}
