@@ -1,20 +1,72 @@
-// Backend selection for `auto` and explicit requests; see select.hpp.
+// Backend selection for `auto` and explicit requests (select.hpp). The speed table below is
+// the one documented in docs/backends.md; keep the two in step.
 #include "dispatch/select.hpp"
 
 #include <cstdlib>
 #include <sstream>
 
 #include "common/log.hpp"
+#include "dispatch/registry.hpp"
 
 namespace strideattn::detail {
 
-std::vector<Backend> preference_order(const Problem& problem) {
-  // Host tensors: the tiled cpu backend is many times faster than the fp64 reference.
-  // Device tensors: cuDNN first (FIELD.md: 450-640 TFLOP/s on H200 vs ~300-350 for FA2-class
-  // kernels), then our own kernels, which accept every stride and head dim cuDNN refuses.
+namespace {
+
+constexpr const char* kHopperSource =
+    "FIELD.md anchors, H200, bf16: SDPA cuDNN 443-639 TFLOP/s fwd and 430-537 fwd+bwd vs "
+    "FlashAttention-2-class kernels 304-353 and 256-320; bench/RESULTS.md holds our own runs";
+constexpr const char* kAmpereSource =
+    "no sm80 measurement yet; same order as sm90 (FIELD.md: FlashAttention-2 about 225 TFLOP/s "
+    "fwd on A100, cuDNN comparable)";
+
+std::string order_text(const std::vector<Backend>& order) {
+  std::string s;
+  for (Backend b : order) {
+    if (!s.empty()) s += " > ";
+    s += to_string(b);
+  }
+  return s;
+}
+
+Verdict verdict_for(Backend b, const Problem& problem) {
+  if (BackendImpl* impl = backend_impl(b)) {
+    Verdict v = impl->supports(problem);
+    v.backend = b;
+    return v;
+  }
+  Verdict v;
+  v.backend = b;
+  v.rule = "compiled";
+  v.reason = std::string("backend '") + std::string(to_string(b)) +
+             "' is not part of this build (built without CUDA" +
+             (b == Backend::cudnn ? " or without cuDNN and its frontend headers)" : ")");
+  return v;
+}
+
+std::string verdict_line(const Verdict& v) {
+  std::string s(to_string(v.backend));
+  if (v.supported) return s + ": supported";
+  return s + ": " + v.rule + ": " + v.reason;
+}
+
+}  // namespace
+
+SpeedClass speed_class(const Problem& problem) {
+  const std::vector<Backend> gpu_first{Backend::cudnn, Backend::cuda, Backend::cpu,
+                                       Backend::reference};
   if (problem.memory == Memory::host)
-    return {Backend::cpu, Backend::reference, Backend::cudnn, Backend::cuda};
-  return {Backend::cudnn, Backend::cuda, Backend::cpu, Backend::reference};
+    return {"host memory",
+            {Backend::cpu, Backend::reference, Backend::cudnn, Backend::cuda},
+            "cpu is the tiled multi-threaded backend, reference the fp64 loops; GPU backends "
+            "need device memory"};
+  const Platform plat = platform();
+  if (!plat.gpu) return {"device memory, no GPU visible", gpu_first, "no GPU to measure on"};
+  if (plat.sm >= 90) return {"sm" + std::to_string(plat.sm) + " device", gpu_first, kHopperSource};
+  return {"sm" + std::to_string(plat.sm) + " device", gpu_first, kAmpereSource};
+}
+
+std::vector<Backend> preference_order(const Problem& problem) {
+  return speed_class(problem).order;
 }
 
 SupportRule memory_rule(Memory required) {
@@ -42,32 +94,10 @@ Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules,
   return v;
 }
 
-namespace {
-
-Verdict verdict_for(Backend b, const Problem& problem) {
-  if (BackendImpl* impl = backend_impl(b)) return impl->supports(problem);
-  Verdict v;
-  v.backend = b;
-  v.rule = "compiled";
-  v.reason = std::string("backend '") + std::string(to_string(b)) +
-             "' is not part of this build (built without CUDA" +
-             (b == Backend::cudnn ? " or without cuDNN and its frontend headers)" : ")");
-  return v;
-}
-
-std::string verdict_line(const Verdict& v) {
-  std::string s(to_string(v.backend));
-  if (v.supported) return s + ": supported";
-  return s + ": " + v.rule + ": " + v.reason;
-}
-
-}  // namespace
-
 Selection select_backend(const Problem& problem, Backend requested) {
   Selection sel;
   std::string why = "requested";
   if (requested == Backend::automatic) {
-    why = "auto";
     if (const char* env = std::getenv("STRIDEATTN_BACKEND"); env && *env) {
       auto b = backend_from_string(env);
       if (!b) {
@@ -80,44 +110,64 @@ Selection select_backend(const Problem& problem, Backend requested) {
       why = std::string("STRIDEATTN_BACKEND=") + env;
     }
   }
-  for (Backend b : preference_order(problem)) sel.verdicts.push_back(verdict_for(b, problem));
+  const SpeedClass cls = speed_class(problem);
+  for (Backend b : cls.order) sel.verdicts.push_back(verdict_for(b, problem));
 
-  if (log_level() >= LogLevel::debug)
-    for (const auto& v : sel.verdicts) log_line(LogLevel::debug, "verdict " + verdict_line(v));
+  if (log_level() >= LogLevel::debug) {
+    log_line(LogLevel::debug, std::string(to_string(problem.direction)) + ": class '" + cls.name +
+                                  "', order " + order_text(cls.order) + " (" + cls.source + ")");
+    for (std::size_t i = 0; i < sel.verdicts.size(); ++i)
+      log_line(LogLevel::debug, "verdict " + std::to_string(i + 1) + "/" +
+                                    std::to_string(sel.verdicts.size()) + " " +
+                                    verdict_line(sel.verdicts[i]));
+  }
+  const std::string dir(to_string(problem.direction));
 
   if (requested != Backend::automatic) {
-    for (const auto& v : sel.verdicts) {
+    for (auto& v : sel.verdicts) {
       if (v.backend != requested) continue;
       if (v.supported) {
         sel.chosen = requested;
-        log_line(LogLevel::info, std::string(to_string(problem.direction)) + " runs on " +
-                                     std::string(to_string(requested)) + " (" + why + ")");
+        v.reason = "chosen (" + why + ")";
+        sel.why = dir + " runs on " + std::string(to_string(requested)) + " (" + why + ")";
+        log_line(LogLevel::info, sel.why);
       } else {
         sel.status = Status(StatusCode::unsupported,
                             std::string("backend '") + std::string(to_string(requested)) +
                                 "' (" + why + ") cannot run this problem: " + v.rule + ": " +
                                 v.reason);
+        sel.why = dir + " cannot run on " + std::string(to_string(requested)) + " (" + why +
+                  "): " + v.rule + ": " + v.reason;
+        log_line(LogLevel::info, sel.why);
       }
       return sel;
     }
   }
 
-  std::ostringstream skipped;
-  for (const auto& v : sel.verdicts) {
+  std::string skipped;
+  for (auto& v : sel.verdicts) {
     if (v.supported) {
-      sel.chosen = v.backend;
-      std::string line = std::string(to_string(problem.direction)) + " runs on " +
-                         std::string(to_string(v.backend)) + " (auto";
-      const std::string s = skipped.str();
-      line += s.empty() ? ": first in preference order)" : "; skipped " + s + ")";
-      log_line(LogLevel::info, line);
-      return sel;
+      if (!sel.chosen) {
+        sel.chosen = v.backend;
+        v.reason = "chosen: fastest supported backend for class '" + cls.name + "'";
+        sel.why = dir + " runs on " + std::string(to_string(v.backend)) + " (auto, class '" +
+                  cls.name + "', order " + order_text(cls.order) + "; " +
+                  (skipped.empty() ? std::string("first in order") : "skipped " + skipped) + ")";
+        log_line(LogLevel::info, sel.why);
+      } else {
+        v.reason = "supported; ranks after " + std::string(to_string(*sel.chosen)) +
+                   " for class '" + cls.name + "'";
+      }
+      continue;
     }
-    if (!skipped.str().empty()) skipped << "; ";
-    skipped << verdict_line(v);
+    if (sel.chosen) continue;
+    if (!skipped.empty()) skipped += "; ";
+    skipped += verdict_line(v);
   }
-  sel.status = Status(StatusCode::unsupported,
-                      "no backend can run this problem: " + skipped.str());
+  if (sel.chosen) return sel;
+  sel.status = Status(StatusCode::unsupported, "no backend can run this problem: " + skipped);
+  sel.why = dir + " has no backend: " + skipped;
+  log_line(LogLevel::info, sel.why);
   return sel;
 }
 

@@ -1,25 +1,37 @@
-// Backend selection: the `auto` preference order per problem class, the STRIDEATTN_BACKEND
-// override, and the verdict list that `explain` shows and the log prints.
+// Backend selection: the `auto` preference order per problem class (measured speed on the
+// platform at hand; table and sources in docs/backends.md), the STRIDEATTN_BACKEND override,
+// and the verdict list that `explain` shows and the log prints.
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dispatch/backend.hpp"
 
 namespace strideattn::detail {
 
-struct Selection {
-  std::vector<Verdict> verdicts;  // every backend, in preference order for this problem
-  std::optional<Backend> chosen;  // nullopt: nothing can run it (status says why)
-  Status status;                  // why nothing was chosen, naming each backend's rule
+// One row of auto's speed table: which problems it covers and the backends fastest first.
+struct SpeedClass {
+  std::string name;            // e.g. "sm90 device"
+  std::vector<Backend> order;  // fastest first; every concrete backend appears once
+  std::string source;          // where the order comes from (measurement, FIELD.md anchor)
 };
+
+[[nodiscard]] SpeedClass speed_class(const Problem& problem);
 
 // Preference order for `automatic` on this problem (fastest first).
 [[nodiscard]] std::vector<Backend> preference_order(const Problem& problem);
 
+struct Selection {
+  std::vector<Verdict> verdicts;  // every backend, in preference order for this problem
+  std::optional<Backend> chosen;  // nullopt: nothing can run it (status says why)
+  Status status;                  // why nothing was chosen, naming each backend's rule
+  std::string why;                // one line: what ran and why each faster one was skipped
+};
+
 // Resolve `requested` (honouring STRIDEATTN_BACKEND when it is `automatic`) to a backend
-// that supports the problem, logging the choice at info and all verdicts at debug.
+// that supports the problem. Logs `why` at info and every verdict at debug.
 [[nodiscard]] Selection select_backend(const Problem& problem, Backend requested);
 
 // Common support rules every backend starts with.

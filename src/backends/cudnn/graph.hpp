@@ -1,0 +1,96 @@
+// cuDNN graph description and cache interface of the `cudnn` backend. The key holds every
+// tensor's real logical dims and strides in cuDNN's [b, h, s, d] order (permuted from our
+// [b, s, h, d] views by the caller, never rebuilt from a layout name), the mask as cuDNN's
+// diagonal band, and the options; graph.cpp (the one translation unit that includes the
+// cuDNN frontend) builds, caches and executes the graph for a key.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn::detail::cudnn {
+
+// One tensor as cuDNN sees it: logical [b, h, s, d] dims and element strides.
+struct TensorLayout {
+  std::array<std::int64_t, 4> dim{0, 0, 0, 0};
+  std::array<std::int64_t, 4> stride{0, 0, 0, 0};
+  bool operator==(const TensorLayout&) const = default;
+};
+
+// cuDNN's diagonal band mask (see docs/backends.md): with `bottom_right` the diagonal of
+// each sequence is shifted by s_kv - s_q; cuDNN keeps key j for query i iff
+//   j <= i + shift + right_bound            (when has_right)
+//   j >  i + shift - left_bound             (when has_left; left_bound >= 1)
+struct Band {
+  bool bottom_right = false;
+  bool has_left = false, has_right = false;
+  std::int64_t left_bound = 0, right_bound = 0;
+  bool operator==(const Band&) const = default;
+};
+
+struct GraphKey {
+  int device = 0;
+  bool backward = false;
+  DType dtype = DType::bf16;
+  TensorLayout q, k, v, o;     // o: output (forward) or input (backward)
+  TensorLayout d_o, dq, dk, dv;  // backward only
+  bool stats = false;  // forward: write packed [b, h, s_q, 1] fp32 stats; backward: always read
+  bool varlen = false;  // padding mask with seq-len tensors + ragged offsets on every tensor
+  Band band;
+  double scale = 1.0;
+  bool deterministic = false;
+  bool operator==(const GraphKey&) const = default;
+};
+
+struct GraphKeyHash {
+  std::size_t operator()(const GraphKey& key) const;
+};
+
+// Device pointers for one execution. Varlen: int32 tables of length b (seq lens) and b + 1
+// (ragged element offsets, one table per tensor).
+struct GraphPointers {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* stats = nullptr;  // packed [b, h, s_q, 1]
+  const void* d_o = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  const std::int32_t* seq_len_q = nullptr;
+  const std::int32_t* seq_len_kv = nullptr;
+  // ragged offsets, indexed by RaggedSlot
+  std::array<const std::int32_t*, 8> ragged{};
+  void* workspace = nullptr;  // at least prepare()'s workspace bytes
+};
+enum RaggedSlot : int { kRagQ = 0, kRagK, kRagV, kRagO, kRagDO, kRagDQ, kRagDK, kRagDV };
+
+// Result of building (or finding) the graph for a key. `ok == false`: `stage` names the
+// frontend step that failed and `message` is cuDNN's own text.
+struct PrepareResult {
+  bool ok = false;
+  std::int64_t workspace_bytes = 0;
+  std::string stage, message;
+};
+
+// Builds the graph for `key` on the current device (cached; failures are cached too, so a
+// refused problem is not rebuilt). Never prints, never throws.
+[[nodiscard]] PrepareResult prepare(const GraphKey& key);
+
+// Runs the cached graph of `key` (prepare() must have succeeded) on `stream`.
+// Returns an empty string on success, otherwise cuDNN's message.
+[[nodiscard]] std::string execute(const GraphKey& key, const GraphPointers& ptrs, void* stream);
+
+// cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0 (0 if it cannot load).
+[[nodiscard]] std::int64_t runtime_version();
+
+// Entries in the cache now (tests) and its bound.
+[[nodiscard]] std::size_t cache_entries();
+inline constexpr std::size_t kCacheCapacity = 256;
+
+}  // namespace strideattn::detail::cudnn

@@ -1,0 +1,298 @@
+// Support rules of the `cudnn` backend (see rules.hpp). Limits come from the cuDNN frontend's
+// own support surface (sdpa_support_surface.h, scaled_dot_product_flash_attention.h of
+// frontend 1.32) for fp16/bf16 SDPA; each rule says the value found and what is supported.
+#include "backends/cudnn/rules.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <limits>
+#include <sstream>
+
+#include "common/attention_math.hpp"
+#include "dispatch/select.hpp"
+
+namespace strideattn::detail::cudnn {
+
+namespace {
+
+using Check = std::optional<std::string>;
+constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+struct NamedView {
+  const char* name;
+  const TensorView* view;
+};
+
+// The tensors cuDNN reads or writes for this problem.
+std::vector<NamedView> tensors_of(const Problem& p) {
+  std::vector<NamedView> v{{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}};
+  if (p.is_backward()) {
+    v.push_back({"do", &p.d_o});
+    v.push_back({"dq", &p.dq});
+    v.push_back({"dk", &p.dk});
+    v.push_back({"dv", &p.dv});
+  }
+  return v;
+}
+
+kernel::MaskRule mask_of(const Problem& p, std::int64_t b) {
+  kernel::MaskRule m;
+  m.s_q = seq_len_q(p, b);
+  m.s_kv = seq_len_kv(p, b);
+  m.kind = static_cast<int>(p.mask);
+  m.left = p.window.left;
+  m.right = p.window.right;
+  return m;
+}
+
+Check check_gpu(const DeviceInfo& d, const Problem&) {
+  if (d.gpu) return std::nullopt;
+  return "no usable CUDA device (" + d.gpu_error + "); cudnn needs an sm80+ GPU";
+}
+
+Check check_version(const DeviceInfo& d, const Problem&) {
+  if (d.cudnn_version >= 90000) return std::nullopt;
+  if (d.cudnn_version == 0) return std::string("libcudnn could not be loaded; supported: cuDNN >= 9.0");
+  return "cuDNN " + version_string(d.cudnn_version) + "; supported: >= 9.0";
+}
+
+Check check_known_bad(const DeviceInfo& d, const Problem&) {
+  if (d.cudnn_version == 91000 || d.cudnn_version == 91001)
+    return "cuDNN " + version_string(d.cudnn_version) +
+           " has known fp16/bf16 SDPA bugs; supported: any 9.x except 9.10.0 and 9.10.1";
+  return std::nullopt;
+}
+
+Check check_arch(const DeviceInfo& d, const Problem&) {
+  if (d.sm >= 80) return std::nullopt;
+  return "GPU compute capability " + str(d.sm / 10) + "." + str(d.sm % 10) +
+         "; supported: >= 8.0 (Ampere, Hopper, Blackwell)";
+}
+
+Check check_dtype(const DeviceInfo&, const Problem& p) {
+  if (p.dtype == DType::f16 || p.dtype == DType::bf16) return std::nullopt;
+  return "dtype " + std::string(to_string(p.dtype)) + "; supported: f16, bf16";
+}
+
+Check check_unit_dim_stride(const DeviceInfo&, const Problem& p) {
+  for (const auto& t : tensors_of(p))
+    if (t.view->shape[kHeadDim] > 1 && t.view->stride[kHeadDim] != 1)
+      return std::string("tensor ") + t.name + " head-dim stride " + str(t.view->stride[kHeadDim]) +
+             "; supported: 1";
+  return std::nullopt;
+}
+
+Check check_head_dim(const DeviceInfo& d, const Problem& p) {
+  std::int64_t limit = 128;
+  std::string why = "cuDNN on sm" + str(d.sm);
+  if (d.sm / 10 == 9) limit = 256;
+  if (d.sm / 10 == 8 && d.cudnn_version > 90900) limit = 256;
+  for (auto [name, dim] : {std::pair{"d_qk", p.d_qk}, std::pair{"d_v", p.d_v}}) {
+    if (dim % 8 != 0)
+      return std::string("head dim ") + name + " = " + str(dim) + "; supported: multiples of 8";
+    if (dim > limit)
+      return std::string("head dim ") + name + " = " + str(dim) + "; supported: <= " + str(limit) +
+             " (" + why + " " + version_string(d.cudnn_version) + ")";
+  }
+  return std::nullopt;
+}
+
+// TMA (Hopper) and vector loads: 16-byte aligned bases and outer strides.
+Check check_alignment(const DeviceInfo&, const Problem& p) {
+  const std::int64_t esize = static_cast<std::int64_t>(size_of(p.dtype));
+  for (const auto& t : tensors_of(p)) {
+    auto addr = reinterpret_cast<std::uintptr_t>(t.view->data);
+    if (addr % 16 != 0)
+      return std::string("tensor ") + t.name + " data pointer is " + str(std::int64_t(addr % 16)) +
+             " bytes past a 16-byte boundary; supported: 16-byte aligned (cuDNN's TMA loads)";
+    const char* dims[] = {"batch", "seq", "head"};
+    for (int i = 0; i < 3; ++i) {
+      if (t.view->shape[i] <= 1) continue;  // the stride of a size-1 dimension is never used
+      if ((t.view->stride[i] * esize) % 16 != 0)
+        return std::string("tensor ") + t.name + " " + dims[i] + " stride " +
+               str(t.view->stride[i]) + " elements (" + str(t.view->stride[i] * esize) +
+               " bytes); supported: multiples of 16 bytes (cuDNN's TMA loads)";
+    }
+  }
+  return std::nullopt;
+}
+
+Check check_mask_maps(const DeviceInfo&, const Problem& p) {
+  std::string why;
+  if (band_for(p, &why)) return std::nullopt;
+  return why;
+}
+
+Check check_bounds_int32(const DeviceInfo&, const Problem& p) {
+  for (auto [name, x] : {std::pair{"window left", p.window.left}, std::pair{"window right", p.window.right}})
+    if (x >= kInt32Max) return std::string(name) + " " + str(x) + "; supported: < 2^31";
+  if (!p.varlen) return std::nullopt;
+  // Ragged offsets are int32 element offsets: the largest is the last token's offset.
+  for (const auto& t : tensors_of(p)) {
+    const std::int64_t last = t.view->shape[kSeq] * t.view->stride[kSeq];
+    if (last > kInt32Max)
+      return std::string("tensor ") + t.name + " spans " + str(last) +
+             " elements along its tokens; supported: < 2^31 (cuDNN int32 ragged offsets)";
+  }
+  return std::nullopt;
+}
+
+// Dense problems with a bottom-right band need s_q <= s_kv (cuDNN refuses the graph without
+// a padding mask otherwise).
+Check check_bottom_right_shape(const DeviceInfo&, const Problem& p) {
+  std::string why;
+  auto band = band_for(p, &why);
+  if (!band || p.varlen || !band->bottom_right) return std::nullopt;
+  if (p.s_q <= p.s_kv) return std::nullopt;
+  return "bottom-right aligned mask/window with s_q " + str(p.s_q) + " > s_kv " + str(p.s_kv) +
+         "; supported: s_q <= s_kv (or varlen)";
+}
+
+Check check_band_versions(const DeviceInfo& d, const Problem& p) {
+  std::string why;
+  auto band = band_for(p, &why);
+  if (!band) return std::nullopt;
+  const auto v = d.cudnn_version;
+  if (band->has_left && v < 90600)
+    return "sliding window on cuDNN " + version_string(v) + "; supported: cuDNN >= 9.6";
+  if (band->bottom_right && v < 90600 && (p.s_q % 64 != 0 || p.s_kv % 64 != 0))
+    return "bottom-right mask with s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) + " on cuDNN " +
+           version_string(v) + "; supported: multiples of 64 below cuDNN 9.6";
+  if (v == 91400 && band->has_left && !band->has_right && p.s_kv > 1024)
+    return "window without a right bound and s_kv " + str(p.s_kv) +
+           " > 1024 on cuDNN 9.14.0 (known bug); supported: other cuDNN versions";
+  return std::nullopt;
+}
+
+Check check_varlen_versions(const DeviceInfo& d, const Problem& p) {
+  if (!p.varlen) return std::nullopt;
+  if (p.heads != p.kv_heads && d.cudnn_version < 90600)
+    return "varlen with GQA (" + str(p.heads) + "/" + str(p.kv_heads) + " heads) on cuDNN " +
+           version_string(d.cudnn_version) + "; supported: cuDNN >= 9.6";
+  if (p.is_backward() && p.deterministic && (d.sm / 10 == 8 || d.sm / 10 == 12))
+    return "deterministic varlen backward on sm" + str(d.sm) + "; supported: sm90/sm100";
+  return std::nullopt;
+}
+
+// A query row that sees no key must give O = 0 and LSE = -inf; cuDNN leaves such rows
+// undefined, so they are refused. (Whole varlen sequences with no keys are handled: their
+// rows are written by the backend like padding.)
+Check check_empty_rows(const DeviceInfo&, const Problem& p) {
+  const std::int64_t n = p.varlen ? p.batch : std::min<std::int64_t>(p.batch, 1);
+  for (std::int64_t b = 0; b < n; ++b) {
+    kernel::MaskRule m = mask_of(p, b);
+    if (m.s_q == 0 || (p.varlen && m.s_kv == 0)) continue;
+    for (std::int64_t i = 0; i < m.s_q; ++i)
+      if (m.key_end(i) <= m.key_begin(i))
+        return "query row " + str(i) + " of sequence " + str(b) + " (s_q " + str(m.s_q) +
+               ", s_kv " + str(m.s_kv) + ", mask " + std::string(to_string(p.mask)) +
+               ", window " + str(p.window.left) + "," + str(p.window.right) +
+               ") sees no key; supported: every row sees at least one key (cuDNN leaves such "
+               "rows undefined)";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string version_string(std::int64_t v) {
+  return str(v / 10000) + "." + str((v / 100) % 100) + "." + str(v % 100);
+}
+
+std::int64_t seq_len_q(const Problem& p, std::int64_t b) {
+  return p.varlen ? p.seqlens_q[std::size_t(b)] : p.s_q;
+}
+std::int64_t seq_len_kv(const Problem& p, std::int64_t b) {
+  return p.varlen ? p.seqlens_kv[std::size_t(b)] : p.s_kv;
+}
+
+const DeviceInfo& current_device_info() {
+  static const DeviceInfo info = [] {
+    DeviceInfo d;
+    d.cudnn_version = runtime_version();
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+      d.gpu_error = e != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e)
+                                     : std::string("no CUDA device found");
+      cudaGetLastError();  // clear the sticky-free error state
+      return d;
+    }
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    d.gpu = true;
+    d.sm = major * 10 + minor;
+    return d;
+  }();
+  return info;
+}
+
+std::optional<Band> band_for(const Problem& p, std::string* why_not) {
+  Band band;
+  const bool window = !p.window.unbounded();
+  if (p.mask == MaskKind::none && !window) return band;
+  if (p.mask == MaskKind::causal && !window) {
+    band.has_right = true;  // j <= i
+    return band;
+  }
+  // Every other combination is aligned bottom-right (our windows always are).
+  if (p.mask == MaskKind::causal) {
+    // Causal top-left and a bottom-right window need one alignment: only when s_q == s_kv
+    // in every sequence do the two diagonals coincide.
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      if (seq_len_q(p, b) != seq_len_kv(p, b)) {
+        *why_not = "causal (top-left) mask with a window (" + str(p.window.left) + "," +
+                   str(p.window.right) + ") and s_q " + str(seq_len_q(p, b)) + " != s_kv " +
+                   str(seq_len_kv(p, b)) + " in sequence " + str(b) +
+                   "; cuDNN has one diagonal alignment per graph; supported: s_q == s_kv, or "
+                   "mask causal-bottom-right";
+        return std::nullopt;
+      }
+      if (!p.varlen) break;
+    }
+  }
+  band.bottom_right = true;
+  // Right edge: j <= i + shift + right, and causal clamps it to right <= 0.
+  if (p.mask != MaskKind::none) {
+    band.has_right = true;
+    band.right_bound = 0;
+  } else if (p.window.right >= 0) {
+    band.has_right = true;
+    band.right_bound = p.window.right;
+  }
+  // Left edge: ours is j >= i + shift - left; cuDNN's is j > i + shift - left_bound.
+  if (p.window.left >= 0) {
+    band.has_left = true;
+    band.left_bound = p.window.left + 1;
+  }
+  return band;
+}
+
+std::vector<SupportRule> support_rules(const DeviceInfo& device) {
+  auto rule = [&device](const char* name, Check (*fn)(const DeviceInfo&, const Problem&)) {
+    return SupportRule{name, [device, fn](const Problem& p) { return fn(device, p); }};
+  };
+  return {
+      memory_rule(Memory::device),
+      rule("gpu", check_gpu),
+      rule("cudnn_version", check_version),
+      rule("cudnn_known_bug", check_known_bad),
+      rule("gpu_arch", check_arch),
+      rule("dtype", check_dtype),
+      rule("head_dim_stride", check_unit_dim_stride),
+      rule("head_dim", check_head_dim),
+      rule("alignment", check_alignment),
+      rule("mask_alignment", check_mask_maps),
+      rule("int32_limits", check_bounds_int32),
+      rule("bottom_right_shape", check_bottom_right_shape),
+      rule("band_version", check_band_versions),
+      rule("varlen_version", check_varlen_versions),
+      rule("empty_rows", check_empty_rows),
+  };
+}
+
+}  // namespace strideattn::detail::cudnn
