@@ -131,6 +131,7 @@ class Engine {
       out.dv.assign(std::size_t(logical_of(p_.dv).size()), 0.0);
     }
     out_ = &out;
+    if (a_.heads <= 0 || a_.kv_heads <= 0 || a_.heads % a_.kv_heads != 0) return out;  // no heads
 
     // Tasks ordered (sequence, kv head, query head of the group) so that the members of a
     // GQA group finish close together and their dK/dV partials can be reduced and freed.
@@ -357,6 +358,13 @@ class ReferenceBackend final : public BackendImpl {
 
 ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision) {
   return compute(problem, precision, BackwardSource::recompute);
+}
+
+ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision,
+                                   RefBackwardInputs inputs) {
+  const bool given = inputs == RefBackwardInputs::given && problem.is_backward() &&
+                     problem.o.data != nullptr && problem.lse.data != nullptr;
+  return compute(problem, precision, given ? BackwardSource::given : BackwardSource::recompute);
 }
 
 BackendImpl* reference_backend() {

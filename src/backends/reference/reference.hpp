@@ -29,4 +29,13 @@ struct ReferenceOutputs {
 // are recomputed, not read from the problem's o/lse views).
 [[nodiscard]] ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision);
 
+// Where the backward of a backward problem takes O (for D = rowsum(dO * O)) and LSE (for P):
+//   recompute - from this computation's own forward (the overload above);
+//   given     - from the problem's o and lse views, as every backend does
+//               (docs/semantics.md "Backward"): the exact backward of the given O and LSE.
+// The returned o and lse are always this computation's own forward.
+enum class RefBackwardInputs { recompute, given };
+[[nodiscard]] ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision,
+                                                 RefBackwardInputs inputs);
+
 }  // namespace strideattn::detail

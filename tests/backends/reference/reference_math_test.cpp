@@ -230,6 +230,12 @@ TEST(ReferenceGradient, BackendUsesGivenOAndLse) {
   c.run_backward();
   EXPECT_GT(max_abs_diff(c.dq.logical(), dq_before), 1e-3);
   EXPECT_EQ(max_abs_diff(c.dv.logical(), dv_before), 0.0);  // dV = P^T dO does not read O
+  // reference_compute's `given` mode is the exact backward of the given O and LSE.
+  const ReferenceOutputs g =
+      reference_compute(c.problem(true), RefPrecision::exact, strideattn::detail::RefBackwardInputs::given);
+  EXPECT_LT(max_abs_diff(c.dq.logical(), g.dq), 1e-6);
+  EXPECT_LT(max_abs_diff(c.dk.logical(), g.dk), 1e-6);
+  EXPECT_GT(max_abs_diff(g.dq, r.dq), 1e-3);
 }
 
 // --------------------------------------------------------------------- naive low precision
