@@ -166,7 +166,7 @@ Selection select_backend(const Problem& problem, Backend requested) {
   }
   if (sel.chosen) return sel;
   sel.status = Status(StatusCode::unsupported, "no backend can run this problem: " + skipped);
-  sel.why = dir + " has no backend: " + skipped;
+  sel.why = dir + " has no backend (auto, class '" + cls.name + "'): " + skipped;
   log_line(LogLevel::info, sel.why);
   return sel;
 }

@@ -1,0 +1,280 @@
+// `auto` selection on a CPU: fake backends with chosen verdicts and a faked GPU platform
+// (ScopedBackendOverride) check the preference order, STRIDEATTN_BACKEND, refusals that name
+// each backend's rule, the one-line info log and the debug verdict list, through both the
+// internal select_backend() and the public forward()/explain().
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/log.hpp"
+#include "dispatch/registry.hpp"
+#include "dispatch/select.hpp"
+#include "problem/problem.hpp"
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn::detail {
+namespace {
+
+// A backend whose verdict the test sets; counts its runs.
+class FakeBackend final : public BackendImpl {
+ public:
+  FakeBackend(Backend id, std::string rule = {}, std::string reason = {})
+      : id_(id), rule_(std::move(rule)), reason_(std::move(reason)) {}
+  Backend id() const override { return id_; }
+  Verdict supports(const Problem&) const override {
+    Verdict v;
+    v.backend = id_;
+    v.supported = rule_.empty();
+    v.rule = rule_;
+    v.reason = reason_;
+    return v;
+  }
+  Status forward(const Problem&) override {
+    ++forward_calls;
+    return Status::Ok();
+  }
+  Status backward(const Problem&) override {
+    ++backward_calls;
+    return Status::Ok();
+  }
+  int forward_calls = 0, backward_calls = 0;
+
+ private:
+  Backend id_;
+  std::string rule_, reason_;
+};
+
+std::vector<std::string> g_lines;
+void capture(std::string_view line) { g_lines.emplace_back(line); }
+
+// Real host buffers for a small problem (validation reads shapes and pointers only).
+struct SmallProblem {
+  std::vector<std::uint16_t> q, k, v, o;
+  ForwardArgs args;
+  explicit SmallProblem(Memory memory) {
+    const std::int64_t b = 1, s = 4, h = 2, d = 8;
+    q.assign(b * s * h * d, 0x3c00);  // 1.0 in f16
+    k = v = o = q;
+    auto view = [&](std::vector<std::uint16_t>& buf) {
+      TensorView t;
+      t.data = buf.data();
+      t.dtype = DType::f16;
+      t.shape = {b, s, h, d};
+      t.stride = {s * h * d, h * d, d, 1};
+      return t;
+    };
+    args.q = view(q);
+    args.k = view(k);
+    args.v = view(v);
+    args.o = view(o);
+    args.memory = memory;
+  }
+  Problem problem() const {
+    Problem p;
+    Status s = make_problem(args, &p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return p;
+  }
+};
+
+class SelectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv("STRIDEATTN_BACKEND");
+    g_lines.clear();
+    set_log_sink_for_testing(&capture);
+    set_log_level_for_testing(LogLevel::info);
+  }
+  void TearDown() override {
+    set_log_sink_for_testing(nullptr);
+    set_log_level_for_testing(LogLevel::off);
+    unsetenv("STRIDEATTN_BACKEND");
+  }
+  Platform hopper{true, 90, "Fake H200"};
+};
+
+TEST_F(SelectTest, HopperDeviceOrderPutsCudnnFirst) {
+  FakeBackend cudnn(Backend::cudnn), cuda(Backend::cuda);
+  FakeBackend cpu(Backend::cpu, "memory", "host only"), ref(Backend::reference, "memory", "host only");
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
+                           {Backend::reference, &ref}},
+                          hopper);
+  SmallProblem sp(Memory::device);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  ASSERT_TRUE(sel.chosen.has_value());
+  EXPECT_EQ(*sel.chosen, Backend::cudnn);
+  ASSERT_EQ(sel.verdicts.size(), 4u);
+  EXPECT_EQ(sel.verdicts[0].backend, Backend::cudnn);
+  EXPECT_EQ(sel.verdicts[1].backend, Backend::cuda);
+  EXPECT_NE(sel.verdicts[0].reason.find("chosen"), std::string::npos);
+  EXPECT_NE(sel.verdicts[1].reason.find("ranks after cudnn"), std::string::npos);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_NE(g_lines[0].find("forward runs on cudnn"), std::string::npos) << g_lines[0];
+  EXPECT_NE(g_lines[0].find("first in order"), std::string::npos) << g_lines[0];
+  EXPECT_NE(g_lines[0].find("sm90"), std::string::npos) << g_lines[0];
+}
+
+TEST_F(SelectTest, SkippedFasterBackendIsNamedWithItsRuleInOneInfoLine) {
+  FakeBackend cudnn(Backend::cudnn, "head_dim", "head dim d_qk = 264; supported: <= 256");
+  FakeBackend cuda(Backend::cuda);
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}}, hopper);
+  SmallProblem sp(Memory::device);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  ASSERT_TRUE(sel.chosen.has_value());
+  EXPECT_EQ(*sel.chosen, Backend::cuda);
+  ASSERT_EQ(g_lines.size(), 1u);
+  const std::string& line = g_lines[0];
+  EXPECT_NE(line.find("[strideattn] forward runs on cuda"), std::string::npos) << line;
+  EXPECT_NE(line.find("skipped cudnn: head_dim: head dim d_qk = 264; supported: <= 256"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("cpu:"), std::string::npos) << "slower backends are not listed: " << line;
+  EXPECT_EQ(sel.why, line.substr(std::string("[strideattn] ").size()));
+}
+
+TEST_F(SelectTest, HostMemoryPrefersCpuThenReference) {
+  FakeBackend cpu(Backend::cpu, "dtype", "f32 not supported"), ref(Backend::reference);
+  FakeBackend cudnn(Backend::cudnn, "memory", "host"), cuda(Backend::cuda, "memory", "host");
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
+                           {Backend::reference, &ref}},
+                          hopper);
+  SmallProblem sp(Memory::host);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  ASSERT_TRUE(sel.chosen.has_value());
+  EXPECT_EQ(*sel.chosen, Backend::reference);
+  EXPECT_EQ(sel.verdicts[0].backend, Backend::cpu);
+  EXPECT_EQ(sel.verdicts[1].backend, Backend::reference);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_NE(g_lines[0].find("skipped cpu: dtype: f32 not supported"), std::string::npos) << g_lines[0];
+}
+
+TEST_F(SelectTest, EnvironmentOverrideWinsOverOrder) {
+  FakeBackend cpu(Backend::cpu), ref(Backend::reference);
+  ScopedBackendOverride o({{Backend::cpu, &cpu}, {Backend::reference, &ref}});
+  setenv("STRIDEATTN_BACKEND", "reference", 1);
+  SmallProblem sp(Memory::host);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  ASSERT_TRUE(sel.chosen.has_value());
+  EXPECT_EQ(*sel.chosen, Backend::reference);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_NE(g_lines[0].find("runs on reference (STRIDEATTN_BACKEND=reference)"), std::string::npos)
+      << g_lines[0];
+  // An explicit request in the arguments is not overridden by the environment.
+  Selection explicit_sel = select_backend(sp.problem(), Backend::cpu);
+  ASSERT_TRUE(explicit_sel.chosen.has_value());
+  EXPECT_EQ(*explicit_sel.chosen, Backend::cpu);
+}
+
+TEST_F(SelectTest, BadEnvironmentValueIsInvalidArgument) {
+  setenv("STRIDEATTN_BACKEND", "flash", 1);
+  SmallProblem sp(Memory::host);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  EXPECT_FALSE(sel.chosen.has_value());
+  EXPECT_EQ(sel.status.code(), StatusCode::invalid_argument);
+  EXPECT_NE(sel.status.message().find("STRIDEATTN_BACKEND='flash'"), std::string::npos);
+  EXPECT_NE(sel.status.message().find("supported: auto, reference, cpu, cuda, cudnn"),
+            std::string::npos);
+}
+
+TEST_F(SelectTest, RequestedBackendThatRefusesGivesItsRule) {
+  FakeBackend cudnn(Backend::cudnn, "empty_rows", "query row 0 of sequence 0 sees no key");
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}}, hopper);
+  SmallProblem sp(Memory::device);
+  Selection sel = select_backend(sp.problem(), Backend::cudnn);
+  EXPECT_FALSE(sel.chosen.has_value());
+  EXPECT_EQ(sel.status.code(), StatusCode::unsupported);
+  EXPECT_EQ(sel.status.message(),
+            "backend 'cudnn' (requested) cannot run this problem: empty_rows: query row 0 of "
+            "sequence 0 sees no key");
+}
+
+TEST_F(SelectTest, NothingSupportedListsEveryBackendsRule) {
+  FakeBackend cudnn(Backend::cudnn, "gpu", "no usable CUDA device");
+  FakeBackend cpu(Backend::cpu, "memory", "tensors are in device memory");
+  FakeBackend ref(Backend::reference, "memory", "tensors are in device memory");
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, nullptr}, {Backend::cpu, &cpu},
+                           {Backend::reference, &ref}},
+                          Platform{});
+  SmallProblem sp(Memory::device);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  EXPECT_FALSE(sel.chosen.has_value());
+  EXPECT_EQ(sel.status.code(), StatusCode::unsupported);
+  const std::string& m = sel.status.message();
+  EXPECT_NE(m.find("cudnn: gpu: no usable CUDA device"), std::string::npos) << m;
+  EXPECT_NE(m.find("cuda: compiled: backend 'cuda' is not part of this build"), std::string::npos) << m;
+  EXPECT_NE(m.find("cpu: memory:"), std::string::npos) << m;
+  EXPECT_NE(m.find("reference: memory:"), std::string::npos) << m;
+  EXPECT_NE(g_lines.at(0).find("no GPU visible"), std::string::npos) << "class named in the log";
+}
+
+TEST_F(SelectTest, DebugListsTheClassAndEveryVerdict) {
+  set_log_level_for_testing(LogLevel::debug);
+  FakeBackend cudnn(Backend::cudnn, "alignment", "q seq stride 1155 elements");
+  FakeBackend cuda(Backend::cuda), cpu(Backend::cpu, "memory", "m"), ref(Backend::reference, "memory", "m");
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
+                           {Backend::reference, &ref}},
+                          hopper);
+  SmallProblem sp(Memory::device);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  ASSERT_TRUE(sel.chosen.has_value());
+  ASSERT_EQ(g_lines.size(), 6u);  // class line, four verdicts, the info line
+  EXPECT_NE(g_lines[0].find("class 'sm90 device'"), std::string::npos) << g_lines[0];
+  EXPECT_NE(g_lines[0].find("FIELD.md"), std::string::npos) << "source of the order: " << g_lines[0];
+  EXPECT_NE(g_lines[1].find("verdict 1/4 cudnn: alignment: q seq stride 1155"), std::string::npos) << g_lines[1];
+  EXPECT_NE(g_lines[2].find("verdict 2/4 cuda: supported"), std::string::npos) << g_lines[2];
+  EXPECT_NE(g_lines[3].find("verdict 3/4 cpu: memory: m"), std::string::npos) << g_lines[3];
+  EXPECT_NE(g_lines[5].find("forward runs on cuda"), std::string::npos) << g_lines[5];
+}
+
+TEST_F(SelectTest, LogOffPrintsNothing) {
+  set_log_level_for_testing(LogLevel::off);
+  FakeBackend cpu(Backend::cpu);
+  ScopedBackendOverride o({{Backend::cpu, &cpu}});
+  SmallProblem sp(Memory::host);
+  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  EXPECT_TRUE(sel.chosen.has_value());
+  EXPECT_TRUE(g_lines.empty());
+}
+
+TEST_F(SelectTest, PublicForwardRunsTheChosenBackendAndExplainShowsEveryVerdict) {
+  FakeBackend cudnn(Backend::cudnn, "window", "window (3,0) does not map");
+  FakeBackend cuda(Backend::cuda);
+  FakeBackend cpu(Backend::cpu, "memory", "m"), ref(Backend::reference, "memory", "m");
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
+                           {Backend::reference, &ref}},
+                          hopper);
+  SmallProblem sp(Memory::device);
+  Status s = forward(sp.args);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(cuda.forward_calls, 1);
+  EXPECT_EQ(cudnn.forward_calls, 0);
+
+  Explanation ex = explain(sp.args);
+  ASSERT_TRUE(ex.validation.ok());
+  ASSERT_TRUE(ex.chosen.has_value());
+  EXPECT_EQ(*ex.chosen, Backend::cuda);
+  ASSERT_EQ(ex.verdicts.size(), 4u);
+  EXPECT_EQ(ex.verdicts[0].backend, Backend::cudnn);
+  EXPECT_EQ(ex.verdicts[0].rule, "window");
+  EXPECT_TRUE(ex.verdicts[1].supported);
+}
+
+TEST_F(SelectTest, OverridesNestAndRestore) {
+  FakeBackend a(Backend::cpu, "r1", "outer"), b(Backend::cpu, "r2", "inner");
+  SmallProblem sp(Memory::host);
+  {
+    ScopedBackendOverride outer({{Backend::cpu, &a}});
+    {
+      ScopedBackendOverride inner({{Backend::cpu, &b}}, hopper);
+      EXPECT_EQ(backend_impl(Backend::cpu), &b);
+      EXPECT_EQ(platform().sm, 90);
+    }
+    EXPECT_EQ(backend_impl(Backend::cpu), &a);
+  }
+  EXPECT_NE(backend_impl(Backend::cpu), &a);
+}
+
+}  // namespace
+}  // namespace strideattn::detail
