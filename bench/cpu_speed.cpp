@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,8 +60,13 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(clock::now().time_since_epoch()).count();
 }
 
-// Median wall time of `runs` runs of forward (and backward when `grad`), or -1 on error.
-double time_backend(Buffers& buf, Backend backend, bool grad, int runs) {
+struct Timing {
+  double wall_ms = -1;  // median wall time
+  double cpu_ms = -1;   // median process CPU time (all threads): robust on a busy machine
+};
+
+// Median times of `runs` runs of forward (and backward when `grad`); wall_ms < 0 on error.
+Timing time_backend(Buffers& buf, Backend backend, bool grad, int runs) {
   strideattn::ForwardArgs fa;
   fa.q = buf.view(buf.q), fa.k = buf.view(buf.k), fa.v = buf.view(buf.v), fa.o = buf.view(buf.o);
   fa.lse = buf.lse_view();
@@ -72,21 +78,25 @@ double time_backend(Buffers& buf, Backend backend, bool grad, int runs) {
   ba.dq = buf.view(buf.dq), ba.dk = buf.view(buf.dk), ba.dv = buf.view(buf.dv);
   ba.options = fa.options;
   ba.backend = backend;
-  std::vector<double> times;
+  std::vector<double> walls, cpus;
   for (int r = 0; r < runs; ++r) {
     const double t0 = now_ms();
+    const std::clock_t c0 = std::clock();
     strideattn::Status st = strideattn::forward(fa);
     if (st.ok() && grad) st = strideattn::backward(ba);
+    const std::clock_t c1 = std::clock();
     const double t1 = now_ms();
     if (!st.ok()) {
       std::fprintf(stderr, "%s: %s\n", std::string(strideattn::to_string(backend)).c_str(),
                    st.message().c_str());
-      return -1;
+      return {};
     }
-    times.push_back(t1 - t0);
+    walls.push_back(t1 - t0);
+    cpus.push_back(1000.0 * double(c1 - c0) / CLOCKS_PER_SEC);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::sort(walls.begin(), walls.end());
+  std::sort(cpus.begin(), cpus.end());
+  return {walls[walls.size() / 2], cpus[cpus.size() / 2]};
 }
 
 }  // namespace
@@ -118,13 +128,14 @@ int main(int argc, char** argv) {
   for (bool grad : {false, true}) {
     const double flops = grad ? fwd_flops * 3.5 : fwd_flops;
     const char* what = grad ? "fwd+bwd" : "fwd    ";
-    const double t_cpu = time_backend(buf, Backend::cpu, grad, runs);
-    const double t_ref = cpu_only ? -1 : time_backend(buf, Backend::reference, grad, runs);
-    if (t_cpu < 0) rc = 1;
-    std::printf("%s  cpu %9.1f ms (%6.2f GFLOP/s)", what, t_cpu, flops / (t_cpu * 1e6));
-    if (t_ref > 0)
-      std::printf("  reference %9.1f ms (%6.2f GFLOP/s)  speedup %.1fx", t_ref,
-                  flops / (t_ref * 1e6), t_ref / t_cpu);
+    const Timing cpu = time_backend(buf, Backend::cpu, grad, runs);
+    const Timing ref = cpu_only ? Timing{} : time_backend(buf, Backend::reference, grad, runs);
+    if (cpu.wall_ms < 0 || (!cpu_only && ref.wall_ms < 0)) rc = 1;
+    std::printf("%s  cpu %8.1f ms wall (%6.2f GFLOP/s, %8.1f ms cpu time)", what, cpu.wall_ms,
+                flops / (cpu.wall_ms * 1e6), cpu.cpu_ms);
+    if (ref.wall_ms > 0)
+      std::printf("  reference %8.1f ms wall (%8.1f ms cpu time)  speedup %.1fx wall, %.1fx cpu time",
+                  ref.wall_ms, ref.cpu_ms, ref.wall_ms / cpu.wall_ms, ref.cpu_ms / cpu.cpu_ms);
     std::printf("\n");
   }
   return rc;

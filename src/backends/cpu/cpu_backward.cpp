@@ -5,9 +5,9 @@
 //   2. dK, dV: item = (sequence, KV head, key tile). For each query head of the GQA group
 //      and each query tile in kernel::query_range_for_keys: recompute P = exp(scale S - LSE)
 //      from Q, K and the given LSE; dV += P^T dO; dP = dO V^T; dS = P * (dP - D);
-//      dK += dS^T Q. dK (times scale) and dV are written once, summed over the group.
+//      dK += dS^T (scale Q). dK and dV are written once, summed over the group.
 //   3. dQ: item = (sequence, query head, query tile). For each key tile in
-//      kernel::key_range_for_rows recompute P and dS the same way; dQ += dS K.
+//      kernel::key_range_for_rows recompute P and dS the same way; dQ = scale * sum dS K.
 // Varlen padding tokens of dQ, dK and dV are written as 0.
 #include <atomic>
 #include <cmath>
@@ -98,7 +98,8 @@ void load_kv(const kernel::AttentionParams& a, DType dt, const Views& vw, std::i
 void load_rows(const kernel::AttentionParams& a, DType dt, const Views& vw, DTable& dtab,
                std::int64_t b, std::int64_t h, std::int64_t r0, std::int64_t rows, Scratch& w) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq);
+    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq,
+             a.scale);  // scale Q: S = (scale Q) K^T and dK = dS^T (scale Q)
     load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), w.dv,
              w.d_o.data() + r * w.dv);
     w.lse[r] = a.lse[kernel::lse_offset(a.q_seq, a.lse_st, b, h, r0 + r)];
@@ -107,7 +108,7 @@ void load_rows(const kernel::AttentionParams& a, DType dt, const Views& vw, DTab
 }
 
 // For the tile rows [r0, r0 + rows) x keys [c0, c0 + nc) with Q, dO, K^T, V^T loaded:
-// P = exp(scale * Q K^T - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
+// P = exp((scale Q) K^T - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
 // dS = P * (dO V^T - D). Results in w.p and w.ds.
 void recompute_tile(const kernel::AttentionParams& a, const kernel::MaskRule& mask,
                     std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t nc,
@@ -130,10 +131,8 @@ void recompute_tile(const kernel::AttentionParams& a, const kernel::MaskRule& ma
     const float lse = w.lse[r], delta = w.delta[r];
     if (lse == kNegInf) j1 = j0;  // row sees no key at all: P = 0
     for (std::int64_t j = 0; j < j0; ++j) pr[j] = dsr[j] = 0.f;
-    for (std::int64_t j = j0; j < j1; ++j) {
-      pr[j] = std::exp(pr[j] * a.scale - lse);
-      dsr[j] = pr[j] * (dsr[j] - delta);
-    }
+    (void)exp_sub_sum(pr + j0, j1 - j0, lse);
+    for (std::int64_t j = j0; j < j1; ++j) dsr[j] = pr[j] * (dsr[j] - delta);
     for (std::int64_t j = j1; j < nc; ++j) pr[j] = dsr[j] = 0.f;
   }
 }
@@ -177,8 +176,7 @@ void key_tile(const kernel::AttentionParams& a, DType dt, const Item& it, DTable
     }
   }
   for (std::int64_t j = 0; j < nc; ++j) {
-    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, dk + j * w.dq,
-              a.scale);
+    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, dk + j * w.dq);
     store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), w.dv, dv + j * w.dv);
   }
 }

@@ -1,6 +1,6 @@
 // Shared pieces of the `cpu` backend: tile sizes, the one-shot thread pool, strided row
-// loads/stores through the dtype, the small fp32 GEMM the tiles use, and the varlen padding
-// bookkeeping. All index arithmetic comes from src/common/attention_math.hpp (the same
+// loads/stores through the dtype, and the varlen padding bookkeeping (the fp32 inner loops
+// are in cpu_kernels.hpp). All index arithmetic comes from src/common/attention_math.hpp (the same
 // functions the CUDA kernels use); this file only adds host-side plumbing.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/attention_math.hpp"
+#include "backends/cpu/cpu_kernels.hpp"
 #include "common/dtype.hpp"
 #include "problem/problem.hpp"
 
@@ -89,41 +90,6 @@ inline void zero_row(void* base, DType dt, std::int64_t offset, std::int64_t n) 
     std::fill_n(static_cast<float*>(base) + offset, n, 0.f);
   } else {
     std::fill_n(static_cast<std::uint16_t*>(base) + offset, n, std::uint16_t{0});  // +0 in f16/bf16
-  }
-}
-
-// ------------------------------------------------------------------------------ GEMM
-
-// C[m][0..n) += sum_k A(m, k) * B[k][0..n) for m < rows, k < depth; A(m, k) =
-// a[m * a_row + k * a_col] (so a transposed operand needs no copy), B rows `ldb` apart,
-// C rows `ldc` apart. The inner loop runs over contiguous n and vectorizes without
-// reassociating sums; two C rows per pass reuse each B row load.
-inline void gemm_acc(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a,
-                     std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
-                     float* c, std::int64_t ldc) {
-  std::int64_t m = 0;
-  for (; m + 2 <= rows; m += 2) {
-    float* __restrict c0 = c + m * ldc;
-    float* __restrict c1 = c0 + ldc;
-    for (std::int64_t k = 0; k < depth; ++k) {
-      const float x0 = a[m * a_row + k * a_col];
-      const float x1 = a[(m + 1) * a_row + k * a_col];
-      if (x0 == 0.f && x1 == 0.f) continue;  // masked P / dS entries
-      const float* __restrict bk = b + k * ldb;
-      for (std::int64_t j = 0; j < n; ++j) {
-        c0[j] += x0 * bk[j];
-        c1[j] += x1 * bk[j];
-      }
-    }
-  }
-  for (; m < rows; ++m) {
-    float* __restrict c0 = c + m * ldc;
-    for (std::int64_t k = 0; k < depth; ++k) {
-      const float x0 = a[m * a_row + k * a_col];
-      if (x0 == 0.f) continue;
-      const float* __restrict bk = b + k * ldb;
-      for (std::int64_t j = 0; j < n; ++j) c0[j] += x0 * bk[j];
-    }
   }
 }
 

@@ -72,7 +72,8 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratc
   float* s = w.s.data();
   float* o = w.o.data();
   for (std::int64_t r = 0; r < rows; ++r)
-    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq);
+    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq,
+             a.scale);  // S = (scale Q) K^T
   std::fill_n(o, rows * dv, 0.f);
   std::fill_n(w.m.data(), rows, kNegInf);
   std::fill_n(w.l.data(), rows, 0.f);
@@ -87,7 +88,7 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratc
       load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), dv,
                w.v.data() + j * dv);
     }
-    // S = Q K^T (unscaled; the scale is applied with the mask below).
+    // S = (scale Q) K^T
     std::fill_n(s, rows * kBlockKeys, 0.f);
     gemm_acc(rows, nc, dq, q, dq, 1, w.kt.data(), kBlockKeys, s, kBlockKeys);
 
@@ -100,21 +101,14 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratc
         j1 = kernel::max64(kernel::min64(mask.key_end(it.r0 + r) - c0, nc), j0);
       }
       float mx = kNegInf;
-      for (std::int64_t j = j0; j < j1; ++j) {
-        sr[j] *= a.scale;
-        mx = std::max(mx, sr[j]);
-      }
+      for (std::int64_t j = j0; j < j1; ++j) mx = std::max(mx, sr[j]);
       const float m_new = std::max(w.m[r], mx);
       if (m_new == kNegInf || j0 == j1) {  // nothing visible in this tile for this row
         std::fill_n(sr, nc, 0.f);
         continue;
       }
-      float sum = 0.f;
       for (std::int64_t j = 0; j < j0; ++j) sr[j] = 0.f;
-      for (std::int64_t j = j0; j < j1; ++j) {
-        sr[j] = std::exp(sr[j] - m_new);
-        sum += sr[j];
-      }
+      const float sum = exp_sub_sum(sr + j0, j1 - j0, m_new);
       for (std::int64_t j = j1; j < nc; ++j) sr[j] = 0.f;
       const float alpha = std::exp(w.m[r] - m_new);  // 0 when m was -inf
       if (alpha != 1.f) {

@@ -1,0 +1,169 @@
+// The `cpu` backend's inner loops on contiguous fp32 tile buffers: the accumulate-GEMM the
+// tiles use (S = Q K^T, O += P V, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K) and
+// exp over a row segment. Each has a portable version and, on x86-64 with GCC or Clang, an
+// AVX2+FMA version chosen once at run time (the library is built for the baseline ISA, so
+// no build flag is needed and older CPUs still run the portable code).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#include <immintrin.h>
+#define STRIDEATTN_CPU_AVX2 1
+#define SA_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
+namespace strideattn::detail::cpu {
+
+// ------------------------------------------------------------------------------ portable
+
+// C[m][0..n) += sum_k A(m, k) * B[k][0..n) for m < rows, k < depth, where
+// A(m, k) = a[m * a_row + k * a_col] (a transposed operand needs no copy), B rows `ldb`
+// apart and C rows `ldc` apart. Summation order over k is fixed (k ascending) in every
+// version, so results do not depend on threads.
+inline void gemm_acc_portable(std::int64_t rows, std::int64_t n, std::int64_t depth,
+                              const float* a, std::int64_t a_row, std::int64_t a_col,
+                              const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  for (std::int64_t m = 0; m < rows; ++m) {
+    float* __restrict cm = c + m * ldc;
+    for (std::int64_t k = 0; k < depth; ++k) {
+      const float x = a[m * a_row + k * a_col];
+      const float* __restrict bk = b + k * ldb;
+      for (std::int64_t j = 0; j < n; ++j) cm[j] += x * bk[j];
+    }
+  }
+}
+
+// x[j] = exp(x[j] - shift) for j < n; returns the sum of the results.
+inline float exp_sub_sum_portable(float* x, std::int64_t n, float shift) {
+  float sum = 0.f;
+  for (std::int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - shift);
+    sum += x[j];
+  }
+  return sum;
+}
+
+// ------------------------------------------------------------------------------ AVX2 + FMA
+#ifdef STRIDEATTN_CPU_AVX2
+
+// R rows x (V * 8) columns of C held in registers across the whole k loop.
+template <int R, int V>
+SA_AVX2 inline void gemm_block_avx2(std::int64_t depth, const float* a, std::int64_t a_row,
+                                    std::int64_t a_col, const float* b, std::int64_t ldb,
+                                    float* c, std::int64_t ldc) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_loadu_ps(c + r * ldc + 8 * v);
+  for (std::int64_t k = 0; k < depth; ++k) {
+    __m256 bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = _mm256_loadu_ps(b + k * ldb + 8 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(a + r * a_row + k * a_col);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(x, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
+}
+
+template <int R>
+SA_AVX2 inline void gemm_rows_avx2(std::int64_t n, std::int64_t depth, const float* a,
+                                   std::int64_t a_row, std::int64_t a_col, const float* b,
+                                   std::int64_t ldb, float* c, std::int64_t ldc) {
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) gemm_block_avx2<R, 2>(depth, a, a_row, a_col, b + j, ldb, c + j, ldc);
+  for (; j + 8 <= n; j += 8) gemm_block_avx2<R, 1>(depth, a, a_row, a_col, b + j, ldb, c + j, ldc);
+  if (j < n) {
+    for (int r = 0; r < R; ++r)
+      for (std::int64_t k = 0; k < depth; ++k) {
+        const float x = a[r * a_row + k * a_col];
+        for (std::int64_t t = j; t < n; ++t) c[r * ldc + t] = std::fma(x, b[k * ldb + t], c[r * ldc + t]);
+      }
+  }
+}
+
+SA_AVX2 inline void gemm_acc_avx2(std::int64_t rows, std::int64_t n, std::int64_t depth,
+                                  const float* a, std::int64_t a_row, std::int64_t a_col,
+                                  const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  std::int64_t m = 0;
+  for (; m + 4 <= rows; m += 4)
+    gemm_rows_avx2<4>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
+  for (; m < rows; ++m)
+    gemm_rows_avx2<1>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
+}
+
+// exp for 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-5
+// polynomial, 2^n through the exponent bits); about 1 ulp on [-87, 88]. Inputs below
+// -87.3 give 0 (the 2^n factor underflows), which is what softmax wants.
+SA_AVX2 inline __m256 exp_avx2(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+SA_AVX2 inline float exp_sub_sum_avx2(float* x, std::int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
+    _mm256_storeu_ps(x + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+              ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  const int rest = static_cast<int>(n - j);  // 0..7
+  if (rest > 0) {
+    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int t = 0; t < rest && t < 8; ++t) tail[t] = x[j + t] - shift;
+    _mm256_store_ps(tail, exp_avx2(_mm256_load_ps(tail)));
+    for (int t = 0; t < rest && t < 8; ++t) {
+      x[j + t] = tail[t];
+      sum += tail[t];
+    }
+  }
+  return sum;
+}
+
+inline bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif  // STRIDEATTN_CPU_AVX2
+
+// ------------------------------------------------------------------------------ dispatch
+
+inline void gemm_acc(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a,
+                     std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
+                     float* c, std::int64_t ldc) {
+#ifdef STRIDEATTN_CPU_AVX2
+  if (have_avx2()) return gemm_acc_avx2(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
+#endif
+  gemm_acc_portable(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
+}
+
+inline float exp_sub_sum(float* x, std::int64_t n, float shift) {
+#ifdef STRIDEATTN_CPU_AVX2
+  if (have_avx2()) return exp_sub_sum_avx2(x, n, shift);
+#endif
+  return exp_sub_sum_portable(x, n, shift);
+}
+
+}  // namespace strideattn::detail::cpu
