@@ -1,1 +1,283 @@
-// STUB: C ABI (owner: validation helper).
+// The C ABI (include/strideattn/strideattn.h) over the C++ API: converts the plain-C argument
+// structs to ForwardArgs / BackwardArgs, calls the library, and turns the Status into a
+// code plus a message copied into the caller's buffer. No exception, and no C++ type,
+// crosses the boundary. Built into the shared library strideattn_c (src/CMakeLists.txt).
+#include "strideattn/strideattn.h"
+
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "strideattn/strideattn.hpp"
+
+namespace {
+
+using namespace strideattn;
+
+// Sizes of the version-1 structs: the smallest struct_size a caller may pass.
+constexpr std::size_t kForwardV1Size = sizeof(sa_forward_args);
+constexpr std::size_t kBackwardV1Size = sizeof(sa_backward_args);
+
+void write_text(const std::string& text, char* buf, std::size_t len) {
+  if (buf == nullptr || len == 0) return;
+  const std::size_t n = text.size() < len - 1 ? text.size() : len - 1;
+  std::memcpy(buf, text.data(), n);
+  buf[n] = '\0';
+}
+
+int finish(const Status& s, char* msg, std::size_t msg_len) {
+  write_text(s.message(), msg, msg_len);
+  return static_cast<int>(s.code());
+}
+
+Status invalid(const std::string& m) { return Status(StatusCode::invalid_argument, m); }
+
+// Copies the caller's struct into a zero-initialised current one, honouring struct_size.
+template <class T>
+Status read_struct(const T* in, std::size_t min_size, const char* type_name, T* out) {
+  *out = T{};
+  if (in == nullptr) return invalid(std::string(type_name) + " is null");
+  const std::size_t size = in->struct_size;
+  if (size < min_size)
+    return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) + "; supported: >= " +
+                   std::to_string(min_size) + " (set it to sizeof(" + type_name + "))");
+  if (size > sizeof(T)) {
+    // A newer caller: accept when every field this library does not know is zero.
+    const auto* extra = reinterpret_cast<const unsigned char*>(in) + sizeof(T);
+    for (std::size_t i = 0; i < size - sizeof(T); ++i) {
+      if (extra[i] != 0)
+        return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) +
+                       " with non-zero fields past byte " + std::to_string(sizeof(T)) +
+                       " that this library (" + std::string(version()) + ") does not know");
+    }
+  }
+  std::memcpy(static_cast<void*>(out), in, size < sizeof(T) ? size : sizeof(T));
+  return Status::Ok();
+}
+
+TensorView to_view(const sa_tensor_view& v) {
+  TensorView t;
+  t.data = v.data;
+  t.dtype = static_cast<DType>(v.dtype);  // unknown values are reported by validation
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = v.shape[i];
+    t.stride[i] = v.stride[i];
+  }
+  return t;
+}
+
+LseView to_lse(const sa_lse_view& v) {
+  LseView l;
+  l.data = v.data;
+  for (int i = 0; i < 3; ++i) {
+    l.shape[i] = v.shape[i];
+    l.stride[i] = v.stride[i];
+  }
+  return l;
+}
+
+AttentionOptions to_options(const sa_options& o) {
+  AttentionOptions a;
+  a.mask = static_cast<MaskKind>(o.mask);  // unknown values are reported by validation
+  if (o.has_window) a.window = Window{o.window_left, o.window_right};
+  if (o.scale != 0.0) a.scale = o.scale;
+  a.deterministic = o.deterministic != 0;
+  return a;
+}
+
+constexpr std::int64_t kMaxSequences = std::int64_t{1} << 31;
+
+Status to_varlen(const sa_varlen& in, Varlen* out) {
+  if (in.count == 0) return Status::Ok();
+  if (in.count < 0 || in.count > kMaxSequences)
+    return invalid("varlen: count is " + std::to_string(in.count) + "; supported: 0 (dense) to 2^31 sequences");
+  if (in.seqlens_q == nullptr || in.seqlens_kv == nullptr)
+    return invalid(std::string("varlen: count is ") + std::to_string(in.count) + " but seqlens_" +
+                   (in.seqlens_q == nullptr ? "q" : "kv") + " is null; supported: both length arrays given");
+  const auto n = static_cast<std::size_t>(in.count);
+  out->seqlens_q.assign(in.seqlens_q, in.seqlens_q + n);
+  out->seqlens_kv.assign(in.seqlens_kv, in.seqlens_kv + n);
+  if (in.offsets_q) out->offsets_q.assign(in.offsets_q, in.offsets_q + n);
+  if (in.offsets_kv) out->offsets_kv.assign(in.offsets_kv, in.offsets_kv + n);
+  return Status::Ok();
+}
+
+Status to_backend(std::int32_t b, Backend* out) {
+  switch (b) {
+    case SA_BACKEND_AUTO: *out = Backend::automatic; return Status::Ok();
+    case SA_BACKEND_REFERENCE: *out = Backend::reference; return Status::Ok();
+    case SA_BACKEND_CPU: *out = Backend::cpu; return Status::Ok();
+    case SA_BACKEND_CUDA: *out = Backend::cuda; return Status::Ok();
+    case SA_BACKEND_CUDNN: *out = Backend::cudnn; return Status::Ok();
+    default: break;
+  }
+  return invalid("backend " + std::to_string(b) +
+                 " is unknown; supported: 0 auto, 1 reference, 2 cpu, 3 cuda, 4 cudnn");
+}
+
+Status to_memory(std::int32_t m, Memory* out) {
+  if (m == SA_MEMORY_HOST || m == SA_MEMORY_DEVICE) {
+    *out = m == SA_MEMORY_HOST ? Memory::host : Memory::device;
+    return Status::Ok();
+  }
+  return invalid("memory " + std::to_string(m) + " is unknown; supported: 0 host, 1 device");
+}
+
+// Fields both argument structs share.
+template <class CArgs, class Args>
+Status convert_common(const CArgs& c, Args* a) {
+  a->q = to_view(c.q);
+  a->k = to_view(c.k);
+  a->v = to_view(c.v);
+  a->o = to_view(c.o);
+  a->lse = to_lse(c.lse);
+  a->options = to_options(c.options);
+  if (Status s = to_varlen(c.varlen, &a->varlen); !s.ok()) return s;
+  if (Status s = to_backend(c.backend, &a->backend); !s.ok()) return s;
+  if (Status s = to_memory(c.memory, &a->memory); !s.ok()) return s;
+  a->stream = c.stream;
+  a->workspace = c.workspace;
+  a->workspace_bytes = c.workspace_bytes;
+  return Status::Ok();
+}
+
+Status convert(const sa_forward_args* in, ForwardArgs* out) {
+  sa_forward_args c;
+  if (Status s = read_struct(in, kForwardV1Size, "sa_forward_args", &c); !s.ok()) return s;
+  return convert_common(c, out);
+}
+
+Status convert(const sa_backward_args* in, BackwardArgs* out) {
+  sa_backward_args c;
+  if (Status s = read_struct(in, kBackwardV1Size, "sa_backward_args", &c); !s.ok()) return s;
+  if (Status s = convert_common(c, out); !s.ok()) return s;
+  out->d_o = to_view(c.d_o);
+  out->dq = to_view(c.dq);
+  out->dk = to_view(c.dk);
+  out->dv = to_view(c.dv);
+  return Status::Ok();
+}
+
+// Runs `body` with every exception turned into a status.
+template <class F>
+int guarded(char* msg, std::size_t msg_len, F&& body) {
+  try {
+    return finish(body(), msg, msg_len);
+  } catch (const std::bad_alloc&) {
+    return finish(Status(StatusCode::backend_error, "out of host memory"), msg, msg_len);
+  } catch (const std::exception& e) {
+    return finish(Status(StatusCode::internal, std::string("internal error: ") + e.what()), msg, msg_len);
+  } catch (...) {
+    return finish(Status(StatusCode::internal, "internal error: unknown exception"), msg, msg_len);
+  }
+}
+
+std::string explanation_text(const Explanation& ex) {
+  std::string t;
+  if (!ex.validation.ok()) return "invalid: " + ex.validation.message() + "\n";
+  t += "layout: " + ex.layout + "\n";
+  for (const Verdict& v : ex.verdicts) {
+    t += std::string(to_string(v.backend)) + ": " + (v.supported ? "supported" : "unsupported");
+    if (!v.rule.empty()) t += " [" + v.rule + "]";
+    if (!v.reason.empty()) t += " " + v.reason;
+    t += "\n";
+  }
+  t += "auto: " + (ex.chosen ? std::string(to_string(*ex.chosen)) : std::string("no backend can run it")) + "\n";
+  return t;
+}
+
+template <class CArgs, class Args>
+int explain_c(const CArgs* in, char* buf, std::size_t len) {
+  try {
+    Args a;
+    if (Status s = convert(in, &a); !s.ok()) {
+      write_text("invalid: " + s.message() + "\n", buf, len);
+      return static_cast<int>(s.code());
+    }
+    const Explanation ex = explain(a);
+    write_text(explanation_text(ex), buf, len);
+    return static_cast<int>(ex.validation.code());
+  } catch (...) {
+    write_text("internal error while explaining\n", buf, len);
+    return SA_INTERNAL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+SA_API int sa_forward(const sa_forward_args* args, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    ForwardArgs a;
+    if (Status s = convert(args, &a); !s.ok()) return s;
+    return forward(a);
+  });
+}
+
+SA_API int sa_backward(const sa_backward_args* args, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    BackwardArgs a;
+    if (Status s = convert(args, &a); !s.ok()) return s;
+    return backward(a);
+  });
+}
+
+SA_API int sa_workspace_size(const sa_forward_args* args, size_t* bytes, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    if (bytes == nullptr) return invalid("sa_workspace_size: bytes is null");
+    *bytes = 0;
+    ForwardArgs a;
+    if (Status s = convert(args, &a); !s.ok()) return s;
+    return workspace_size(a, bytes);
+  });
+}
+
+SA_API int sa_backward_workspace_size(const sa_backward_args* args, size_t* bytes, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    if (bytes == nullptr) return invalid("sa_backward_workspace_size: bytes is null");
+    *bytes = 0;
+    BackwardArgs a;
+    if (Status s = convert(args, &a); !s.ok()) return s;
+    return workspace_size(a, bytes);
+  });
+}
+
+SA_API int sa_explain(const sa_forward_args* args, char* buf, size_t len) {
+  return explain_c<sa_forward_args, ForwardArgs>(args, buf, len);
+}
+
+SA_API int sa_explain_backward(const sa_backward_args* args, char* buf, size_t len) {
+  return explain_c<sa_backward_args, BackwardArgs>(args, buf, len);
+}
+
+SA_API const char* sa_version(void) {
+  static const std::string v(strideattn::version());
+  return v.c_str();
+}
+
+SA_API int sa_backend_compiled(int32_t backend) {
+  Backend b;
+  if (!to_backend(backend, &b).ok() || b == Backend::automatic) return 0;
+  return backend_compiled(b) ? 1 : 0;
+}
+
+SA_API const char* sa_status_name(int status) {
+  switch (status) {
+    case SA_OK: return "ok";
+    case SA_INVALID_ARGUMENT: return "invalid_argument";
+    case SA_UNSUPPORTED: return "unsupported";
+    case SA_BACKEND_ERROR: return "backend_error";
+    case SA_INTERNAL: return "internal";
+    default: return "unknown";
+  }
+}
+
+}  // extern "C"
+
+static_assert(static_cast<int>(strideattn::StatusCode::invalid_argument) == SA_INVALID_ARGUMENT);
+static_assert(static_cast<int>(strideattn::StatusCode::unsupported) == SA_UNSUPPORTED);
+static_assert(static_cast<int>(strideattn::StatusCode::backend_error) == SA_BACKEND_ERROR);
+static_assert(static_cast<int>(strideattn::StatusCode::internal) == SA_INTERNAL);
+static_assert(static_cast<int>(strideattn::DType::bf16) == SA_BF16 && static_cast<int>(strideattn::DType::f32) == SA_F32);
+static_assert(static_cast<int>(strideattn::MaskKind::causal_bottom_right) == SA_MASK_CAUSAL_BOTTOM_RIGHT);

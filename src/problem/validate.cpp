@@ -328,15 +328,12 @@ Status check_tensor_alone(const char* name, const TensorView& v) {
   if (!valid_dtype(v.dtype))
     return invalid(std::string(name) + ": dtype " + std::to_string(static_cast<int>(v.dtype)) +
                    " is unknown; supported: f16, bf16, f32");
-  if (Status s = check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride,
-                                  kTensorDims, kHeadDim);
-      !s.ok())
-    return s;
   if (v.shape[kHead] == 0)
     return invalid(std::string(name) + ": head extent is 0; supported: >= 1");
   if (v.shape[kHeadDim] == 0)
     return invalid(std::string(name) + ": head-dim extent is 0; supported: >= 1");
-  return Status::Ok();
+  return check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride, kTensorDims,
+                          kHeadDim);
 }
 
 // `a`'s extent of `dim` must equal `b`'s.

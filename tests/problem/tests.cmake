@@ -2,3 +2,9 @@
 # (owner: validation helper).
 strideattn_test(problem_validate_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/validate_test.cpp)
 strideattn_test(problem_layout_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/layout_test.cpp)
+
+# The C ABI through the shared library; c_header_check.c is compiled as C.
+enable_language(C)
+strideattn_test(c_api_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_api_test.cpp
+                                   ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_header_check.c)
+target_link_libraries(c_api_test PRIVATE strideattn_c)

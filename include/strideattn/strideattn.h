@@ -1,0 +1,150 @@
+/* strideattn C ABI: plain C for FFI (ctypes, cffi, Rust, Julia, ...), the shape of an
+ * nvte_*-style API but with strides. Every tensor is a pointer plus 64-bit element strides
+ * for each logical dimension [batch, seq, head, dim]; nothing derives a stride from a layout
+ * name. Built into the shared library libstrideattn_c.so (only sa_* symbols exported).
+ *
+ * Conventions:
+ *  - Argument structs start with `struct_size`: set it to sizeof(the struct) you compiled
+ *    against. Fields are only ever appended; an older caller's shorter struct gets defaults
+ *    for the fields it lacks, a newer caller's longer struct is accepted when the fields this
+ *    library does not know are zero.
+ *  - A zero-filled struct (plus struct_size) means every default: no mask, no window, the
+ *    default scale 1/sqrt(d_qk), automatic backend, host memory, no varlen, no LSE.
+ *  - Calls return an sa_status code; `msg` (may be NULL) receives one NUL-terminated line,
+ *    truncated to msg_len - 1 bytes, saying what was wrong ("" on success).
+ *  - Nothing is printed (unless STRIDEATTN_LOG is set) and nothing aborts or throws.
+ */
+#ifndef STRIDEATTN_STRIDEATTN_H_
+#define STRIDEATTN_STRIDEATTN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define SA_API __declspec(dllexport)
+#else
+#define SA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes (values of strideattn::StatusCode). */
+enum sa_status {
+  SA_OK = 0,
+  SA_INVALID_ARGUMENT = 1, /* the input breaks a rule of the contract */
+  SA_UNSUPPORTED = 2,      /* valid input the chosen backend cannot run (message says why) */
+  SA_BACKEND_ERROR = 3,    /* a backend failed at run time (CUDA/cuDNN error, out of memory) */
+  SA_INTERNAL = 4
+};
+
+enum sa_dtype { SA_F16 = 0, SA_BF16 = 1, SA_F32 = 2 };
+
+enum sa_mask {
+  SA_MASK_NONE = 0,
+  SA_MASK_CAUSAL = 1,              /* top-left aligned: key j visible from query i iff j <= i */
+  SA_MASK_CAUSAL_BOTTOM_RIGHT = 2  /* j <= i + s_kv - s_q */
+};
+
+enum sa_backend {
+  SA_BACKEND_AUTO = 0, /* STRIDEATTN_BACKEND overrides it */
+  SA_BACKEND_REFERENCE = 1,
+  SA_BACKEND_CPU = 2,
+  SA_BACKEND_CUDA = 3,
+  SA_BACKEND_CUDNN = 4
+};
+
+enum sa_memory { SA_MEMORY_HOST = 0, SA_MEMORY_DEVICE = 1 };
+
+/* A strided tensor: logical shape [b, s, h, d] (varlen: b = 1, s counts tokens), strides
+ * in elements. The head-dim stride must be 1; size-1 dims may carry any stride. */
+typedef struct sa_tensor_view {
+  void* data;
+  int32_t dtype; /* enum sa_dtype */
+  int64_t shape[4];
+  int64_t stride[4];
+} sa_tensor_view;
+
+/* Log-sum-exp per attention row, fp32, natural log; logical [b, h, s_q] (varlen: [1, h,
+ * tokens_q]). data == NULL: forward does not write it (backward requires it). */
+typedef struct sa_lse_view {
+  float* data;
+  int64_t shape[3];
+  int64_t stride[3];
+} sa_lse_view;
+
+/* Varlen (THD), host memory: `count` sequences (0: dense problem). Sequence i has
+ * seqlens_q[i] query tokens starting at token offsets_q[i] of q's seq dimension (and
+ * likewise for kv). offsets_q / offsets_kv may be NULL: packed back to back. */
+typedef struct sa_varlen {
+  int64_t count;
+  const int64_t* seqlens_q;
+  const int64_t* seqlens_kv;
+  const int64_t* offsets_q;
+  const int64_t* offsets_kv;
+} sa_varlen;
+
+/* Options shared by forward and backward. */
+typedef struct sa_options {
+  int32_t mask;          /* enum sa_mask */
+  int32_t has_window;    /* 0: no sliding window (window_left/right ignored) */
+  int64_t window_left;   /* query i sees keys i + s_kv - s_q - left ..            */
+  int64_t window_right;  /* .. i + s_kv - s_q + right; -1 = unbounded on that side */
+  double scale;          /* 0: default 1/sqrt(d_qk) */
+  int32_t deterministic; /* backward: bitwise reproducible run to run */
+} sa_options;
+
+typedef struct sa_forward_args {
+  size_t struct_size; /* sizeof(sa_forward_args) */
+  sa_tensor_view q, k, v; /* [b,s_q,h,d_qk], [b,s_kv,hg,d_qk], [b,s_kv,hg,d_v] */
+  sa_tensor_view o;       /* [b,s_q,h,d_v], written */
+  sa_lse_view lse;        /* optional output */
+  sa_options options;
+  sa_varlen varlen;
+  int32_t backend; /* enum sa_backend */
+  int32_t memory;  /* enum sa_memory */
+  void* stream;    /* cudaStream_t for GPU backends */
+  void* workspace; /* optional, see sa_workspace_size; NULL: the library allocates */
+  size_t workspace_bytes;
+} sa_forward_args;
+
+typedef struct sa_backward_args {
+  size_t struct_size; /* sizeof(sa_backward_args) */
+  sa_tensor_view q, k, v, o, d_o; /* inputs; o is the forward's output */
+  sa_lse_view lse;                /* required input: the forward's LSE */
+  sa_tensor_view dq, dk, dv;      /* written; dk, dv summed over each GQA group */
+  sa_options options;
+  sa_varlen varlen;
+  int32_t backend;
+  int32_t memory;
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+} sa_backward_args;
+
+SA_API int sa_forward(const sa_forward_args* args, char* msg, size_t msg_len);
+SA_API int sa_backward(const sa_backward_args* args, char* msg, size_t msg_len);
+
+/* Bytes of scratch the backend that would run needs. */
+SA_API int sa_workspace_size(const sa_forward_args* args, size_t* bytes, char* msg, size_t msg_len);
+SA_API int sa_backward_workspace_size(const sa_backward_args* args, size_t* bytes, char* msg,
+                                      size_t msg_len);
+
+/* Writes a text explanation (NUL-terminated, truncated to len - 1 bytes): the layout
+ * description, then one line per backend with its verdict and reason, then the backend
+ * `auto` would run. Returns the validation status (SA_OK when the input is valid). */
+SA_API int sa_explain(const sa_forward_args* args, char* buf, size_t len);
+SA_API int sa_explain_backward(const sa_backward_args* args, char* buf, size_t len);
+
+/* The library version ("0.1.0"); whether a backend is compiled in (1) or not (0). */
+SA_API const char* sa_version(void);
+SA_API int sa_backend_compiled(int32_t backend);
+/* "ok", "invalid_argument", ... for an sa_status value. */
+SA_API const char* sa_status_name(int status);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRIDEATTN_STRIDEATTN_H_ */
