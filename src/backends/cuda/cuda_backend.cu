@@ -1,0 +1,280 @@
+// Host side of the `cuda` backend: the support rules (device memory, f16/bf16, head dims,
+// a GPU of compute capability >= 8.0), the workspace (device copies of the varlen tables,
+// the backward's delta rows), the alignment choice between the 16-byte and element-wise
+// load paths per tensor, and the launch sequence of each direction.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/kernel_params.hpp"
+#include "common/log.hpp"
+#include "dispatch/backend.hpp"
+#include "dispatch/select.hpp"
+#include "problem/params.hpp"
+
+namespace strideattn::detail {
+
+namespace {
+
+using cuda_impl::KernelParams;
+
+constexpr std::int64_t kMaxHeadDim = 256;
+constexpr std::int64_t kMaxGridYZ = 65535;
+constexpr std::size_t kAlign = 256;
+
+std::size_t round_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// ---------------------------------------------------------------- support rules
+
+std::vector<const TensorView*> used_views(const Problem& p) {
+  std::vector<const TensorView*> v{&p.q, &p.k, &p.v, &p.o};
+  if (p.is_backward()) v.insert(v.end(), {&p.d_o, &p.dq, &p.dk, &p.dv});
+  return v;
+}
+
+const std::vector<SupportRule>& rules() {
+  static const std::vector<SupportRule> list = {
+      memory_rule(Memory::device),
+      {"dtype",
+       [](const Problem& p) -> std::optional<std::string> {
+         if (p.dtype == DType::f16 || p.dtype == DType::bf16) return std::nullopt;
+         return "dtype " + std::string(to_string(p.dtype)) +
+                "; supported: f16, bf16 (tensor-core kernels with fp32 accumulation)";
+       }},
+      {"head_dim",
+       [](const Problem& p) -> std::optional<std::string> {
+         for (auto [name, d] : {std::pair{"d_qk", p.d_qk}, std::pair{"d_v", p.d_v}})
+           if (d <= 0 || d % 8 != 0 || d > kMaxHeadDim)
+             return std::string(name) + " = " + std::to_string(d) +
+                    "; supported: multiples of 8 up to " + std::to_string(kMaxHeadDim);
+         return std::nullopt;
+       }},
+      {"head_dim_stride",
+       [](const Problem& p) -> std::optional<std::string> {
+         for (const TensorView* v : used_views(p))
+           if (v->shape[kHeadDim] > 1 && v->stride[kHeadDim] != 1)
+             return "a head-dim stride of " + std::to_string(v->stride[kHeadDim]) +
+                    "; supported: 1";
+         return std::nullopt;
+       }},
+      {"grid",
+       [](const Problem& p) -> std::optional<std::string> {
+         if (p.heads > kMaxGridYZ || p.batch > kMaxGridYZ)
+           return "heads = " + std::to_string(p.heads) + ", sequences = " + std::to_string(p.batch) +
+                  "; supported: at most " + std::to_string(kMaxGridYZ) + " each";
+         return std::nullopt;
+       }},
+      {"gpu",
+       [](const Problem&) -> std::optional<std::string> {
+         int device = 0;
+         if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+           cudaGetLastError();
+           return std::string("no usable CUDA device (") + cudaGetErrorString(e) +
+                  "); supported: a GPU of compute capability >= 8.0";
+         }
+         int major = 0, minor = 0;
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+         if (major < 8)
+           return "device " + std::to_string(device) + " has compute capability " +
+                  std::to_string(major) + "." + std::to_string(minor) +
+                  "; supported: >= 8.0 (mma.sync bf16, cp.async)";
+         return std::nullopt;
+       }},
+  };
+  return list;
+}
+
+// ---------------------------------------------------------------- layout of the workspace
+
+struct WorkspacePlan {
+  std::size_t tables = 0;  // 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
+  std::size_t delta = 0;   // backward: fp32 [q batch extent][heads][q tokens]
+  [[nodiscard]] std::size_t total() const { return tables + delta; }
+};
+
+WorkspacePlan plan_workspace(const Problem& p) {
+  WorkspacePlan w;
+  if (p.varlen) w.tables = round_up(4 * std::size_t(p.batch) * sizeof(std::int64_t));
+  if (p.is_backward())
+    w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
+                       std::size_t(p.q.shape[kSeq]) * sizeof(float));
+  return w;
+}
+
+// ---------------------------------------------------------------- alignment of each view
+
+bool strides_multiple_of(const TensorView& v, std::int64_t m) {
+  for (int d : {kBatch, kSeq, kHead})
+    if (v.shape[d] > 1 && v.stride[d] % m != 0) return false;
+  return true;
+}
+bool vector_loadable(const TensorView& v) {
+  return reinterpret_cast<std::uintptr_t>(v.data) % 16 == 0 && strides_multiple_of(v, 8);
+}
+bool pair_storable(const TensorView& v) {
+  return reinterpret_cast<std::uintptr_t>(v.data) % 4 == 0 && strides_multiple_of(v, 2);
+}
+
+std::uint32_t alignment_bits(const Problem& p) {
+  using namespace cuda_impl;
+  std::uint32_t bits = 0;
+  if (vector_loadable(p.q)) bits |= kVecQ;
+  if (vector_loadable(p.k)) bits |= kVecK;
+  if (vector_loadable(p.v)) bits |= kVecV;
+  if (pair_storable(p.o)) bits |= kPairO;
+  if (p.is_backward()) {
+    if (vector_loadable(p.d_o)) bits |= kVecDO;
+    if (pair_storable(p.dq)) bits |= kPairDQ;
+    if (pair_storable(p.dk)) bits |= kPairDK;
+    if (pair_storable(p.dv)) bits |= kPairDV;
+  }
+  return bits;
+}
+
+Status cuda_status(cudaError_t e, const char* what) {
+  return Status(StatusCode::backend_error,
+                std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Workspace for one call: the caller's, or one allocated on the stream and freed after.
+class Workspace {
+ public:
+  Status acquire(const Problem& p, std::size_t bytes, cudaStream_t stream) {
+    stream_ = stream;
+    if (bytes == 0) return Status::Ok();
+    if (p.workspace != nullptr) {
+      if (p.workspace_bytes < bytes)
+        return Status(StatusCode::invalid_argument,
+                      "workspace of " + std::to_string(p.workspace_bytes) +
+                          " bytes is too small; the cuda backend needs " + std::to_string(bytes) +
+                          " (see workspace_size)");
+      base_ = static_cast<unsigned char*>(p.workspace);
+      return Status::Ok();
+    }
+    void* ptr = nullptr;
+    if (cudaError_t e = cudaMallocAsync(&ptr, bytes, stream); e != cudaSuccess)
+      return cuda_status(e, "allocating the workspace");
+    base_ = static_cast<unsigned char*>(ptr);
+    owned_ = true;
+    return Status::Ok();
+  }
+  ~Workspace() {
+    if (owned_) (void)cudaFreeAsync(base_, stream_);
+  }
+  [[nodiscard]] unsigned char* base() const { return base_; }
+
+ private:
+  unsigned char* base_ = nullptr;
+  bool owned_ = false;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Fill the kernel parameters: strides and sizes from the problem, varlen tables copied
+// into the workspace.
+Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
+               cudaStream_t stream, KernelParams* kp) {
+  kp->p = make_params(p);
+  kp->aligned = alignment_bits(p);
+  kp->scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  kp->q_tokens = p.q.shape[kSeq];
+  if (p.varlen) {
+    const std::size_t n = std::size_t(p.batch);
+    std::vector<std::int64_t> host(4 * n);
+    for (std::size_t i = 0; i < n; ++i) {
+      host[i] = p.seqlens_q[i];
+      host[n + i] = p.offsets_q[i];
+      host[2 * n + i] = p.seqlens_kv[i];
+      host[3 * n + i] = p.offsets_kv[i];
+    }
+    auto* dev = reinterpret_cast<std::int64_t*>(ws.base());
+    if (cudaError_t e = cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(std::int64_t),
+                                        cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess)
+      return cuda_status(e, "copying the varlen tables");
+    kp->p.q_seq.seqlens = dev;
+    kp->p.q_seq.offsets = dev + n;
+    kp->p.kv_seq.seqlens = dev + 2 * n;
+    kp->p.kv_seq.offsets = dev + 3 * n;
+  }
+  if (p.is_backward()) kp->delta = reinterpret_cast<float*>(ws.base() + plan.tables);
+  return Status::Ok();
+}
+
+cuda_impl::ElemType elem_type(const Problem& p) {
+  return p.dtype == DType::f16 ? cuda_impl::ElemType::f16 : cuda_impl::ElemType::bf16;
+}
+
+std::string describe_paths(const Problem& p, std::uint32_t bits) {
+  using namespace cuda_impl;
+  std::string s = "cuda: head-dim bucket " + std::to_string(head_dim_bucket(p.d_qk, p.d_v)) +
+                  "; 16-byte loads for";
+  const std::pair<const char*, std::uint32_t> names[] = {{" q", kVecQ}, {" k", kVecK}, {" v", kVecV}};
+  for (auto [n, b] : names)
+    s += (bits & b) ? n : "";
+  if (p.is_backward()) s += (bits & kVecDO) ? " do" : "";
+  return s + " (others take the element-wise path)";
+}
+
+class CudaBackend final : public BackendImpl {
+ public:
+  [[nodiscard]] Backend id() const override { return Backend::cuda; }
+
+  [[nodiscard]] Verdict supports(const Problem& problem) const override {
+    return evaluate_rules(Backend::cuda, rules(), problem);
+  }
+
+  [[nodiscard]] Status workspace_size(const Problem& problem, std::size_t* bytes) const override {
+    *bytes = plan_workspace(problem).total();
+    return Status::Ok();
+  }
+
+  [[nodiscard]] Status forward(const Problem& p) override {
+    auto stream = static_cast<cudaStream_t>(p.stream);
+    const WorkspacePlan plan = plan_workspace(p);
+    Workspace ws;
+    if (Status s = ws.acquire(p, plan.total(), stream); !s.ok()) return s;
+    KernelParams kp;
+    if (Status s = prepare(p, plan, ws, stream, &kp); !s.ok()) return s;
+    if (log_level() >= LogLevel::debug) log_line(LogLevel::debug, describe_paths(p, kp.aligned));
+    if (p.varlen)
+      if (cudaError_t e = cuda_impl::launch_zero_padding(kp, 0, p.q_tokens(), p.kv_tokens(), stream);
+          e != cudaSuccess)
+        return cuda_status(e, "zeroing padding tokens");
+    const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
+    if (cudaError_t e = cuda_impl::launch_forward(elem_type(p), bucket, kp, stream); e != cudaSuccess)
+      return cuda_status(e, "forward kernel launch");
+    return Status::Ok();
+  }
+
+  [[nodiscard]] Status backward(const Problem& p) override {
+    auto stream = static_cast<cudaStream_t>(p.stream);
+    const WorkspacePlan plan = plan_workspace(p);
+    Workspace ws;
+    if (Status s = ws.acquire(p, plan.total(), stream); !s.ok()) return s;
+    KernelParams kp;
+    if (Status s = prepare(p, plan, ws, stream, &kp); !s.ok()) return s;
+    if (log_level() >= LogLevel::debug) log_line(LogLevel::debug, describe_paths(p, kp.aligned));
+    if (p.varlen)
+      if (cudaError_t e = cuda_impl::launch_zero_padding(kp, 1, p.q_tokens(), p.kv_tokens(), stream);
+          e != cudaSuccess)
+        return cuda_status(e, "zeroing padding tokens");
+    if (cudaError_t e = cuda_impl::launch_delta(elem_type(p), kp, stream); e != cudaSuccess)
+      return cuda_status(e, "delta pre-pass launch");
+    const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
+    if (cudaError_t e = cuda_impl::launch_backward(elem_type(p), bucket, kp, stream); e != cudaSuccess)
+      return cuda_status(e, "backward kernel launch");
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+BackendImpl* cuda_backend() {
+  static CudaBackend backend;
+  return &backend;
+}
+
+}  // namespace strideattn::detail

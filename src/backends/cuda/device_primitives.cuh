@@ -1,0 +1,266 @@
+// Warp-level building blocks of the sm80+ kernels: the m16n8k16 tensor-core MMA (fp32
+// accumulate), ldmatrix, cp.async, the swizzled shared-memory tile layout, the strided
+// global->shared tile loader (16-byte cp.async fast path, element-wise slow path) and the
+// two warp GEMM shapes every kernel is made of:
+//   gemm_nt: C[16*MT x N] += A[16*MT x K] * B[N x K]^T, A and B rows in shared memory
+//   gemm_rn: C[16*MT x N] += A[16*MT x K] * B[K x N],   A in registers, B rows in smem
+// Fragment layouts follow the PTX ISA for mma.m16n8k16 (g = lane / 4, t = lane % 4):
+//   A: a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B: b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C: c0,c1 (g, 2t..2t+1)  c2,c3 (g+8, 2t..2t+1)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace strideattn::cuda_impl {
+
+// ------------------------------------------------------------------ element types
+
+template <class T> struct ElementTraits;
+template <> struct ElementTraits<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    __half2 h = *reinterpret_cast<__half2*>(&u);
+    return __half22float2(h);
+  }
+  static __device__ __forceinline__ uint16_t from_float(float x) {
+    return __half_as_ushort(__float2half_rn(x));
+  }
+  static __device__ __forceinline__ float to_float(uint16_t u) {
+    return __half2float(__ushort_as_half(u));
+  }
+};
+template <> struct ElementTraits<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
+    return __bfloat1622float2(h);
+  }
+  static __device__ __forceinline__ uint16_t from_float(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  static __device__ __forceinline__ float to_float(uint16_t u) {
+    return __bfloat162float(__ushort_as_bfloat16(u));
+  }
+};
+
+// D = A * B + D, m16n8k16, fp32 accumulate.
+template <class T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ------------------------------------------------------------------ shared-memory tiles
+
+// A tile of ROWS x COLS 16-bit elements, rows contiguous, 16-byte chunks XOR-swizzled by
+// (row % 8) so that the 8 row addresses of one ldmatrix phase hit 8 different bank groups.
+// COLS >= 64 keeps the swizzle inside a row.
+template <int ROWS, int COLS>
+struct SmemTile {
+  static_assert(COLS % 64 == 0, "swizzle needs rows of at least 128 bytes");
+  static constexpr int kRows = ROWS, kCols = COLS, kElems = ROWS * COLS;
+  uint16_t* base;
+  // Element offset of (row, col) where col is a multiple of 8.
+  __device__ __forceinline__ static int offset(int row, int col) {
+    return row * COLS + ((((col >> 3) ^ (row & 7))) << 3);
+  }
+  __device__ __forceinline__ uint16_t* chunk(int row, int col) const {
+    return base + offset(row, col);
+  }
+  __device__ __forceinline__ uint32_t addr(int row, int col) const {
+    return smem_addr(base + offset(row, col));
+  }
+};
+
+// Where a tile's rows come from in global memory: row r of the tile is token (row0 + r) of
+// a sequence; its element 0 is at gptr + base + (row0 + r) * s_stride. `rows` tokens are
+// valid, `cols` elements of each row (a multiple of 8). `aligned` selects 16-byte cp.async
+// (base pointer and every used stride a multiple of 8 elements); otherwise element loads.
+struct GlobalRows {
+  const uint16_t* ptr = nullptr;  // already offset to (sequence, head, token row0)
+  int64_t s_stride = 0;
+  int rows = 0;
+  int cols = 0;
+  bool aligned = false;
+};
+
+// Copy a tile from global memory into shared memory; rows >= src.rows and columns >=
+// src.cols are zero-filled, so padded rows and head-dim columns contribute nothing.
+template <int NTHREADS, class Tile>
+__device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& src) {
+  constexpr int kChunksPerRow = Tile::kCols / 8;
+  constexpr int kChunks = Tile::kRows * kChunksPerRow;
+  static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
+#pragma unroll
+  for (int i = 0; i < kChunks / NTHREADS; ++i) {
+    const int idx = i * NTHREADS + threadIdx.x;
+    const int row = idx / kChunksPerRow;
+    const int col = (idx % kChunksPerRow) * 8;
+    uint16_t* dst = tile.chunk(row, col);
+    if (row < src.rows && col < src.cols) {
+      const uint16_t* g = src.ptr + row * src.s_stride + col;
+      if (src.aligned) {
+        cp_async_16(smem_addr(dst), g);
+      } else {
+        uint16_t v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = g[e];
+        uint4 packed;
+        packed.x = uint32_t(v[0]) | (uint32_t(v[1]) << 16);
+        packed.y = uint32_t(v[2]) | (uint32_t(v[3]) << 16);
+        packed.z = uint32_t(v[4]) | (uint32_t(v[5]) << 16);
+        packed.w = uint32_t(v[6]) | (uint32_t(v[7]) << 16);
+        *reinterpret_cast<uint4*>(dst) = packed;
+      }
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ warp GEMMs
+
+// C[MT][N/8][4] += A * B^T. A: rows a_row0 + 16*mt + (0..15) of `sa`, B: rows b_row0 + (0..N-1)
+// of `sb`, both with the contraction along columns [0, k_end) (k_end a multiple of 8; the
+// columns up to the next multiple of 16 must be zero in shared memory).
+template <class T, int MT, int N, int KMAX, class TileA, class TileB>
+__device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0,
+                                        const TileB& sb, int b_row0, int k_end) {
+  static_assert(N % 16 == 0, "N must be a multiple of 16");
+  const int lane = threadIdx.x & 31;
+  const int a_r = lane & 15, a_c = (lane >> 4) * 8;
+  const int b_r = (lane & 7) + ((lane >> 4) << 3), b_c = ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < KMAX / 16; ++kk) {
+    if (kk * 16 >= k_end) break;
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], sa.addr(a_row0 + mt * 16 + a_r, kk * 16 + a_c));
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sb.addr(b_row0 + nn * 16 + b_r, kk * 16 + b_c));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816<T>(c[mt][2 * nn], a[mt], b[0], b[1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// A operand fragments of a 16*MT x K matrix held in registers: a[mt][k16][4].
+// Built from an fp32 accumulator C[MT][K/8][4] by rounding to T (the FA2 register reuse:
+// two adjacent n8 accumulator tiles form one k16 A fragment).
+template <class T, int MT, int K>
+__device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4],
+                                           const float (&c)[MT][K / 8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+      a[mt][kk][0] = ElementTraits<T>::pack(c[mt][2 * kk][0], c[mt][2 * kk][1]);
+      a[mt][kk][1] = ElementTraits<T>::pack(c[mt][2 * kk][2], c[mt][2 * kk][3]);
+      a[mt][kk][2] = ElementTraits<T>::pack(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
+      a[mt][kk][3] = ElementTraits<T>::pack(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
+    }
+}
+
+// C[MT][N/8][4] += A * B with A in registers (a[mt][k16]) and B stored k-major in shared
+// memory: B[k][n] is element (k, b_col0 + n) of `sb` (rows = contraction). Column tiles
+// at or beyond n_end (a multiple of 8) are skipped.
+template <class T, int MT, int K, int N, class TileB>
+__device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
+                                        const TileB& sb, int b_col0, int n_end) {
+  static_assert(N % 16 == 0, "N must be a multiple of 16");
+  const int lane = threadIdx.x & 31;
+  const int b_r = (lane & 7) + (((lane >> 3) & 1) << 3), b_c = (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      if (nn * 16 >= n_end) break;
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sb.addr(kk * 16 + b_r, b_col0 + nn * 16 + b_c));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816<T>(c[mt][2 * nn], a[mt][kk], b[0], b[1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int MT, int N>
+__device__ __forceinline__ void zero(float (&c)[MT][N / 8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[mt][n][e] = 0.f;
+}
+
+// ------------------------------------------------------------------ global stores
+
+// Store two adjacent elements (cols col, col+1) of one row; 4-byte store when the target is
+// 4-byte aligned (`pair_aligned`: base pointer and strides even), two 2-byte stores otherwise.
+template <class T>
+__device__ __forceinline__ void store_pair(uint16_t* row_ptr, int col, float x0, float x1,
+                                           bool pair_aligned) {
+  if (pair_aligned) {
+    *reinterpret_cast<uint32_t*>(row_ptr + col) = ElementTraits<T>::pack(x0, x1);
+  } else {
+    row_ptr[col] = ElementTraits<T>::from_float(x0);
+    row_ptr[col + 1] = ElementTraits<T>::from_float(x1);
+  }
+}
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,225 @@
+// Forward kernel (FlashAttention-2 schedule): one CTA per (query block, head, sequence).
+//   mainloop:  for each key block the mask leaves visible (key_range_for_rows):
+//                S = Q K^T * scale (base 2), masked to -inf outside the rule,
+//                online softmax: m_new = max(m, rowmax S); rescale O and l by 2^(m - m_new),
+//                P = 2^(S - m_new); l += rowsum P; O += P V
+//   epilogue:  O /= l, LSE = (m + log2 l) * ln 2; rows with no visible key: O = 0, LSE = -inf.
+// K and V stream through shared memory with cp.async, K of block n+1 loading while the
+// softmax and P V of block n run. Every tensor is addressed through its own strides.
+#pragma once
+
+#include <cmath>
+
+#include "backends/cuda/device_primitives.cuh"
+#include "backends/cuda/kernel_params.hpp"
+#include "backends/cuda/kernel_traits.cuh"
+
+namespace strideattn::cuda_impl {
+
+using kernel::MaskRule;
+using kernel::SequenceSpan;
+using kernel::SequenceTable;
+using kernel::TileRange;
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Set masked entries of a warp's C[MT][N/8][4] tile to `masked_value`: rows are
+// row0 + 16 * mt + g (+8) and columns col0 + 8 * n + 2t (+1), each side either queries or
+// keys (`rows_are_queries`). Visibility is MaskRule::visible, the rule the reference uses.
+template <int MT, int N>
+__device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskRule& m,
+                                           int64_t row0, int64_t col0, bool rows_are_queries,
+                                           float masked_value) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = row0 + mt * 16 + g + 8 * half;
+      if (rows_are_queries) {
+        const int64_t kb = m.key_begin(r), ke = m.key_end(r);
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t j = col0 + n * 8 + 2 * t + e;
+            if (j < kb || j >= ke) c[mt][n][2 * half + e] = masked_value;
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t i = col0 + n * 8 + 2 * t + e;
+            if (!m.visible(i, r)) c[mt][n][2 * half + e] = masked_value;
+          }
+      }
+    }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
+  using Tile = ForwardTile<D>;
+  constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc;
+  using QTile = SmemTile<Br, D>;
+  using KvTile = SmemTile<Bc, D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const QTile sQ{reinterpret_cast<uint16_t*>(smem)};
+  const KvTile sK{sQ.base + QTile::kElems};
+  const KvTile sV{sK.base + KvTile::kElems};
+
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t batch = blockIdx.z, head = blockIdx.y;
+  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
+  // Heaviest query blocks (latest rows under a causal mask) are scheduled first.
+  const int64_t n_qblocks = kernel::ceil_div(p.q_seq.max_len, Br);
+  const int64_t r0 = (n_qblocks - 1 - int64_t(blockIdx.x)) * Br;
+  if (r0 >= s_q) return;
+  const int64_t r1 = kernel::min64(r0 + Br, s_q);
+  const MaskRule mask = p.mask(batch);
+  const TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
+  const int64_t kv_head = kernel::kv_head_of(head, p.heads, p.kv_heads);
+
+  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
+  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
+  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const SequenceSpan o_span = p.q_seq.span(p.o_st, batch);
+  const auto* q_ptr = static_cast<const uint16_t*>(p.q);
+  const auto* k_ptr = static_cast<const uint16_t*>(p.k);
+  const auto* v_ptr = static_cast<const uint16_t*>(p.v);
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the tile
+
+  auto k_rows = [&](int64_t c0) {
+    return GlobalRows{k_ptr + kernel::row_offset(k_span, p.k_st, c0, kv_head), p.k_st.s,
+                      int(kernel::min64(Bc, s_kv - c0)), d_qk, (kp.aligned & kVecK) != 0};
+  };
+  auto v_rows = [&](int64_t c0) {
+    return GlobalRows{v_ptr + kernel::row_offset(v_span, p.v_st, c0, kv_head), p.v_st.s,
+                      int(kernel::min64(Bc, s_kv - c0)), d_v, (kp.aligned & kVecV) != 0};
+  };
+
+  const int64_t first_block = (keys.begin / Bc) * Bc;
+  const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_block, Bc)) : 0;
+
+  float o_acc[MT][D / 8][4];
+  zero<MT, D>(o_acc);
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[mt][h] = -INFINITY, row_sum[mt][h] = 0.f;
+
+  if (n_blocks > 0) {
+    load_tile<kThreads>(sQ, GlobalRows{q_ptr + kernel::row_offset(q_span, p.q_st, r0, head),
+                                       p.q_st.s, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kThreads>(sK, k_rows(first_block));
+    cp_async_commit();
+  }
+
+  for (int it = 0; it < n_blocks; ++it) {
+    const int64_t c0 = first_block + int64_t(it) * Bc;
+    load_tile<kThreads>(sV, v_rows(c0));
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and K of this block have landed
+    __syncthreads();
+
+    // S = Q K^T
+    float s[MT][Bc / 8][4];
+    zero<MT, Bc>(s);
+    gemm_nt<T, MT, Bc, D>(s, sQ, warp_row0, sK, 0, d_qk);
+    __syncthreads();  // every warp is done with K: the next block may overwrite it
+    if (it + 1 < n_blocks) load_tile<kThreads>(sK, k_rows(c0 + Bc));
+    cp_async_commit();
+
+    // S *= scale * log2(e); masked entries -> -inf
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][n][e] *= kp.scale_log2;
+    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
+      apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
+
+    // online softmax: new row max, rescale O and l, P = 2^(S - m)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mt][h];
+#pragma unroll
+        for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_ref = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
+        const float alpha = exp2f(row_max[mt][h] - m_ref);
+        row_max[mt][h] = mx;
+        row_sum[mt][h] *= alpha;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o_acc[mt][n][2 * h] *= alpha, o_acc[mt][n][2 * h + 1] *= alpha;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < Bc / 8; ++n) {
+          s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] - m_ref);
+          s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] - m_ref);
+          sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
+        }
+        row_sum[mt][h] += sum;
+      }
+
+    uint32_t p_frag[MT][Bc / 16][4];
+    accum_to_a<T, MT, Bc>(p_frag, s);
+    cp_async_wait<1>();  // V of this block has landed
+    __syncthreads();
+    // O += P V
+    gemm_rn<T, MT, Bc, D>(o_acc, p_frag, sV, 0, d_v);
+    __syncthreads();  // every warp is done with V
+  }
+
+  // epilogue: O /= l; LSE
+  auto* o_ptr = static_cast<uint16_t*>(p.o);
+  const bool o_pair = (kp.aligned & kPairO) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int64_t row = r0 + warp_row0 + mt * 16 + g + 8 * h;
+      if (row >= r1) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      uint16_t* out = o_ptr + kernel::row_offset(o_span, p.o_st, row, head);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < d_v) store_pair<T>(out, col, o_acc[mt][n][2 * h] * inv, o_acc[mt][n][2 * h + 1] * inv, o_pair);
+      }
+      if (p.lse != nullptr && t == 0)
+        p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
+            l > 0.f ? (row_max[mt][h] + log2f(l)) * kLn2 : -INFINITY;
+    }
+}
+
+template <class T, int D>
+cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
+  using Tile = ForwardTile<D>;
+  constexpr int smem = (Tile::kBr + 2 * Tile::kBc) * D * 2;
+  auto kernel_fn = forward_kernel<T, D>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, Tile::kBr)), unsigned(kp.p.heads),
+                  unsigned(kp.p.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  kernel_fn<<<grid, kThreads, smem, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,68 @@
+// The parameter block every CUDA kernel of the `cuda` backend receives, and the launch entry
+// points that the host side (cuda_backend.cu) calls. Plain types only: the host side fills
+// it from kernel::AttentionParams with device copies of the varlen tables.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/attention_math.hpp"
+
+namespace strideattn::cuda_impl {
+
+// Bits of KernelParams::aligned.
+enum AlignBits : std::uint32_t {
+  // 16-byte cp.async loads are legal: base pointer 16-byte aligned and every stride of an
+  // extent > 1 dimension a multiple of 8 elements.
+  kVecQ = 1u << 0,
+  kVecK = 1u << 1,
+  kVecV = 1u << 2,
+  kVecDO = 1u << 3,
+  kVecO = 1u << 4,
+  // 4-byte paired stores are legal: base pointer 4-byte aligned and strides even.
+  kPairO = 1u << 8,
+  kPairDQ = 1u << 9,
+  kPairDK = 1u << 10,
+  kPairDV = 1u << 11,
+};
+
+struct KernelParams {
+  kernel::AttentionParams p;  // tensors, strides, sizes, mask; seq tables in device memory
+  float* delta = nullptr;     // backward: rowsum(dO * O), [q batch extent][heads][q tokens]
+  std::int64_t q_tokens = 0;  // seq extent of the Q view (rows of one delta plane)
+  std::uint32_t aligned = 0;  // AlignBits
+  float scale_log2 = 0.f;     // scale * log2(e): softmax runs in base 2
+};
+
+// Row of the delta workspace for (sequence `batch`, head, token).
+SA_HD std::int64_t delta_index(const KernelParams& kp, std::int64_t batch, std::int64_t head,
+                               std::int64_t token) {
+  const kernel::SequenceTable& q = kp.p.q_seq;
+  return (q.batch_index(batch) * kp.p.heads + head) * kp.q_tokens + q.first_token(batch) + token;
+}
+
+enum class ElemType { f16, bf16 };
+
+// Head-dim buckets: the padded tile width. 64 / 128 / 256 cover every multiple of 8 <= 256
+// (smaller dims run in the bucket above with zero-filled columns).
+[[nodiscard]] inline int head_dim_bucket(std::int64_t d_qk, std::int64_t d_v) {
+  const std::int64_t d = d_qk > d_v ? d_qk : d_v;
+  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+
+// Kernel launches (defined in fwd_*.cu / bwd_*.cu / aux_kernels.cu). They only enqueue work.
+cudaError_t launch_forward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_backward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_forward_f16(int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_forward_bf16(int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_backward_f16(int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_backward_bf16(int bucket, const KernelParams& kp, cudaStream_t stream);
+// delta = rowsum(dO * O) over d_v, fp32 (backward pre-pass).
+cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream);
+// Varlen: zero the tokens of an output that belong to no sequence (and LSE = -inf there).
+// `which`: 0 = forward outputs (O, LSE), 1 = backward outputs (dQ, dK, dV).
+cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens,
+                                std::int64_t kv_tokens, cudaStream_t stream);
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,45 @@
+// Tile sizes of every kernel, in one place, with the reason for each choice. All kernels use
+// 4 warps (128 threads); a warp owns 16 * MT rows of the "row side" of its tile and the full
+// width of the "column side", so softmax rows never cross warps.
+#pragma once
+
+namespace strideattn::cuda_impl {
+
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = kWarps * 32;
+
+// Forward: rows = queries (Br), columns = keys (Bc).
+template <int D> struct ForwardTile;
+// d <= 64: two m16 tiles per warp (Br 128) double the reuse of every K/V fragment loaded
+// from shared memory; registers are plentiful at this width (O: 32 floats per m-tile).
+template <> struct ForwardTile<64> { static constexpr int kMT = 2, kBr = 128, kBc = 64; };
+// d <= 128: 128 x 32: O accumulators 2 x 64 floats + S 2 x 16 floats (Bc 64 spilled on
+// sm_80 and sm_90a); smem Q 32K + K 8K + V 8K = 48 KiB.
+template <> struct ForwardTile<128> { static constexpr int kMT = 2, kBr = 128, kBc = 32; };
+// d <= 256: O alone is 128 floats per thread per m-tile, so one m-tile per warp (Br 64);
+// smem Q 32K + K 16K + V 16K = 64 KiB.
+// Bc 32 (S 16 floats): Bc 64 spilled on sm_80.
+template <> struct ForwardTile<256> { static constexpr int kMT = 1, kBr = 64, kBc = 32; };
+
+// Backward, dK/dV pass: rows = keys (Bc), columns = queries (Br). dK and dV stay in
+// registers across the whole loop over query blocks and GQA heads; DAcc is the number of
+// head-dim columns of dK/dV one CTA accumulates (the CTA recomputes S and dP for each
+// split), so that 2 x (16 x DAcc) accumulators fit in registers.
+template <int D> struct BackwardKvTile;
+template <> struct BackwardKvTile<64> { static constexpr int kMT = 1, kBc = 64, kBr = 64, kDAcc = 64; };
+// d <= 128: dK + dV accumulators 2 x 64 floats, S^T and dP^T 32 floats each (Br 64).
+template <> struct BackwardKvTile<128> { static constexpr int kMT = 1, kBc = 64, kBr = 64, kDAcc = 128; };
+// d <= 256: two column splits of 128; Br 32 keeps S^T / dP^T small and smem at
+// K 32K + V 32K + 2 stages x (Q 16K + dO 16K) = 128 KiB.
+template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64, kBr = 32, kDAcc = 128; };
+
+// Backward, dQ pass: rows = queries (Br), columns = keys (Bc). dQ accumulates in fp32
+// registers over the key blocks in a fixed order: no atomics, bitwise deterministic.
+template <int D> struct BackwardQTile;
+template <> struct BackwardQTile<64> { static constexpr int kMT = 1, kBr = 64, kBc = 64; };
+// d <= 128: dQ 64 floats + S and dP 32 floats each; smem Q 16K + dO 16K + 2 x (K 16K + V 16K).
+template <> struct BackwardQTile<128> { static constexpr int kMT = 1, kBr = 64, kBc = 64; };
+// d <= 256: dQ 128 floats; Bc 32 keeps S and dP at 16 floats; smem 64K + 2 x 32K = 128 KiB.
+template <> struct BackwardQTile<256> { static constexpr int kMT = 1, kBr = 64, kBc = 32; };
+
+}  // namespace strideattn::cuda_impl
