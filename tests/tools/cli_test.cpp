@@ -1,0 +1,274 @@
+// Tests of the `strideattn` CLI: the built executable's exit codes, its one-line errors, its
+// --json output, and that a fuzz case's reproducer parses back into the same case.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "strideattn/cli_args.hpp"
+#include "strideattn/fuzz.hpp"
+
+#ifndef STRIDEATTN_CLI
+#error "STRIDEATTN_CLI (path of the built strideattn executable) must be defined"
+#endif
+
+namespace strideattn::cli {
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs the CLI with `args` (already shell-quoted where needed).
+Result run_cli(const std::string& args) {
+  const std::string base = ::testing::TempDir() + "strideattn_cli_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string cmd = std::string("'") + STRIDEATTN_CLI + "' " + args + " >'" + base +
+                          ".out' 2>'" + base + ".err'";
+  const int st = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void expect_invalid(const std::string& args, const std::string& mention) {
+  const Result r = run_cli(args);
+  EXPECT_EQ(r.code, 2) << args << "\nstdout: " << r.out << "\nstderr: " << r.err;
+  EXPECT_EQ(lines(r.err), 1) << args << "\nstderr: " << r.err;
+  EXPECT_EQ(r.err.rfind("strideattn: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(mention), std::string::npos)
+      << args << ": expected the message to mention '" << mention << "'; got " << r.err;
+}
+
+TEST(CliInvalid, UnknownOption) { expect_invalid("check --bogus 3", "--bogus"); }
+TEST(CliInvalid, UnknownCommand) { expect_invalid("chekc --preset small", "chekc"); }
+TEST(CliInvalid, MissingValue) { expect_invalid("check --heads", "--heads"); }
+TEST(CliInvalid, BadViewSyntax) { expect_invalid("check --q q:1,2,3:1,1,1,1", "--q"); }
+TEST(CliInvalid, BadViewSyntaxMissingStrides) { expect_invalid("check --k kv+3:1,128,4,64", "--k"); }
+TEST(CliInvalid, HeadDimStrideNotOne) {
+  expect_invalid("check --q q:1,128,4,64:65536,512,128,2 --backends cpu", "stride");
+}
+TEST(CliInvalid, HeadsNotMultipleOfKvHeads) {
+  expect_invalid("check --heads 6 --kv-heads 4 --backends cpu", "6");
+}
+TEST(CliInvalid, WindowBelowMinusOne) { expect_invalid("check --window -2,0 --backends cpu", "-2"); }
+TEST(CliInvalid, WindowSyntax) { expect_invalid("check --window 3", "--window"); }
+TEST(CliInvalid, OutputOverlapsInput) {
+  // Default layout bshd: q lives in buffer 'q' as [1,128,4,64] contiguous; o aliases it.
+  expect_invalid("check --o q:1,128,4,64:32768,256,64,1 --backends cpu", "overlap");
+}
+TEST(CliInvalid, VarlenPastEnd) {
+  expect_invalid("check --seqlens-q 10,20 --q q:1,25,4,64:6400,256,64,1 --backends cpu", "q");
+}
+TEST(CliInvalid, UnknownBackend) { expect_invalid("check --backends cpu,tpu", "tpu"); }
+TEST(CliInvalid, UnknownLayout) { expect_invalid("check --layout abcd", "abcd"); }
+TEST(CliInvalid, UnknownPreset) { expect_invalid("check --preset nope", "nope"); }
+TEST(CliInvalid, UnknownDtype) { expect_invalid("check --dtype f8", "f8"); }
+TEST(CliInvalid, UnknownMask) { expect_invalid("check --mask diagonal", "diagonal"); }
+TEST(CliInvalid, NotAnInteger) { expect_invalid("check --seqlen-q 12x", "12x"); }
+TEST(CliInvalid, PackedLayoutNeedsEqualHeads) {
+  expect_invalid("check --layout sb3hd --heads 8 --kv-heads 2", "sb3hd");
+}
+TEST(CliInvalid, FuzzNeedsCases) { expect_invalid("fuzz --grad", "--cases"); }
+TEST(CliInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --cases 3 --heads 4", "--heads"); }
+TEST(CliInvalid, ExplainValidates) {
+  expect_invalid("explain --heads 5 --kv-heads 2", "5");
+}
+
+TEST(Cli, HelpExitsZero) {
+  const Result r = run_cli("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("strideattn check"), std::string::npos);
+  EXPECT_NE(r.out.find("reference"), std::string::npos);
+}
+
+TEST(Cli, CheckSmallOnCpuAgrees) {
+  const Result r = run_cli("check --preset small --backends reference,cpu --grad");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("bshd_bshd_bshd"), std::string::npos) << r.out;
+}
+
+TEST(Cli, CheckJsonHasTheContractFields) {
+  const Result r = run_cli("check --preset varlen --backends reference,cpu,cuda --grad --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("problem"));
+  ASSERT_TRUE(j.contains("layout"));
+  EXPECT_TRUE(j["layout"].is_string());
+  EXPECT_EQ(j["problem"]["varlen"]["seqlens_q"].size(), 4u);
+  ASSERT_EQ(j["backends"].size(), 3u);
+  for (const auto& b : j["backends"]) {
+    for (const char* k : {"backend", "status", "reason", "max_abs_err", "max_rel_err",
+                          "tolerance", "time_ms", "tflops"})
+      EXPECT_TRUE(b.contains(k)) << k << " missing in " << b.dump();
+    if (b["status"] == "ok") {
+      EXPECT_TRUE(b["max_abs_err"].is_number());
+      EXPECT_LE(b["max_abs_err"].get<double>(), b["tolerance"].get<double>());
+      for (const char* g : {"dq", "dk", "dv"}) {
+        ASSERT_TRUE(b["grad"].contains(g)) << b.dump();
+        EXPECT_TRUE(b["grad"][g]["max_abs_err"].is_number());
+        EXPECT_TRUE(b["grad"][g]["tolerance"].is_number());
+      }
+    } else {
+      EXPECT_EQ(b["status"], "unsupported") << b.dump();
+      EXPECT_FALSE(b["reason"].get<std::string>().empty());
+    }
+  }
+}
+
+TEST(Cli, ExplainJson) {
+  const Result r = run_cli("explain --preset seed --grad --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["layout"].get<std::string>().find("(h+2hg)"), std::string::npos) << j["layout"];
+  EXPECT_FALSE(j["forward"]["verdicts"].empty());
+  EXPECT_FALSE(j["backward"]["verdicts"].empty());
+}
+
+TEST(Cli, ExplicitViewsAliasOneBuffer) {
+  // The seed's split views written out by hand: q, k, v in one buffer, heads 16/1, d 64.
+  const Result r = run_cli(
+      "check --dtype f16 --mask causal --backends cpu "
+      "--q qkv:1,300,16,64:1152,1152,64,1 --k qkv+1024:1,300,1,64:1152,1152,64,1 "
+      "--v qkv+1088:1,300,1,64:1152,1152,64,1 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["problem"]["heads"], 16);
+  EXPECT_EQ(j["problem"]["kv_heads"], 1);
+  EXPECT_EQ(j["problem"]["seqlen_q"], 300);
+  EXPECT_EQ(j["backends"][0]["status"], "ok") << j.dump();
+}
+
+TEST(Cli, FuzzJson) {
+  const Result r = run_cli("fuzz --cases 5 --seed 4 --backends cpu --json");
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cases"], 5);
+  EXPECT_TRUE(j["failures"].is_array());
+  EXPECT_TRUE(j.contains("backends"));
+  EXPECT_EQ(r.code, j["failures"].empty() ? 0 : 1);
+}
+
+TEST(Cli, BenchJson) {
+  const Result r = run_cli("bench --preset small --backends cpu --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["backends"].size(), 1u);
+  EXPECT_EQ(j["backends"][0]["status"], "ok");
+  EXPECT_GE(j["backends"][0]["runs"].get<int>(), 20);
+  EXPECT_GT(j["backends"][0]["tflops"].get<double>(), 0);
+}
+
+// Split a reproducer line the way a shell would (it quotes only with single quotes).
+std::vector<std::string> shell_words(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool quoted = false, any = false;
+  for (char c : line) {
+    if (c == '\'') {
+      quoted = !quoted;
+      any = true;
+    } else if (c == ' ' && !quoted) {
+      if (any) out.push_back(cur);
+      cur.clear();
+      any = false;
+    } else {
+      cur += c;
+      any = true;
+    }
+  }
+  if (any) out.push_back(cur);
+  return out;
+}
+
+bool same(const harness::ViewSpec& a, const harness::ViewSpec& b) {
+  return a.buffer == b.buffer && a.offset == b.offset && a.shape == b.shape && a.stride == b.stride;
+}
+
+TEST(Reproducer, ParsesBackIntoTheSameCase) {
+  for (int i = 0; i < 300; ++i) {
+    const harness::CaseSpec spec = random_case(99, i, i % 2 == 0);
+    const std::string line = harness::reproducer(spec, {Backend::cpu});
+    std::vector<std::string> words = shell_words(line);
+    ASSERT_GE(words.size(), 2u);
+    ASSERT_EQ(words[0], "strideattn");
+    words.erase(words.begin());
+    Invocation inv;
+    const Status s = parse_command_line(words, &inv);
+    ASSERT_TRUE(s.ok()) << line << "\n" << s.message();
+    const harness::CaseSpec& got = inv.spec;
+    EXPECT_EQ(got.dtype, spec.dtype) << line;
+    EXPECT_EQ(got.seed, spec.seed) << line;
+    EXPECT_EQ(got.grad, spec.grad) << line;
+    EXPECT_EQ(got.sizes.heads, spec.sizes.heads) << line;
+    EXPECT_EQ(got.sizes.kv_heads, spec.sizes.kv_heads) << line;
+    EXPECT_EQ(got.sizes.d_qk, spec.sizes.d_qk) << line;
+    EXPECT_EQ(got.sizes.d_v, spec.sizes.d_v) << line;
+    EXPECT_EQ(got.sizes.seqlens_q, spec.sizes.seqlens_q) << line;
+    EXPECT_EQ(got.sizes.offsets_kv, spec.sizes.offsets_kv) << line;
+    EXPECT_EQ(got.options.mask, spec.options.mask) << line;
+    EXPECT_EQ(got.options.window.left, spec.options.window.left) << line;
+    EXPECT_EQ(got.options.window.right, spec.options.window.right) << line;
+    EXPECT_EQ(got.options.scale, spec.options.scale) << line;
+    EXPECT_EQ(got.options.deterministic, spec.options.deterministic) << line;
+    EXPECT_TRUE(same(got.views.q, spec.views.q)) << line;
+    EXPECT_TRUE(same(got.views.k, spec.views.k)) << line;
+    EXPECT_TRUE(same(got.views.v, spec.views.v)) << line;
+    EXPECT_TRUE(same(got.views.o, spec.views.o)) << line;
+    if (spec.grad) {
+      EXPECT_TRUE(same(got.views.d_o, spec.views.d_o)) << line;
+      EXPECT_TRUE(same(got.views.dq, spec.views.dq)) << line;
+      EXPECT_TRUE(same(got.views.dk, spec.views.dk)) << line;
+      EXPECT_TRUE(same(got.views.dv, spec.views.dv)) << line;
+    }
+  }
+}
+
+TEST(Fuzz, CoversTheCaseSpace) {
+  int varlen = 0, mqa = 0, dv_differs = 0, window = 0, s1 = 0, sq_gt_skv = 0, sq_lt_skv = 0,
+      explicit_views = 0, f32 = 0;
+  std::set<std::string> layouts;
+  for (int i = 0; i < 1000; ++i) {
+    const harness::CaseSpec s = random_case(1, i, true);
+    varlen += s.sizes.varlen();
+    mqa += s.sizes.kv_heads == 1 && s.sizes.heads > 1;
+    dv_differs += s.sizes.d_v != s.sizes.d_qk;
+    window += !s.options.window.unbounded();
+    s1 += !s.sizes.varlen() && (s.sizes.s_q == 1 || s.sizes.s_kv == 1);
+    sq_gt_skv += !s.sizes.varlen() && s.sizes.s_q > s.sizes.s_kv;
+    sq_lt_skv += !s.sizes.varlen() && s.sizes.s_q < s.sizes.s_kv;
+    explicit_views += s.layout_name.empty();
+    f32 += s.dtype == DType::f32;
+    if (!s.layout_name.empty()) layouts.insert(s.layout_name);
+    EXPECT_EQ(s.sizes.d_qk % 8, 0);
+    EXPECT_LE(s.sizes.d_qk, 256);
+  }
+  for (int n : {varlen, mqa, dv_differs, window, s1, sq_gt_skv, sq_lt_skv, explicit_views, f32})
+    EXPECT_GT(n, 20);
+  EXPECT_EQ(layouts.size(), harness::layout_names().size());
+}
+
+}  // namespace
+}  // namespace strideattn::cli

@@ -1,0 +1,31 @@
+# Tests of the harness runner and the `strideattn` CLI (owner: cli helper).
+strideattn_test(tools_runner_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/runner_test.cpp)
+
+strideattn_test(tools_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/cli_test.cpp)
+target_link_libraries(tools_cli_test PRIVATE strideattn_cli_lib)
+target_compile_definitions(tools_cli_test PRIVATE STRIDEATTN_CLI="$<TARGET_FILE:strideattn_cli>")
+add_dependencies(tools_cli_test strideattn_cli)
+
+set(_cli $<TARGET_FILE:strideattn_cli>)
+
+# The demo (no arguments) must exit 0: every available backend agrees on the seed case.
+add_test(NAME cli_demo COMMAND ${_cli})
+set_tests_properties(cli_demo PROPERTIES LABELS cpu TIMEOUT 600)
+
+# The issue's acceptance line.
+add_test(NAME cli_check_seed_grad COMMAND ${_cli} check --preset seed --backends reference,cpu --grad)
+set_tests_properties(cli_check_seed_grad PROPERTIES LABELS cpu TIMEOUT 900)
+
+# 500 random problems and views, forward and backward, on the cpu backend.
+add_test(NAME cli_fuzz_cpu_grad
+         COMMAND ${_cli} fuzz --cases 500 --grad --backends cpu --seed 1 --require-ran)
+set_tests_properties(cli_fuzz_cpu_grad PROPERTIES LABELS cpu TIMEOUT 900)
+
+# GPU fuzz: skip (exit 77, saying why) without a GPU; with one, a backend that never ran a
+# case fails (--require-ran), so these cannot pass vacuously.
+add_test(NAME cli_fuzz_cuda_grad
+         COMMAND ${_cli} fuzz --cases 2000 --grad --backends cuda --seed 2 --require-gpu --require-ran)
+set_tests_properties(cli_fuzz_cuda_grad PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
+add_test(NAME cli_fuzz_cudnn_grad
+         COMMAND ${_cli} fuzz --cases 1000 --grad --backends cudnn --seed 3 --require-gpu --require-ran)
+set_tests_properties(cli_fuzz_cudnn_grad PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
