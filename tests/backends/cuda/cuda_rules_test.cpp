@@ -1,0 +1,71 @@
+// Support rules of the `cuda` backend (no GPU needed): host memory, f32, head dims that are
+// not multiples of 8 or exceed 256, and a head-dim stride other than 1 are refused with the
+// rule's name, the value found and what is supported.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "dispatch/backend.hpp"
+
+namespace {
+
+using strideattn::DType;
+using strideattn::Memory;
+using strideattn::detail::Problem;
+
+Problem supported_problem() {
+  Problem p;
+  p.memory = Memory::device;
+  p.dtype = DType::bf16;
+  p.batch = 1, p.s_q = p.s_kv = 16, p.heads = p.kv_heads = 1, p.d_qk = p.d_v = 64;
+  for (auto* v : {&p.q, &p.k, &p.v, &p.o}) {
+    v->shape = {1, 16, 1, 64};
+    v->stride = {1024, 64, 64, 1};
+  }
+  return p;
+}
+
+void expect_refused(const Problem& p, const std::string& rule, const std::string& needle) {
+  const strideattn::Verdict v = strideattn::detail::cuda_backend()->supports(p);
+  EXPECT_FALSE(v.supported);
+  EXPECT_EQ(v.rule, rule) << v.reason;
+  EXPECT_NE(v.reason.find(needle), std::string::npos) << v.reason;
+}
+
+TEST(CudaBackendRules, RefusesHostMemory) {
+  Problem p = supported_problem();
+  p.memory = Memory::host;
+  expect_refused(p, "memory", "host");
+}
+
+TEST(CudaBackendRules, RefusesF32) {
+  Problem p = supported_problem();
+  p.dtype = DType::f32;
+  expect_refused(p, "dtype", "f32");
+}
+
+TEST(CudaBackendRules, RefusesHeadDims) {
+  Problem p = supported_problem();
+  p.d_qk = 264;
+  expect_refused(p, "head_dim", "264");
+  p = supported_problem();
+  p.d_v = 36;
+  expect_refused(p, "head_dim", "36");
+}
+
+TEST(CudaBackendRules, RefusesHeadDimStride) {
+  Problem p = supported_problem();
+  p.k.stride[3] = 2;
+  expect_refused(p, "head_dim_stride", "2");
+}
+
+TEST(CudaBackendRules, EveryOtherRulePasses) {
+  // With no GPU the only failing rule may be `gpu`, and its reason says what was found.
+  const strideattn::Verdict v = strideattn::detail::cuda_backend()->supports(supported_problem());
+  if (!v.supported) {
+    EXPECT_EQ(v.rule, "gpu") << v.reason;
+    EXPECT_NE(v.reason.find("8.0"), std::string::npos) << v.reason;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,356 @@
+// The `cuda` backend against the fp64 reference under DESIGN's correctness rule, through the
+// harness runner (device buffers, fresh random inputs, poisoned outputs, guard bands,
+// written checks), forward and backward: every mask, windows, s_q != s_kv both ways, s = 1,
+// sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
+// the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
+// head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
+// seeded sweep, and bitwise determinism of the backward. Skips when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/runner.hpp"
+#include "harness/views.hpp"
+
+namespace {
+
+using strideattn::Backend;
+using strideattn::DType;
+using strideattn::MaskKind;
+using strideattn::harness::CaseReport;
+using strideattn::harness::CaseSpec;
+using strideattn::harness::ViewSpec;
+
+#define SKIP_WITHOUT_GPU()                                                              \
+  if (!strideattn::harness::gpu_available()) GTEST_SKIP() << "no CUDA GPU present: the " \
+                                                             "cuda backend tests need one"
+
+void expect_cuda_ok(CaseSpec spec) {
+  if (!spec.layout_name.empty()) {
+    const strideattn::Status s =
+        strideattn::harness::make_layout_views(spec.layout_name, spec.sizes, &spec.views);
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  CaseReport report;
+  const strideattn::Status s = strideattn::harness::run_case(spec, {Backend::cuda}, &report);
+  const std::string repro = strideattn::harness::reproducer(spec, {Backend::cuda});
+  ASSERT_TRUE(s.ok()) << s.message() << "\n  " << repro;
+  ASSERT_EQ(report.backends.size(), 1u);
+  const auto& r = report.backends[0];
+  std::ostringstream checks;
+  for (const auto& c : r.checks)
+    checks << " " << c.name << ": err " << c.err.max_abs_err << " tol " << c.tol << ";";
+  EXPECT_EQ(r.status, "ok") << r.reason << "\n " << checks.str() << "\n  " << repro;
+  EXPECT_TRUE(r.guard_ok) << repro;
+  EXPECT_TRUE(r.written_ok) << repro;
+  EXPECT_EQ(r.checks.size(), spec.grad ? 5u : 2u) << repro;
+}
+
+CaseSpec dense(DType dtype, std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
+               std::int64_t hg, std::int64_t dqk, std::int64_t dv, MaskKind mask,
+               std::int64_t left = -1, std::int64_t right = -1, bool grad = true,
+               const char* layout = "bshd_bshd_bshd") {
+  CaseSpec s;
+  s.dtype = dtype;
+  s.sizes.batch = b, s.sizes.s_q = sq, s.sizes.s_kv = skv;
+  s.sizes.heads = h, s.sizes.kv_heads = hg, s.sizes.d_qk = dqk, s.sizes.d_v = dv;
+  s.layout_name = layout;
+  s.options.mask = mask;
+  s.options.window = {left, right};
+  s.grad = grad;
+  s.seed = static_cast<std::uint64_t>(sq * 1000003 + skv * 101 + dqk * 7 + h + int(mask) + 17);
+  return s;
+}
+
+const MaskKind kMasks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
+
+TEST(CudaBackend, EveryMaskBothSequenceOrders) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t shapes[][2] = {{77, 77}, {50, 200}, {200, 50}, {128, 128}, {300, 257}};
+  for (MaskKind m : kMasks)
+    for (const auto& sh : shapes) {
+      SCOPED_TRACE(::testing::Message() << "mask " << int(m) << " sq " << sh[0] << " skv " << sh[1]);
+      expect_cuda_ok(dense(DType::bf16, 2, sh[0], sh[1], 2, 1, 64, 64, m));
+    }
+}
+
+TEST(CudaBackend, SlidingWindows) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t windows[][2] = {{16, 0}, {0, 16}, {5, 40}, {40, 5}, {-1, 8}, {8, -1}, {0, 0}, {100, 100}};
+  for (MaskKind m : kMasks)
+    for (const auto& w : windows) {
+      SCOPED_TRACE(::testing::Message() << "mask " << int(m) << " window " << w[0] << "," << w[1]);
+      expect_cuda_ok(dense(DType::f16, 1, 190, 250, 2, 2, 64, 64, m, w[0], w[1]));
+    }
+  // Rows with no key at all (O = 0, LSE = -inf, dQ = 0) and keys no query sees (dK = dV = 0).
+  expect_cuda_ok(dense(DType::bf16, 1, 250, 40, 2, 1, 64, 64, MaskKind::none, 3, 3));
+  expect_cuda_ok(dense(DType::bf16, 1, 40, 250, 2, 1, 128, 128, MaskKind::causal, 2, 0));
+}
+
+TEST(CudaBackend, SingleTokenSequences) {
+  SKIP_WITHOUT_GPU();
+  expect_cuda_ok(dense(DType::bf16, 2, 1, 1, 2, 1, 64, 64, MaskKind::none));
+  expect_cuda_ok(dense(DType::bf16, 2, 1, 300, 4, 2, 128, 128, MaskKind::causal_bottom_right));
+  expect_cuda_ok(dense(DType::bf16, 2, 1, 300, 4, 2, 64, 64, MaskKind::causal));
+  expect_cuda_ok(dense(DType::f16, 1, 300, 1, 2, 1, 64, 64, MaskKind::none));
+  expect_cuda_ok(dense(DType::f16, 1, 300, 1, 2, 1, 256, 256, MaskKind::causal_bottom_right));
+  expect_cuda_ok(dense(DType::f16, 1, 129, 128, 1, 1, 8, 8, MaskKind::causal));
+}
+
+TEST(CudaBackend, GroupedAndMultiQuery) {
+  SKIP_WITHOUT_GPU();
+  expect_cuda_ok(dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal));   // GQA 4
+  expect_cuda_ok(dense(DType::bf16, 1, 100, 180, 6, 1, 128, 128, MaskKind::none));   // MQA
+  expect_cuda_ok(dense(DType::f16, 1, 180, 100, 6, 3, 40, 24, MaskKind::causal_bottom_right));
+}
+
+TEST(CudaBackend, DifferentQkAndVHeadDims) {
+  SKIP_WITHOUT_GPU();
+  expect_cuda_ok(dense(DType::bf16, 1, 150, 150, 2, 1, 192, 128, MaskKind::causal));
+  expect_cuda_ok(dense(DType::bf16, 1, 150, 90, 2, 1, 192, 128, MaskKind::none));
+  expect_cuda_ok(dense(DType::f16, 1, 40, 190, 2, 2, 128, 192, MaskKind::none));
+  expect_cuda_ok(dense(DType::f16, 1, 70, 70, 1, 1, 8, 72, MaskKind::causal_bottom_right));
+}
+
+TEST(CudaBackend, HeadDims8To256) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t d : {8, 16, 40, 64, 72, 96, 128, 136, 160, 192, 200, 256}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    expect_cuda_ok(dense(DType::bf16, 1, 140, 170, 2, 1, d, d, MaskKind::causal_bottom_right));
+    expect_cuda_ok(dense(DType::f16, 1, 170, 140, 2, 2, d, d, MaskKind::none));
+  }
+}
+
+TEST(CudaBackend, ScaleOption) {
+  SKIP_WITHOUT_GPU();
+  CaseSpec s = dense(DType::bf16, 1, 100, 100, 2, 1, 64, 64, MaskKind::causal);
+  s.options.scale = 0.37;
+  expect_cuda_ok(s);
+  s.options.scale = -0.2;  // negative scales are legal; the max must still be the max
+  expect_cuda_ok(s);
+}
+
+// ------------------------------------------------------------------ layouts and views
+
+TEST(CudaBackend, SeedCaseFusedSplit) {
+  SKIP_WITHOUT_GPU();
+  expect_cuda_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::causal, -1, -1, true,
+                       "sb(h+2hg)d"));
+  expect_cuda_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::none, -1, -1, true,
+                       "sb(h+2hg)d"));
+}
+
+TEST(CudaBackend, EveryNamedLayout) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string& l : strideattn::harness::layout_names()) {
+    SCOPED_TRACE(l);
+    const bool packed_qkv = l.find('3') != std::string::npos;
+    const bool fused = l.find("(h") != std::string::npos;
+    const bool thd = l[0] == 't';
+    const std::int64_t hg = packed_qkv ? 4 : 2;
+    CaseSpec s = dense(DType::bf16, 2, 90, packed_qkv || fused ? 90 : 130, 4, hg, 64, 64,
+                       MaskKind::causal, -1, -1, true, l.c_str());
+    if (thd) {
+      s.sizes.batch = 3;
+      s.sizes.seqlens_q = {40, 0, 75};
+      s.sizes.seqlens_kv = packed_qkv || fused ? s.sizes.seqlens_q : std::vector<std::int64_t>{50, 9, 70};
+    }
+    expect_cuda_ok(s);
+  }
+}
+
+CaseSpec with_views(CaseSpec c, const std::function<ViewSpec(const char*, std::int64_t)>& make) {
+  c.layout_name.clear();
+  auto& v = c.views;
+  const std::int64_t h = c.sizes.heads, hg = c.sizes.kv_heads;
+  v.q = make("q", h), v.k = make("k", hg), v.v = make("v", hg), v.o = make("o", h);
+  v.d_o = make("do", h), v.dq = make("dq", h), v.dk = make("dk", hg), v.dv = make("dv", hg);
+  return c;
+}
+
+// FIELD.md's odd views: transposed sbhd memory passed as bshd, bhsd.transpose(1,2),
+// x[..., :d] of rows padded to d + 64 at an odd offset (element-wise path), head stride 65.
+TEST(CudaBackend, TransposedPaddedAndUnalignedViews) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t b = 2, s = 150, h = 4, hg = 2, d = 64;
+  const CaseSpec base = dense(DType::bf16, b, s, s, h, hg, d, d, MaskKind::causal);
+  expect_cuda_ok(with_views(base, [&](const char* n, std::int64_t hh) {
+    return ViewSpec{n, 0, {b, s, hh, d}, {hh * d, b * hh * d, d, 1}};
+  }));
+  expect_cuda_ok(with_views(base, [&](const char* n, std::int64_t hh) {
+    return ViewSpec{n, 0, {b, s, hh, d}, {hh * s * d, d, s * d, 1}};
+  }));
+  const std::int64_t dp = d + 64;
+  expect_cuda_ok(with_views(base, [&](const char* n, std::int64_t hh) {
+    return ViewSpec{n, 5, {b, s, hh, d}, {s * hh * dp, hh * dp, dp, 1}};
+  }));
+  // head stride 65: rows start at odd elements -> element-wise loads and 2-byte stores
+  expect_cuda_ok(with_views(base, [&](const char* n, std::int64_t hh) {
+    return ViewSpec{n, 0, {b, s, hh, d}, {s * hh * 65, hh * 65, 65, 1}};
+  }));
+  // d = 128 bucket and d = 256 bucket on the slow path too
+  for (std::int64_t dd : {128, 200}) {
+    const CaseSpec c = dense(DType::f16, 1, 130, 130, 2, 1, dd, dd, MaskKind::none);
+    expect_cuda_ok(with_views(c, [&](const char* n, std::int64_t hh) {
+      return ViewSpec{n, 3, {1, 130, hh, dd}, {130 * hh * (dd + 1), hh * (dd + 1), dd + 1, 1}};
+    }));
+  }
+}
+
+// ------------------------------------------------------------------ varlen
+
+CaseSpec varlen(DType dtype, std::vector<std::int64_t> lq, std::vector<std::int64_t> lk,
+                std::vector<std::int64_t> oq, std::vector<std::int64_t> ok, MaskKind mask,
+                std::int64_t left = -1, std::int64_t right = -1, std::int64_t d = 64,
+                const char* layout = "thd_thd_thd") {
+  CaseSpec s = dense(dtype, static_cast<std::int64_t>(lq.size()), 1, 1, 4, 2, d, d, mask, left,
+                     right, true, layout);
+  s.sizes.seqlens_q = std::move(lq), s.sizes.seqlens_kv = std::move(lk);
+  s.sizes.offsets_q = std::move(oq), s.sizes.offsets_kv = std::move(ok);
+  s.seed = 4242 + int(mask) + static_cast<std::uint64_t>(left + 2 * right + d);
+  return s;
+}
+
+TEST(CudaBackend, VarlenEmptySequencesAndGaps) {
+  SKIP_WITHOUT_GPU();
+  for (MaskKind m : kMasks) {
+    SCOPED_TRACE(::testing::Message() << "mask " << int(m));
+    expect_cuda_ok(varlen(DType::bf16, {0, 37, 170, 1, 0, 65}, {5, 37, 100, 0, 3, 164},
+                          {0, 3, 45, 220, 221, 225}, {0, 9, 50, 152, 153, 160}, m));
+  }
+  expect_cuda_ok(varlen(DType::f16, {20, 0, 190}, {20, 7, 160}, {}, {}, MaskKind::none, 8, 4, 128));
+  expect_cuda_ok(varlen(DType::bf16, {33, 129, 2}, {33, 129, 2}, {}, {}, MaskKind::causal, -1, -1,
+                        256, "t(h+2hg)d"));
+}
+
+// ------------------------------------------------------------------ seeded sweep
+
+TEST(CudaBackend, SeededSweep) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(20240612);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
+  };
+  const char* dense_layouts[] = {"bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd",
+                                 "sbhd_sb2hd", "bshd_bsh2d", "sb(h+2hg)d"};
+  const DType dtypes[] = {DType::f16, DType::bf16};
+  for (int c = 0; c < 60; ++c) {
+    const std::int64_t hg = pick(1, 2), h = hg * pick(1, 3);
+    const std::int64_t dqk = 8 * pick(1, 32);
+    const std::int64_t dv = (c % 4 == 0) ? 8 * pick(1, 32) : dqk;
+    const MaskKind m = kMasks[c % 3];
+    const std::int64_t left = pick(0, 3) == 0 ? pick(0, 150) : -1;
+    const std::int64_t right = pick(0, 3) == 0 ? pick(0, 150) : -1;
+    const DType t = dtypes[pick(0, 1)];
+    CaseSpec s;
+    if (c % 4 == 3) {
+      const std::int64_t n = pick(1, 4);
+      std::vector<std::int64_t> lq, lk, oq, ok;
+      std::int64_t pq = 0, pk = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        pq += pick(0, 2), pk += pick(0, 2);
+        lq.push_back(pick(0, 4) == 0 ? 0 : pick(1, 300));
+        lk.push_back(pick(0, 4) == 0 ? 0 : pick(1, 300));
+        oq.push_back(pq), ok.push_back(pk);
+        pq += lq.back(), pk += lk.back();
+      }
+      s = varlen(t, lq, lk, oq, ok, m, left, right);
+      s.sizes.heads = h, s.sizes.kv_heads = hg, s.sizes.d_qk = dqk, s.sizes.d_v = dqk;
+    } else {
+      const std::int64_t sq = pick(1, 320), skv = pick(0, 1) ? sq : pick(1, 320);
+      const char* layout = dense_layouts[pick(0, 5)];
+      const bool needs_equal_dims = std::string(layout).find('2') != std::string::npos ||
+                                    std::string(layout).find("(h") != std::string::npos;
+      s = dense(t, pick(1, 2), sq, std::string(layout).find("(h") != std::string::npos ? sq : skv,
+                h, hg, dqk, needs_equal_dims ? dqk : dv, m, left, right, c % 2 == 0, layout);
+    }
+    s.seed = 7000 + static_cast<std::uint64_t>(c);
+    SCOPED_TRACE(::testing::Message() << "sweep case " << c);
+    expect_cuda_ok(s);
+  }
+}
+
+// ------------------------------------------------------------------ determinism
+
+// The deterministic backward (the only backward: every sum runs in a fixed order in one
+// thread's registers) gives the same bytes run to run on the same inputs.
+TEST(CudaBackend, BackwardBitwiseDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t b = 2, s = 333, h = 8, hg = 2, d = 128;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  auto elems = [&](std::int64_t heads) { return static_cast<std::size_t>(b * s * heads * d); };
+  auto device_tensor = [&](std::int64_t heads, bool fill) {
+    std::vector<std::uint16_t> host(elems(heads));
+    for (auto& e : host) {
+      const float f = fill ? dist(rng) : 0.f;
+      std::uint32_t u;
+      std::memcpy(&u, &f, 4);
+      e = static_cast<std::uint16_t>(u >> 16);  // bf16 by truncation: any finite value will do
+    }
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, host.size() * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    return p;
+  };
+  auto view = [&](void* p, std::int64_t heads) {
+    strideattn::TensorView t;
+    t.data = p, t.dtype = DType::bf16, t.shape = {b, s, heads, d};
+    t.stride = {s * heads * d, heads * d, d, 1};
+    return t;
+  };
+  void* q = device_tensor(h, true);
+  void* k = device_tensor(hg, true);
+  void* v = device_tensor(hg, true);
+  void* d_o = device_tensor(h, true);
+  void* o = device_tensor(h, false);
+  float* lse = nullptr;
+  ASSERT_EQ(cudaMalloc(&lse, b * h * s * 4), cudaSuccess);
+  strideattn::ForwardArgs fa;
+  fa.q = view(q, h), fa.k = view(k, hg), fa.v = view(v, hg), fa.o = view(o, h);
+  fa.lse = {lse, {b, h, s}, {h * s, s, 1}};
+  fa.options.mask = MaskKind::causal;
+  fa.backend = Backend::cuda;
+  fa.memory = strideattn::Memory::device;
+  const strideattn::Status fs = strideattn::forward(fa);
+  ASSERT_TRUE(fs.ok()) << fs.message();
+
+  std::vector<std::vector<std::uint16_t>> runs;
+  for (int run = 0; run < 3; ++run) {
+    void* dq = device_tensor(h, false);
+    void* dk = device_tensor(hg, false);
+    void* dv = device_tensor(hg, false);
+    strideattn::BackwardArgs ba;
+    ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.d_o = view(d_o, h), ba.lse = fa.lse;
+    ba.dq = view(dq, h), ba.dk = view(dk, hg), ba.dv = view(dv, hg);
+    ba.options = fa.options;
+    ba.options.deterministic = true;
+    ba.backend = Backend::cuda;
+    ba.memory = strideattn::Memory::device;
+    const strideattn::Status st = strideattn::backward(ba);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<std::uint16_t> all(elems(h) + 2 * elems(hg));
+    ASSERT_EQ(cudaMemcpy(all.data(), dq, elems(h) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(all.data() + elems(h), dk, elems(hg) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(all.data() + elems(h) + elems(hg), dv, elems(hg) * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    runs.push_back(std::move(all));
+    cudaFree(dq), cudaFree(dk), cudaFree(dv);
+  }
+  for (std::size_t r = 1; r < runs.size(); ++r)
+    EXPECT_TRUE(runs[r] == runs[0]) << "gradients differ between runs (run " << r << ")";
+  bool any_nonzero = false;
+  for (auto x : runs[0]) any_nonzero |= (x & 0x7fff) != 0;
+  EXPECT_TRUE(any_nonzero) << "gradients are all zero: the test would pass vacuously";
+  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(d_o), cudaFree(o), cudaFree(lse);
+}
+
+}  // namespace

@@ -1,0 +1,9 @@
+# cuda backend tests (owner: cuda helper). GPU tests carry the label `gpu` and skip, saying
+# so, without a GPU; the support-rule test runs everywhere the backend is compiled.
+if(STRIDEATTN_HAVE_CUDA)
+  strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
+  strideattn_test(cuda_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cpp LABELS gpu)
+  target_link_libraries(cuda_test PRIVATE CUDA::cudart)
+  strideattn_test(cuda_large_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_large_test.cpp LABELS gpu)
+  target_link_libraries(cuda_large_test PRIVATE CUDA::cudart)
+endif()
