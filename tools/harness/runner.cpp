@@ -624,7 +624,8 @@ Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, in
         }
       const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
       const ForwardArgs fa = forward_args(spec, p.cv, bases, b, mem);
-      const BackwardArgs ba = backward_args(spec, p.cv, bases, b, mem);
+      const BackwardArgs ba =
+          spec.grad ? backward_args(spec, p.cv, bases, b, mem) : BackwardArgs{};
       auto once = [&]() -> Status {
         if (Status s = forward(fa); !s.ok()) return s;
         if (spec.grad)

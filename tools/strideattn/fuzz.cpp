@@ -121,7 +121,7 @@ void fit_budget(ProblemSizes* z) {
       if (!z->offsets_kv.empty()) {
         std::int64_t at = 0;
         for (std::size_t i = 0; i < z->offsets_kv.size(); ++i)
-          z->offsets_kv[i] = at, at += z->seqlens_kv[i] + 2;
+          z->offsets_kv[i] = at, at += z->seqlens_kv[i] + 3;
       }
       z->s_q = *std::max_element(z->seqlens_q.begin(), z->seqlens_q.end());
       z->s_kv = *std::max_element(z->seqlens_kv.begin(), z->seqlens_kv.end());
@@ -212,6 +212,16 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad) {
   spec.seed = seed * 1000003ull + std::uint64_t(index);
   spec.dtype = r.pick(std::vector<DType>{DType::f16, DType::f16, DType::bf16, DType::bf16, DType::f32});
   draw_sizes(r, &spec.sizes);
+  const bool use_layout = r.chance(0.45);
+  if (use_layout && r.chance(0.4)) {
+    // Make the packed layouts (one head count, one head dim, equal token counts) possible.
+    ProblemSizes& z = spec.sizes;
+    z.kv_heads = z.heads;
+    z.d_v = z.d_qk;
+    z.s_kv = z.s_q;
+    z.seqlens_kv = z.seqlens_q;
+    z.offsets_kv = z.offsets_q;
+  }
   fit_budget(&spec.sizes);
   const ProblemSizes& z = spec.sizes;
 
@@ -227,7 +237,7 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad) {
 
   // Views: a layout name (maybe with an output moved into a larger buffer), or random views.
   bool done = false;
-  if (r.chance(0.45)) {
+  if (use_layout) {
     std::vector<std::string> names = harness::layout_names();
     std::shuffle(names.begin(), names.end(), r.g);
     for (const std::string& n : names)
