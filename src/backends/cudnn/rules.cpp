@@ -49,7 +49,7 @@ kernel::MaskRule mask_of(const Problem& p, std::int64_t b) {
 
 Check check_gpu(const DeviceInfo& d, const Problem&) {
   if (d.gpu) return std::nullopt;
-  return "no usable CUDA device (" + d.gpu_error + "); cudnn needs an sm80+ GPU";
+  return "no usable CUDA device (" + d.gpu_error + "); supported: an sm80+ CUDA GPU";
 }
 
 Check check_version(const DeviceInfo& d, const Problem&) {
@@ -198,6 +198,8 @@ Check check_empty_rows(const DeviceInfo&, const Problem& p) {
 }  // namespace
 
 std::string version_string(std::int64_t v) {
+  if (v < 10000)  // cuDNN 8 numbering: major * 1000 + minor * 100 + patch
+    return str(v / 1000) + "." + str((v % 1000) / 100) + "." + str(v % 100);
   return str(v / 10000) + "." + str((v / 100) % 100) + "." + str(v % 100);
 }
 
@@ -288,10 +290,10 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
       rule("alignment", check_alignment),
       rule("mask_alignment", check_mask_maps),
       rule("int32_limits", check_bounds_int32),
+      rule("empty_rows", check_empty_rows),
       rule("bottom_right_shape", check_bottom_right_shape),
       rule("band_version", check_band_versions),
       rule("varlen_version", check_varlen_versions),
-      rule("empty_rows", check_empty_rows),
   };
 }
 

@@ -1,0 +1,264 @@
+// The cudnn backend's support rules and mask mapping, on a CPU: faked devices and cuDNN
+// versions (DeviceInfo) drive each named rule to refuse with the value found and what is
+// supported, and cuDNN's diagonal band (as documented in graph.hpp, read from the frontend's
+// sliding_window_mask) is checked against our MaskRule on every (i, j) of many shapes.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "backends/cudnn/rules.hpp"
+#include "common/attention_math.hpp"
+#include "problem/problem.hpp"
+
+namespace strideattn::detail::cudnn {
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// A forward problem on 256-byte aligned host buffers, marked as device memory (the rules
+// never dereference pointers).
+struct Fixture {
+  std::int64_t b = 2, sq = 64, skv = 64, h = 4, hg = 4, dqk = 64, dv = 64;
+  DType dtype = DType::bf16;
+  MaskKind mask = MaskKind::none;
+  Window window{};
+  std::int64_t q_row_pad = 0;   // extra elements per q row (changes strides)
+  std::int64_t q_offset = 0;    // element offset of q's data pointer
+  Varlen varlen{};
+  std::vector<std::unique_ptr<void, FreeDeleter>> keep;
+
+  TensorView view(std::int64_t bb, std::int64_t s, std::int64_t heads, std::int64_t d,
+                  std::int64_t pad = 0, std::int64_t offset = 0) {
+    const std::int64_t es = std::int64_t(size_of(dtype));
+    const std::int64_t row = d + pad;
+    const std::size_t bytes = std::size_t(((bb * s * heads * row + offset) * es + 255) / 256 * 256 + 256);
+    keep.emplace_back(std::aligned_alloc(256, bytes));
+    TensorView t;
+    t.data = static_cast<char*>(keep.back().get()) + offset * es;
+    t.dtype = dtype;
+    t.shape = {bb, s, heads, d};
+    t.stride = {s * heads * row, heads * row, row, 1};
+    return t;
+  }
+
+  Problem problem() {
+    ForwardArgs a;
+    const bool vl = varlen.enabled();
+    std::int64_t tq = sq, tkv = skv;
+    if (vl) {
+      tq = tkv = 0;
+      for (std::size_t i = 0; i < varlen.seqlens_q.size(); ++i) tq += varlen.seqlens_q[i];
+      for (std::size_t i = 0; i < varlen.seqlens_kv.size(); ++i) tkv += varlen.seqlens_kv[i];
+    }
+    const std::int64_t bb = vl ? 1 : b;
+    a.q = view(bb, tq, h, dqk, q_row_pad, q_offset);
+    a.k = view(bb, tkv, hg, dqk);
+    a.v = view(bb, tkv, hg, dv);
+    a.o = view(bb, tq, h, dv);
+    a.options.mask = mask;
+    a.options.window = window;
+    a.varlen = varlen;
+    a.memory = Memory::device;
+    Problem p;
+    Status s = make_problem(a, &p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return p;
+  }
+};
+
+DeviceInfo hopper(std::int64_t version = 91900) { return {true, "", 90, version}; }
+
+Verdict verdict(const DeviceInfo& dev, const Problem& p) {
+  return evaluate_rules(Backend::cudnn, support_rules(dev), p);
+}
+
+void expect_refused(const Verdict& v, const std::string& rule, const std::string& text) {
+  EXPECT_FALSE(v.supported);
+  EXPECT_EQ(v.rule, rule) << v.reason;
+  EXPECT_NE(v.reason.find(text), std::string::npos) << v.reason;
+  EXPECT_NE(v.reason.find("supported"), std::string::npos) << "names what is supported: " << v.reason;
+}
+
+TEST(CudnnRules, PlainProblemPassesEveryStaticRuleOnHopper) {
+  Fixture f;
+  Verdict v = verdict(hopper(), f.problem());
+  EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+}
+
+TEST(CudnnRules, HostMemoryIsRefusedFirst) {
+  Fixture f;
+  Problem p = f.problem();
+  p.memory = Memory::host;
+  Verdict v = verdict(hopper(), p);
+  EXPECT_EQ(v.rule, "memory");
+}
+
+TEST(CudnnRules, NoGpu) {
+  Fixture f;
+  DeviceInfo d;
+  d.gpu_error = "no CUDA device found";
+  d.cudnn_version = 91900;
+  expect_refused(verdict(d, f.problem()), "gpu", "no CUDA device found");
+}
+
+TEST(CudnnRules, VersionGates) {
+  Fixture f;
+  Problem p = f.problem();
+  expect_refused(verdict(hopper(8907), p), "cudnn_version", "cuDNN 8.9.7; supported: >= 9.0");
+  expect_refused(verdict(hopper(0), p), "cudnn_version", "could not be loaded");
+  expect_refused(verdict(hopper(91000), p), "cudnn_known_bug", "9.10.0");
+  EXPECT_TRUE(verdict(hopper(91002), p).supported);
+}
+
+TEST(CudnnRules, ArchAndDtype) {
+  Fixture f;
+  expect_refused(verdict(DeviceInfo{true, "", 75, 91900}, f.problem()), "gpu_arch", "7.5");
+  Fixture g;
+  g.dtype = DType::f32;
+  expect_refused(verdict(hopper(), g.problem()), "dtype", "f32");
+}
+
+TEST(CudnnRules, HeadDimLimitsDependOnArchAndVersion) {
+  Fixture a;
+  a.dqk = a.dv = 264;
+  expect_refused(verdict(hopper(), a.problem()), "head_dim", "d_qk = 264; supported: <= 256");
+  Fixture b;
+  b.dqk = b.dv = 36;
+  expect_refused(verdict(hopper(), b.problem()), "head_dim", "multiples of 8");
+  Fixture c;
+  c.dqk = 192;
+  c.dv = 128;
+  EXPECT_TRUE(verdict(hopper(), c.problem()).supported);
+  expect_refused(verdict(DeviceInfo{true, "", 80, 90900}, c.problem()), "head_dim", "<= 128");
+  EXPECT_TRUE(verdict(DeviceInfo{true, "", 80, 91900}, c.problem()).supported);
+}
+
+TEST(CudnnRules, AlignmentOfPointersAndStrides) {
+  Fixture a;
+  a.q_offset = 3;  // 6 bytes past a 16-byte boundary
+  expect_refused(verdict(hopper(), a.problem()), "alignment", "tensor q data pointer is 6 bytes");
+  Fixture b;
+  b.q_row_pad = 3;  // row of 67 elements = 134 bytes
+  expect_refused(verdict(hopper(), b.problem()), "alignment", "tensor q seq stride 268 elements");
+  Fixture c;
+  c.q_row_pad = 64;  // x[..., :d] of a d + 64 buffer: aligned, accepted
+  EXPECT_TRUE(verdict(hopper(), c.problem()).supported);
+}
+
+TEST(CudnnRules, CausalTopLeftWithWindowNeedsEqualLengths) {
+  Fixture a;
+  a.mask = MaskKind::causal;
+  a.window = {8, -1};
+  a.skv = 96;
+  expect_refused(verdict(hopper(), a.problem()), "mask_alignment", "s_q 64 != s_kv 96");
+  Fixture b;
+  b.mask = MaskKind::causal;
+  b.window = {8, -1};
+  EXPECT_TRUE(verdict(hopper(), b.problem()).supported);
+}
+
+TEST(CudnnRules, RowsWithoutKeysAreRefused) {
+  Fixture a;
+  a.mask = MaskKind::causal_bottom_right;
+  a.sq = 64;
+  a.skv = 32;
+  expect_refused(verdict(hopper(), a.problem()), "empty_rows", "query row 0 of sequence 0");
+  // Whole varlen sequences without keys are handled by the backend (written like padding).
+  Fixture b;
+  b.varlen.seqlens_q = {8, 8};
+  b.varlen.seqlens_kv = {8, 0};
+  EXPECT_TRUE(verdict(hopper(), b.problem()).supported) << verdict(hopper(), b.problem()).reason;
+}
+
+TEST(CudnnRules, BottomRightNeedsSqNotAboveSkvWhenDense) {
+  Fixture a;
+  a.sq = 64;
+  a.skv = 48;
+  a.window = {-1, 32};  // right bound wide enough that every row sees keys
+  expect_refused(verdict(hopper(), a.problem()), "bottom_right_shape", "s_q 64 > s_kv 48");
+}
+
+TEST(CudnnRules, WindowAndVarlenVersionGates) {
+  Fixture a;
+  a.window = {16, 0};
+  expect_refused(verdict(hopper(90500), a.problem()), "band_version", "cuDNN >= 9.6");
+  Fixture b;
+  b.hg = 2;
+  b.varlen.seqlens_q = {8, 16};
+  b.varlen.seqlens_kv = {8, 16};
+  expect_refused(verdict(hopper(90500), b.problem()), "varlen_version", "4/2 heads");
+  EXPECT_TRUE(verdict(hopper(), b.problem()).supported);
+}
+
+TEST(CudnnBand, MappingValues) {
+  std::string why;
+  Fixture f;
+  auto band = [&](MaskKind m, Window w) {
+    f.mask = m;
+    f.window = w;
+    auto b = band_for(f.problem(), &why);
+    EXPECT_TRUE(b.has_value()) << why;
+    return b.value_or(Band{});
+  };
+  EXPECT_EQ(band(MaskKind::none, {}), Band{});
+  EXPECT_EQ(band(MaskKind::causal, {}), (Band{false, false, true, 0, 0}));
+  EXPECT_EQ(band(MaskKind::causal_bottom_right, {}), (Band{true, false, true, 0, 0}));
+  EXPECT_EQ(band(MaskKind::none, {16, 8}), (Band{true, true, true, 17, 8}));
+  EXPECT_EQ(band(MaskKind::causal_bottom_right, {20, -1}), (Band{true, true, true, 21, 0}));
+  EXPECT_EQ(band(MaskKind::none, {-1, 5}), (Band{true, false, true, 0, 5}));
+}
+
+// cuDNN's band semantics (frontend sliding_window_mask): keep j iff
+// j <= i + shift + right (has_right) and j + left > i + shift (has_left), shift = s_kv - s_q
+// when bottom-right aligned, else 0.
+bool cudnn_keeps(const Band& band, std::int64_t sq, std::int64_t skv, std::int64_t i, std::int64_t j) {
+  const std::int64_t shift = band.bottom_right ? skv - sq : 0;
+  if (band.has_right && !(j <= i + shift + band.right_bound)) return false;
+  if (band.has_left && !(j + band.left_bound > i + shift)) return false;
+  return true;
+}
+
+TEST(CudnnBand, BandEqualsOurMaskOnEveryElement) {
+  std::mt19937 rng(12345);
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    Fixture f;
+    f.b = 1;
+    f.sq = 1 + std::int64_t(rng() % 40);
+    f.skv = 1 + std::int64_t(rng() % 40);
+    f.mask = static_cast<MaskKind>(rng() % 3);
+    auto side = [&]() -> std::int64_t { return rng() % 3 == 0 ? -1 : std::int64_t(rng() % 12); };
+    f.window = rng() % 2 ? Window{} : Window{side(), side()};
+    Problem p = f.problem();
+    std::string why;
+    auto band = band_for(p, &why);
+    if (!band) {
+      // Only causal top-left with a window and unequal lengths is refused.
+      EXPECT_EQ(f.mask, MaskKind::causal);
+      EXPECT_FALSE(f.window.unbounded());
+      EXPECT_NE(f.sq, f.skv);
+      continue;
+    }
+    kernel::MaskRule m;
+    m.s_q = f.sq;
+    m.s_kv = f.skv;
+    m.kind = static_cast<int>(f.mask);
+    m.left = f.window.left;
+    m.right = f.window.right;
+    for (std::int64_t i = 0; i < f.sq; ++i)
+      for (std::int64_t j = 0; j < f.skv; ++j)
+        ASSERT_EQ(cudnn_keeps(*band, f.sq, f.skv, i, j), m.visible(i, j))
+            << "s_q " << f.sq << " s_kv " << f.skv << " mask " << int(f.mask) << " window "
+            << f.window.left << "," << f.window.right << " at i " << i << " j " << j;
+    ++checked;
+  }
+  EXPECT_GT(checked, 300);
+}
+
+}  // namespace
+}  // namespace strideattn::detail::cudnn

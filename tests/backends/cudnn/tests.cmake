@@ -1,0 +1,10 @@
+# Tests of the `cudnn` backend (owner: cudnn helper). Only in builds that contain it:
+#  - cudnn_rules_test (label cpu): the support rules and the mask -> diagonal band mapping with
+#    faked devices and cuDNN versions; no GPU needed.
+#  - cudnn_gpu_test (label gpu): cudnn against the fp64 reference on the option matrix, cuda
+#    and cudnn on the same inputs, refusals with reasons; skips (saying so) without a GPU.
+get_property(_have_cudnn GLOBAL PROPERTY STRIDEATTN_HAVE_CUDNN)
+if(_have_cudnn)
+  strideattn_test(cudnn_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/rules_test.cpp)
+  strideattn_test(cudnn_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_test.cpp LABELS gpu)
+endif()
