@@ -116,6 +116,13 @@ class _Context:
             # JAX has no current stream to share: wait for the inputs, run on the legacy
             # default stream, and wait for the result before JAX sees it.
             self.sync_after = True
+            dev = next(iter(like.devices()))
+            try:
+                import torch
+
+                self._device_ctx = torch.cuda.device(getattr(dev, "local_hardware_id", None) or dev.id)
+            except ImportError:
+                pass
         elif self.fw == "other" and self.cuda:
             self.sync_after = True
 
@@ -169,6 +176,8 @@ class _Context:
         import jax.numpy as jnp
 
         name = "float32" if dtype == "float32" else jnp.dtype(dtype).name
+        if not self.cuda:  # JAX on the CPU: a numpy buffer (ml_dtypes gives numpy bfloat16)
+            return ("staged", _np().zeros(shape, dtype=jnp.dtype(name)))
         dev = next(iter(self.like.devices()))
         dev_id = getattr(dev, "local_hardware_id", None)
         if dev_id is None:
@@ -196,6 +205,10 @@ class _Context:
         if isinstance(x, tuple):
             import jax.dlpack
 
+            if type(x[1]).__module__ == "numpy":
+                import jax.numpy as jnp
+
+                return jnp.asarray(x[1])
             return jax.dlpack.from_dlpack(x[1])
         return x
 
