@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "backends/cpu/cpu_common.hpp"
+#include "backends/cpu/cpu_pack.hpp"
 #include "problem/params.hpp"
 
 namespace strideattn::detail::cpu {
@@ -80,10 +81,23 @@ Views views_of(const kernel::AttentionParams& a, std::int64_t b) {
           a.kv_seq.span(a.dk_st, b), a.kv_seq.span(a.dv_st, b)};
 }
 
-// Load the K and V tile of keys [c0, c0 + nc) of KV head `kvh`, transposed (and K also
-// row-major when `k_rows`).
-void load_kv(const kernel::AttentionParams& a, DType dt, const Views& vw, std::int64_t kvh,
-             std::int64_t c0, std::int64_t nc, bool k_rows, Scratch& w) {
+// fp32 operands of one tile: K^T and V^T ([d][kBlockKeys]) and K rows ([key][d_qk]) of a
+// key tile; scaled Q rows and dO rows of a query tile. From the pack when there is one,
+// otherwise converted into the thread's scratch.
+struct KeyOperands {
+  const float* k_t = nullptr;
+  const float* v_t = nullptr;
+  const float* k = nullptr;
+};
+struct RowOperands {
+  const float* q = nullptr;
+  const float* d_o = nullptr;
+};
+
+KeyOperands load_kv(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Views& vw,
+                    std::int64_t b, std::int64_t kvh, std::int64_t c0, std::int64_t nc,
+                    bool k_rows, Scratch& w) {
+  if (pack) return {pack->k_t(b, kvh, c0), pack->v_t(b, kvh, c0), pack->k_rows(b, kvh, c0)};
   for (std::int64_t j = 0; j < nc; ++j) {
     float* row = w.row.data();
     load_row(a.k, dt, kernel::row_offset(vw.k, a.k_st, c0 + j, kvh), w.dq, row);
@@ -92,33 +106,40 @@ void load_kv(const kernel::AttentionParams& a, DType dt, const Views& vw, std::i
     load_row(a.v, dt, kernel::row_offset(vw.v, a.v_st, c0 + j, kvh), w.dv, row);
     for (std::int64_t x = 0; x < w.dv; ++x) w.vt[x * kBlockKeys + j] = row[x];
   }
+  return {w.kt.data(), w.vt.data(), w.k.data()};
 }
 
-// Load Q, dO, LSE and D of query rows [r0, r0 + rows) of head `h`.
-void load_rows(const kernel::AttentionParams& a, DType dt, const Views& vw, DTable& dtab,
-               std::int64_t b, std::int64_t h, std::int64_t r0, std::int64_t rows, Scratch& w) {
+// Q (scaled: S = (scale Q) K^T and dK = dS^T (scale Q)), dO, LSE and D of query rows
+// [r0, r0 + rows) of head `h`; LSE and D always go to the scratch.
+RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pack,
+                      const Views& vw, DTable& dtab, std::int64_t b, std::int64_t h,
+                      std::int64_t r0, std::int64_t rows, Scratch& w) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq,
-             a.scale);  // scale Q: S = (scale Q) K^T and dK = dS^T (scale Q)
-    load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), w.dv,
-             w.d_o.data() + r * w.dv);
     w.lse[r] = a.lse[kernel::lse_offset(a.q_seq, a.lse_st, b, h, r0 + r)];
     w.delta[r] = *dtab.at(b, r0 + r, h);
   }
+  if (pack) return {pack->q_rows(b, h, r0), pack->do_rows(b, h, r0)};
+  for (std::int64_t r = 0; r < rows; ++r) {
+    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq,
+             a.scale);
+    load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), w.dv,
+             w.d_o.data() + r * w.dv);
+  }
+  return {w.q.data(), w.d_o.data()};
 }
 
-// For the tile rows [r0, r0 + rows) x keys [c0, c0 + nc) with Q, dO, K^T, V^T loaded:
+// For the tile rows [r0, r0 + rows) x keys [c0, c0 + nc):
 // P = exp((scale Q) K^T - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
 // dS = P * (dO V^T - D). Results in w.p and w.ds.
-void recompute_tile(const kernel::AttentionParams& a, const kernel::MaskRule& mask,
-                    std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t nc,
-                    Scratch& w) {
+void recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t rows,
+                    std::int64_t c0, std::int64_t nc, const RowOperands& ro,
+                    const KeyOperands& ko, Scratch& w) {
   float* p = w.p.data();
   float* ds = w.ds.data();
   std::fill_n(p, rows * kBlockKeys, 0.f);
   std::fill_n(ds, rows * kBlockKeys, 0.f);
-  gemm_acc(rows, nc, w.dq, w.q.data(), w.dq, 1, w.kt.data(), kBlockKeys, p, kBlockKeys);
-  gemm_acc(rows, nc, w.dv, w.d_o.data(), w.dv, 1, w.vt.data(), kBlockKeys, ds, kBlockKeys);
+  gemm_acc(rows, nc, w.dq, ro.q, w.dq, 1, ko.k_t, kBlockKeys, p, kBlockKeys);
+  gemm_acc(rows, nc, w.dv, ro.d_o, w.dv, 1, ko.v_t, kBlockKeys, ds, kBlockKeys);
   const bool full = kernel::tile_fully_visible(mask, r0, r0 + rows, c0, c0 + nc);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* pr = p + r * kBlockKeys;
@@ -154,25 +175,26 @@ void compute_delta(const kernel::AttentionParams& a, DType dt, const Item& it, D
 
 // ------------------------------------------------------------------------------ pass 2: dK, dV
 
-void key_tile(const kernel::AttentionParams& a, DType dt, const Item& it, DTable& dtab,
-              Scratch& w) {
+void key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Item& it,
+              DTable& dtab, Scratch& w) {
   const Views vw = views_of(a, it.batch);
-  const std::int64_t kvh = it.head, c0 = it.r0, nc = it.r1 - it.r0;
+  const std::int64_t kvh = it.head, c0 = it.r0, nc = it.r1 - it.r0;  // c0: multiple of kBlockKeys
   const std::int64_t group = a.heads / a.kv_heads;
   float* dk = w.acc_a.data();
   float* dv = w.acc_b.data();
   std::fill_n(dk, nc * w.dq, 0.f);
   std::fill_n(dv, nc * w.dv, 0.f);
-  load_kv(a, dt, vw, kvh, c0, nc, false, w);
+  const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, false, w);
   const kernel::TileRange queries = kernel::query_range_for_keys(vw.mask, c0, it.r1);
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (std::int64_t r0 = queries.begin; r0 < queries.end; r0 += kBlockRows) {
       const std::int64_t rows = kernel::min64(r0 + kBlockRows, queries.end) - r0;
-      load_rows(a, dt, vw, dtab, it.batch, h, r0, rows, w);
-      recompute_tile(a, vw.mask, r0, rows, c0, nc, w);
-      // dV += P^T dO ; dK += dS^T Q   (A(j, i) = P[i][j]: row step 1, column step kBlockKeys)
-      gemm_acc(nc, w.dv, rows, w.p.data(), 1, kBlockKeys, w.d_o.data(), w.dv, dv, w.dv);
-      gemm_acc(nc, w.dq, rows, w.ds.data(), 1, kBlockKeys, w.q.data(), w.dq, dk, w.dq);
+      const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
+      recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
+      // dV += P^T dO ; dK += dS^T (scale Q)   (A(j, i) = P[i][j]: row step 1, column step
+      // kBlockKeys)
+      gemm_acc(nc, w.dv, rows, w.p.data(), 1, kBlockKeys, ro.d_o, w.dv, dv, w.dv);
+      gemm_acc(nc, w.dq, rows, w.ds.data(), 1, kBlockKeys, ro.q, w.dq, dk, w.dq);
     }
   }
   for (std::int64_t j = 0; j < nc; ++j) {
@@ -183,20 +205,21 @@ void key_tile(const kernel::AttentionParams& a, DType dt, const Item& it, DTable
 
 // ------------------------------------------------------------------------------ pass 3: dQ
 
-void query_tile(const kernel::AttentionParams& a, DType dt, const Item& it, DTable& dtab,
-                Scratch& w) {
+void query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Item& it,
+                DTable& dtab, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t h = it.head, r0 = it.r0, rows = it.r1 - it.r0;
   const std::int64_t kvh = kernel::kv_head_of(h, a.heads, a.kv_heads);
   float* dq = w.acc_a.data();
   std::fill_n(dq, rows * w.dq, 0.f);
-  load_rows(a, dt, vw, dtab, it.batch, h, r0, rows, w);
+  const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
+  // Key tiles start at multiples of kBlockKeys (the pack's layout).
   const kernel::TileRange keys = kernel::key_range_for_rows(vw.mask, r0, it.r1);
-  for (std::int64_t c0 = keys.begin; c0 < keys.end; c0 += kBlockKeys) {
+  for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
     const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
-    load_kv(a, dt, vw, kvh, c0, nc, true, w);
-    recompute_tile(a, vw.mask, r0, rows, c0, nc, w);
-    gemm_acc(rows, w.dq, nc, w.ds.data(), kBlockKeys, 1, w.k.data(), w.dq, dq, w.dq);  // dQ += dS K
+    const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, true, w);
+    recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
+    gemm_acc(rows, w.dq, nc, w.ds.data(), kBlockKeys, 1, ko.k, w.dq, dq, w.dq);  // dQ += dS K
   }
   for (std::int64_t r = 0; r < rows; ++r)
     store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), w.dq, dq + r * w.dq,
@@ -264,14 +287,23 @@ Status backward(const Problem& p) {
   heaviest_first(q_items);
   heaviest_first(k_items);
 
+  // fp32 copies of every operand the passes re-read (K/V per query tile, Q/dO per key
+  // tile), made once; over the pack budget the passes convert tile by tile.
+  Pack pack;
+  const PackRequest request{
+      .k_t = true, .k_rows = true, .v_t = true, .q_rows = true, .do_rows = true};
+  const bool packed = (p.s_q > kBlockRows || p.s_kv > kBlockKeys) &&
+                      pack.build(a, dt, request, thread_count());
+  const Pack* pk = packed ? &pack : nullptr;
+
   bool ok = run_items(row_tiles, a, [&](const Item& it, Scratch& w) {
     compute_delta(a, dt, it, dtab, w);
   });
   ok = ok && run_items(k_items, a, [&](const Item& it, Scratch& w) {
-         key_tile(a, dt, it, dtab, w);
+         key_tile(a, dt, pk, it, dtab, w);
        });
   ok = ok && run_items(q_items, a, [&](const Item& it, Scratch& w) {
-         query_tile(a, dt, it, dtab, w);
+         query_tile(a, dt, pk, it, dtab, w);
        });
   if (!ok)
     return Status(StatusCode::backend_error,

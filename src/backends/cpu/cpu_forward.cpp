@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "backends/cpu/cpu_common.hpp"
+#include "backends/cpu/cpu_pack.hpp"
 #include "problem/params.hpp"
 
 namespace strideattn::detail::cpu {
@@ -59,13 +60,31 @@ std::vector<Item> make_items(const kernel::AttentionParams& a) {
   return items;
 }
 
-void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratch& w) {
+// K^T tile ([d_qk][kBlockKeys]) and V rows ([nc][d_v]) of keys [c0, c0 + nc) of KV head
+// `kvh`: from the pack when there is one, otherwise converted into the thread's scratch.
+struct KvTile {
+  const float* k_t = nullptr;
+  const float* v = nullptr;
+};
+KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std::int64_t b,
+               std::int64_t kvh, std::int64_t c0, std::int64_t nc, Scratch& w) {
+  if (pack) return {pack->k_t(b, kvh, c0), pack->v_rows(b, kvh, c0)};
+  const kernel::SequenceSpan k_span = a.kv_seq.span(a.k_st, b);
+  const kernel::SequenceSpan v_span = a.kv_seq.span(a.v_st, b);
+  for (std::int64_t j = 0; j < nc; ++j) {
+    load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, c0 + j, kvh), a.d_qk, w.row.data());
+    for (std::int64_t k = 0; k < a.d_qk; ++k) w.kt[k * kBlockKeys + j] = w.row[k];
+    load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), a.d_v, w.v.data() + j * a.d_v);
+  }
+  return {w.kt.data(), w.v.data()};
+}
+
+void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Item& it,
+              Scratch& w) {
   const std::int64_t dq = a.d_qk, dv = a.d_v, rows = it.r1 - it.r0;
   const kernel::MaskRule mask = a.mask(it.batch);
   const std::int64_t kvh = kernel::kv_head_of(it.head, a.heads, a.kv_heads);
   const kernel::SequenceSpan q_span = a.q_seq.span(a.q_st, it.batch);
-  const kernel::SequenceSpan k_span = a.kv_seq.span(a.k_st, it.batch);
-  const kernel::SequenceSpan v_span = a.kv_seq.span(a.v_st, it.batch);
   const kernel::SequenceSpan o_span = a.q_seq.span(a.o_st, it.batch);
 
   float* q = w.q.data();
@@ -78,19 +97,15 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratc
   std::fill_n(w.m.data(), rows, kNegInf);
   std::fill_n(w.l.data(), rows, 0.f);
 
+  // Key tiles start at multiples of kBlockKeys (the pack's layout); keys before
+  // keys.begin are invisible to every row and are masked like any other.
   const kernel::TileRange keys = kernel::key_range_for_rows(mask, it.r0, it.r1);
-  for (std::int64_t c0 = keys.begin; c0 < keys.end; c0 += kBlockKeys) {
+  for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
     const std::int64_t c1 = kernel::min64(c0 + kBlockKeys, keys.end), nc = c1 - c0;
-    // K tile, transposed into kt[k][j]; V tile row-major.
-    for (std::int64_t j = 0; j < nc; ++j) {
-      load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, c0 + j, kvh), dq, w.row.data());
-      for (std::int64_t k = 0; k < dq; ++k) w.kt[k * kBlockKeys + j] = w.row[k];
-      load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), dv,
-               w.v.data() + j * dv);
-    }
+    const KvTile kv = kv_tile(a, dt, pack, it.batch, kvh, c0, nc, w);
     // S = (scale Q) K^T
     std::fill_n(s, rows * kBlockKeys, 0.f);
-    gemm_acc(rows, nc, dq, q, dq, 1, w.kt.data(), kBlockKeys, s, kBlockKeys);
+    gemm_acc(rows, nc, dq, q, dq, 1, kv.k_t, kBlockKeys, s, kBlockKeys);
 
     const bool full = kernel::tile_fully_visible(mask, it.r0, it.r1, c0, c1);
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -100,13 +115,11 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratc
         j0 = kernel::min64(kernel::max64(mask.key_begin(it.r0 + r) - c0, 0), nc);
         j1 = kernel::max64(kernel::min64(mask.key_end(it.r0 + r) - c0, nc), j0);
       }
-      float mx = kNegInf;
-      for (std::int64_t j = j0; j < j1; ++j) mx = std::max(mx, sr[j]);
-      const float m_new = std::max(w.m[r], mx);
-      if (m_new == kNegInf || j0 == j1) {  // nothing visible in this tile for this row
+      if (j0 == j1) {  // nothing visible in this tile for this row
         std::fill_n(sr, nc, 0.f);
         continue;
       }
+      const float m_new = row_max(sr + j0, j1 - j0, w.m[r]);
       for (std::int64_t j = 0; j < j0; ++j) sr[j] = 0.f;
       const float sum = exp_sub_sum(sr + j0, j1 - j0, m_new);
       for (std::int64_t j = j1; j < nc; ++j) sr[j] = 0.f;
@@ -119,7 +132,7 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Item& it, Scratc
       w.m[r] = m_new;
     }
     // O += P V
-    gemm_acc(rows, dv, nc, s, kBlockKeys, 1, w.v.data(), dv, o, dv);
+    gemm_acc(rows, dv, nc, s, kBlockKeys, 1, kv.v, dv, o, dv);
   }
 
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -159,10 +172,15 @@ Status forward(const Problem& p) {
   if (items.empty()) return Status::Ok();
   const int threads = static_cast<int>(
       kernel::min64(thread_count(), static_cast<std::int64_t>(items.size())));
+  // K^T and V in fp32 once per call when more than one query tile reads them.
+  Pack pack;
+  const bool packed = p.s_q > kBlockRows &&
+                      pack.build(a, p.dtype, PackRequest{.k_t = true, .v_rows = true}, threads);
   std::atomic<std::size_t> next{0};
   const bool ok = run_threads(threads, [&](int) {
     Scratch w(a.d_qk, a.d_v);
-    for (std::size_t i = next++; i < items.size(); i = next++) run_item(a, p.dtype, items[i], w);
+    for (std::size_t i = next++; i < items.size(); i = next++)
+      run_item(a, p.dtype, packed ? &pack : nullptr, items[i], w);
   });
   if (!ok)
     return Status(StatusCode::backend_error,

@@ -1,6 +1,6 @@
 // The `cpu` backend's inner loops on contiguous fp32 tile buffers: the accumulate-GEMM the
 // tiles use (S = Q K^T, O += P V, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K) and
-// exp over a row segment. Each has a portable version and, on x86-64 with GCC or Clang, an
+// exp and max over a row segment. Each has a portable version and, on x86-64 with GCC or Clang, an
 // AVX2+FMA version chosen once at run time (the library is built for the baseline ISA, so
 // no build flag is needed and older CPUs still run the portable code).
 #pragma once
@@ -45,6 +45,13 @@ inline float exp_sub_sum_portable(float* x, std::int64_t n, float shift) {
   return sum;
 }
 
+// max(init, x[0..n)).
+inline float row_max_portable(const float* x, std::int64_t n, float init) {
+  float m = init;
+  for (std::int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
 // ------------------------------------------------------------------------------ AVX2 + FMA
 #ifdef STRIDEATTN_CPU_AVX2
 
@@ -53,18 +60,26 @@ template <int R, int V>
 SA_AVX2 inline void gemm_block_avx2(std::int64_t depth, const float* a, std::int64_t a_row,
                                     std::int64_t a_col, const float* b, std::int64_t ldb,
                                     float* c, std::int64_t ldc) {
+  // Fully unrolled so the accumulators live in registers, not on the stack.
   __m256 acc[R][V];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
     for (int v = 0; v < V; ++v) acc[r][v] = _mm256_loadu_ps(c + r * ldc + 8 * v);
   for (std::int64_t k = 0; k < depth; ++k) {
     __m256 bv[V];
+#pragma GCC unroll 2
     for (int v = 0; v < V; ++v) bv[v] = _mm256_loadu_ps(b + k * ldb + 8 * v);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 x = _mm256_broadcast_ss(a + r * a_row + k * a_col);
+#pragma GCC unroll 2
       for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(x, bv[v], acc[r][v]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
     for (int v = 0; v < V; ++v) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
 }
 
@@ -87,7 +102,11 @@ SA_AVX2 inline void gemm_rows_avx2(std::int64_t n, std::int64_t depth, const flo
 SA_AVX2 inline void gemm_acc_avx2(std::int64_t rows, std::int64_t n, std::int64_t depth,
                                   const float* a, std::int64_t a_row, std::int64_t a_col,
                                   const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  // 6 x 16 blocks keep 12 accumulators in flight (FMA latency x throughput) within the 16
+  // ymm registers, with 2 B vectors and 1 broadcast.
   std::int64_t m = 0;
+  for (; m + 6 <= rows; m += 6)
+    gemm_rows_avx2<6>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
   for (; m + 4 <= rows; m += 4)
     gemm_rows_avx2<4>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
   for (; m < rows; ++m)
@@ -142,6 +161,18 @@ SA_AVX2 inline float exp_sub_sum_avx2(float* x, std::int64_t n, float shift) {
   return sum;
 }
 
+SA_AVX2 inline float row_max_avx2(const float* x, std::int64_t n, float init) {
+  __m256 m = _mm256_set1_ps(init);
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = init;
+  for (float v : lanes) r = v > r ? v : r;
+  for (; j < n; ++j) r = x[j] > r ? x[j] : r;
+  return r;
+}
+
 inline bool have_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
@@ -157,6 +188,13 @@ inline void gemm_acc(std::int64_t rows, std::int64_t n, std::int64_t depth, cons
   if (have_avx2()) return gemm_acc_avx2(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
 #endif
   gemm_acc_portable(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
+}
+
+inline float row_max(const float* x, std::int64_t n, float init) {
+#ifdef STRIDEATTN_CPU_AVX2
+  if (have_avx2()) return row_max_avx2(x, n, init);
+#endif
+  return row_max_portable(x, n, init);
 }
 
 inline float exp_sub_sum(float* x, std::int64_t n, float shift) {
