@@ -28,6 +28,11 @@ namespace {
 const char* const kLseBuffer = "#lse";  // not a legal CLI buffer name: never collides
 
 bool is_gpu(Backend b) { return b == Backend::cuda || b == Backend::cudnn; }
+// Where a backend's tensors live: GPU backends, and `auto` when a GPU is present (what a
+// caller with device tensors gets), use device mirrors.
+bool on_device(Backend b) {
+  return is_gpu(b) || (b == Backend::automatic && gpu_available());
+}
 
 std::string fmt(double x) {
   char buf[64];
@@ -381,7 +386,7 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b,
     r.reason = why;
     return r;
   }
-  const bool gpu = is_gpu(b);
+  const bool gpu = on_device(b);
   const Memory mem = gpu ? Memory::device : Memory::host;
   const CaseViews& cv = p.cv;
   const bool varlen = spec.sizes.varlen();
@@ -613,7 +618,7 @@ Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, in
         finish(Status(StatusCode::unsupported, why));
         continue;
       }
-      const bool gpu = is_gpu(b);
+      const bool gpu = on_device(b);
       const Memory mem = gpu ? Memory::device : Memory::host;
       p.bufs.restore(p.pristine);
       DeviceMirror dev;
