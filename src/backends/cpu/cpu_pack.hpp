@@ -8,7 +8,7 @@
 //   V^T per key tile  [tile][d_v][kBlockKeys]   (dP = dO V^T)
 //   Q rows (scaled)   [row][d_qk], dO rows [row][d_v]   (backward)
 // Key tiles start at multiples of kBlockKeys; entries past a sequence's end are 0. When the
-// pack would exceed kPackBudgetBytes the caller converts tile by tile instead.
+// pack would exceed pack_budget() the caller converts tile by tile instead.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +24,12 @@ namespace strideattn::detail::cpu {
 // Up to 1 GiB of fp32 copies (a few times the inputs): far below the host memory of any
 // machine that runs attention this large on a CPU, and beyond it the per-tile path is used.
 inline constexpr std::int64_t kPackBudgetBytes = std::int64_t{1} << 30;
+
+// The budget in force; tests lower it to 0 to run the per-tile path on any problem.
+inline std::atomic<std::int64_t>& pack_budget() {
+  static std::atomic<std::int64_t> budget{kPackBudgetBytes};
+  return budget;
+}
 
 struct PackRequest {
   bool k_t = false, k_rows = false, v_rows = false, v_t = false;  // per KV head
@@ -61,7 +67,7 @@ class Pack {
       if (what.q_rows) s.q_rows = off, off += rows * dq;
       if (what.do_rows) s.do_rows = off, off += rows * dv;
       total += s.q_per_head * a.heads;
-      if (total * std::int64_t(sizeof(float)) > kPackBudgetBytes) return false;
+      if (total * std::int64_t(sizeof(float)) > pack_budget().load()) return false;
     }
     try {
       data_.assign(static_cast<std::size_t>(total), 0.f);

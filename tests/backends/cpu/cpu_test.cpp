@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_common.hpp"
+#include "backends/cpu/cpu_pack.hpp"
 #include "dispatch/backend.hpp"
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
@@ -260,6 +261,19 @@ TEST(CpuBackend, SeededSweep) {
     SCOPED_TRACE(::testing::Message() << "sweep case " << c);
     expect_cpu_ok(s);
   }
+}
+
+// Over the pack budget the passes convert K/V and Q/dO tile by tile instead of using the
+// fp32 pack: the same cases must pass on that path (budget 0 forces it everywhere).
+TEST(CpuBackend, PerTilePathWithoutPack) {
+  auto& budget = strideattn::detail::cpu::pack_budget();
+  const std::int64_t saved = budget.load();
+  budget = 0;
+  expect_cpu_ok(dense(DType::bf16, 2, 150, 131, 4, 2, 40, 40, MaskKind::causal));
+  expect_cpu_ok(dense(DType::f16, 1, 90, 200, 2, 1, 64, 32, MaskKind::causal_bottom_right, 70, 5));
+  expect_cpu_ok(varlen(DType::f32, {0, 100, 70}, {5, 130, 64}, {0, 3, 110}, {0, 9, 150},
+                       MaskKind::none, -1, 20));
+  budget = saved;
 }
 
 // ------------------------------------------------------------------ determinism, support
