@@ -89,6 +89,20 @@ struct Region {
   i128 rows = 1;
 };
 
+// Nesting, row count and end of a region from its base, run and sorted dims.
+void finish_region(Region* r) {
+  i128 span = r->run, reach = r->run;
+  r->nested = true;
+  r->rows = 1;
+  for (const auto& d : r->dims) {
+    if (d.stride < span) r->nested = false;
+    span = d.stride * (d.extent - 1) + span;
+    reach += d.stride * (d.extent - 1);
+    r->rows = r->rows > (i128{1} << 64) / d.extent ? (i128{1} << 64) : r->rows * d.extent;
+  }
+  r->hi = r->base + reach;
+}
+
 Region make_region(const void* data, i64 elem_bytes, const i64* shape, const i64* stride,
                    int rank) {
   Region r;
@@ -128,16 +142,16 @@ Region make_region(const void* data, i64 elem_bytes, const i64* shape, const i64
   std::sort(r.dims.begin(), r.dims.end(), [](const Region::D& a, const Region::D& b) {
     return a.stride < b.stride;
   });
-  i128 span = r.run, reach = r.run;
-  r.nested = true;
-  for (const auto& d : r.dims) {
-    if (d.stride < span) r.nested = false;
-    span = d.stride * (d.extent - 1) + span;
-    reach += d.stride * (d.extent - 1);
-    r.rows = r.rows > (i128{1} << 64) / d.extent ? (i128{1} << 64) : r.rows * d.extent;
-  }
-  r.hi = r.base + reach;
+  finish_region(&r);
   return r;
+}
+
+// The same region without its dimension `k` (base unchanged).
+Region without_dim(const Region& r, std::size_t k) {
+  Region out = r;
+  out.dims.erase(out.dims.begin() + static_cast<std::ptrdiff_t>(k));
+  finish_region(&out);
+  return out;
 }
 
 Region region_of(const TensorView& v) {
@@ -197,6 +211,38 @@ OverlapResult overlap_regions(const Region& a, const Region& b) {
     return res;
   }
   if (a.hi <= b.base || b.hi <= a.base) return res;  // disjoint byte ranges
+  // A dimension of equal stride s in both (the largest such): A = U_i (A' + i s) and
+  // B = U_j (B' + j s), so they meet iff A' meets B' + m s for some shift m = j - i that a
+  // valid pair (i, j) realises. Only shifts whose boxes intersect can matter; peel the
+  // dimension when there are at most three of them (blocks no wider than a stride, the
+  // usual case of views side by side in one buffer), which keeps this fast for large views.
+  for (std::size_t ka = a.dims.size(); ka-- > 0;) {
+    std::size_t kb = b.dims.size();
+    for (std::size_t j = 0; j < b.dims.size(); ++j)
+      if (b.dims[j].stride == a.dims[ka].stride) kb = j;
+    if (kb == b.dims.size()) continue;
+    const i128 stride = a.dims[ka].stride;
+    if (stride <= 0) break;
+    const Region a0 = without_dim(a, ka), b0 = without_dim(b, kb);
+    auto floor_div = [](i128 x, i128 y) { return x >= 0 ? x / y : -((-x + y - 1) / y); };
+    // [b0.base + m s, b0.hi + m s) meets [a0.base, a0.hi)  <=>  a0.base - b0.hi < m s < a0.hi - b0.base
+    i128 m_lo = floor_div(a0.base - b0.hi, stride) + 1;
+    i128 m_hi = -floor_div(-(a0.hi - b0.base), stride) - 1;
+    m_lo = std::max<i128>(m_lo, -(a.dims[ka].extent - 1));
+    m_hi = std::min<i128>(m_hi, b.dims[kb].extent - 1);
+    if (m_hi - m_lo + 1 > 3) break;
+    for (i128 m = m_lo; m <= m_hi; ++m) {
+      Region shifted = b0;
+      shifted.base += m * stride;
+      shifted.hi += m * stride;
+      OverlapResult r = overlap_regions(a0, shifted);
+      if (r.overlap) {
+        if (r.exact) r.witness += (m < 0 ? -m : 0) * stride;  // A block i = max(0, -m), B block i + m
+        return r;
+      }
+    }
+    return res;
+  }
   // Enumerate the rows of `s`, test each against nested `t`.
   auto probe = [&](const Region& s, const Region& t) -> OverlapResult {
     OverlapResult out;
