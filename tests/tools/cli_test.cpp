@@ -83,6 +83,10 @@ TEST(CliInvalid, OutputOverlapsInput) {
 TEST(CliInvalid, VarlenPastEnd) {
   expect_invalid("check --seqlens-q 10,20 --q q:1,25,4,64:6400,256,64,1 --backends cpu", "q");
 }
+TEST(CliInvalid, ViewExtentOverflows) {
+  expect_invalid("check --q q:1,2,1,64:1,9223372036854775807,64,1 --backends cpu", "q");
+}
+TEST(CliInvalid, NegativeSize) { expect_invalid("check --heads -3 --backends cpu", "negative"); }
 TEST(CliInvalid, UnknownBackend) { expect_invalid("check --backends cpu,tpu", "tpu"); }
 TEST(CliInvalid, UnknownLayout) { expect_invalid("check --layout abcd", "abcd"); }
 TEST(CliInvalid, UnknownPreset) { expect_invalid("check --preset nope", "nope"); }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -143,16 +144,26 @@ Status check_view_bounds(const char* tensor_name, const ViewSpec& v) {
   if (v.buffer.empty())
     return Status(StatusCode::invalid_argument,
                   std::string("view ") + tensor_name + ": no buffer name");
-  std::int64_t lowest = v.offset;
+  // 128-bit arithmetic: huge strides must produce a message, not an overflow.
+  __int128 lowest = v.offset, highest = v.offset;
   bool empty = false;
   for (int i = 0; i < 4; ++i) {
     if (v.shape[i] <= 0) empty = true;
-    if (v.stride[i] < 0 && v.shape[i] > 0) lowest += (v.shape[i] - 1) * v.stride[i];
+    const __int128 reach = __int128(std::max<std::int64_t>(v.shape[i] - 1, 0)) * v.stride[i];
+    (reach < 0 ? lowest : highest) += reach;
   }
+  constexpr std::int64_t kMaxElems = std::int64_t(1) << 33;
+  if (!empty && highest >= kMaxElems)
+    return Status(StatusCode::invalid_argument,
+                  std::string("view ") + tensor_name + ": reaches element " +
+                      (highest > INT64_MAX ? std::string("beyond 2^63")
+                                           : std::to_string(std::int64_t(highest))) +
+                      " of buffer '" + v.buffer + "'; the harness allocates at most 2^33 "
+                      "elements per buffer");
   if (!empty && lowest < 0)
     return Status(StatusCode::invalid_argument,
                   std::string("view ") + tensor_name + ": reaches element " +
-                      std::to_string(lowest) + " before the start of buffer '" + v.buffer +
+                      std::to_string(std::int64_t(lowest)) + " before the start of buffer '" + v.buffer +
                       "'; offsets and strides must keep every element at index >= 0");
   return Status::Ok();
 }
