@@ -27,10 +27,10 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Where the backward pass takes O (for rowsum(dO * O)) and LSE (for P) from.
+// Where the backward pass takes O (for D = rowsum(dO * O)) from.
 enum class BackwardSource {
-  recompute,  // reference_compute: O and LSE from this engine's own forward
-  given,      // the backend: O and LSE as the caller passed them (docs/semantics.md)
+  recompute,  // this engine's own forward O (fp64 exact, or the naive model's rounded O)
+  given_o,    // O as the caller passed it (docs/semantics.md "Backward")
 };
 
 // Row-major index into a logical [n0, n1, n2, n3] array.
@@ -229,13 +229,11 @@ class Engine {
 
       if (!backward) continue;
 
-      // Backward: O and LSE either from above or as the caller gave them.
-      if (source_ == BackwardSource::given) {
+      // Backward. P is this row's softmax from above (what the given LSE reproduces; taking P
+      // from a given fp32 LSE would make the target inherit that LSE's error as a
+      // normalization error). O, for D, is this row's O from above or the caller's.
+      if (source_ == BackwardSource::given_o)
         load_row(a_.o, dt, kernel::row_offset(a_.q_seq.span(a_.o_st, b), a_.o_st, i, h), dv, o.data());
-        const Acc given_lse = static_cast<Acc>(a_.lse[kernel::lse_offset(a_.q_seq, a_.lse_st, b, h, i)]);
-        for (std::int64_t j = j0; j < j1; ++j)
-          prob[std::size_t(j)] = std::exp(s[std::size_t(j)] - given_lse);
-      }
       load_row(a_.d_o, dt, kernel::row_offset(a_.q_seq.span(a_.do_st, b), a_.do_st, i, h), dv, d_o.data());
       const Acc delta = dot(d_o.data(), o.data(), dv);  // rowsum(dO * O)
       std::fill(dq.begin(), dq.end(), Acc(0));
@@ -292,6 +290,8 @@ class Engine {
 };
 
 ReferenceOutputs compute(const Problem& problem, RefPrecision precision, BackwardSource source) {
+  if (source == BackwardSource::given_o && (!problem.is_backward() || problem.o.data == nullptr))
+    source = BackwardSource::recompute;
   if (precision == RefPrecision::naive_lowp) return Engine<float>(problem, source).run();
   return Engine<double>(problem, source).run();
 }
@@ -343,7 +343,7 @@ class ReferenceBackend final : public BackendImpl {
       return Status(StatusCode::invalid_argument,
                     "reference backward: lse is null; the backward needs the forward's LSE");
     try {
-      ReferenceOutputs out = compute(problem, RefPrecision::exact, BackwardSource::given);
+      ReferenceOutputs out = compute(problem, RefPrecision::exact, BackwardSource::given_o);
       store_view(out.dq, problem.dq);
       store_view(out.dk, problem.dk);
       store_view(out.dv, problem.dv);
@@ -362,9 +362,13 @@ ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precisio
 
 ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision,
                                    RefBackwardInputs inputs) {
-  const bool given = inputs == RefBackwardInputs::given && problem.is_backward() &&
-                     problem.o.data != nullptr && problem.lse.data != nullptr;
-  return compute(problem, precision, given ? BackwardSource::given : BackwardSource::recompute);
+  return compute(problem, precision,
+                 inputs == RefBackwardInputs::given_o ? BackwardSource::given_o
+                                                      : BackwardSource::recompute);
+}
+
+RefBackwardInputs backward_targets(DType dtype) {
+  return dtype == DType::f32 ? RefBackwardInputs::recompute : RefBackwardInputs::given_o;
 }
 
 BackendImpl* reference_backend() {

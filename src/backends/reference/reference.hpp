@@ -29,12 +29,18 @@ struct ReferenceOutputs {
 // are recomputed, not read from the problem's o/lse views).
 [[nodiscard]] ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision);
 
-// Where the backward of a backward problem takes O (for D = rowsum(dO * O)) and LSE (for P):
-//   recompute - from this computation's own forward (the overload above);
-//   given     - from the problem's o and lse views, as every backend does
-//               (docs/semantics.md "Backward"): the exact backward of the given O and LSE.
-// The returned o and lse are always this computation's own forward.
-enum class RefBackwardInputs { recompute, given };
+// Where the backward of a backward problem takes O (for D = rowsum(dO * O)) from:
+//   recompute - this computation's own forward (the overload above);
+//   given_o   - the problem's o view, as every backend does (docs/semantics.md "Backward"):
+//               the backward of the given O, which the correctness rule compares with.
+// P is always this computation's own softmax (a given LSE only reproduces it). The returned
+// o and lse are always this computation's own forward.
+enum class RefBackwardInputs { recompute, given_o };
+
+// The backward targets docs/semantics.md "Correctness rule" compares a backend's dQ/dK/dV
+// with (exact and naive alike): f16/bf16 given_o (the O handed to the backward carries a
+// rounding to the dtype that no backend can undo), f32 recompute (the true gradient).
+[[nodiscard]] RefBackwardInputs backward_targets(DType dtype);
 [[nodiscard]] ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision,
                                                  RefBackwardInputs inputs);
 

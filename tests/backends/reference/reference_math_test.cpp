@@ -212,8 +212,9 @@ TEST(ReferenceGradient, FiniteDifferences) {
   }
 }
 
-// The backend's backward reads O and LSE as given: with the forward's own outputs it matches
-// reference_compute; with a different O the gradients change (rowsum(dO * O) moves).
+// The backend's backward reads O as given: with the forward's own outputs it matches
+// reference_compute; with a different O the gradients change (rowsum(dO * O) moves) and
+// match reference_compute's given_o mode.
 TEST(ReferenceGradient, BackendUsesGivenOAndLse) {
   CaseSpec s;
   s.sq = 6, s.skv = 6, s.h = 2, s.hg = 1, s.dqk = 8, s.dv = 8;
@@ -230,9 +231,9 @@ TEST(ReferenceGradient, BackendUsesGivenOAndLse) {
   c.run_backward();
   EXPECT_GT(max_abs_diff(c.dq.logical(), dq_before), 1e-3);
   EXPECT_EQ(max_abs_diff(c.dv.logical(), dv_before), 0.0);  // dV = P^T dO does not read O
-  // reference_compute's `given` mode is the exact backward of the given O and LSE.
+  // reference_compute's given_o mode is the exact backward of the given O.
   const ReferenceOutputs g =
-      reference_compute(c.problem(true), RefPrecision::exact, strideattn::detail::RefBackwardInputs::given);
+      reference_compute(c.problem(true), RefPrecision::exact, strideattn::detail::RefBackwardInputs::given_o);
   EXPECT_LT(max_abs_diff(c.dq.logical(), g.dq), 1e-6);
   EXPECT_LT(max_abs_diff(c.dk.logical(), g.dk), 1e-6);
   EXPECT_GT(max_abs_diff(g.dq, r.dq), 1e-3);

@@ -79,11 +79,11 @@ void check_case(const CaseSpec& spec, std::uint64_t seed) {
   if (testing::Test::HasFatalFailure()) return;
   for (const Tensor* t : {&c.o, &c.dq, &c.dk, &c.dv}) EXPECT_TRUE(written_and_guarded(*t));
   const auto problem = c.problem(true);
-  // The backward ran on the forward's O and LSE (in the views): its targets are the exact
-  // and naive backward of those given O and LSE (docs/semantics.md "Correctness rule").
-  const auto given = strideattn::detail::RefBackwardInputs::given;
-  const ReferenceOutputs exact = reference_compute(problem, RefPrecision::exact, given);
-  const ReferenceOutputs naive = reference_compute(problem, RefPrecision::naive_lowp, given);
+  // The backward ran on the forward's O and LSE (in the views); its targets are those
+  // docs/semantics.md "Correctness rule" names for the dtype.
+  const auto targets = strideattn::detail::backward_targets(spec.dtype);
+  const ReferenceOutputs exact = reference_compute(problem, RefPrecision::exact, targets);
+  const ReferenceOutputs naive = reference_compute(problem, RefPrecision::naive_lowp, targets);
   std::vector<double> lse(c.lse.data.begin(), c.lse.data.begin() + std::ptrdiff_t(exact.lse.size()));
   for (double x : lse) EXPECT_FALSE(std::isnan(x));  // every LSE element written
   double max_lse = 0;
