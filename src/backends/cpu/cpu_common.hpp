@@ -1,7 +1,8 @@
 // Shared pieces of the `cpu` backend: tile sizes, the one-shot thread pool, strided row
 // loads/stores through the dtype, and the varlen padding bookkeeping (the fp32 inner loops
-// are in cpu_kernels.hpp). All index arithmetic comes from src/common/attention_math.hpp (the same
-// functions the CUDA kernels use); this file only adds host-side plumbing.
+// are in cpu_kernels.hpp, the fp32 operand copies in cpu_pack.hpp). All mask, tile-range and
+// index arithmetic comes from src/common/attention_math.hpp (the functions the CUDA kernels
+// use); this file only adds host-side plumbing.
 #pragma once
 
 #include <algorithm>
@@ -9,21 +10,22 @@
 #include <functional>
 #include <vector>
 
-#include "common/attention_math.hpp"
 #include "backends/cpu/cpu_kernels.hpp"
+#include "common/attention_math.hpp"
 #include "common/dtype.hpp"
 #include "problem/problem.hpp"
 
 namespace strideattn::detail::cpu {
 
 // ------------------------------------------------------------------------------ tiles
-// Query rows per tile. 64 rows make the Q/O/dO tiles (64 x d fp32, 16 KiB at d = 64) and the
-// S/P tile (64 x 64, 16 KiB) fit in L2 together with a K/V tile even at d = 256, while every
-// K/V tile loaded (and converted from f16/bf16) is reused by 64 rows.
+// Query rows per tile. Every K/V tile read is reused by 64 rows (ten 6-row GEMM blocks and
+// one 4-row block), and the per-thread working set (Q/O tiles 64 x d, S/P 64 x 64 fp32:
+// 16 KiB each at d = 64) stays in L2 up to d = 256; more rows per tile would also leave
+// too few work items to balance 2-16 threads on s = 1-2k problems.
 inline constexpr std::int64_t kBlockRows = 64;
-// Keys per tile. 64 keys give a 64-float S row (16 SSE / 8 AVX vectors, the contiguous
-// inner loop of S = Q K^T) and amortize the per-tile online-softmax rescale of O over 64
-// keys; larger tiles waste work on the masked diagonal of causal problems.
+// Keys per tile. 64 keys are four 16-column blocks of the AVX2 GEMM for S = Q K^T and
+// amortize the online-softmax rescale of O over 64 keys; larger tiles waste more work on
+// the masked diagonal of causal and windowed problems.
 inline constexpr std::int64_t kBlockKeys = 64;
 
 // ------------------------------------------------------------------------------ threads

@@ -3,7 +3,8 @@
 // Q tile, loop over the key tiles the mask leaves visible (kernel::key_range_for_rows),
 // S = scale * Q K^T, mask only tiles that are not kernel::tile_fully_visible, online softmax
 // (running max m, running sum l, rescale O), then O /= l and LSE = m + log(l). Rows that see
-// no key get O = 0 and LSE = -inf. Items run on a thread pool, heaviest first.
+// no key get O = 0 and LSE = -inf. Items run on a thread pool, heaviest first; K^T and V
+// are converted to fp32 once per call (cpu_pack.hpp) when several query tiles read them.
 #include <atomic>
 #include <cmath>
 #include <limits>
