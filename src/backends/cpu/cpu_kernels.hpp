@@ -5,6 +5,7 @@
 // no build flag is needed and older CPUs still run the portable code).
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -181,25 +182,38 @@ inline bool have_avx2() {
 
 // ------------------------------------------------------------------------------ dispatch
 
+// Tests set this to run the portable loops on machines that have AVX2.
+inline std::atomic<bool>& force_portable_kernels() {
+  static std::atomic<bool> force{false};
+  return force;
+}
+inline bool use_avx2() {
+#ifdef STRIDEATTN_CPU_AVX2
+  return have_avx2() && !force_portable_kernels().load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
 inline void gemm_acc(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a,
                      std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
                      float* c, std::int64_t ldc) {
 #ifdef STRIDEATTN_CPU_AVX2
-  if (have_avx2()) return gemm_acc_avx2(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
+  if (use_avx2()) return gemm_acc_avx2(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
 #endif
   gemm_acc_portable(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
 }
 
 inline float row_max(const float* x, std::int64_t n, float init) {
 #ifdef STRIDEATTN_CPU_AVX2
-  if (have_avx2()) return row_max_avx2(x, n, init);
+  if (use_avx2()) return row_max_avx2(x, n, init);
 #endif
   return row_max_portable(x, n, init);
 }
 
 inline float exp_sub_sum(float* x, std::int64_t n, float shift) {
 #ifdef STRIDEATTN_CPU_AVX2
-  if (have_avx2()) return exp_sub_sum_avx2(x, n, shift);
+  if (use_avx2()) return exp_sub_sum_avx2(x, n, shift);
 #endif
   return exp_sub_sum_portable(x, n, shift);
 }

@@ -276,6 +276,15 @@ TEST(CpuBackend, PerTilePathWithoutPack) {
   budget = saved;
 }
 
+// The portable inner loops (used where AVX2+FMA is missing) on a machine that has AVX2.
+TEST(CpuBackend, PortableKernels) {
+  auto& force = strideattn::detail::cpu::force_portable_kernels();
+  force = true;
+  expect_cpu_ok(dense(DType::bf16, 2, 150, 131, 4, 2, 40, 40, MaskKind::causal));
+  expect_cpu_ok(dense(DType::f32, 1, 70, 90, 2, 1, 72, 24, MaskKind::none, 30, 10));
+  force = false;
+}
+
 // ------------------------------------------------------------------ determinism, support
 
 // The backward owns every output element in exactly one work item, so gradients are
