@@ -115,6 +115,19 @@ TEST(Cli, CheckSmallOnCpuAgrees) {
   EXPECT_NE(r.out.find("bshd_bshd_bshd"), std::string::npos) << r.out;
 }
 
+TEST(Cli, DisagreementExitsOneAndNamesTheWorstElement) {
+  // The hidden test hook corrupts element 5 of dv after each backend's backward.
+  const Result r = run_cli("check --preset small --backends reference,cpu --grad --test-plant value:dv:5:0.5");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("DISAGREES: cpu mismatch: dv[b=0,s=0,h=0,d=5]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("reproduce: strideattn check"), std::string::npos) << r.out;
+  const Result g = run_cli("check --preset small --backends cpu --test-plant guard:o:0:0 --json");
+  EXPECT_EQ(g.code, 1) << g.out << g.err;
+  const nlohmann::json j = nlohmann::json::parse(g.out);
+  EXPECT_EQ(j["backends"][0]["status"], "mismatch");
+  EXPECT_EQ(j["backends"][0]["guard_ok"], false);
+}
+
 TEST(Cli, CheckJsonHasTheContractFields) {
   const Result r = run_cli("check --preset varlen --backends reference,cpu,cuda --grad --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;

@@ -57,7 +57,8 @@ struct CommandOptions {
 
 CommandOptions options_of(Command c) {
   switch (c) {
-    case Command::check: return {{"backends", "seed"}, {"grad", "json"}, true};
+    // test-plant: hidden test hook (harness::CaseSpec::plant), KIND:TENSOR:INDEX:DELTA
+    case Command::check: return {{"backends", "seed", "test-plant"}, {"grad", "json"}, true};
     case Command::explain: return {{}, {"grad", "json"}, true};
     case Command::bench: return {{"backends", "seed", "runs"}, {"grad", "json"}, true};
     case Command::fuzz:
@@ -397,6 +398,21 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
     inv.seed = std::uint64_t(s);
     inv.seed_given = true;
   }
+  if (values.count("test-plant")) {
+    const std::string& t = values.at("test-plant");
+    std::vector<std::string> parts;
+    std::string item;
+    std::istringstream is(t);
+    while (std::getline(is, item, ':')) parts.push_back(item);
+    harness::CaseSpec::Plant pl;
+    char* end = nullptr;
+    if (parts.size() != 4 || !parse_int("test-plant", parts[2], &pl.index).ok())
+      return bad("--test-plant '" + t + "': expected KIND:TENSOR:INDEX:DELTA");
+    pl.kind = parts[0];
+    pl.tensor = parts[1];
+    pl.delta = std::strtod(parts[3].c_str(), &end);
+    inv.plant = pl;
+  }
   if (values.count("runs")) {
     std::int64_t r = 0;
     if (Status st = parse_int("runs", values.at("runs"), &r); !st.ok()) return st;
@@ -411,6 +427,7 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
   } else {
     if (Status s = resolve_problem(raw, inv.grad, &inv.spec); !s.ok()) return s;
     inv.spec.seed = inv.seed;
+    inv.spec.plant = inv.plant;
   }
   *out = std::move(inv);
   return Status::Ok();

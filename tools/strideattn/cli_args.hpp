@@ -31,6 +31,7 @@ struct Invocation {
   bool require_gpu = false;  // hidden: skip (exit 77) when no GPU is present
   bool require_ran = false;  // hidden: fail if a backend never ran a case
   int bench_runs = 20;
+  std::optional<harness::CaseSpec::Plant> plant;  // hidden --test-plant (tests only)
 };
 
 // Parse argv[1..]. The PROBLEM is resolved fully (preset, sizes, layout views, explicit views).
