@@ -137,17 +137,16 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
     if (it + 1 < n_blocks) load_tile<kThreads>(sK, k_rows(c0 + Bc));
     cp_async_commit();
 
-    // S *= scale * log2(e); masked entries -> -inf
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] *= kp.scale_log2;
+    // masked entries of S -> -inf (the scale is applied inside the exponent below; the
+    // validation guarantees scale > 0, so the max of S is the max of scale * S)
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
 
-    // online softmax: new row max, rescale O and l, P = 2^(S - m)
+    // online softmax: new row max m (raw units), P = 2^(S * scale_log2 - m * scale_log2);
+    // O and l are rescaled by 2^((m_old - m_new) * scale_log2) only when some row's max grew
+    // (multiplying by exactly 1 is skipped, which changes no bit of the result).
+    float alpha[MT][2];
+    bool grew = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -157,21 +156,29 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
         for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_ref = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-        const float alpha = exp2f(row_max[mt][h] - m_ref);
+        // a row with nothing visible yet keeps m = -inf; its reference point is 0
+        const float m_ref = mx == -INFINITY ? 0.f : mx * kp.scale_log2;
+        alpha[mt][h] = mx > row_max[mt][h] ? exp2f(row_max[mt][h] * kp.scale_log2 - m_ref) : 1.f;
+        grew |= mx > row_max[mt][h];
         row_max[mt][h] = mx;
-        row_sum[mt][h] *= alpha;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) o_acc[mt][n][2 * h] *= alpha, o_acc[mt][n][2 * h + 1] *= alpha;
+        row_sum[mt][h] *= alpha[mt][h];
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < Bc / 8; ++n) {
-          s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] - m_ref);
-          s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] - m_ref);
+          s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] * kp.scale_log2 - m_ref);
+          s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] * kp.scale_log2 - m_ref);
           sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
         }
         row_sum[mt][h] += sum;
       }
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= alpha[mt][e >> 1];
+    }
 
     uint32_t p_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(p_frag, s);
@@ -203,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
       }
       if (p.lse != nullptr && t == 0)
         p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
-            l > 0.f ? (row_max[mt][h] + log2f(l)) * kLn2 : -INFINITY;
+            l > 0.f ? (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2 : -INFINITY;
     }
 }
 

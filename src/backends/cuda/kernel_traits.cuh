@@ -26,7 +26,9 @@ template <> struct ForwardTile<256> { static constexpr int kMT = 1, kBr = 64, kB
 // head-dim columns of dK/dV one CTA accumulates (the CTA recomputes S and dP for each
 // split), so that 2 x (16 x DAcc) accumulators fit in registers.
 template <int D> struct BackwardKvTile;
-template <> struct BackwardKvTile<64> { static constexpr int kMT = 1, kBc = 64, kBr = 64, kDAcc = 64; };
+// d <= 64: two m16 tiles per warp (Bc 128) double the reuse of each Q / dO fragment;
+// dK + dV 2 x 2 x 32 floats, S^T and dP^T 2 x 16 floats each with Br 32.
+template <> struct BackwardKvTile<64> { static constexpr int kMT = 2, kBc = 128, kBr = 32, kDAcc = 64; };
 // d <= 128: dK + dV accumulators 2 x 64 floats, S^T and dP^T 32 floats each (Br 64).
 template <> struct BackwardKvTile<128> { static constexpr int kMT = 1, kBc = 64, kBr = 64, kDAcc = 128; };
 // d <= 256: two column splits of 128; Br 32 keeps S^T / dP^T small and smem at
@@ -36,9 +38,11 @@ template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64,
 // Backward, dQ pass: rows = queries (Br), columns = keys (Bc). dQ accumulates in fp32
 // registers over the key blocks in a fixed order: no atomics, bitwise deterministic.
 template <int D> struct BackwardQTile;
-template <> struct BackwardQTile<64> { static constexpr int kMT = 1, kBr = 64, kBc = 64; };
-// d <= 128: dQ 64 floats + S and dP 32 floats each; smem Q 16K + dO 16K + 2 x (K 16K + V 16K).
-template <> struct BackwardQTile<128> { static constexpr int kMT = 1, kBr = 64, kBc = 64; };
+// d <= 64: two m16 tiles per warp (Br 128): each K / V fragment feeds two MMAs.
+template <> struct BackwardQTile<64> { static constexpr int kMT = 2, kBr = 128, kBc = 64; };
+// d <= 128: two m16 tiles per warp (Br 128), Bc 32: dQ 2 x 64 floats + S and dP 2 x 16
+// floats each; smem Q 32K + dO 32K + 2 x (K 8K + V 8K) = 96 KiB.
+template <> struct BackwardQTile<128> { static constexpr int kMT = 2, kBr = 128, kBc = 32; };
 // d <= 256: dQ 128 floats; Bc 32 keeps S and dP at 16 floats; smem 64K + 2 x 32K = 128 KiB.
 template <> struct BackwardQTile<256> { static constexpr int kMT = 1, kBr = 64, kBc = 32; };
 
