@@ -65,12 +65,26 @@ ErrorStats compare(const std::vector<double>& out, const std::vector<double>& ex
   return st;
 }
 
-double tolerance(DType dtype, double naive_max_abs_err) {
-  return 2.0 * naive_max_abs_err + floor_of(dtype);
+double tolerance(DType dtype, double naive_max_abs_err, double max_abs_exact) {
+  return 2.0 * naive_max_abs_err + floor_of(dtype) + 4e-6 * max_abs_exact;
 }
 
-double lse_tolerance(double naive_max_abs_err, double max_abs_lse) {
-  return 2.0 * naive_max_abs_err + floor_of(DType::f32) + 4e-6 * max_abs_lse;
+double max_abs_finite(const std::vector<double>& values) {
+  double m = 0;
+  for (double x : values)
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+TensorCheck check_tensor(std::string name, DType dtype, const std::vector<double>& out,
+                         const std::vector<double>& naive, const std::vector<double>& exact,
+                         double magnitude) {
+  TensorCheck c;
+  c.name = std::move(name);
+  c.tol = tolerance(dtype, compare(naive, exact).max_abs_err,
+                    magnitude >= 0 ? magnitude : max_abs_finite(exact));
+  c.err = compare(out, exact);
+  return c;
 }
 
 }  // namespace strideattn::harness

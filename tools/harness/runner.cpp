@@ -280,7 +280,8 @@ struct Expected {
   std::string name;
   const ViewSpec* view;
   const std::vector<double>* exact;
-  double tol;
+  const std::vector<double>* naive;  // the naive low-precision model: sets the tolerance
+  double magnitude = -1.0;           // scale of the relative term (compare.hpp check_tensor)
 };
 
 std::string describe_failure(const TensorCheck& c, const ViewSpec& v, bool varlen) {
@@ -297,10 +298,10 @@ std::string describe_failure(const TensorCheck& c, const ViewSpec& v, bool varle
 void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen,
                    BackendResult* r, std::vector<std::string>* failures) {
   for (const Expected& e : expected) {
-    TensorCheck c;
-    c.name = e.name;
-    c.err = compare(read_view(bufs.at(e.view->buffer), *e.view), *e.exact);
-    c.tol = e.tol;
+    const DType stored = e.name == "lse" ? DType::f32 : bufs.at(e.view->buffer).dtype();
+    TensorCheck c =
+        check_tensor(e.name, stored, read_view(bufs.at(e.view->buffer), *e.view), *e.naive, *e.exact,
+                     e.magnitude);
     if (!c.pass()) failures->push_back(describe_failure(c, *e.view, varlen));
     r->checks.push_back(std::move(c));
   }
@@ -388,8 +389,16 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b,
-                      const detail::ReferenceOutputs& exact, const std::vector<double>& tols) {
+// The fp64 answer key and the naive model of one case (see docs/semantics.md
+// "Correctness rule"). Backward targets are either fixed per case (f32: the true gradient)
+// or computed from the O each backend's forward produced (f16/bf16: backward_targets()).
+struct Targets {
+  detail::ReferenceOutputs exact, naive;  // forward; and backward when fixed per case
+  const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O)
+  bool from_given_o = false;
+};
+
+BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Targets& t) {
   BackendResult r;
   r.backend = b;
   if (std::string why = unavailable_reason(b); !why.empty()) {
@@ -424,10 +433,25 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b,
     if (Status d = dev.download(p.bufs); !d.ok()) return fail(d, "forward");
   apply_plant(spec, p, {"o", "lse"});
   apply_run_check(p.bufs.check_after_run(), "forward", &r, &failures);
-  check_outputs(p.bufs, {{"o", cv.o, &exact.o, tols[0]}, {"lse", &cv.lse, &exact.lse, tols[1]}},
+  check_outputs(p.bufs,
+                {{"o", cv.o, &t.exact.o, &t.naive.o}, {"lse", &cv.lse, &t.exact.lse, &t.naive.lse}},
                 varlen, &r, &failures);
 
   if (spec.grad) {
+    // The answer key for the backward: from this backend's O where the rule says so.
+    detail::ReferenceOutputs given_exact, given_naive;
+    const detail::ReferenceOutputs* bexact = &t.exact;
+    const detail::ReferenceOutputs* bnaive = &t.naive;
+    if (t.from_given_o) {
+      given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact,
+                                              detail::RefBackwardInputs::given_o);
+      given_naive = detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp,
+                                              detail::RefBackwardInputs::given_o);
+      bexact = &given_exact;
+      bnaive = &given_naive;
+    }
+    const double grad_scale = std::max({max_abs_finite(bexact->dq), max_abs_finite(bexact->dk),
+                                        max_abs_finite(bexact->dv)});
     // Backward on this backend's own O and LSE, with poisoned dQ, dK, dV.
     p.bufs.prepare_outputs({cv.dq, cv.dk, cv.dv}, {},
                            {cv.q, cv.k, cv.v, cv.o, cv.d_o, &cv.lse});
@@ -450,9 +474,9 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b,
       apply_plant(spec, p, {"dq", "dk", "dv"});
       apply_run_check(p.bufs.check_after_run(), "backward", &r, &failures);
       check_outputs(p.bufs,
-                    {{"dq", cv.dq, &exact.dq, tols[2]},
-                     {"dk", cv.dk, &exact.dk, tols[3]},
-                     {"dv", cv.dv, &exact.dv, tols[4]}},
+                    {{"dq", cv.dq, &bexact->dq, &bnaive->dq, grad_scale},
+                     {"dk", cv.dk, &bexact->dk, &bnaive->dk, grad_scale},
+                     {"dv", cv.dv, &bexact->dv, &bnaive->dv, grad_scale}},
                     varlen, &r, &failures);
     }
   }
@@ -528,11 +552,14 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
       Explanation ex = explain(forward_args(spec, p.cv, hb, Backend::automatic, Memory::host));
       report->layout = ex.layout;
     }
-    const detail::Problem& ref_problem = spec.grad ? bwd : fwd;
-    const detail::ReferenceOutputs exact =
-        detail::reference_compute(ref_problem, detail::RefPrecision::exact);
-    const detail::ReferenceOutputs naive =
-        detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
+    // Forward targets, and backward targets when they don't depend on the backend's O.
+    Targets t;
+    t.backward = &bwd;
+    t.from_given_o = spec.grad && detail::backward_targets(spec.dtype) ==
+                                      detail::RefBackwardInputs::given_o;
+    const detail::Problem& ref_problem = spec.grad && !t.from_given_o ? bwd : fwd;
+    t.exact = detail::reference_compute(ref_problem, detail::RefPrecision::exact);
+    t.naive = detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
 
     // The reference must produce every output, in the views' logical shapes.
     struct Want {
@@ -541,31 +568,19 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
       const std::vector<double>* n;
       std::int64_t count;
     };
-    std::vector<Want> wants = {{"o", &exact.o, &naive.o, numel(*p.cv.o)},
-                               {"lse", &exact.lse, &naive.lse, numel(p.cv.lse)}};
-    if (spec.grad) {
-      wants.push_back({"dq", &exact.dq, &naive.dq, numel(*p.cv.dq)});
-      wants.push_back({"dk", &exact.dk, &naive.dk, numel(*p.cv.dk)});
-      wants.push_back({"dv", &exact.dv, &naive.dv, numel(*p.cv.dv)});
+    std::vector<Want> wants = {{"o", &t.exact.o, &t.naive.o, numel(*p.cv.o)},
+                               {"lse", &t.exact.lse, &t.naive.lse, numel(p.cv.lse)}};
+    if (spec.grad && !t.from_given_o) {
+      wants.push_back({"dq", &t.exact.dq, &t.naive.dq, numel(*p.cv.dq)});
+      wants.push_back({"dk", &t.exact.dk, &t.naive.dk, numel(*p.cv.dk)});
+      wants.push_back({"dv", &t.exact.dv, &t.naive.dv, numel(*p.cv.dv)});
     }
-    std::vector<double> tols;
-    for (const Want& w : wants) {
+    for (const Want& w : wants)
       if (std::int64_t(w.e->size()) != w.count || std::int64_t(w.n->size()) != w.count)
         return Status(StatusCode::internal,
                       std::string("reference returned ") + std::to_string(w.e->size()) +
                           " values for " + w.name + ", expected " + std::to_string(w.count));
-      const double naive_err = compare(*w.n, *w.e).max_abs_err;
-      if (std::string(w.name) == "lse") {
-        double max_lse = 0;
-        for (double x : *w.e)
-          if (std::isfinite(x)) max_lse = std::max(max_lse, std::abs(x));
-        tols.push_back(lse_tolerance(naive_err, max_lse));
-      } else {
-        tols.push_back(tolerance(spec.dtype, naive_err));
-      }
-    }
-    tols.resize(5, 0.0);
-    for (Backend b : backends) report->backends.push_back(run_one(spec, p, b, exact, tols));
+    for (Backend b : backends) report->backends.push_back(run_one(spec, p, b, t));
     return Status::Ok();
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::backend_error, "out of host memory for the case's buffers");

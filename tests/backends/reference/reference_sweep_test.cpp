@@ -104,9 +104,8 @@ void check_case(const CaseSpec& spec, std::uint64_t seed) {
   for (const Item& it : items) {
     const harness::ErrorStats naive_err = harness::compare(*it.naive, *it.exact);
     EXPECT_EQ(naive_err.non_finite, 0) << it.name << ": the naive model disagrees on -inf/NaN";
-    harness::TensorCheck check{it.name, harness::compare(it.got, *it.exact),
-                               it.is_lse ? harness::lse_tolerance(naive_err.max_abs_err, max_lse)
-                                         : harness::tolerance(spec.dtype, naive_err.max_abs_err)};
+    const harness::TensorCheck check = harness::check_tensor(
+        it.name, it.is_lse ? DType::f32 : spec.dtype, it.got, *it.naive, *it.exact);
     EXPECT_TRUE(check.pass()) << it.name << ": err " << check.err.max_abs_err << " tol " << check.tol
                               << " non-finite " << check.err.non_finite << " worst index "
                               << check.err.worst_index;
