@@ -36,8 +36,10 @@ TensorLayout layout_of(const TensorView& t, std::int64_t batch, std::int64_t s, 
   const std::int64_t span = span_of(t.shape, t.stride);
   auto st = [&](int dim) { return t.shape[dim] > 1 ? t.stride[dim] : span; };
   l.dim = {batch, t.shape[kHead], s, t.shape[kHeadDim]};
-  const std::int64_t s_stride = (varlen || s > 1) ? t.stride[kSeq] : span;
-  const std::int64_t b_stride = varlen ? t.stride[kSeq] * std::max<std::int64_t>(s, 1) : st(kBatch);
+  // Varlen: the seq stride also scales the ragged offsets; a single-token view may carry any
+  // stride there, and then no offset other than 0 exists.
+  const std::int64_t s_stride = st(kSeq);
+  const std::int64_t b_stride = varlen ? s_stride * std::max<std::int64_t>(s, 1) : st(kBatch);
   l.stride = {b_stride, st(kHead), s_stride, 1};
   return l;
 }
@@ -154,12 +156,13 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
     std::vector<std::int32_t> ragged;
     auto add = [&](const TensorView& t, const std::vector<std::int64_t>& offs,
                    const std::vector<std::int32_t>& lens) {
+      const std::int64_t seq_stride = t.shape[kSeq] > 1 ? t.stride[kSeq] : 0;
       for (std::int64_t b = 0; b < p.batch; ++b)
-        ragged.push_back(std::int32_t(offs[std::size_t(b)] * t.stride[kSeq]));
+        ragged.push_back(std::int32_t(offs[std::size_t(b)] * seq_stride));
       std::int64_t end = 0;
       for (std::int64_t b = 0; b < p.batch; ++b)
         end = std::max(end, offs[std::size_t(b)] + lens[std::size_t(b)]);
-      ragged.push_back(std::int32_t(end * t.stride[kSeq]));
+      ragged.push_back(std::int32_t(end * seq_stride));
     };
     add(p.q, p.offsets_q, lq);
     add(p.k, p.offsets_kv, lkv);

@@ -176,6 +176,14 @@ Check check_varlen_versions(const DeviceInfo& d, const Problem& p) {
   return std::nullopt;
 }
 
+// cuDNN graphs cannot have empty dimensions: there must be a query and a key somewhere.
+Check check_empty_problem(const DeviceInfo&, const Problem& p) {
+  if (p.batch > 0 && p.s_q > 0 && p.s_kv > 0) return std::nullopt;
+  return std::string(p.varlen ? "longest sequence" : "sizes") + ": batch " + str(p.batch) +
+         ", s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) +
+         "; supported: batch, s_q and s_kv >= 1 (cuDNN graphs cannot have empty dimensions)";
+}
+
 // A query row that sees no key must give O = 0 and LSE = -inf; cuDNN leaves such rows
 // undefined, so they are refused. (Whole varlen sequences with no keys are handled: their
 // rows are written by the backend like padding.)
@@ -285,6 +293,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
       rule("cudnn_known_bug", check_known_bad),
       rule("gpu_arch", check_arch),
       rule("dtype", check_dtype),
+      rule("empty_problem", check_empty_problem),
       rule("head_dim_stride", check_unit_dim_stride),
       rule("head_dim", check_head_dim),
       rule("alignment", check_alignment),

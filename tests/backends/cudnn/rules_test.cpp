@@ -175,6 +175,16 @@ TEST(CudnnRules, RowsWithoutKeysAreRefused) {
   EXPECT_TRUE(verdict(hopper(), b.problem()).supported) << verdict(hopper(), b.problem()).reason;
 }
 
+TEST(CudnnRules, EmptyProblemsAreRefusedNotBuilt) {
+  Fixture a;
+  a.sq = 0;
+  expect_refused(verdict(hopper(), a.problem()), "empty_problem", "s_q 0");
+  Fixture b;
+  b.varlen.seqlens_q = {0, 0};
+  b.varlen.seqlens_kv = {5, 3};
+  expect_refused(verdict(hopper(), b.problem()), "empty_problem", "longest sequence");
+}
+
 TEST(CudnnRules, BottomRightNeedsSqNotAboveSkvWhenDense) {
   Fixture a;
   a.sq = 64;
