@@ -4,10 +4,13 @@
 // cuda and cudnn also run on the same inputs where the cuda backend is built.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/log.hpp"
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
 #include "strideattn/strideattn.hpp"
@@ -252,7 +255,7 @@ TEST_P(CudnnMatrix, CudaAndCudnnAgreeWithReferenceOnSameInputs) {
 INSTANTIATE_TEST_SUITE_P(Matrix, CudnnMatrix, ::testing::ValuesIn(matrix()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(CudnnGpu, SeedPresetUnderAutoPicksAGpuBackendAndPasses) {
+TEST(CudnnGpu, SeedAtFullSizePasses) {
   if (!harness::gpu_available()) GTEST_SKIP() << "no GPU present";
   // The real seed size: s = 2048, b = 2, 16 query heads, 1 KV head, d = 64, fp16, causal.
   Case c = layout_case("seed_full", "sb(h+2hg)d", dense(2, 2048, 2048, 16, 1, 64, 64),
@@ -274,6 +277,51 @@ TEST(CudnnGpu, RepeatedRunsReuseTheCachedGraphAndStayCorrect) {
     ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(report.backends.at(0).status, "ok") << describe(report);
   }
+}
+
+std::vector<std::string> g_log;
+void capture(std::string_view line) { g_log.emplace_back(line); }
+
+// DESIGN's "done when": with STRIDEATTN_LOG=info the seed case says which backend auto chose
+// and why. explain() on the seed's split views (device memory) must choose cudnn on an sm90
+// GPU and log one line naming it.
+TEST(CudnnGpu, AutoChoosesCudnnForTheSeedAndSaysSo) {
+  if (!harness::gpu_available()) GTEST_SKIP() << "no GPU present";
+  unsetenv("STRIDEATTN_BACKEND");
+  const std::int64_t s = 2048, b = 2, h = 16, hg = 1, d = 64, row = (h + 2 * hg) * d;
+  std::unique_ptr<void, decltype(&std::free)> fused(std::aligned_alloc(256, std::size_t(s * b * row * 2)),
+                                                    &std::free);
+  std::unique_ptr<void, decltype(&std::free)> out(std::aligned_alloc(256, std::size_t(s * b * h * d * 2)),
+                                                  &std::free);
+  auto split = [&](std::int64_t head0, std::int64_t heads) {
+    TensorView t;
+    t.data = static_cast<std::uint16_t*>(fused.get()) + head0 * d;
+    t.dtype = DType::f16;
+    t.shape = {b, s, heads, d};
+    t.stride = {row, b * row, d, 1};  // [s, b, h + 2hg, d] memory
+    return t;
+  };
+  ForwardArgs a;
+  a.q = split(0, h);
+  a.k = split(h, hg);
+  a.v = split(h + hg, hg);
+  a.o.data = out.get();
+  a.o.dtype = DType::f16;
+  a.o.shape = {b, s, h, d};
+  a.o.stride = {s * h * d, h * d, d, 1};
+  a.options.mask = MaskKind::causal;
+  a.memory = Memory::device;  // explain never touches the data
+  g_log.clear();
+  detail::set_log_sink_for_testing(&capture);
+  detail::set_log_level_for_testing(detail::LogLevel::info);
+  Explanation ex = explain(a);
+  detail::set_log_sink_for_testing(nullptr);
+  detail::set_log_level_for_testing(detail::LogLevel::off);
+  ASSERT_TRUE(ex.validation.ok()) << ex.validation.message();
+  ASSERT_TRUE(ex.chosen.has_value());
+  EXPECT_EQ(*ex.chosen, Backend::cudnn) << (ex.verdicts.empty() ? "" : ex.verdicts[0].reason);
+  ASSERT_EQ(g_log.size(), 1u);
+  EXPECT_NE(g_log[0].find("forward runs on cudnn (auto"), std::string::npos) << g_log[0];
 }
 
 }  // namespace
