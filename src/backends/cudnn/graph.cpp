@@ -1,9 +1,10 @@
 // The one translation unit that includes the cuDNN frontend: builds SDPA forward/backward
 // graphs from a GraphKey (real dims and strides), keeps them in a bounded per-device cache
 // (least recently used entry evicted when full; failed builds are cached too), and executes
-// them. Never prints (the frontend logs only when its own CUDNN_FRONTEND_LOG_INFO is set by
-// the user) and never lets an exception escape.
+// them. Never prints (the frontend's own logging, which CUDNN_FRONTEND_LOG_INFO would turn
+// on, is compiled out) and never lets an exception escape.
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
+#define NV_CUDNN_FRONTEND_DISABLE_LOGGING 1
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
