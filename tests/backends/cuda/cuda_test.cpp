@@ -355,4 +355,101 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(d_o), cudaFree(o), cudaFree(lse);
 }
 
+
+// ------------------------------------------------------------------ workspace
+
+// Random bf16 device tensor [1, tokens, heads, d], contiguous; freed by the owner.
+struct DeviceTensor {
+  void* ptr = nullptr;
+  std::size_t elems = 0;
+  DeviceTensor(std::int64_t tokens, std::int64_t heads, std::int64_t d, std::mt19937_64* rng)
+      : elems(static_cast<std::size_t>(tokens * heads * d)) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::vector<std::uint16_t> host(elems);
+    for (auto& e : host) {
+      const float f = rng ? dist(*rng) : 0.f;
+      std::uint32_t u;
+      std::memcpy(&u, &f, 4);
+      e = static_cast<std::uint16_t>(u >> 16);
+    }
+    EXPECT_EQ(cudaMalloc(&ptr, elems * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceTensor() { cudaFree(ptr); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  [[nodiscard]] std::vector<std::uint16_t> bytes() const {
+    std::vector<std::uint16_t> host(elems);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr, elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+};
+
+// A caller-provided workspace of workspace_size() bytes gives the same bytes as the
+// library's own allocation (varlen tables and the backward's delta rows live there); one
+// byte less is refused with invalid_argument.
+TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t h = 4, hg = 2, d = 64, tq = 104, tkv = 125;
+  const std::vector<std::int64_t> lq{30, 0, 70}, lk{50, 9, 60};
+  std::mt19937_64 rng(5);
+  DeviceTensor q(tq, h, d, &rng), k(tkv, hg, d, &rng), v(tkv, hg, d, &rng), d_o(tq, h, d, &rng);
+  DeviceTensor o(tq, h, d, nullptr), dq(tq, h, d, nullptr), dk(tkv, hg, d, nullptr),
+      dv(tkv, hg, d, nullptr);
+  float* lse = nullptr;
+  ASSERT_EQ(cudaMalloc(&lse, h * tq * 4), cudaSuccess);
+  auto view = [&](const DeviceTensor& t, std::int64_t tokens, std::int64_t heads) {
+    strideattn::TensorView tv;
+    tv.data = t.ptr, tv.dtype = DType::bf16, tv.shape = {1, tokens, heads, d};
+    tv.stride = {tokens * heads * d, heads * d, d, 1};
+    return tv;
+  };
+  strideattn::ForwardArgs fa;
+  fa.q = view(q, tq, h), fa.k = view(k, tkv, hg), fa.v = view(v, tkv, hg), fa.o = view(o, tq, h);
+  fa.lse = {lse, {1, h, tq}, {h * tq, tq, 1}};
+  fa.varlen.seqlens_q = lq, fa.varlen.seqlens_kv = lk;
+  fa.varlen.offsets_q = {0, 33, 34}, fa.varlen.offsets_kv = {2, 55, 65};  // gaps
+  fa.options.mask = MaskKind::causal_bottom_right;
+  fa.backend = Backend::cuda;
+  fa.memory = strideattn::Memory::device;
+  strideattn::BackwardArgs ba;
+  ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.d_o = view(d_o, tq, h), ba.lse = fa.lse;
+  ba.dq = view(dq, tq, h), ba.dk = view(dk, tkv, hg), ba.dv = view(dv, tkv, hg);
+  ba.options = fa.options, ba.varlen = fa.varlen, ba.backend = fa.backend, ba.memory = fa.memory;
+
+  auto run_both = [&]() {
+    strideattn::Status s = strideattn::forward(fa);
+    EXPECT_TRUE(s.ok()) << s.message();
+    s = strideattn::backward(ba);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<std::uint16_t> all = o.bytes();
+    for (const DeviceTensor* t : {&dq, &dk, &dv}) {
+      auto b = t->bytes();
+      all.insert(all.end(), b.begin(), b.end());
+    }
+    return all;
+  };
+  const std::vector<std::uint16_t> internal = run_both();
+
+  std::size_t fwd_bytes = 0, bwd_bytes = 0;
+  ASSERT_TRUE(strideattn::workspace_size(fa, &fwd_bytes).ok());
+  ASSERT_TRUE(strideattn::workspace_size(ba, &bwd_bytes).ok());
+  EXPECT_GT(fwd_bytes, 0u);  // the varlen tables
+  EXPECT_GT(bwd_bytes, fwd_bytes);  // plus delta rows
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, bwd_bytes), cudaSuccess);
+  for (const DeviceTensor* t : {&o, &dq, &dk, &dv})  // poison: the second run must write all
+    ASSERT_EQ(cudaMemset(t->ptr, 0xff, t->elems * 2), cudaSuccess);
+  fa.workspace = ws, fa.workspace_bytes = fwd_bytes;
+  ba.workspace = ws, ba.workspace_bytes = bwd_bytes;
+  EXPECT_TRUE(run_both() == internal) << "caller workspace changed the results";
+
+  ba.workspace_bytes = bwd_bytes - 1;
+  const strideattn::Status small = strideattn::backward(ba);
+  EXPECT_EQ(small.code(), strideattn::StatusCode::invalid_argument) << small.message();
+  cudaFree(ws);
+  cudaFree(lse);
+}
+
 }  // namespace
