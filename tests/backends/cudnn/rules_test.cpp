@@ -138,6 +138,27 @@ TEST(CudnnRules, HeadDimLimitsDependOnArchAndVersion) {
   EXPECT_TRUE(verdict(DeviceInfo{true, "", 80, 91900}, c.problem()).supported);
 }
 
+// The rule only looks at direction, determinism and the two head dims.
+TEST(CudnnRules, DeterministicBackwardWithUnequalHeadDimsIsRefused) {
+  Fixture f;
+  f.dqk = 192;
+  f.dv = 128;
+  Problem p = f.problem();
+  p.direction = strideattn::detail::Direction::backward;
+  p.deterministic = true;
+  const Verdict v = verdict(hopper(), p);
+  ASSERT_FALSE(v.supported);
+  EXPECT_EQ(v.rule, "deterministic_mla") << v.reason;
+  EXPECT_NE(v.reason.find("d_qk 192 != d_v 128"), std::string::npos) << v.reason;
+  p.deterministic = false;
+  EXPECT_NE(verdict(hopper(), p).rule, "deterministic_mla");
+  Fixture g;  // equal head dims stay allowed
+  Problem q = g.problem();
+  q.direction = strideattn::detail::Direction::backward;
+  q.deterministic = true;
+  EXPECT_NE(verdict(hopper(), q).rule, "deterministic_mla");
+}
+
 TEST(CudnnRules, AlignmentOfPointersAndStrides) {
   Fixture a;
   a.q_offset = 3;  // 6 bytes past a 16-byte boundary
