@@ -1,0 +1,17 @@
+# The library is usable downstream: installed + find_package(strideattn), and through
+# add_subdirectory() of the source tree (CPU-only there, to keep CI's build time down).
+set(_consumer ${CMAKE_CURRENT_SOURCE_DIR}/packaging/consumer)
+set(_work ${CMAKE_BINARY_DIR}/packaging)
+add_test(NAME packaging_find_package
+  COMMAND ${CMAKE_COMMAND} -E env bash -c
+    "set -e; rm -rf '${_work}/fp'; \
+     '${CMAKE_COMMAND}' --install '${CMAKE_BINARY_DIR}' --prefix '${_work}/fp/prefix' >/dev/null; \
+     '${CMAKE_COMMAND}' -S '${_consumer}' -B '${_work}/fp/build' -G Ninja -DCMAKE_PREFIX_PATH='${_work}/fp/prefix' >/dev/null; \
+     '${CMAKE_COMMAND}' --build '${_work}/fp/build' >/dev/null; '${_work}/fp/build/consumer'")
+add_test(NAME packaging_add_subdirectory
+  COMMAND ${CMAKE_COMMAND} -E env bash -c
+    "set -e; rm -rf '${_work}/as'; \
+     '${CMAKE_COMMAND}' -S '${_consumer}' -B '${_work}/as' -G Ninja -DSTRIDEATTN_SOURCE='${PROJECT_SOURCE_DIR}' -DSTRIDEATTN_CUDA=OFF >/dev/null; \
+     '${CMAKE_COMMAND}' --build '${_work}/as' >/dev/null; '${_work}/as/consumer'")
+set_tests_properties(packaging_find_package packaging_add_subdirectory PROPERTIES LABELS cpu TIMEOUT 900)
+set_tests_properties(packaging_add_subdirectory PROPERTIES RUN_SERIAL TRUE)
