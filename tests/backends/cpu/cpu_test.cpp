@@ -9,7 +9,6 @@
 
 #include <cstdlib>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,55 +17,23 @@
 #include "dispatch/backend.hpp"
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
+#include "support/backend_case.hpp"
 
 namespace {
 
 using strideattn::Backend;
 using strideattn::DType;
 using strideattn::MaskKind;
-using strideattn::harness::CaseReport;
 using strideattn::harness::CaseSpec;
-using strideattn::harness::ProblemSizes;
 
-// Runs `spec` on the cpu backend and expects "ok" (within tolerance, guards intact, every
-// output element written). Failure messages carry the reproducer command line.
-void expect_cpu_ok(CaseSpec spec) {
-  if (!spec.layout_name.empty()) {
-    const strideattn::Status s =
-        strideattn::harness::make_layout_views(spec.layout_name, spec.sizes, &spec.views);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
-  CaseReport report;
-  const strideattn::Status s = strideattn::harness::run_case(spec, {Backend::cpu}, &report);
-  const std::string repro = strideattn::harness::reproducer(spec, {Backend::cpu});
-  ASSERT_TRUE(s.ok()) << s.message() << "\n  " << repro;
-  ASSERT_EQ(report.backends.size(), 1u);
-  const auto& r = report.backends[0];
-  std::ostringstream checks;
-  for (const auto& c : r.checks)
-    checks << " " << c.name << ": err " << c.err.max_abs_err << " tol " << c.tol << ";";
-  EXPECT_EQ(r.status, "ok") << r.reason << "\n " << checks.str() << "\n  " << repro;
-  EXPECT_TRUE(r.guard_ok) << repro;
-  EXPECT_TRUE(r.written_ok) << repro;
-  // Forward checks o and lse; backward adds dq, dk, dv. None may be missing.
-  EXPECT_EQ(r.checks.size(), spec.grad ? 5u : 2u) << repro;
+// The cpu backend runs `spec` and passes (see test_support::expect_backend_ok).
+void expect_cpu_ok(const CaseSpec& spec) {
+  strideattn::test_support::expect_backend_ok(Backend::cpu, spec);
 }
 
-CaseSpec dense(DType dtype, std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
-               std::int64_t hg, std::int64_t dqk, std::int64_t dv, MaskKind mask,
-               std::int64_t left = -1, std::int64_t right = -1, bool grad = true,
-               const char* layout = "bshd_bshd_bshd") {
-  CaseSpec s;
-  s.dtype = dtype;
-  s.sizes.batch = b, s.sizes.s_q = sq, s.sizes.s_kv = skv;
-  s.sizes.heads = h, s.sizes.kv_heads = hg, s.sizes.d_qk = dqk, s.sizes.d_v = dv;
-  s.layout_name = layout;
-  s.options.mask = mask;
-  s.options.window = {left, right};
-  s.grad = grad;
-  s.seed = static_cast<std::uint64_t>(sq * 1000003 + skv * 101 + dqk * 7 + h + int(mask));
-  return s;
-}
+constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 0};
+constexpr strideattn::test_support::VarlenCaseBuilder varlen{
+    .seed_base = 4242, .head_dim = 32, .head_dim_in_seed = false};
 
 const MaskKind kMasks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
 
@@ -165,42 +132,25 @@ TEST(CpuBackend, NamedLayouts) {
 // b*h*d, batch stride h*d), bhsd.transpose(1,2), and x[..., :d] of a buffer padded to d+64.
 TEST(CpuBackend, TransposedAndPaddedViews) {
   const std::int64_t b = 2, s = 70, h = 2, d = 32;
-  auto spec_with = [&](auto make_view) {
-    CaseSpec c = dense(DType::bf16, b, s, s, h, h, d, d, MaskKind::causal);
-    c.layout_name.clear();
-    auto& v = c.views;
-    v.q = make_view("q"), v.k = make_view("k"), v.v = make_view("v"), v.o = make_view("o");
-    v.d_o = make_view("do"), v.dq = make_view("dq"), v.dk = make_view("dk"), v.dv = make_view("dv");
-    return c;
-  };
+  const CaseSpec base = dense(DType::bf16, b, s, s, h, h, d, d, MaskKind::causal);
   using strideattn::harness::ViewSpec;
+  using strideattn::test_support::with_views;
   // sbhd memory, logical [b, s, h, d]: batch stride h*d, seq stride b*h*d.
-  expect_cpu_ok(spec_with([&](const char* name) {
-    return ViewSpec{name, 0, {b, s, h, d}, {h * d, b * h * d, d, 1}};
+  expect_cpu_ok(with_views(base, [&](const char* name, std::int64_t hh) {
+    return ViewSpec{name, 0, {b, s, hh, d}, {hh * d, b * hh * d, d, 1}};
   }));
   // bhsd memory: batch stride h*s*d, seq stride d, head stride s*d.
-  expect_cpu_ok(spec_with([&](const char* name) {
-    return ViewSpec{name, 0, {b, s, h, d}, {h * s * d, d, s * d, 1}};
+  expect_cpu_ok(with_views(base, [&](const char* name, std::int64_t hh) {
+    return ViewSpec{name, 0, {b, s, hh, d}, {hh * s * d, d, s * d, 1}};
   }));
   // bshd rows padded to d + 64 with a 5-element offset: x[..., :d].
   const std::int64_t dp = d + 64;
-  expect_cpu_ok(spec_with([&](const char* name) {
-    return ViewSpec{name, 5, {b, s, h, d}, {s * h * dp, h * dp, dp, 1}};
+  expect_cpu_ok(with_views(base, [&](const char* name, std::int64_t hh) {
+    return ViewSpec{name, 5, {b, s, hh, d}, {s * hh * dp, hh * dp, dp, 1}};
   }));
 }
 
 // ------------------------------------------------------------------ varlen
-
-CaseSpec varlen(DType dtype, std::vector<std::int64_t> lq, std::vector<std::int64_t> lk,
-                std::vector<std::int64_t> oq, std::vector<std::int64_t> ok, MaskKind mask,
-                std::int64_t left = -1, std::int64_t right = -1, const char* layout = "thd_thd_thd") {
-  CaseSpec s = dense(dtype, static_cast<std::int64_t>(lq.size()), 1, 1, 4, 2, 32, 32, mask, left,
-                     right, true, layout);
-  s.sizes.seqlens_q = std::move(lq), s.sizes.seqlens_kv = std::move(lk);
-  s.sizes.offsets_q = std::move(oq), s.sizes.offsets_kv = std::move(ok);
-  s.seed = 4242 + int(mask) + static_cast<std::uint64_t>(left + 2 * right);
-  return s;
-}
 
 // Empty sequences (on either side), gaps between sequences (padding that must be written
 // as 0 / LSE -inf), s_q != s_kv per sequence, lengths around the tile size.
@@ -211,7 +161,7 @@ TEST(CpuBackend, VarlenEmptySequencesAndGaps) {
                          {0, 3, 45, 120, 121, 125}, {0, 9, 50, 152, 153, 160}, m));
   }
   expect_cpu_ok(varlen(DType::f16, {20, 0, 90}, {20, 7, 60}, {}, {}, MaskKind::none, 8, 4));
-  expect_cpu_ok(varlen(DType::f32, {33, 64, 2}, {33, 64, 2}, {}, {}, MaskKind::causal, -1, -1,
+  expect_cpu_ok(varlen(DType::f32, {33, 64, 2}, {33, 64, 2}, {}, {}, MaskKind::causal, -1, -1, 32,
                        "t(h+2hg)d"));
 }
 
@@ -221,45 +171,12 @@ TEST(CpuBackend, VarlenEmptySequencesAndGaps) {
 // GQA ratios, head dims 8..256 in steps of 8, every dtype, dense layouts and varlen.
 TEST(CpuBackend, SeededSweep) {
   std::mt19937_64 rng(20240611);
-  auto pick = [&](std::int64_t lo, std::int64_t hi) {
-    return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
-  };
-  const char* dense_layouts[] = {"bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd",
-                                 "sbhd_sb2hd", "bshd_bsh2d", "sb(h+2hg)d"};
-  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  const strideattn::test_support::SweepRanges ranges{
+      .max_seq = 160, .max_varlen_seq = 140, .max_window = 80,
+      .dtypes = {DType::f32, DType::f16, DType::bf16}, .seed_base = 1000};
   for (int c = 0; c < 80; ++c) {
-    const std::int64_t hg = pick(1, 2), h = hg * pick(1, 3);
-    const std::int64_t dqk = 8 * pick(1, 32);
-    const std::int64_t dv = (c % 4 == 0) ? 8 * pick(1, 32) : dqk;
-    const MaskKind m = kMasks[c % 3];
-    const std::int64_t left = pick(0, 3) == 0 ? pick(0, 80) : -1;
-    const std::int64_t right = pick(0, 3) == 0 ? pick(0, 80) : -1;
-    const DType t = dtypes[pick(0, 2)];
-    CaseSpec s;
-    if (c % 4 == 3) {
-      const std::int64_t n = pick(1, 4);
-      std::vector<std::int64_t> lq, lk, oq, ok;
-      std::int64_t pq = 0, pk = 0;
-      for (std::int64_t i = 0; i < n; ++i) {
-        pq += pick(0, 2), pk += pick(0, 2);  // gaps
-        lq.push_back(pick(0, 4) == 0 ? 0 : pick(1, 140));
-        lk.push_back(pick(0, 4) == 0 ? 0 : pick(1, 140));
-        oq.push_back(pq), ok.push_back(pk);
-        pq += lq.back(), pk += lk.back();
-      }
-      s = varlen(t, lq, lk, oq, ok, m, left, right);
-      s.sizes.heads = h, s.sizes.kv_heads = hg, s.sizes.d_qk = dqk, s.sizes.d_v = dqk;
-    } else {
-      const std::int64_t sq = pick(1, 160), skv = pick(0, 1) ? sq : pick(1, 160);
-      const char* layout = dense_layouts[pick(0, 5)];
-      const bool needs_equal_dims = std::string(layout).find('2') != std::string::npos ||
-                                    std::string(layout).find("(h") != std::string::npos;
-      s = dense(t, pick(1, 2), sq, std::string(layout).find("(h") != std::string::npos ? sq : skv,
-                h, hg, dqk, needs_equal_dims ? dqk : dv, m, left, right, c % 2 == 0, layout);
-    }
-    s.seed = 1000 + static_cast<std::uint64_t>(c);
     SCOPED_TRACE(::testing::Message() << "sweep case " << c);
-    expect_cpu_ok(s);
+    expect_cpu_ok(strideattn::test_support::sweep_case(c, rng, ranges, dense, varlen));
   }
 }
 
