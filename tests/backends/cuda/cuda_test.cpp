@@ -10,21 +10,19 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
-#include <functional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
+#include "support/backend_case.hpp"
 
 namespace {
 
 using strideattn::Backend;
 using strideattn::DType;
 using strideattn::MaskKind;
-using strideattn::harness::CaseReport;
 using strideattn::harness::CaseSpec;
 using strideattn::harness::ViewSpec;
 
@@ -32,42 +30,15 @@ using strideattn::harness::ViewSpec;
   if (!strideattn::harness::gpu_available()) GTEST_SKIP() << "no CUDA GPU present: the " \
                                                              "cuda backend tests need one"
 
-void expect_cuda_ok(CaseSpec spec) {
-  if (!spec.layout_name.empty()) {
-    const strideattn::Status s =
-        strideattn::harness::make_layout_views(spec.layout_name, spec.sizes, &spec.views);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
-  CaseReport report;
-  const strideattn::Status s = strideattn::harness::run_case(spec, {Backend::cuda}, &report);
-  const std::string repro = strideattn::harness::reproducer(spec, {Backend::cuda});
-  ASSERT_TRUE(s.ok()) << s.message() << "\n  " << repro;
-  ASSERT_EQ(report.backends.size(), 1u);
-  const auto& r = report.backends[0];
-  std::ostringstream checks;
-  for (const auto& c : r.checks)
-    checks << " " << c.name << ": err " << c.err.max_abs_err << " tol " << c.tol << ";";
-  EXPECT_EQ(r.status, "ok") << r.reason << "\n " << checks.str() << "\n  " << repro;
-  EXPECT_TRUE(r.guard_ok) << repro;
-  EXPECT_TRUE(r.written_ok) << repro;
-  EXPECT_EQ(r.checks.size(), spec.grad ? 5u : 2u) << repro;
+// The cuda backend runs `spec` and passes (see test_support::expect_backend_ok).
+void expect_cuda_ok(const CaseSpec& spec) {
+  strideattn::test_support::expect_backend_ok(Backend::cuda, spec);
 }
 
-CaseSpec dense(DType dtype, std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
-               std::int64_t hg, std::int64_t dqk, std::int64_t dv, MaskKind mask,
-               std::int64_t left = -1, std::int64_t right = -1, bool grad = true,
-               const char* layout = "bshd_bshd_bshd") {
-  CaseSpec s;
-  s.dtype = dtype;
-  s.sizes.batch = b, s.sizes.s_q = sq, s.sizes.s_kv = skv;
-  s.sizes.heads = h, s.sizes.kv_heads = hg, s.sizes.d_qk = dqk, s.sizes.d_v = dv;
-  s.layout_name = layout;
-  s.options.mask = mask;
-  s.options.window = {left, right};
-  s.grad = grad;
-  s.seed = static_cast<std::uint64_t>(sq * 1000003 + skv * 101 + dqk * 7 + h + int(mask) + 17);
-  return s;
-}
+constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 17};
+constexpr strideattn::test_support::VarlenCaseBuilder varlen{
+    .seed_base = 4242, .head_dim = 64, .head_dim_in_seed = true};
+using strideattn::test_support::with_views;
 
 const MaskKind kMasks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
 
@@ -168,15 +139,6 @@ TEST(CudaBackend, EveryNamedLayout) {
   }
 }
 
-CaseSpec with_views(CaseSpec c, const std::function<ViewSpec(const char*, std::int64_t)>& make) {
-  c.layout_name.clear();
-  auto& v = c.views;
-  const std::int64_t h = c.sizes.heads, hg = c.sizes.kv_heads;
-  v.q = make("q", h), v.k = make("k", hg), v.v = make("v", hg), v.o = make("o", h);
-  v.d_o = make("do", h), v.dq = make("dq", h), v.dk = make("dk", hg), v.dv = make("dv", hg);
-  return c;
-}
-
 // FIELD.md's odd views: transposed sbhd memory passed as bshd, bhsd.transpose(1,2),
 // x[..., :d] of rows padded to d + 64 at an odd offset (element-wise path), head stride 65.
 TEST(CudaBackend, TransposedPaddedAndUnalignedViews) {
@@ -208,18 +170,6 @@ TEST(CudaBackend, TransposedPaddedAndUnalignedViews) {
 
 // ------------------------------------------------------------------ varlen
 
-CaseSpec varlen(DType dtype, std::vector<std::int64_t> lq, std::vector<std::int64_t> lk,
-                std::vector<std::int64_t> oq, std::vector<std::int64_t> ok, MaskKind mask,
-                std::int64_t left = -1, std::int64_t right = -1, std::int64_t d = 64,
-                const char* layout = "thd_thd_thd") {
-  CaseSpec s = dense(dtype, static_cast<std::int64_t>(lq.size()), 1, 1, 4, 2, d, d, mask, left,
-                     right, true, layout);
-  s.sizes.seqlens_q = std::move(lq), s.sizes.seqlens_kv = std::move(lk);
-  s.sizes.offsets_q = std::move(oq), s.sizes.offsets_kv = std::move(ok);
-  s.seed = 4242 + int(mask) + static_cast<std::uint64_t>(left + 2 * right + d);
-  return s;
-}
-
 TEST(CudaBackend, VarlenEmptySequencesAndGaps) {
   SKIP_WITHOUT_GPU();
   for (MaskKind m : kMasks) {
@@ -237,45 +187,12 @@ TEST(CudaBackend, VarlenEmptySequencesAndGaps) {
 TEST(CudaBackend, SeededSweep) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(20240612);
-  auto pick = [&](std::int64_t lo, std::int64_t hi) {
-    return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
-  };
-  const char* dense_layouts[] = {"bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd",
-                                 "sbhd_sb2hd", "bshd_bsh2d", "sb(h+2hg)d"};
-  const DType dtypes[] = {DType::f16, DType::bf16};
+  const strideattn::test_support::SweepRanges ranges{
+      .max_seq = 320, .max_varlen_seq = 300, .max_window = 150,
+      .dtypes = {DType::f16, DType::bf16}, .seed_base = 7000};
   for (int c = 0; c < 60; ++c) {
-    const std::int64_t hg = pick(1, 2), h = hg * pick(1, 3);
-    const std::int64_t dqk = 8 * pick(1, 32);
-    const std::int64_t dv = (c % 4 == 0) ? 8 * pick(1, 32) : dqk;
-    const MaskKind m = kMasks[c % 3];
-    const std::int64_t left = pick(0, 3) == 0 ? pick(0, 150) : -1;
-    const std::int64_t right = pick(0, 3) == 0 ? pick(0, 150) : -1;
-    const DType t = dtypes[pick(0, 1)];
-    CaseSpec s;
-    if (c % 4 == 3) {
-      const std::int64_t n = pick(1, 4);
-      std::vector<std::int64_t> lq, lk, oq, ok;
-      std::int64_t pq = 0, pk = 0;
-      for (std::int64_t i = 0; i < n; ++i) {
-        pq += pick(0, 2), pk += pick(0, 2);
-        lq.push_back(pick(0, 4) == 0 ? 0 : pick(1, 300));
-        lk.push_back(pick(0, 4) == 0 ? 0 : pick(1, 300));
-        oq.push_back(pq), ok.push_back(pk);
-        pq += lq.back(), pk += lk.back();
-      }
-      s = varlen(t, lq, lk, oq, ok, m, left, right);
-      s.sizes.heads = h, s.sizes.kv_heads = hg, s.sizes.d_qk = dqk, s.sizes.d_v = dqk;
-    } else {
-      const std::int64_t sq = pick(1, 320), skv = pick(0, 1) ? sq : pick(1, 320);
-      const char* layout = dense_layouts[pick(0, 5)];
-      const bool needs_equal_dims = std::string(layout).find('2') != std::string::npos ||
-                                    std::string(layout).find("(h") != std::string::npos;
-      s = dense(t, pick(1, 2), sq, std::string(layout).find("(h") != std::string::npos ? sq : skv,
-                h, hg, dqk, needs_equal_dims ? dqk : dv, m, left, right, c % 2 == 0, layout);
-    }
-    s.seed = 7000 + static_cast<std::uint64_t>(c);
     SCOPED_TRACE(::testing::Message() << "sweep case " << c);
-    expect_cuda_ok(s);
+    expect_cuda_ok(strideattn::test_support::sweep_case(c, rng, ranges, dense, varlen));
   }
 }
 
