@@ -99,9 +99,12 @@ Varlen varlen_of(const ProblemSizes& sizes) {
   return vl;
 }
 
-ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
-                         Backend backend, Memory memory) {
-  ForwardArgs a;
+// What forward and backward share: q, k, v, the forward's o and lse, options, varlen, and
+// where to run.
+template <class Args>
+Args shared_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
+                 Memory memory) {
+  Args a;
   a.q = tensor(bases, *cv.q, spec.dtype);
   a.k = tensor(bases, *cv.k, spec.dtype);
   a.v = tensor(bases, *cv.v, spec.dtype);
@@ -114,22 +117,18 @@ ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases&
   return a;
 }
 
+ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
+                         Backend backend, Memory memory) {
+  return shared_args<ForwardArgs>(spec, cv, bases, backend, memory);
+}
+
 BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
                            Backend backend, Memory memory) {
-  BackwardArgs a;
-  a.q = tensor(bases, *cv.q, spec.dtype);
-  a.k = tensor(bases, *cv.k, spec.dtype);
-  a.v = tensor(bases, *cv.v, spec.dtype);
-  a.o = tensor(bases, *cv.o, spec.dtype);
+  BackwardArgs a = shared_args<BackwardArgs>(spec, cv, bases, backend, memory);
   a.d_o = tensor(bases, *cv.d_o, spec.dtype);
-  a.lse = lse_view(bases, cv);
   a.dq = tensor(bases, *cv.dq, spec.dtype);
   a.dk = tensor(bases, *cv.dk, spec.dtype);
   a.dv = tensor(bases, *cv.dv, spec.dtype);
-  a.options = spec.options;
-  a.varlen = varlen_of(spec.sizes);
-  a.backend = backend;
-  a.memory = memory;
   return a;
 }
 
@@ -498,15 +497,6 @@ std::string join_backends(const std::vector<Backend>& backends) {
   return s;
 }
 
-std::string view_arg(const ViewSpec& v) {
-  std::ostringstream os;
-  os << v.buffer;
-  if (v.offset != 0) os << "+" << v.offset;
-  os << ":" << v.shape[0] << "," << v.shape[1] << "," << v.shape[2] << "," << v.shape[3] << ":"
-     << v.stride[0] << "," << v.stride[1] << "," << v.stride[2] << "," << v.stride[3];
-  return os.str();
-}
-
 bool same_view(const ViewSpec& a, const ViewSpec& b) {
   return a.buffer == b.buffer && a.offset == b.offset && a.shape == b.shape &&
          a.stride == b.stride;
@@ -742,7 +732,7 @@ std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backend
                                    &made.d_o, &made.dq, &made.dk, &made.dv};
   for (int i = 0; i < (spec.grad ? 8 : 4); ++i)
     if (!from_layout || !same_view(*given[i].second, *layout_view[i]))
-      os << " --" << given[i].first << " " << view_arg(*given[i].second);
+      os << " --" << given[i].first << " " << format_view(*given[i].second);
   if (spec.options.mask != MaskKind::none) os << " --mask " << to_string(spec.options.mask);
   if (!spec.options.window.unbounded())
     os << " --window " << spec.options.window.left << "," << spec.options.window.right;

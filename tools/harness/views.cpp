@@ -14,6 +14,7 @@
 #include "harness/views.hpp"
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 
 namespace strideattn::harness {
@@ -266,6 +267,15 @@ std::int64_t required_extent(const ViewSpec& view) {
     if (view.stride[i] > 0) last += (view.shape[i] - 1) * view.stride[i];
   }
   return last + 1;
+}
+
+std::string format_view(const ViewSpec& v) {
+  std::ostringstream os;
+  os << v.buffer;
+  if (v.offset != 0) os << "+" << v.offset;
+  os << ":" << v.shape[0] << "," << v.shape[1] << "," << v.shape[2] << "," << v.shape[3] << ":"
+     << v.stride[0] << "," << v.stride[1] << "," << v.stride[2] << "," << v.stride[3];
+  return os.str();
 }
 
 }  // namespace strideattn::harness

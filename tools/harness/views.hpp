@@ -48,4 +48,8 @@ struct LayoutViews {
 // Smallest buffer extent (elements) that holds every view naming it.
 [[nodiscard]] std::int64_t required_extent(const ViewSpec& view);
 
+// The CLI's explicit view syntax BUF[+OFFSET]:SHAPE:STRIDES ("q+5:2,70,2,32:8960,128,64,1"),
+// as `--q` etc. take it and the reproducer writes it.
+[[nodiscard]] std::string format_view(const ViewSpec& v);
+
 }  // namespace strideattn::harness

@@ -301,15 +301,6 @@ Status parse_view(const std::string& option, const std::string& text, ViewSpec* 
   return Status::Ok();
 }
 
-std::string format_view(const ViewSpec& v) {
-  std::ostringstream os;
-  os << v.buffer;
-  if (v.offset != 0) os << "+" << v.offset;
-  os << ":" << v.shape[0] << "," << v.shape[1] << "," << v.shape[2] << "," << v.shape[3] << ":"
-     << v.stride[0] << "," << v.stride[1] << "," << v.stride[2] << "," << v.stride[3];
-  return os.str();
-}
-
 Status parse_command_line(const std::vector<std::string>& args, Invocation* out) {
   Invocation inv;
   if (args.empty()) {

@@ -57,9 +57,10 @@ struct Preset {
 // "f16 b=2 s_q=2048 s_kv=2048 h=16 hg=1 d_qk=64 d_v=64 mask=causal ..." (one line).
 [[nodiscard]] std::string describe_problem(const harness::CaseSpec& spec);
 
-// Explicit view syntax BUF+OFFSET:SHAPE:STRIDES (both directions).
+// Explicit view syntax BUF+OFFSET:SHAPE:STRIDES (both directions; the writer lives in the
+// harness, whose reproducer line uses it too).
 [[nodiscard]] Status parse_view(const std::string& option, const std::string& text,
                                 harness::ViewSpec* out);
-[[nodiscard]] std::string format_view(const harness::ViewSpec& v);
+using harness::format_view;
 
 }  // namespace strideattn::cli
