@@ -48,8 +48,11 @@ struct Case {
     poison(dv);
   }
 
-  [[nodiscard]] strideattn::ForwardArgs forward_args() const {
-    strideattn::ForwardArgs a;
+  // What forward and backward share: q, k, v, the forward's o and lse, options, varlen, and
+  // the reference backend.
+  template <class Args>
+  [[nodiscard]] Args shared_args() const {
+    Args a;
     a.q = q.view;
     a.k = k.view;
     a.v = v.view;
@@ -60,20 +63,15 @@ struct Case {
     a.backend = strideattn::Backend::reference;
     return a;
   }
+  [[nodiscard]] strideattn::ForwardArgs forward_args() const {
+    return shared_args<strideattn::ForwardArgs>();
+  }
   [[nodiscard]] strideattn::BackwardArgs backward_args() const {
-    strideattn::BackwardArgs a;
-    a.q = q.view;
-    a.k = k.view;
-    a.v = v.view;
-    a.o = o.view;
+    auto a = shared_args<strideattn::BackwardArgs>();
     a.d_o = d_o.view;
-    a.lse = lse.view;
     a.dq = dq.view;
     a.dk = dk.view;
     a.dv = dv.view;
-    a.options = spec.options;
-    a.varlen = spec.varlen;
-    a.backend = strideattn::Backend::reference;
     return a;
   }
 
