@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -90,6 +91,27 @@ Memory memory_of(const Placement& p) {
                                                                         : Memory::host;
 }
 
+// Copies the array's ndim() dims into the last ndim() of N. Where the array has one dim
+// fewer (varlen), the inserted leading dim has extent 1 and the span of the tensor as stride,
+// so that it never looks like an aliased (zero-stride) dimension. Callers check ndim().
+template <class Array, std::size_t N>
+void read_dims(const Array& a, std::array<std::int64_t, N>* shape,
+               std::array<std::int64_t, N>* stride) {
+  const std::size_t nd = a.ndim();
+  const std::size_t lead = N - nd;
+  for (std::size_t i = 0; i < nd; ++i) {
+    (*shape)[lead + i] = static_cast<std::int64_t>(a.shape(i));
+    (*stride)[lead + i] = a.stride(i);
+  }
+  if (lead == 1) {
+    std::int64_t span = 1;
+    for (std::size_t i = 1; i < N; ++i)
+      if ((*shape)[i] > 0) span += ((*shape)[i] - 1) * std::llabs((*stride)[i]);
+    (*shape)[0] = 1;
+    (*stride)[0] = span;
+  }
+}
+
 // A [b, s, h, d] tensor, or [tokens, h, d] (varlen) read as [1, tokens, h, d].
 template <class Array>
 Status to_view(const char* name, const Array& a, Placement* p, TensorView* out) {
@@ -112,22 +134,7 @@ Status to_view(const char* name, const Array& a, Placement* p, TensorView* out) 
                " dimensions; supported: 4 ([batch, seq, heads, head_dim]) or 3 "
                "([tokens, heads, head_dim], varlen)");
   out->data = const_cast<void*>(static_cast<const void*>(a.data()));
-  const std::size_t lead = 4 - nd;
-  for (std::size_t i = 0; i < nd; ++i) {
-    out->shape[lead + i] = static_cast<std::int64_t>(a.shape(i));
-    out->stride[lead + i] = a.stride(i);
-  }
-  if (lead == 1) {
-    // The inserted batch dimension has extent 1: give it the span of the tensor as stride,
-    // so that it never looks like an aliased (zero-stride) dimension.
-    std::int64_t span = 1;
-    for (std::size_t i = 1; i < 4; ++i) {
-      const std::int64_t st = out->stride[i] < 0 ? -out->stride[i] : out->stride[i];
-      if (out->shape[i] > 0) span += (out->shape[i] - 1) * st;
-    }
-    out->shape[0] = 1;
-    out->stride[0] = span;
-  }
+  read_dims(a, &out->shape, &out->stride);
   return Status::Ok();
 }
 
@@ -144,16 +151,7 @@ Status to_lse(const char* name, const Array& a, Placement* p, LseView* out) {
     return bad(std::string(name) + " has " + std::to_string(nd) +
                " dimensions; supported: 3 ([batch, heads, seq_q]) or 2 ([heads, tokens], varlen)");
   out->data = static_cast<float*>(const_cast<void*>(static_cast<const void*>(a.data())));
-  const std::size_t lead = 3 - nd;
-  for (std::size_t i = 0; i < nd; ++i) {
-    out->shape[lead + i] = static_cast<std::int64_t>(a.shape(i));
-    out->stride[lead + i] = a.stride(i);
-  }
-  if (lead == 1) {
-    out->shape[0] = 1;
-    out->stride[0] = 1 + (out->shape[1] > 0 ? (out->shape[1] - 1) * std::llabs(out->stride[1]) : 0) +
-                     (out->shape[2] > 0 ? (out->shape[2] - 1) * std::llabs(out->stride[2]) : 0);
-  }
+  read_dims(a, &out->shape, &out->stride);
   return Status::Ok();
 }
 
