@@ -20,18 +20,6 @@
 namespace strideattn::detail::cpu {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-struct Item {
-  std::int64_t batch = 0, head = 0, r0 = 0, r1 = 0;  // head: query or KV head; rows or keys
-  std::int64_t cost = 0;
-};
-
-void heaviest_first(std::vector<Item>& items) {
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
-}
-
 // Rows of D: sequence b's query row i, head h is D[(row_base[b] + i) * heads + h].
 struct DTable {
   std::vector<std::int64_t> row_base;
@@ -160,7 +148,7 @@ void recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t 
 
 // ------------------------------------------------------------------------------ pass 1: D
 
-void compute_delta(const kernel::AttentionParams& a, DType dt, const Item& it, DTable& dtab,
+void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& it, DTable& dtab,
                    Scratch& w) {
   const Views vw = views_of(a, it.batch);
   for (std::int64_t i = it.r0; i < it.r1; ++i)
@@ -175,7 +163,7 @@ void compute_delta(const kernel::AttentionParams& a, DType dt, const Item& it, D
 
 // ------------------------------------------------------------------------------ pass 2: dK, dV
 
-void key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Item& it,
+void key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
               DTable& dtab, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t kvh = it.head, c0 = it.r0, nc = it.r1 - it.r0;  // c0: multiple of kBlockKeys
@@ -205,7 +193,7 @@ void key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
 
 // ------------------------------------------------------------------------------ pass 3: dQ
 
-void query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Item& it,
+void query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
                 DTable& dtab, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t h = it.head, r0 = it.r0, rows = it.r1 - it.r0;
@@ -240,7 +228,7 @@ void zero_padding(void* base, DType dt, const kernel::SequenceTable& table, std:
 }
 
 template <class Fn>
-bool run_items(const std::vector<Item>& items, const kernel::AttentionParams& a, Fn&& fn) {
+bool run_items(const std::vector<WorkItem>& items, const kernel::AttentionParams& a, Fn&& fn) {
   if (items.empty()) return true;
   const int threads = static_cast<int>(
       kernel::min64(thread_count(), static_cast<std::int64_t>(items.size())));
@@ -267,7 +255,7 @@ Status backward(const Problem& p) {
     dtab.row_base[b + 1] = dtab.row_base[b] + a.q_seq.length(b);
   dtab.d.assign(static_cast<std::size_t>(dtab.row_base[a.batch] * a.heads), 0.f);
 
-  std::vector<Item> row_tiles, q_items, k_items;
+  std::vector<WorkItem> row_tiles, q_items, k_items;
   for (std::int64_t b = 0; b < a.batch; ++b) {
     const kernel::MaskRule mask = a.mask(b);
     for (std::int64_t r0 = 0; r0 < mask.s_q; r0 += kBlockRows) {
@@ -296,13 +284,13 @@ Status backward(const Problem& p) {
                       pack.build(a, dt, request, thread_count());
   const Pack* pk = packed ? &pack : nullptr;
 
-  bool ok = run_items(row_tiles, a, [&](const Item& it, Scratch& w) {
+  bool ok = run_items(row_tiles, a, [&](const WorkItem& it, Scratch& w) {
     compute_delta(a, dt, it, dtab, w);
   });
-  ok = ok && run_items(k_items, a, [&](const Item& it, Scratch& w) {
+  ok = ok && run_items(k_items, a, [&](const WorkItem& it, Scratch& w) {
          key_tile(a, dt, pk, it, dtab, w);
        });
-  ok = ok && run_items(q_items, a, [&](const Item& it, Scratch& w) {
+  ok = ok && run_items(q_items, a, [&](const WorkItem& it, Scratch& w) {
          query_tile(a, dt, pk, it, dtab, w);
        });
   if (!ok)

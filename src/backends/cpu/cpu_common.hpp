@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.hpp"
@@ -39,6 +40,24 @@ inline constexpr std::int64_t kBlockKeys = 64;
 // (bodies pull work from a shared counter), so the result is the same. Returns false when a
 // body threw (e.g. out of memory for its scratch); the output is then incomplete.
 [[nodiscard]] bool run_threads(int threads, const std::function<void(int)>& body);
+
+// ------------------------------------------------------------------------------ work items
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One unit of pool work: rows (forward, dQ) or keys (dK/dV) [r0, r1) of sequence `batch`
+// for one query head or KV head.
+struct WorkItem {
+  std::int64_t batch = 0, head = 0, r0 = 0, r1 = 0;
+  std::int64_t cost = 0;  // visible span times rows: for heaviest-first ordering
+};
+
+// Heaviest first (causal and windowed tiles differ in work); stable keeps the order
+// deterministic, though results do not depend on it (each item owns its outputs).
+inline void heaviest_first(std::vector<WorkItem>& items) {
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
+}
 
 // ------------------------------------------------------------------------------ rows
 

@@ -16,13 +16,6 @@
 namespace strideattn::detail::cpu {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-struct Item {
-  std::int64_t batch = 0, head = 0, r0 = 0, r1 = 0;
-  std::int64_t cost = 0;  // visible key span times rows: for longest-first ordering
-};
-
 // Per-thread fp32 tile buffers, allocated once per thread per call.
 struct Scratch {
   std::vector<float> q;    // [kBlockRows][d_qk]
@@ -43,8 +36,8 @@ struct Scratch {
         l(kBlockRows) {}
 };
 
-std::vector<Item> make_items(const kernel::AttentionParams& a) {
-  std::vector<Item> items;
+std::vector<WorkItem> make_items(const kernel::AttentionParams& a) {
+  std::vector<WorkItem> items;
   for (std::int64_t b = 0; b < a.batch; ++b) {
     const kernel::MaskRule mask = a.mask(b);
     for (std::int64_t r0 = 0; r0 < mask.s_q; r0 += kBlockRows) {
@@ -54,10 +47,7 @@ std::vector<Item> make_items(const kernel::AttentionParams& a) {
         items.push_back({b, h, r0, r1, (keys.end - keys.begin + 1) * (r1 - r0)});
     }
   }
-  // Heaviest first (causal and windowed tiles differ in work); stable keeps the order
-  // deterministic, though results do not depend on it (each item owns its output rows).
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  heaviest_first(items);
   return items;
 }
 
@@ -80,7 +70,7 @@ KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std
   return {w.kt.data(), w.v.data()};
 }
 
-void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Item& it,
+void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
               Scratch& w) {
   const std::int64_t dq = a.d_qk, dv = a.d_v, rows = it.r1 - it.r0;
   const kernel::MaskRule mask = a.mask(it.batch);
@@ -169,7 +159,7 @@ void write_padding(const Problem& p, const kernel::AttentionParams& a) {
 Status forward(const Problem& p) {
   const kernel::AttentionParams a = make_params(p);
   write_padding(p, a);
-  const std::vector<Item> items = make_items(a);
+  const std::vector<WorkItem> items = make_items(a);
   if (items.empty()) return Status::Ok();
   const int threads = static_cast<int>(
       kernel::min64(thread_count(), static_cast<std::int64_t>(items.size())));
