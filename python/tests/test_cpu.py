@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import strideattn as sa
-from npref import attention_ref, check
+from npref import attention_ref, backward_targets, check, grad_magnitude
 
 BACKENDS = ["auto", "reference", "cpu"]
 
@@ -43,16 +43,17 @@ def run_and_check(q, k, v, *, backend, seed, out=None, do=None, dgrads=None, **o
     if out is not None:
         assert o is out
     ref_opts = {kk: vv for kk, vv in opts.items()}
-    exact = attention_ref(q, k, v, do=do, **ref_opts)
-    naive = attention_ref(q, k, v, do=do, lowp=dtype, **ref_opts)
+    exact = attention_ref(q, k, v, **ref_opts)
+    naive = attention_ref(q, k, v, lowp=dtype, **ref_opts)
     check("o", o, exact["o"], naive["o"], dtype, seed)
     check("lse", lse, exact["lse"], naive["lse"], dtype, seed, lse=True)
     if do is None:
         return o, lse
     dq, dk, dv = sa.attention_backward(q, k, v, o, do, lse, backend=backend,
                                        **(dgrads or {}), **opts)
+    exact, naive = backward_targets(q, k, v, o, do, dtype, **ref_opts)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
-        check(name, got, exact[name], naive[name], dtype, seed)
+        check(name, got, exact[name], naive[name], dtype, seed, magnitude=grad_magnitude(exact))
     return o, lse, (dq, dk, dv)
 
 
@@ -200,8 +201,8 @@ def test_varlen_with_padding(rng, seed, backend, rank, mask):
     out = Guarded((t_q, h, d + 5), np.float16, lambda x: x[..., :d])
     opts = dict(seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, offsets_q=offsets_q,
                 offsets_kv=offsets_kv, mask=mask)
-    exact = attention_ref(q, k, v, do=do, **opts)
-    naive = attention_ref(q, k, v, do=do, lowp=np.float16, **opts)
+    exact = attention_ref(q, k, v, **opts)
+    naive = attention_ref(q, k, v, lowp=np.float16, **opts)
     lift = (lambda x: x[None]) if rank == 4 else (lambda x: x)
     o, lse = sa.attention(lift(q), lift(k), lift(v), out=lift(out.view), return_lse=True,
                           backend=backend, **opts)
@@ -220,8 +221,9 @@ def test_varlen_with_padding(rng, seed, backend, rank, mask):
     dq, dk, dv = sa.attention_backward(lift(q), lift(k), lift(v), lift(o), lift(do), lse,
                                        backend=backend, **opts)
     dq, dk, dv = (x[0] if rank == 4 else x for x in (dq, dk, dv))
+    exact, naive = backward_targets(q, k, v, o, do, np.float16, **opts)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
-        check(name, got, exact[name], naive[name], np.float16, seed)
+        check(name, got, exact[name], naive[name], np.float16, seed, magnitude=grad_magnitude(exact))
 
 
 # ----------------------------------------------------------------------------- backward
