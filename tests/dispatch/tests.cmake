@@ -1,3 +1,3 @@
 # Backend selection (`auto`) with fake backends and a faked platform, and its log lines;
-# runs on any machine (owner: cudnn helper).
+# runs on any machine.
 strideattn_test(dispatch_select_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/select_test.cpp)

@@ -1,4 +1,4 @@
-# Tests of the harness runner and the `strideattn` CLI (owner: cli helper).
+# Tests of the harness runner and the `strideattn` CLI.
 strideattn_test(tools_runner_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/runner_test.cpp)
 
 strideattn_test(tools_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/cli_test.cpp)

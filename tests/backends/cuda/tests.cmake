@@ -1,4 +1,4 @@
-# cuda backend tests (owner: cuda helper). GPU tests carry the label `gpu` and skip, saying
+# cuda backend tests. GPU tests carry the label `gpu` and skip, saying
 # so, without a GPU; the support-rule test runs everywhere the backend is compiled.
 if(STRIDEATTN_HAVE_CUDA)
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)

@@ -1,4 +1,4 @@
-# Tests of the `cudnn` backend (owner: cudnn helper). Only in builds that contain it:
+# Tests of the `cudnn` backend. Only in builds that contain it:
 #  - cudnn_rules_test (label cpu): the support rules and the mask -> diagonal band mapping with
 #    faked devices and cuDNN versions; no GPU needed.
 #  - cudnn_gpu_test (label gpu): cudnn against the fp64 reference on the option matrix, cuda

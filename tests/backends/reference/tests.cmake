@@ -1,4 +1,4 @@
-# Reference backend and correctness-rule tests (owner: reference helper).
+# Reference backend and correctness-rule tests.
 strideattn_test(reference_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/reference_test.cpp)
 strideattn_test(reference_math_test SOURCES
