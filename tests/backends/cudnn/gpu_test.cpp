@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct Case {
   CaseSpec spec;
   std::string refuse_rule;  // empty: must run and pass; else must be refused by this rule
 };
+
+// gtest prints parameters in test listings (ctest shows them); a name beats a byte dump.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 ProblemSizes dense(std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
                    std::int64_t hg, std::int64_t dqk, std::int64_t dv) {
