@@ -5,6 +5,7 @@
 #include "problem/problem.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "common/attention_math.hpp"
 #include "problem/validate.hpp"
@@ -22,7 +23,11 @@ std::vector<std::int64_t> packed_offsets(const std::vector<std::int64_t>& seqlen
   std::int64_t next = 0;
   for (std::size_t i = 0; i < seqlens.size(); ++i) {
     offsets[i] = next;
-    next += seqlens[i] > 0 ? seqlens[i] : 0;
+    // Saturate: garbage lengths must reach validation (which names them), not overflow here.
+    const std::int64_t len = seqlens[i] > 0 ? seqlens[i] : 0;
+    next = len > std::numeric_limits<std::int64_t>::max() - next
+               ? std::numeric_limits<std::int64_t>::max()
+               : next + len;
   }
   return offsets;
 }
