@@ -13,6 +13,10 @@
 //    stride; it is never used.
 //  - Zero-size batch or sequence means "nothing to do"; zero heads or head dim is invalid.
 //  - Head dims above what a backend supports are not a validation error (backends refuse).
+//  - Data pointers must be aligned to their element size (2 bytes for f16/bf16, 4 for f32
+//    and LSE): every backend loads elements through typed pointers.
+//  - Window sizes are capped at 2^62 so that the int64 mask arithmetic cannot overflow; any
+//    window at least as wide as the sequence is already equivalent to -1 (unbounded).
 //
 // Overlap: two views overlap when some byte of one is a byte of the other. Each view is
 // reduced to contiguous runs ("rows": the head-dim run, merged with any dimension whose
@@ -41,6 +45,7 @@ using i128 = __int128;
 
 constexpr i64 kMaxRows = i64{1} << 22;  // enumeration cap per view (see header comment)
 constexpr i64 kI64Max = std::numeric_limits<i64>::max();
+constexpr i64 kMaxWindow = i64{1} << 62;  // window sizes above this overflow the mask arithmetic
 
 Status invalid(const std::string& message) { return Status(StatusCode::invalid_argument, message); }
 
@@ -367,6 +372,11 @@ Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std:
   if (data == nullptr && !empty)
     return invalid(std::string(name) + ": data is null but the view has shape " + shape_str(shape) +
                    "; supported: a valid pointer, or null only for an empty view");
+  if (!empty && reinterpret_cast<std::uintptr_t>(data) % static_cast<std::uintptr_t>(elem_bytes) != 0)
+    return invalid(std::string(name) + ": data pointer is " +
+                   std::to_string(reinterpret_cast<std::uintptr_t>(data) % static_cast<std::uintptr_t>(elem_bytes)) +
+                   " bytes past a " + std::to_string(elem_bytes) + "-byte boundary; supported: a pointer aligned to " +
+                   "the " + std::to_string(elem_bytes) + "-byte element size");
   return Status::Ok();
 }
 
@@ -430,6 +440,13 @@ Status check_options(const Problem& p) {
     return invalid("window left is " + std::to_string(p.window.left) + "; supported: -1 (unbounded) or >= 0");
   if (p.window.right < -1)
     return invalid("window right is " + std::to_string(p.window.right) + "; supported: -1 (unbounded) or >= 0");
+  // The mask arithmetic adds a window to token indices (i + s_kv - s_q + right + 1) in int64;
+  // a window near INT64_MAX would overflow it and silently mask every key.
+  for (const auto& [side, w] : {std::pair{"left", p.window.left}, std::pair{"right", p.window.right}})
+    if (w > kMaxWindow)
+      return invalid(std::string("window ") + side + " is " + std::to_string(w) +
+                     "; supported: -1 (unbounded) or 0.." + std::to_string(kMaxWindow) +
+                     " (2^62; a window as wide as the sequence already acts as unbounded)");
   if (!std::isfinite(p.scale) || p.scale <= 0) {
     std::ostringstream os;
     os << "scale is " << p.scale << "; supported: a finite value > 0";

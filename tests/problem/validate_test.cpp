@@ -242,6 +242,46 @@ TEST_F(Validate, WindowBelowMinusOne) {
   EXPECT_INVALID(check(a), "window right is -5");
 }
 
+// A window near INT64_MAX used to overflow i + s_kv - s_q + right + 1 in the shared mask
+// math, so every backend (the reference included) silently masked every key.
+TEST_F(Validate, WindowTooLargeForMaskArithmetic) {
+  ForwardArgs a = fwd();
+  a.options.window.right = std::numeric_limits<std::int64_t>::max();
+  EXPECT_INVALID(check(a), "window right is 9223372036854775807", "-1 (unbounded)");
+  a = fwd();
+  a.options.window.left = std::numeric_limits<std::int64_t>::max();
+  EXPECT_INVALID(check(a), "window left is 9223372036854775807");
+  BackwardArgs b = bwd();
+  b.options.window = {.left = (std::int64_t{1} << 62) + 1, .right = 0};
+  EXPECT_INVALID(check(b), "window left is 4611686018427387905");
+  a = fwd();
+  a.options.window = {.left = std::int64_t{1} << 62, .right = std::int64_t{1} << 62};  // the cap itself
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+}
+
+// An f16 view at an odd address was accepted; the backends read it through uint16_t pointers.
+TEST_F(Validate, DataPointerMustBeElementAligned) {
+  ForwardArgs a = fwd();
+  a.q.data = reinterpret_cast<char*>(q_buf.data()) + 1;
+  a.q.shape[kBatch] = 1;  // stay inside the buffer
+  EXPECT_INVALID(check(a), "q: data pointer is 1 bytes past a 2-byte boundary");
+  a = fwd();
+  a.lse.data = reinterpret_cast<float*>(reinterpret_cast<char*>(lse_buf.data()) + 2);
+  a.lse.shape[0] = 1;
+  EXPECT_INVALID(check(a), "lse: data pointer is 2 bytes past a 4-byte boundary");
+  BackwardArgs b = bwd();
+  b.dv.data = reinterpret_cast<char*>(dv_buf.data()) + 1;
+  b.dv.shape[kBatch] = 1;
+  b.v.shape[kBatch] = 1;
+  EXPECT_INVALID(check(b), "data pointer is 1 bytes past a 2-byte boundary");
+  a = fwd();
+  a.q.data = reinterpret_cast<char*>(q_buf.data()) + 1;
+  a.q.shape[kBatch] = 0;  // an empty view is never read: any pointer
+  a.k.shape[kBatch] = a.v.shape[kBatch] = a.o.shape[kBatch] = 0;
+  a.lse = {};
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+}
+
 TEST_F(Validate, ScaleMustBeFinitePositive) {
   ForwardArgs a = fwd();
   a.options.scale = 0.0;
