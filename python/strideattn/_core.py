@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 from typing import Any, Optional, Sequence
 
 from . import _ext
@@ -233,18 +234,37 @@ def _dtype_of(x: Any) -> Any:
 # ----------------------------------------------------------------------------- arguments
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64(v: Any, what: str) -> int:
+    # An integer (Python or numpy) that fits the library's int64; floats are not truncated
+    # and out-of-range values are refused here (nanobind would raise a misleading TypeError).
+    if isinstance(v, bool):
+        raise ValueError(f"{what} must be an integer, got {v!r}")
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer, got {v!r}") from None
+    if not _INT64_MIN <= i <= _INT64_MAX:
+        raise ValueError(f"{what} is {i}; supported: a value that fits in int64")
+    return int(i)
+
+
 def _int_list(x: Any, name: str) -> list:
     if x is None:
         return []
     if hasattr(x, "tolist"):
         x = x.tolist()
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of integers, got {x!r}")
     try:
-        out = [int(v) for v in x]
-    except (TypeError, ValueError):
+        items = list(x)
+    except TypeError:
         raise ValueError(f"{name} must be a sequence of integers, got {x!r}") from None
-    if any(isinstance(v, list) for v in x):
+    if any(isinstance(v, (list, tuple)) for v in items):
         raise ValueError(f"{name} must be one-dimensional, got {x!r}")
-    return out
+    return [_int64(v, f"{name}[{i}]") for i, v in enumerate(items)]
 
 
 def _window(window: Any) -> tuple:
@@ -256,9 +276,7 @@ def _window(window: Any) -> tuple:
         raise ValueError(f"window must be (left, right) with -1 or None for unbounded, got {window!r}") from None
     left = -1 if left is None else left
     right = -1 if right is None else right
-    if not (isinstance(left, int) and isinstance(right, int)):
-        raise ValueError(f"window must hold integers, got {window!r}")
-    return (int(left), int(right))
+    return (_int64(left, "window left"), _int64(right, "window right"))
 
 
 def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q, offsets_kv,
@@ -269,7 +287,10 @@ def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_
         raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {backend!r}")
     left, right = _window(window)
     if scale is not None:
-        scale = float(scale)
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"scale must be a finite number, got {scale!r}") from None
         if not math.isfinite(scale):
             raise ValueError(f"scale must be finite, got {scale}")
     return dict(mask=mask, window_left=left, window_right=right, scale=scale,
@@ -430,6 +451,9 @@ def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] 
                     offsets_kv, backend, ctx.stream)
     varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
     qs, vs = _shape(q), _shape(v)
+    if len(qs) not in (3, 4) or len(vs) not in (3, 4):
+        raise ValueError(f"q and v must have 4 dimensions [b, s, h, d] (or 3 for varlen "
+                         f"[tokens, h, d]); got q {qs}, v {vs}")
     with ctx.device_scope():
         order = _dim_order(qs, _element_strides(q, ctx.fw))
         o = out if out is not None else ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q), order, False)

@@ -320,6 +320,47 @@ def test_bad_outputs(rng):
         sa.attention(q, k, v, out=q)  # output aliasing an input
 
 
+def test_bad_integers_and_scale_give_value_errors(rng):
+    # Out-of-int64 windows/seqlens used to reach nanobind and come back as a multi-line
+    # "could not be read through DLPack" message; a huge int scale raised OverflowError;
+    # float seqlens were silently truncated; numpy integer windows were refused.
+    q, k, v = _qkv(rng)
+    with pytest.raises(ValueError, match=r"window left is 1180591620717411303424; supported: a value that fits in int64"):
+        sa.attention(q, k, v, window=(2**70, 0))
+    with pytest.raises(ValueError, match=r"window right must be an integer, got 1\.5"):
+        sa.attention(q, k, v, window=(0, 1.5))
+    with pytest.raises(ValueError, match=r"scale must be a finite number"):
+        sa.attention(q, k, v, scale=10**400)
+    with pytest.raises(ValueError, match=r"scale must be a finite number"):
+        sa.attention(q, k, v, scale="x")
+    t = randn(rng, (8, 4, 16), np.float16)
+    with pytest.raises(ValueError, match=r"seqlens_q\[0\] is 1180591620717411303424"):
+        sa.attention(t, t[:, :2], t[:, :2], seqlens_q=[2**70], seqlens_kv=[8])
+    with pytest.raises(ValueError, match=r"seqlens_q\[0\] must be an integer, got 4\.7"):
+        sa.attention(t, t[:, :2], t[:, :2], seqlens_q=[4.7, 3.2], seqlens_kv=[4, 4])
+    # the library caps windows at 2^62 (int64 mask arithmetic); a clear ValueError
+    with pytest.raises(ValueError, match=r"window right is 9223372036854775807"):
+        sa.attention(q, k, v, window=(-1, 2**63 - 1))
+    o = sa.attention(q, k, v, window=(np.int64(2), np.int32(0)))
+    np.testing.assert_array_equal(o, sa.attention(q, k, v, window=(2, 0)))
+
+
+def test_explain_rejects_wrong_rank(rng):
+    # explain(grad=True) on 2-d arrays used to raise IndexError
+    x = randn(rng, (2, 16), np.float16)
+    for grad in (False, True):
+        with pytest.raises(ValueError, match="dimensions"):
+            sa.explain(x, x, x, grad=grad)
+
+
+def test_misaligned_array_is_refused(rng):
+    # an f16 array at an odd byte address was accepted and read through uint16_t pointers
+    raw = np.frombuffer(bytearray(1 + 2 * 8 * 4 * 16), dtype=np.float16, offset=1).reshape(1, 8, 4, 16)
+    q, k, v = _qkv(rng)
+    with pytest.raises(ValueError, match=r"q: data pointer is 1 bytes past a 2-byte boundary"):
+        sa.attention(raw, k, v)
+
+
 def test_unsupported_backend_on_host(rng):
     q, k, v = _qkv(rng)
     with pytest.raises(sa.UnsupportedError) as e:
