@@ -89,6 +89,10 @@ TEST(CliInvalid, ViewExtentOverflows) {
 TEST(CliInvalid, NegativeSize) { expect_invalid("check --heads -3 --backends cpu", "negative"); }
 TEST(CliInvalid, UnknownBackend) { expect_invalid("check --backends cpu,tpu", "tpu"); }
 TEST(CliInvalid, UnknownLayout) { expect_invalid("check --layout abcd", "abcd"); }
+// An empty --layout silently fell back to the default layout, and --scale took hex
+// ("0x10" ran with scale 16); both are now exit 2.
+TEST(CliInvalid, EmptyLayout) { expect_invalid("check --layout= --backends cpu", "--layout"); }
+TEST(CliInvalid, ScaleNotDecimal) { expect_invalid("check --scale 0x10 --backends cpu", "0x10"); }
 TEST(CliInvalid, UnknownPreset) { expect_invalid("check --preset nope", "nope"); }
 TEST(CliInvalid, UnknownDtype) { expect_invalid("check --dtype f8", "f8"); }
 TEST(CliInvalid, UnknownMask) { expect_invalid("check --mask diagonal", "diagonal"); }

@@ -198,7 +198,10 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
     return bad("preset '" + preset->name + "' is varlen; give --seqlens-q instead of " +
                (raw.has("batch") ? "--batch" : "--seqlen-q"));
   }
-  if (raw.has("layout")) layout = raw.values.at("layout");
+  if (raw.has("layout")) {
+    layout = raw.values.at("layout");
+    if (layout.empty()) return bad("--layout '': expected a layout name such as bshd_bshd_bshd");
+  }
   if (layout.empty()) layout = z.varlen() ? "thd_thd_thd" : "bshd_bshd_bshd";
 
   // dtype and options.
@@ -227,7 +230,9 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
     const std::string& t = raw.values.at("scale");
     char* end = nullptr;
     const double x = std::strtod(t.c_str(), &end);
-    if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(x))
+    // strtod also takes hex ("0x10"), leading blanks and "infinity"; only decimal is meant.
+    const bool decimal = !t.empty() && t.find_first_not_of("0123456789.eE+-") == std::string::npos;
+    if (!decimal || end != t.c_str() + t.size() || !std::isfinite(x))
       return bad("--scale '" + t + "': expected a finite number");
     spec->options.scale = x;
   }
