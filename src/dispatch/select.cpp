@@ -97,6 +97,12 @@ Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules,
 Selection select_backend(const Problem& problem, Backend requested) {
   Selection sel;
   std::string why = "requested";
+  if (to_string(requested) == "unknown") {
+    sel.status = Status(StatusCode::invalid_argument,
+                        "backend " + std::to_string(static_cast<int>(requested)) +
+                            " is unknown; supported: auto, reference, cpu, cuda, cudnn");
+    return sel;
+  }
   if (requested == Backend::automatic) {
     if (const char* env = std::getenv("STRIDEATTN_BACKEND"); env && *env) {
       auto b = backend_from_string(env);

@@ -433,6 +433,9 @@ Status check_shapes(const Problem& p) {
 }
 
 Status check_options(const Problem& p) {
+  if (p.memory != Memory::host && p.memory != Memory::device)
+    return invalid("memory " + std::to_string(static_cast<int>(p.memory)) +
+                   " is unknown; supported: host, device");
   const int mask = static_cast<int>(p.mask);
   if (mask < 0 || mask > static_cast<int>(MaskKind::causal_bottom_right))
     return invalid("mask kind " + std::to_string(mask) + " is unknown; supported: none, causal, causal-bottom-right");

@@ -244,6 +244,17 @@ TEST_F(Validate, WindowBelowMinusOne) {
 
 // A window near INT64_MAX used to overflow i + s_kv - s_q + right + 1 in the shared mask
 // math, so every backend (the reference included) silently masked every key.
+TEST_F(Validate, UnknownEnumValuesAreRefused) {
+  ForwardArgs a = fwd();
+  a.memory = static_cast<Memory>(42);
+  EXPECT_INVALID(check(a), "memory 42 is unknown", "host, device");
+  a = fwd();
+  a.backend = static_cast<Backend>(42);
+  const Status s = strideattn::forward(a);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();
+  EXPECT_NE(s.message().find("backend 42 is unknown"), std::string::npos) << s.message();
+}
+
 TEST_F(Validate, WindowTooLargeForMaskArithmetic) {
   ForwardArgs a = fwd();
   a.options.window.right = std::numeric_limits<std::int64_t>::max();

@@ -93,6 +93,10 @@ TEST(CliInvalid, UnknownLayout) { expect_invalid("check --layout abcd", "abcd");
 // ("0x10" ran with scale 16); both are now exit 2.
 TEST(CliInvalid, EmptyLayout) { expect_invalid("check --layout= --backends cpu", "--layout"); }
 TEST(CliInvalid, ScaleNotDecimal) { expect_invalid("check --scale 0x10 --backends cpu", "0x10"); }
+// A case larger than the machine is refused before anything is allocated.
+TEST(CliInvalid, CaseLargerThanHostMemory) {
+  expect_invalid("check --seqlen-q 1048576 --heads 8 --head-dim 64 --backends cpu", "host memory");
+}
 TEST(CliInvalid, UnknownPreset) { expect_invalid("check --preset nope", "nope"); }
 TEST(CliInvalid, UnknownDtype) { expect_invalid("check --dtype f8", "f8"); }
 TEST(CliInvalid, UnknownMask) { expect_invalid("check --mask diagonal", "diagonal"); }

@@ -13,6 +13,8 @@
 #include <map>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "backends/reference/reference.hpp"
 #include "harness/buffers.hpp"
 #include "common/dtype.hpp"
@@ -333,12 +335,41 @@ struct Prepared {
   double flops = 0;  // forward, plus backward with grad
 };
 
+// Host memory the case will take, checked before allocating: a case larger than the machine
+// must be a clear refusal, not the out-of-memory killer. Per element of every view: the
+// buffer, its pristine copy and snapshot, and the fp64 reference's exact, naive and given-O
+// outputs; 64 bytes covers what was measured (about 45).
+Status check_host_memory(const std::vector<const ViewSpec*>& views) {
+  double elements = 0;
+  for (const ViewSpec* v : views) {
+    double n = 1;
+    for (std::int64_t x : v->shape) n *= double(std::max<std::int64_t>(x, 0));
+    elements += n;
+  }
+  const double need = 64.0 * elements;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return Status::Ok();  // unknown: let the allocation decide
+  const double have = double(pages) * double(page);
+  if (need <= 0.75 * have) return Status::Ok();
+  auto gib = [](double b) {
+    std::ostringstream os;
+    os.precision(3);
+    os << b / double(1ull << 30) << " GiB";
+    return os.str();
+  };
+  return Status(StatusCode::invalid_argument,
+                "the case needs about " + gib(need) +
+                    " of host memory (its buffers, their copies and the fp64 reference); this "
+                    "machine has " + gib(have) + " (at most 75% is used)");
+}
+
 Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd) {
   p->cv = case_views(spec);
   const char* names[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
   const std::vector<const ViewSpec*> views = p->cv.data_views();
   for (std::size_t i = 0; i < views.size(); ++i)
     if (Status s = check_view_bounds(names[i], *views[i]); !s.ok()) return s;
+  if (Status s = check_host_memory(views); !s.ok()) return s;
   p->bufs.allocate(views, spec.dtype);
   p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(p->cv.lse));
   p->bufs.fill_random(spec.seed);
