@@ -72,7 +72,7 @@ Status run(const Args& args, bool backward) {
   try {
     Problem problem;
     if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
-    detail::Selection sel = detail::select_backend(problem, args.backend);
+    detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
     if (!sel.chosen) return sel.status;
     detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);
     return backward ? impl->backward(problem) : impl->forward(problem);
@@ -90,7 +90,7 @@ Status workspace(const Args& args, std::size_t* bytes) {
   try {
     Problem problem;
     if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
-    detail::Selection sel = detail::select_backend(problem, args.backend);
+    detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
     if (!sel.chosen) return sel.status;
     return detail::backend_impl(*sel.chosen)->workspace_size(problem, bytes);
   } catch (const std::exception& e) {

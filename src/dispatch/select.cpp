@@ -94,7 +94,7 @@ Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules,
   return v;
 }
 
-Selection select_backend(const Problem& problem, Backend requested) {
+Selection select_backend(const Problem& problem, Backend requested, VerdictScope scope) {
   Selection sel;
   std::string why = "requested";
   if (to_string(requested) == "unknown") {
@@ -117,7 +117,12 @@ Selection select_backend(const Problem& problem, Backend requested) {
     }
   }
   const SpeedClass cls = speed_class(problem);
-  for (Backend b : cls.order) sel.verdicts.push_back(verdict_for(b, problem));
+  const bool all = scope == VerdictScope::all || log_level() >= LogLevel::debug;
+  for (Backend b : cls.order) {
+    if (!all && requested != Backend::automatic && b != requested) continue;
+    sel.verdicts.push_back(verdict_for(b, problem));
+    if (!all && sel.verdicts.back().supported) break;  // the first supported one runs
+  }
 
   if (log_level() >= LogLevel::debug) {
     log_line(LogLevel::debug, std::string(to_string(problem.direction)) + ": class '" + cls.name +

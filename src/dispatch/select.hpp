@@ -32,7 +32,12 @@ struct Selection {
 
 // Resolve `requested` (honouring STRIDEATTN_BACKEND when it is `automatic`) to a backend
 // that supports the problem. Logs `why` at info and every verdict at debug.
-[[nodiscard]] Selection select_backend(const Problem& problem, Backend requested);
+// How many verdicts to compute: `all` for explain() and debug logs; `until_chosen` for a
+// call that will run (the backends after the chosen one are never asked: their support
+// checks - a cuDNN graph lookup, say - are work on every call).
+enum class VerdictScope { all, until_chosen };
+[[nodiscard]] Selection select_backend(const Problem& problem, Backend requested,
+                                       VerdictScope scope = VerdictScope::all);
 
 // Common support rules every backend starts with.
 [[nodiscard]] SupportRule memory_rule(Memory required);

@@ -24,6 +24,7 @@ class FakeBackend final : public BackendImpl {
       : id_(id), rule_(std::move(rule)), reason_(std::move(reason)) {}
   Backend id() const override { return id_; }
   Verdict supports(const Problem&) const override {
+    ++supports_calls;
     Verdict v;
     v.backend = id_;
     v.supported = rule_.empty();
@@ -40,6 +41,7 @@ class FakeBackend final : public BackendImpl {
     return Status::Ok();
   }
   int forward_calls = 0, backward_calls = 0;
+  mutable int supports_calls = 0;
 
  private:
   Backend id_;
@@ -274,6 +276,32 @@ TEST_F(SelectTest, OverridesNestAndRestore) {
     EXPECT_EQ(backend_impl(Backend::cpu), &a);
   }
   EXPECT_NE(backend_impl(Backend::cpu), &a);
+}
+
+// A call that runs asks backends only until one supports the problem (their checks are
+// per-call work); explain() and debug logging still see every verdict.
+TEST_F(SelectTest, RunningCallStopsAskingAtTheChosenBackend) {
+  FakeBackend cudnn(Backend::cudnn, "head_dim", "d_qk 264"), cuda(Backend::cuda);
+  FakeBackend cpu(Backend::cpu, "memory", "host only"), ref(Backend::reference, "memory", "host only");
+  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
+                           {Backend::reference, &ref}},
+                          hopper);
+  SmallProblem sp(Memory::device);
+  ASSERT_TRUE(strideattn::forward(sp.args).ok());
+  EXPECT_EQ(cuda.forward_calls, 1);
+  EXPECT_EQ(cudnn.supports_calls, 1);
+  EXPECT_EQ(cuda.supports_calls, 1);
+  EXPECT_EQ(cpu.supports_calls + ref.supports_calls, 0);
+  ASSERT_EQ(g_lines.size(), 1u);  // the info line still names the skipped faster backend
+  EXPECT_NE(g_lines[0].find("skipped cudnn: head_dim: d_qk 264"), std::string::npos) << g_lines[0];
+
+  sp.args.backend = Backend::cuda;  // explicit: only that backend is asked
+  ASSERT_TRUE(strideattn::forward(sp.args).ok());
+  EXPECT_EQ(cudnn.supports_calls, 1);
+  EXPECT_EQ(cuda.supports_calls, 2);
+
+  const Explanation ex = strideattn::explain(sp.args);
+  EXPECT_EQ(ex.verdicts.size(), 4u);
 }
 
 }  // namespace
