@@ -5,6 +5,8 @@ error against fp64 sets the tolerance: 2 * naive_err + floor(dtype)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # Absolute floors, as in tools/harness/compare.cpp (a few ulps of values ~1).
@@ -137,10 +139,23 @@ def attention_ref(q, k, v, *, mask="none", window=None, scale=None, do=None, seq
     return out
 
 
+MANTISSA_BITS = {"float32": 23, "float16": 10, "bfloat16": 7}
+
+
+def half_ulp(dtype_name_, x):
+    """Half a unit in the last place of the dtype at |x| (0 for 0 and non-finite x)."""
+    x = abs(float(x))
+    if not (x > 0) or not math.isfinite(x):
+        return 0.0
+    return math.ldexp(1.0, math.frexp(x)[1] - 1 - MANTISSA_BITS[dtype_name_] - 1)
+
+
 def check(name, got, exact, naive, dtype, seed, lse=False, magnitude=None):
     """DESIGN's rule as docs/semantics.md states it (tools/harness/compare.hpp):
-    max|got - exact| <= 2 * max|naive - exact| + floor(dtype) + 4e-6 * magnitude, magnitude
-    being max|exact| (for gradients pass the largest over dq, dk, dv: grad_magnitude());
+    max|got - exact| <= 2 * max|naive - exact| + floor(dtype) + 4e-6 * magnitude
+                        + half_ulp(dtype, max|exact|),
+    magnitude being max|exact| (for gradients pass the largest over dq, dk, dv:
+    grad_magnitude()), the last term the tensor's own output rounding;
     infinities (LSE of rows that see nothing) must match exactly; no NaN."""
     got = np.asarray(got, dtype=np.float64)
     exact = np.asarray(exact, dtype=np.float64)
@@ -156,7 +171,8 @@ def check(name, got, exact, naive, dtype, seed, lse=False, magnitude=None):
     floor = FLOOR["float32"] if lse else FLOOR[dtype_name(dtype)]
     if magnitude is None:
         magnitude = float(np.abs(exact[fin]).max()) if fin.any() else 0.0
-    tol = 2 * naive_err + floor + 4e-6 * magnitude
+    largest = float(np.abs(exact[fin]).max()) if fin.any() else 0.0
+    tol = 2 * naive_err + floor + 4e-6 * magnitude + half_ulp("float32" if lse else dtype_name(dtype), largest)
     assert err <= tol, (f"{name}: max abs error {err:.3e} > tolerance {tol:.3e} "
                         f"(naive {naive_err:.3e}, seed {seed})")
     return err, tol

@@ -216,7 +216,8 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
   double max_abs = 0;
   for (double x : exact)
     if (std::isfinite(x)) max_abs = std::max(max_abs, std::fabs(x));
-  const double tol = harness::tolerance(is_lse ? DType::f32 : DType::bf16, naive_err.max_abs_err, max_abs);
+  const double tol = harness::tolerance(is_lse ? DType::f32 : DType::bf16,
+                                       {.naive_err = naive_err.max_abs_err, .magnitude = max_abs, .largest = max_abs});
   const harness::ErrorStats err = harness::compare(got, exact);
   EXPECT_EQ(err.non_finite, 0) << what;
   EXPECT_LE(err.max_abs_err, tol) << what << ": worst element " << err.worst_index << " = " << err.worst_value

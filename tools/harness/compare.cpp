@@ -1,6 +1,6 @@
 // DESIGN's correctness rule (see compare.hpp and docs/semantics.md "Correctness rule"):
 // elementwise error statistics against the fp64 reference, and the tolerances
-// 2 * naive_err + floor(dtype).
+// 2 * naive_err + floor(dtype) + fp32 and output-rounding terms (compare.hpp).
 #include "harness/compare.hpp"
 
 #include <algorithm>
@@ -65,8 +65,15 @@ ErrorStats compare(const std::vector<double>& out, const std::vector<double>& ex
   return st;
 }
 
-double tolerance(DType dtype, double naive_max_abs_err, double max_abs_exact) {
-  return 2.0 * naive_max_abs_err + floor_of(dtype) + 4e-6 * max_abs_exact;
+double half_ulp(DType dtype, double x) {
+  x = std::fabs(x);
+  if (!(x > 0) || !std::isfinite(x)) return 0;
+  const int mantissa_bits = dtype == DType::f32 ? 23 : dtype == DType::f16 ? 10 : 7;
+  return std::ldexp(1.0, std::ilogb(x) - mantissa_bits - 1);
+}
+
+double tolerance(DType dtype, const ToleranceTerms& t) {
+  return 2.0 * t.naive_err + floor_of(dtype) + 4e-6 * t.magnitude + half_ulp(dtype, t.largest);
 }
 
 double max_abs_finite(const std::vector<double>& values) {
@@ -81,8 +88,10 @@ TensorCheck check_tensor(std::string name, DType dtype, const std::vector<double
                          double magnitude) {
   TensorCheck c;
   c.name = std::move(name);
-  c.tol = tolerance(dtype, compare(naive, exact).max_abs_err,
-                    magnitude >= 0 ? magnitude : max_abs_finite(exact));
+  const double largest = max_abs_finite(exact);
+  c.tol = tolerance(dtype, {.naive_err = compare(naive, exact).max_abs_err,
+                            .magnitude = magnitude >= 0 ? magnitude : largest,
+                            .largest = largest});
   c.err = compare(out, exact);
   return c;
 }

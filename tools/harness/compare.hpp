@@ -24,12 +24,22 @@ struct ErrorStats {
 [[nodiscard]] ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact);
 
 // Tolerance of one output tensor stored in `dtype` (LSE: DType::f32):
-//   2 * naive_err + floor(dtype) + 4e-6 * max|exact|
+//   2 * naive_err + floor(dtype) + 4e-6 * magnitude + half_ulp(dtype, largest)
 // floor(dtype) is a few ulps of 1 in the dtype (f32 2e-5, f16 1e-4, bf16 1e-3); the relative
-// term is a few fp32 ulps of the tensor's largest finite value, which legitimately different
-// fp32 summation orders reach on large values (LSE ~ 10, gradients summed over long
-// sequences and GQA groups ~ 100).
-[[nodiscard]] double tolerance(DType dtype, double naive_max_abs_err, double max_abs_exact);
+// term is a few fp32 ulps of `magnitude`, which legitimately different fp32 summation orders
+// reach on large values (LSE ~ 10, gradients summed over long sequences and GQA groups ~ 100);
+// the last term is half a unit in the last place of the dtype at the tensor's own largest
+// value: the output's final rounding, which two correct implementations may take to
+// neighbouring values where the naive model happened to round close.
+struct ToleranceTerms {
+  double naive_err = 0;  // max |naive - exact| of this tensor
+  double magnitude = 0;  // scale of the fp32 term: max|exact| (gradients: over dq, dk, dv)
+  double largest = 0;    // max|exact| of this tensor alone (its own output rounding)
+};
+[[nodiscard]] double tolerance(DType dtype, const ToleranceTerms& terms);
+
+// Half a unit in the last place of `dtype` at |x| (0 for 0 and non-finite x).
+[[nodiscard]] double half_ulp(DType dtype, double x);
 
 // Largest finite |x| of a tensor (0 when none is finite).
 [[nodiscard]] double max_abs_finite(const std::vector<double>& values);

@@ -13,6 +13,8 @@ using strideattn::DType;
 using strideattn::harness::compare;
 using strideattn::harness::TensorCheck;
 using strideattn::harness::tolerance;
+using strideattn::harness::half_ulp;
+using strideattn::harness::check_tensor;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 const double kNan = std::nan("");
@@ -69,16 +71,32 @@ TEST(Compare, LengthMismatchCountsMissingElements) {
 }
 
 TEST(Tolerance, TwiceNaivePlusFloor) {
-  EXPECT_DOUBLE_EQ(tolerance(DType::f32, 0.0, 0.0), 2e-5);
-  EXPECT_DOUBLE_EQ(tolerance(DType::f16, 0.0, 0.0), 1e-4);
-  EXPECT_DOUBLE_EQ(tolerance(DType::bf16, 0.0, 0.0), 1e-3);
-  EXPECT_DOUBLE_EQ(tolerance(DType::bf16, 0.01, 0.0), 0.021);
-  EXPECT_DOUBLE_EQ(tolerance(DType::f32, 1e-6, 10.0), 2e-6 + 2e-5 + 4e-5);
+  EXPECT_DOUBLE_EQ(tolerance(DType::f32, {}), 2e-5);
+  EXPECT_DOUBLE_EQ(tolerance(DType::f16, {}), 1e-4);
+  EXPECT_DOUBLE_EQ(tolerance(DType::bf16, {}), 1e-3);
+  EXPECT_DOUBLE_EQ(tolerance(DType::bf16, {.naive_err = 0.01}), 0.021);
+  EXPECT_DOUBLE_EQ(tolerance(DType::f32, {.naive_err = 1e-6, .magnitude = 10.0}), 2e-6 + 2e-5 + 4e-5);
   EXPECT_DOUBLE_EQ(strideattn::harness::max_abs_finite({1.0, -3.0, -INFINITY, NAN}), 3.0);
 }
 
+TEST(Tolerance, HalfUlpOfTheLargestValue) {
+  // bf16 has 7 stored mantissa bits: ulp in [8, 16) is 2^-4; f16 (10 bits) 2^-7; f32 2^-20.
+  EXPECT_DOUBLE_EQ(half_ulp(DType::bf16, 11.4), 0.03125);
+  EXPECT_DOUBLE_EQ(half_ulp(DType::f16, -11.4), 0.00390625);
+  EXPECT_DOUBLE_EQ(half_ulp(DType::f32, 8.0), std::ldexp(1.0, -21));
+  EXPECT_DOUBLE_EQ(half_ulp(DType::f16, 0.0), 0.0);
+  EXPECT_DOUBLE_EQ(half_ulp(DType::f16, INFINITY), 0.0);
+  EXPECT_DOUBLE_EQ(tolerance(DType::f16, {.largest = 11.4}), 1e-4 + 0.00390625);
+}
+
+TEST(Tolerance, RoundingTermUsesTheTensorsOwnLargestValue) {
+  // dq of magnitude 1 next to dv of magnitude 30: dq's rounding term stays at its own scale.
+  const TensorCheck c = check_tensor("dq", DType::bf16, {1.0}, {1.0}, {1.0}, 30.0);
+  EXPECT_DOUBLE_EQ(c.tol, 1e-3 + 4e-6 * 30.0 + half_ulp(DType::bf16, 1.0));
+}
+
 TEST(Tolerance, PassIsAtMostTolerance) {
-  TensorCheck c{"o", compare({1.0009}, {1.0}), tolerance(DType::bf16, 0.0, 0.0)};
+  TensorCheck c{"o", compare({1.0009}, {1.0}), tolerance(DType::bf16, {})};
   EXPECT_TRUE(c.pass());
   c.err = compare({1.0011}, {1.0});
   EXPECT_FALSE(c.pass());
