@@ -1,5 +1,5 @@
 // Small memory-bound kernels around the attention passes: the backward pre-pass
-// delta = rowsum(dO * O), and, for varlen problems, zeroing the output tokens that belong to
+// delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), and, for varlen problems, zeroing the output tokens that belong to
 // no sequence (padding) so every element of an output view is written. Also the dtype
 // dispatch of the main launches.
 #include <cmath>
@@ -31,6 +31,32 @@ __global__ void __launch_bounds__(kAuxThreads) delta_kernel(const KernelParams k
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) kp.delta[delta_index(kp, batch, head, row)] = sum;
+}
+
+// One block per (key token, KV head, sequence): sum the partial planes in split order.
+template <class T>
+__global__ void __launch_bounds__(kAuxThreads) reduce_dkv_kernel(const KernelParams kp) {
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t batch = blockIdx.z, kv_head = blockIdx.y, key = blockIdx.x;
+  if (key >= p.kv_seq.length(batch)) return;
+  const int64_t row = kv_row_index(kp, batch, kv_head, key);
+  const int64_t plane_k = kp.partial_rows * p.d_qk, plane_v = kp.partial_rows * p.d_v;
+  const float* pk = kp.dkv_partial + row * p.d_qk;
+  const float* pv = kp.dkv_partial + kp.group_splits * plane_k + row * p.d_v;
+  auto* dk = static_cast<uint16_t*>(p.dk) +
+             kernel::row_offset(p.kv_seq.span(p.dk_st, batch), p.dk_st, key, kv_head);
+  auto* dv = static_cast<uint16_t*>(p.dv) +
+             kernel::row_offset(p.kv_seq.span(p.dv_st, batch), p.dv_st, key, kv_head);
+  for (int64_t c = threadIdx.x; c < p.d_qk; c += blockDim.x) {
+    float sum = 0.f;
+    for (int i = 0; i < kp.group_splits; ++i) sum += pk[i * plane_k + c];
+    dk[c] = ElementTraits<T>::from_float(sum * p.scale);
+  }
+  for (int64_t c = threadIdx.x; c < p.d_v; c += blockDim.x) {
+    float sum = 0.f;
+    for (int i = 0; i < kp.group_splits; ++i) sum += pv[i * plane_v + c];
+    dv[c] = ElementTraits<T>::from_float(sum);
+  }
 }
 
 // Zero every (token, head, dim) of a [1, tokens, heads, d] view whose token lies in no
@@ -73,6 +99,16 @@ cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream
     delta_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     delta_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+  const dim3 grid(unsigned(kp.p.kv_seq.max_len), unsigned(kp.p.kv_heads), unsigned(kp.p.batch));
+  if (kp.dkv_partial == nullptr || grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  if (t == ElemType::f16)
+    reduce_dkv_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
+  else
+    reduce_dkv_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,10 @@
 // Backward kernels (FlashAttention-2 recomputation, two main passes, no atomics):
 //   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
-//   dK/dV pass: one CTA per (key block, KV head, sequence[, head-dim split]); dK and dV stay
-//     in fp32 registers while the CTA loops over the query blocks of every query head of the
-//     GQA group that see its keys (query_range_for_keys):
+//   dK/dV pass: one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
+//     dK and dV stay in fp32 registers while the CTA loops over the query blocks of every
+//     query head of its share of the GQA group that see its keys (query_range_for_keys).
+//     With one group split it stores dK/dV; with several (MQA/GQA with few KV heads, to fill
+//     the GPU) each writes fp32 partials that aux_kernels.cu sums in split order:
 //       S^T = K Q^T * scale, P^T = 2^(S^T - LSE) (masked -> 0)
 //       dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
 //   dQ pass: one CTA per (query block, head, sequence), dQ in fp32 registers over the key
@@ -39,7 +41,9 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   float* sDelta = sLse + 2 * Br;                                        // [2][Br]
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z, kv_head = blockIdx.y;
+  const int64_t batch = blockIdx.z;
+  const int64_t kv_head = blockIdx.y / kp.group_splits;
+  const int gsplit = int(blockIdx.y % kp.group_splits);
   const int split = int(blockIdx.x % kSplits);
   const int col0 = split * DAcc;  // head-dim columns of dK / dV this CTA owns
   const int64_t c0 = int64_t(blockIdx.x / kSplits) * Bc;
@@ -51,8 +55,12 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   const int64_t first_qblock = queries.begin / Br;
   const int64_t n_qblocks =
       queries.end > queries.begin ? kernel::ceil_div(queries.end, Br) - first_qblock : 0;
+  // This CTA's share of the query-head group: heads [head_begin, head_end) of it.
   const int64_t group = p.heads / p.kv_heads;
-  const int64_t n_iters = n_qblocks * group;
+  const int64_t per_split = kernel::ceil_div(group, kp.group_splits);
+  const int64_t head_begin = kernel::min64(group, gsplit * per_split);
+  const int64_t head_end = kernel::min64(group, head_begin + per_split);
+  const int64_t n_iters = n_qblocks * (head_end - head_begin);
 
   const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
   const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
@@ -64,10 +72,10 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16 * MT;
 
-  // Iteration `it` covers query head kv_head * group + it / n_qblocks, query block
-  // first_qblock + it % n_qblocks.
+  // Iteration `it` covers query head kv_head * group + head_begin + it / n_qblocks, query
+  // block first_qblock + it % n_qblocks.
   auto load_queries = [&](int64_t it, int buf) {
-    const int64_t head = kv_head * group + it / n_qblocks;
+    const int64_t head = kv_head * group + head_begin + it / n_qblocks;
     const int64_t r0 = (first_qblock + it % n_qblocks) * Br;
     const int rows = int(kernel::min64(Br, s_q - r0));
     load_tile<kThreads>(sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) +
@@ -153,6 +161,30 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
       gemm_rn<T, MT, Br, DAcc>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
     }
     __syncthreads();  // buffers of this iteration may be refilled
+  }
+
+  // epilogue, split group: fp32 partial rows (unscaled dK, dV) for launch_reduce_dkv
+  if (kp.dkv_partial != nullptr) {
+    float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
+    float* const part_v = kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk +
+                          int64_t(gsplit) * kp.partial_rows * d_v;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t key = c0 + warp_row0 + mt * 16 + g + 8 * h;
+        if (key >= c1) continue;
+        const int64_t row = kv_row_index(kp, batch, kv_head, key);
+#pragma unroll
+        for (int n = 0; n < DAcc / 8; ++n) {
+          const int col = col0 + n * 8 + 2 * t;  // even; d_qk, d_v multiples of 8
+          if (col < d_qk)
+            *reinterpret_cast<float2*>(part_k + row * d_qk + col) = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
+          if (col < d_v)
+            *reinterpret_cast<float2*>(part_v + row * d_v + col) = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+        }
+      }
+    return;
   }
 
   // epilogue: dK *= scale; write the rows of valid keys through their strides
@@ -325,7 +357,7 @@ cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
         e != cudaSuccess)
       return e;
     const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, Tile::kBc) * (D / Tile::kDAcc)),
-                    unsigned(kp.p.kv_heads), unsigned(kp.p.batch));
+                    unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
     if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }

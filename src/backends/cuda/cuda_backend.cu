@@ -1,14 +1,17 @@
 // Host side of the `cuda` backend: the support rules (device memory, f16/bf16, head dims,
 // a GPU of compute capability >= 8.0), the workspace (device copies of the varlen tables,
-// the backward's delta rows), the alignment choice between the 16-byte and element-wise
+// the backward's delta rows and, for GQA/MQA with few KV heads, the dK/dV partials of the
+// split query-head groups), the alignment choice between the 16-byte and element-wise
 // load paths per tensor, and the launch sequence of each direction.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/kernel_params.hpp"
+#include "backends/cuda/kernel_traits.cuh"
 #include "common/log.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/select.hpp"
@@ -87,20 +90,62 @@ const std::vector<SupportRule>& rules() {
   return list;
 }
 
+// ---------------------------------------------------------------- dK/dV pass parallelism
+
+// The dK/dV pass runs one CTA per (key block, KV head, sequence), each looping over every
+// query head of its GQA group. With few KV heads that grid is too small: the seed case (MQA
+// 16/1, 8 sequences of 2k keys, d 64) has 128 CTAs for 132 SMs that hold two each. Splitting
+// the group over CTAs brings the grid to about kTargetCtasPerSm x SMs (two waves, so that
+// causal imbalance evens out), at the price of fp32 partials and one reduction pass.
+constexpr std::int64_t kTargetCtasPerSm = 4;
+
+std::int64_t multiprocessors() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return n;
+}
+
+int choose_group_splits(const Problem& p) {
+  const std::int64_t group = p.group_size();
+  if (!p.is_backward() || group <= 1) return 1;
+  const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
+  const std::int64_t ctas = (p.s_kv + cuda_impl::kv_pass_keys(bucket) - 1) / cuda_impl::kv_pass_keys(bucket) *
+                            cuda_impl::kv_pass_dim_splits(bucket) * p.kv_heads * p.batch;
+  const std::int64_t target = kTargetCtasPerSm * multiprocessors();
+  if (ctas <= 0 || ctas >= target) return 1;
+  std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
+  const std::int64_t per_split = (group + splits - 1) / splits;
+  splits = (group + per_split - 1) / per_split;  // no split left without heads
+  if (p.kv_heads * splits > kMaxGridYZ) return 1;
+  return int(splits);
+}
+
 // ---------------------------------------------------------------- layout of the workspace
 
 struct WorkspacePlan {
-  std::size_t tables = 0;  // 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
-  std::size_t delta = 0;   // backward: fp32 [q batch extent][heads][q tokens]
-  [[nodiscard]] std::size_t total() const { return tables + delta; }
+  std::size_t tables = 0;   // 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
+  std::size_t delta = 0;    // backward: fp32 [q batch extent][heads][q tokens]
+  std::size_t partial = 0;  // backward, group splits > 1: fp32 dK/dV partial planes
+  int group_splits = 1;
+  std::int64_t partial_rows = 0;  // rows of one partial plane
+  [[nodiscard]] std::size_t total() const { return tables + delta + partial; }
 };
 
 WorkspacePlan plan_workspace(const Problem& p) {
   WorkspacePlan w;
   if (p.varlen) w.tables = round_up(4 * std::size_t(p.batch) * sizeof(std::int64_t));
-  if (p.is_backward())
+  if (p.is_backward()) {
     w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
                        std::size_t(p.q.shape[kSeq]) * sizeof(float));
+    w.group_splits = choose_group_splits(p);
+    if (w.group_splits > 1) {
+      w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
+      w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) *
+                           std::size_t(p.d_qk + p.d_v) * sizeof(float));
+    }
+  }
   return w;
 }
 
@@ -200,6 +245,12 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
     kp->p.kv_seq.offsets = dev + 3 * n;
   }
   if (p.is_backward()) kp->delta = reinterpret_cast<float*>(ws.base() + plan.tables);
+  kp->kv_tokens = p.kv_tokens();
+  kp->group_splits = plan.group_splits;
+  if (plan.group_splits > 1) {
+    kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
+    kp->partial_rows = plan.partial_rows;
+  }
   return Status::Ok();
 }
 
@@ -232,40 +283,51 @@ class CudaBackend final : public BackendImpl {
   }
 
   [[nodiscard]] Status forward(const Problem& p) override {
-    auto stream = static_cast<cudaStream_t>(p.stream);
-    const WorkspacePlan plan = plan_workspace(p);
     Workspace ws;
-    if (Status s = ws.acquire(p, plan.total(), stream); !s.ok()) return s;
     KernelParams kp;
-    if (Status s = prepare(p, plan, ws, stream, &kp); !s.ok()) return s;
-    if (log_level() >= LogLevel::debug) log_line(LogLevel::debug, describe_paths(p, kp.aligned));
-    if (p.varlen)
-      if (cudaError_t e = cuda_impl::launch_zero_padding(kp, 0, p.q_tokens(), p.kv_tokens(), stream);
-          e != cudaSuccess)
-        return cuda_status(e, "zeroing padding tokens");
+    if (Status s = begin(p, &ws, &kp); !s.ok()) return s;
     const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-    if (cudaError_t e = cuda_impl::launch_forward(elem_type(p), bucket, kp, stream); e != cudaSuccess)
+    if (cudaError_t e = cuda_impl::launch_forward(elem_type(p), bucket, kp, stream_of(p)); e != cudaSuccess)
       return cuda_status(e, "forward kernel launch");
     return Status::Ok();
   }
 
   [[nodiscard]] Status backward(const Problem& p) override {
-    auto stream = static_cast<cudaStream_t>(p.stream);
-    const WorkspacePlan plan = plan_workspace(p);
     Workspace ws;
-    if (Status s = ws.acquire(p, plan.total(), stream); !s.ok()) return s;
     KernelParams kp;
-    if (Status s = prepare(p, plan, ws, stream, &kp); !s.ok()) return s;
-    if (log_level() >= LogLevel::debug) log_line(LogLevel::debug, describe_paths(p, kp.aligned));
-    if (p.varlen)
-      if (cudaError_t e = cuda_impl::launch_zero_padding(kp, 1, p.q_tokens(), p.kv_tokens(), stream);
-          e != cudaSuccess)
-        return cuda_status(e, "zeroing padding tokens");
+    if (Status s = begin(p, &ws, &kp); !s.ok()) return s;
+    const cudaStream_t stream = stream_of(p);
     if (cudaError_t e = cuda_impl::launch_delta(elem_type(p), kp, stream); e != cudaSuccess)
       return cuda_status(e, "delta pre-pass launch");
     const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
     if (cudaError_t e = cuda_impl::launch_backward(elem_type(p), bucket, kp, stream); e != cudaSuccess)
       return cuda_status(e, "backward kernel launch");
+    if (cudaError_t e = cuda_impl::launch_reduce_dkv(elem_type(p), kp, stream); e != cudaSuccess)
+      return cuda_status(e, "dK/dV reduction launch");
+    return Status::Ok();
+  }
+
+ private:
+  static cudaStream_t stream_of(const Problem& p) { return static_cast<cudaStream_t>(p.stream); }
+
+  // The start both directions share: workspace, kernel parameters, and for varlen the output
+  // tokens outside every sequence zeroed.
+  static Status begin(const Problem& p, Workspace* ws, KernelParams* kp) {
+    const cudaStream_t stream = stream_of(p);
+    const WorkspacePlan plan = plan_workspace(p);
+    if (Status s = ws->acquire(p, plan.total(), stream); !s.ok()) return s;
+    if (Status s = prepare(p, plan, *ws, stream, kp); !s.ok()) return s;
+    if (log_level() >= LogLevel::debug) {
+      std::string line = describe_paths(p, kp->aligned);
+      if (kp->group_splits > 1)
+        line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
+      log_line(LogLevel::debug, line);
+    }
+    if (p.varlen)
+      if (cudaError_t e = cuda_impl::launch_zero_padding(*kp, p.is_backward() ? 1 : 0, p.q_tokens(),
+                                                         p.kv_tokens(), stream);
+          e != cudaSuccess)
+        return cuda_status(e, "zeroing padding tokens");
     return Status::Ok();
   }
 };

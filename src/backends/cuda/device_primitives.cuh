@@ -170,29 +170,47 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& sr
 // C[MT][N/8][4] += A * B^T. A: rows a_row0 + 16*mt + (0..15) of `sa`, B: rows b_row0 + (0..N-1)
 // of `sb`, both with the contraction along columns [0, k_end) (k_end a multiple of 8; the
 // columns up to the next multiple of 16 must be zero in shared memory).
+// Software-pipelined: the fragments of k-step kk+1 are requested from shared memory before
+// the MMAs of step kk issue, so ldmatrix latency hides behind tensor-core work (two warps
+// per scheduler cannot hide it otherwise). The sum over k runs in the same order as a plain
+// loop: results are bitwise those of the unpipelined GEMM.
 template <class T, int MT, int N, int KMAX, class TileA, class TileB>
 __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0,
                                         const TileB& sb, int b_row0, int k_end) {
   static_assert(N % 16 == 0, "N must be a multiple of 16");
+  constexpr int kSteps = KMAX / 16;
   const int lane = threadIdx.x & 31;
   const int a_r = lane & 15, a_c = (lane >> 4) * 8;
   const int b_r = (lane & 7) + ((lane >> 4) << 3), b_c = ((lane >> 3) & 1) * 8;
+  // Double-buffered: A of the whole k-step and the first 16-column B tile (the rest of B is
+  // loaded inside the step, where the compiler is free to hoist it above earlier MMAs).
+  uint32_t a[2][MT][4], b0[2][4];
+  auto load = [&](int kk, int buf) {
 #pragma unroll
-  for (int kk = 0; kk < KMAX / 16; ++kk) {
-    if (kk * 16 >= k_end) break;
-    uint32_t a[MT][4];
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[buf][mt], sa.addr(a_row0 + mt * 16 + a_r, kk * 16 + a_c));
+    ldmatrix_x4(b0[buf], sb.addr(b_row0 + b_r, kk * 16 + b_c));
+  };
+  load(0, 0);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], sa.addr(a_row0 + mt * 16 + a_r, kk * 16 + a_c));
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const bool more = kk + 1 < kSteps && (kk + 1) * 16 < k_end;
+    if (more) load(kk + 1, (kk + 1) & 1);
 #pragma unroll
     for (int nn = 0; nn < N / 16; ++nn) {
-      uint32_t b[4];
-      ldmatrix_x4(b, sb.addr(b_row0 + nn * 16 + b_r, kk * 16 + b_c));
+      uint32_t bt[4];
+      if (nn == 0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bt[e] = b0[kk & 1][e];
+      } else {
+        ldmatrix_x4(bt, sb.addr(b_row0 + nn * 16 + b_r, kk * 16 + b_c));
+      }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma16816<T>(c[mt][2 * nn], a[mt], b[0], b[1]);
-        mma16816<T>(c[mt][2 * nn + 1], a[mt], b[2], b[3]);
+        mma16816<T>(c[mt][2 * nn], a[kk & 1][mt], bt[0], bt[1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[kk & 1][mt], bt[2], bt[3]);
       }
     }
+    if (!more) break;
   }
 }
 
@@ -216,25 +234,36 @@ __device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4],
 // C[MT][N/8][4] += A * B with A in registers (a[mt][k16]) and B stored k-major in shared
 // memory: B[k][n] is element (k, b_col0 + n) of `sb` (rows = contraction). Column tiles
 // at or beyond n_end (a multiple of 8) are skipped.
+// Pipelined over the 16-column tiles of C (the loop that n_end cuts short): the B fragments
+// of tile nn+1 are requested before the MMAs of tile nn. Each C element still sums over k in
+// increasing order, so the results are bitwise those of a plain loop.
 template <class T, int MT, int K, int N, class TileB>
 __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
                                         const TileB& sb, int b_col0, int n_end) {
   static_assert(N % 16 == 0, "N must be a multiple of 16");
+  constexpr int kTiles = N / 16;
   const int lane = threadIdx.x & 31;
   const int b_r = (lane & 7) + (((lane >> 3) & 1) << 3), b_c = (lane >> 4) * 8;
+  uint32_t b[2][K / 16][4];
+  auto load = [&](int nn, int buf) {
 #pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
+    for (int kk = 0; kk < K / 16; ++kk)
+      ldmatrix_x4_trans(b[buf][kk], sb.addr(kk * 16 + b_r, b_col0 + nn * 16 + b_c));
+  };
+  if (n_end <= 0) return;
+  load(0, 0);
 #pragma unroll
-    for (int nn = 0; nn < N / 16; ++nn) {
-      if (nn * 16 >= n_end) break;
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, sb.addr(kk * 16 + b_r, b_col0 + nn * 16 + b_c));
+  for (int nn = 0; nn < kTiles; ++nn) {
+    const bool more = nn + 1 < kTiles && (nn + 1) * 16 < n_end;
+    if (more) load(nn + 1, (nn + 1) & 1);
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma16816<T>(c[mt][2 * nn], a[mt][kk], b[0], b[1]);
-        mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], b[2], b[3]);
+        mma16816<T>(c[mt][2 * nn], a[mt][kk], b[nn & 1][kk][0], b[nn & 1][kk][1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], b[nn & 1][kk][2], b[nn & 1][kk][3]);
       }
-    }
+    if (!more) break;
   }
 }
 

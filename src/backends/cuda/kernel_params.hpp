@@ -33,6 +33,15 @@ struct KernelParams {
   std::int64_t q_tokens = 0;  // seq extent of the Q view (rows of one delta plane)
   std::uint32_t aligned = 0;  // AlignBits
   float scale_log2 = 0.f;     // scale * log2(e): softmax runs in base 2
+  // Backward with GQA/MQA and too few KV heads to fill the GPU: the dK/dV pass splits each
+  // query-head group over `group_splits` CTAs; split i writes fp32 partial dK (unscaled) and
+  // dV rows into plane i of `dkv_partial` ([splits][partial_rows][d_qk], then
+  // [splits][partial_rows][d_v]) and launch_reduce_dkv sums the planes in split order
+  // (deterministic). nullptr: one split, the pass stores dK and dV itself.
+  float* dkv_partial = nullptr;
+  int group_splits = 1;
+  std::int64_t kv_tokens = 0;     // seq extent of the K view
+  std::int64_t partial_rows = 0;  // rows of one plane: kv batch extent * kv_heads * kv_tokens
 };
 
 // Row of the delta workspace for (sequence `batch`, head, token).
@@ -40,6 +49,13 @@ SA_HD std::int64_t delta_index(const KernelParams& kp, std::int64_t batch, std::
                                std::int64_t token) {
   const kernel::SequenceTable& q = kp.p.q_seq;
   return (q.batch_index(batch) * kp.p.heads + head) * kp.q_tokens + q.first_token(batch) + token;
+}
+
+// Row of a dK/dV partial plane for (sequence `batch`, KV head, key token).
+SA_HD std::int64_t kv_row_index(const KernelParams& kp, std::int64_t batch, std::int64_t kv_head,
+                                std::int64_t token) {
+  const kernel::SequenceTable& kv = kp.p.kv_seq;
+  return (kv.batch_index(batch) * kp.p.kv_heads + kv_head) * kp.kv_tokens + kv.first_token(batch) + token;
 }
 
 enum class ElemType { f16, bf16 };
@@ -60,6 +76,9 @@ cudaError_t launch_backward_f16(int bucket, const KernelParams& kp, cudaStream_t
 cudaError_t launch_backward_bf16(int bucket, const KernelParams& kp, cudaStream_t stream);
 // delta = rowsum(dO * O) over d_v, fp32 (backward pre-pass).
 cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream);
+// dK = scale * sum of the partial dK planes, dV = sum of the partial dV planes, in split order,
+// stored through the dK / dV strides (when KernelParams::dkv_partial is set).
+cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t stream);
 // Varlen: zero the tokens of an output that belong to no sequence (and LSE = -inf there).
 // `which`: 0 = forward outputs (O, LSE), 1 = backward outputs (dQ, dK, dV).
 cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens,

@@ -35,11 +35,22 @@ template <> struct BackwardKvTile<128> { static constexpr int kMT = 1, kBc = 64,
 // K 32K + V 32K + 2 stages x (Q 16K + dO 16K) = 128 KiB.
 template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64, kBr = 32, kDAcc = 128; };
 
+// Host-side view of the dK/dV pass grid (cuda_backend.cu sizes its group splits from it):
+// keys per CTA and head-dim splits per key block for a head-dim bucket.
+inline constexpr int kv_pass_keys(int bucket) {
+  return bucket == 64 ? BackwardKvTile<64>::kBc : bucket == 128 ? BackwardKvTile<128>::kBc : BackwardKvTile<256>::kBc;
+}
+inline constexpr int kv_pass_dim_splits(int bucket) {
+  return bucket == 64 ? 64 / BackwardKvTile<64>::kDAcc
+                      : bucket == 128 ? 128 / BackwardKvTile<128>::kDAcc : 256 / BackwardKvTile<256>::kDAcc;
+}
+
 // Backward, dQ pass: rows = queries (Br), columns = keys (Bc). dQ accumulates in fp32
 // registers over the key blocks in a fixed order: no atomics, bitwise deterministic.
 template <int D> struct BackwardQTile;
-// d <= 64: two m16 tiles per warp (Br 128): each K / V fragment feeds two MMAs.
-template <> struct BackwardQTile<64> { static constexpr int kMT = 2, kBr = 128, kBc = 64; };
+// d <= 64: two m16 tiles per warp (Br 128): each K / V fragment feeds two MMAs. Bc 32: with
+// Bc 64, S, dP and dQ (3 x 64 floats) plus the pipelined GEMMs' fragments spilled.
+template <> struct BackwardQTile<64> { static constexpr int kMT = 2, kBr = 128, kBc = 32; };
 // d <= 128: two m16 tiles per warp (Br 128), Bc 32: dQ 2 x 64 floats + S and dP 2 x 16
 // floats each; smem Q 32K + dO 32K + 2 x (K 8K + V 8K) = 96 KiB.
 template <> struct BackwardQTile<128> { static constexpr int kMT = 2, kBr = 128, kBc = 32; };
