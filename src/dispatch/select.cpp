@@ -133,6 +133,13 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
                                     verdict_line(sel.verdicts[i]));
   }
   const std::string dir(to_string(problem.direction));
+  // A call that runs reports its choice at info; explain's selection (every verdict, nothing
+  // runs) says what would run, at debug, so a log never claims a run that did not happen.
+  const bool running = scope == VerdictScope::until_chosen;
+  const std::string runs = running ? " runs on " : " would run on ";
+  auto report = [&](const std::string& line) {
+    log_line(running ? LogLevel::info : LogLevel::debug, running ? line : "explain: " + line);
+  };
 
   if (requested != Backend::automatic) {
     for (auto& v : sel.verdicts) {
@@ -140,8 +147,8 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
       if (v.supported) {
         sel.chosen = requested;
         v.reason = "chosen (" + why + ")";
-        sel.why = dir + " runs on " + std::string(to_string(requested)) + " (" + why + ")";
-        log_line(LogLevel::info, sel.why);
+        sel.why = dir + runs + std::string(to_string(requested)) + " (" + why + ")";
+        report(sel.why);
       } else {
         sel.status = Status(StatusCode::unsupported,
                             std::string("backend '") + std::string(to_string(requested)) +
@@ -149,7 +156,7 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
                                 v.reason);
         sel.why = dir + " cannot run on " + std::string(to_string(requested)) + " (" + why +
                   "): " + v.rule + ": " + v.reason;
-        log_line(LogLevel::info, sel.why);
+        report(sel.why);
       }
       return sel;
     }
@@ -161,10 +168,10 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
       if (!sel.chosen) {
         sel.chosen = v.backend;
         v.reason = "chosen: fastest supported backend for class '" + cls.name + "'";
-        sel.why = dir + " runs on " + std::string(to_string(v.backend)) + " (auto, class '" +
+        sel.why = dir + runs + std::string(to_string(v.backend)) + " (auto, class '" +
                   cls.name + "', order " + order_text(cls.order) + "; " +
                   (skipped.empty() ? std::string("first in order") : "skipped " + skipped) + ")";
-        log_line(LogLevel::info, sel.why);
+        report(sel.why);
       } else {
         v.reason = "supported; ranks after " + std::string(to_string(*sel.chosen)) +
                    " for class '" + cls.name + "'";
@@ -178,7 +185,7 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
   if (sel.chosen) return sel;
   sel.status = Status(StatusCode::unsupported, "no backend can run this problem: " + skipped);
   sel.why = dir + " has no backend (auto, class '" + cls.name + "'): " + skipped;
-  log_line(LogLevel::info, sel.why);
+  report(sel.why);
   return sel;
 }
 

@@ -104,14 +104,22 @@ TEST_F(SelectTest, HopperDeviceOrderPutsCudnnFirst) {
                            {Backend::reference, &ref}},
                           hopper);
   SmallProblem sp(Memory::device);
+  // explain's selection: every verdict, and nothing logged at info (nothing runs)
   Selection sel = select_backend(sp.problem(), Backend::automatic);
+  EXPECT_TRUE(g_lines.empty()) << g_lines.front();
   ASSERT_TRUE(sel.chosen.has_value());
   EXPECT_EQ(*sel.chosen, Backend::cudnn);
+  EXPECT_EQ(sel.why.rfind("forward would run on cudnn", 0), 0u) << sel.why;
   ASSERT_EQ(sel.verdicts.size(), 4u);
   EXPECT_EQ(sel.verdicts[0].backend, Backend::cudnn);
   EXPECT_EQ(sel.verdicts[1].backend, Backend::cuda);
   EXPECT_NE(sel.verdicts[0].reason.find("chosen"), std::string::npos);
   EXPECT_NE(sel.verdicts[1].reason.find("ranks after cudnn"), std::string::npos);
+  // a call that runs: one info line, and only the verdicts up to the chosen backend
+  Selection run = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
+  ASSERT_TRUE(run.chosen.has_value());
+  EXPECT_EQ(*run.chosen, Backend::cudnn);
+  EXPECT_EQ(run.verdicts.size(), 1u);
   ASSERT_EQ(g_lines.size(), 1u);
   EXPECT_NE(g_lines[0].find("forward runs on cudnn"), std::string::npos) << g_lines[0];
   EXPECT_NE(g_lines[0].find("first in order"), std::string::npos) << g_lines[0];
@@ -123,7 +131,7 @@ TEST_F(SelectTest, SkippedFasterBackendIsNamedWithItsRuleInOneInfoLine) {
   FakeBackend cuda(Backend::cuda);
   ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}}, hopper);
   SmallProblem sp(Memory::device);
-  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   ASSERT_TRUE(sel.chosen.has_value());
   EXPECT_EQ(*sel.chosen, Backend::cuda);
   ASSERT_EQ(g_lines.size(), 1u);
@@ -143,7 +151,7 @@ TEST_F(SelectTest, HostMemoryPrefersCpuThenReference) {
                            {Backend::reference, &ref}},
                           hopper);
   SmallProblem sp(Memory::host);
-  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   ASSERT_TRUE(sel.chosen.has_value());
   EXPECT_EQ(*sel.chosen, Backend::reference);
   EXPECT_EQ(sel.verdicts[0].backend, Backend::cpu);
@@ -157,14 +165,14 @@ TEST_F(SelectTest, EnvironmentOverrideWinsOverOrder) {
   ScopedBackendOverride o({{Backend::cpu, &cpu}, {Backend::reference, &ref}});
   setenv("STRIDEATTN_BACKEND", "reference", 1);
   SmallProblem sp(Memory::host);
-  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   ASSERT_TRUE(sel.chosen.has_value());
   EXPECT_EQ(*sel.chosen, Backend::reference);
   ASSERT_EQ(g_lines.size(), 1u);
   EXPECT_NE(g_lines[0].find("runs on reference (STRIDEATTN_BACKEND=reference)"), std::string::npos)
       << g_lines[0];
   // An explicit request in the arguments is not overridden by the environment.
-  Selection explicit_sel = select_backend(sp.problem(), Backend::cpu);
+  Selection explicit_sel = select_backend(sp.problem(), Backend::cpu, VerdictScope::until_chosen);
   ASSERT_TRUE(explicit_sel.chosen.has_value());
   EXPECT_EQ(*explicit_sel.chosen, Backend::cpu);
 }
@@ -172,7 +180,7 @@ TEST_F(SelectTest, EnvironmentOverrideWinsOverOrder) {
 TEST_F(SelectTest, BadEnvironmentValueIsInvalidArgument) {
   setenv("STRIDEATTN_BACKEND", "flash", 1);
   SmallProblem sp(Memory::host);
-  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   EXPECT_FALSE(sel.chosen.has_value());
   EXPECT_EQ(sel.status.code(), StatusCode::invalid_argument);
   EXPECT_NE(sel.status.message().find("STRIDEATTN_BACKEND='flash'"), std::string::npos);
@@ -184,7 +192,7 @@ TEST_F(SelectTest, RequestedBackendThatRefusesGivesItsRule) {
   FakeBackend cudnn(Backend::cudnn, "empty_rows", "query row 0 of sequence 0 sees no key");
   ScopedBackendOverride o({{Backend::cudnn, &cudnn}}, hopper);
   SmallProblem sp(Memory::device);
-  Selection sel = select_backend(sp.problem(), Backend::cudnn);
+  Selection sel = select_backend(sp.problem(), Backend::cudnn, VerdictScope::until_chosen);
   EXPECT_FALSE(sel.chosen.has_value());
   EXPECT_EQ(sel.status.code(), StatusCode::unsupported);
   EXPECT_EQ(sel.status.message(),
@@ -200,7 +208,7 @@ TEST_F(SelectTest, NothingSupportedListsEveryBackendsRule) {
                            {Backend::reference, &ref}},
                           Platform{});
   SmallProblem sp(Memory::device);
-  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   EXPECT_FALSE(sel.chosen.has_value());
   EXPECT_EQ(sel.status.code(), StatusCode::unsupported);
   const std::string& m = sel.status.message();
@@ -219,7 +227,7 @@ TEST_F(SelectTest, DebugListsTheClassAndEveryVerdict) {
                            {Backend::reference, &ref}},
                           hopper);
   SmallProblem sp(Memory::device);
-  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   ASSERT_TRUE(sel.chosen.has_value());
   ASSERT_EQ(g_lines.size(), 6u);  // class line, four verdicts, the info line
   EXPECT_NE(g_lines[0].find("class 'sm90 device'"), std::string::npos) << g_lines[0];
@@ -235,7 +243,7 @@ TEST_F(SelectTest, LogOffPrintsNothing) {
   FakeBackend cpu(Backend::cpu);
   ScopedBackendOverride o({{Backend::cpu, &cpu}});
   SmallProblem sp(Memory::host);
-  Selection sel = select_backend(sp.problem(), Backend::automatic);
+  Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   EXPECT_TRUE(sel.chosen.has_value());
   EXPECT_TRUE(g_lines.empty());
 }

@@ -11,6 +11,12 @@ set(_cli $<TARGET_FILE:strideattn_cli>)
 # The demo (no arguments) must exit 0: every available backend agrees on the seed case.
 add_test(NAME cli_demo COMMAND ${_cli})
 set_tests_properties(cli_demo PROPERTIES LABELS cpu TIMEOUT 600)
+# With STRIDEATTN_LOG=info the demo says which backend `auto` ran and why (issue 4)
+# (the log line comes from the run of the `auto` row, on device memory when a GPU is present).
+add_test(NAME cli_demo_logs_auto_choice COMMAND ${_cli})
+set_tests_properties(cli_demo_logs_auto_choice PROPERTIES LABELS cpu TIMEOUT 600
+  ENVIRONMENT "STRIDEATTN_LOG=info"
+  PASS_REGULAR_EXPRESSION "\\[strideattn\\] forward runs on [a-z]+ \\(auto, class '[^']+', order [^;]+; first in order\\)")
 
 # The issue's acceptance line.
 add_test(NAME cli_check_seed_grad COMMAND ${_cli} check --preset seed --backends reference,cpu --grad)

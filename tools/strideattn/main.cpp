@@ -154,7 +154,7 @@ int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool 
               inv.spec.grad ? " (forward + backward)" : "");
   std::printf("layout:  %s\n", rep.layout.c_str());
   std::printf("errors against the fp64 reference; tolerance = 2 x naive low-precision error "
-              "+ floor; time of one run\n\n");
+              "+ floor + rounding terms (docs/semantics.md); time of one run\n\n");
   print_check_table(rep);
   std::printf("\n");
   if (bad.empty()) {
@@ -277,7 +277,11 @@ int main_impl(int argc, char** argv) {
       Invocation demo;
       Status s = parse_command_line({"check", "--preset", "seed"}, &demo);
       if (!s.ok()) return invalid(s.message());
-      return run_check(demo, available_backends(), true);
+      // every backend, then `auto` on tensors where a caller would have them (device memory
+      // when a GPU is present): STRIDEATTN_LOG=info shows its choice and why
+      std::vector<Backend> all = available_backends();
+      all.push_back(Backend::automatic);
+      return run_check(demo, all, true);
     }
     case Command::check: return run_check(inv, backends, false);
     case Command::explain: return run_explain(inv);
