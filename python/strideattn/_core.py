@@ -323,6 +323,21 @@ def _shape(x: Any) -> tuple:
     return tuple(int(s) for s in x.shape)
 
 
+def _begin(q, v, mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
+           offsets_kv, backend):
+    """What attention() and explain() share: the caller's framework context, the parsed
+    options, whether the call is varlen, and the q / v shapes (checked for rank)."""
+    ctx = _Context(q)
+    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
+                    offsets_kv, backend, ctx.stream)
+    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
+    qs, vs = _shape(q), _shape(v)
+    if len(qs) not in (3, 4) or len(vs) not in (3, 4):
+        raise ValueError(f"q and v must have 4 dimensions [b, s, h, d] (or 3 for varlen "
+                         f"[tokens, h, d]); got q {qs}, v {vs}")
+    return ctx, opts, varlen, qs, vs
+
+
 def _call(fn, *tensors, **opts):
     try:
         return fn(*tensors, **opts)
@@ -370,14 +385,8 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
                 seqlens_kv=seqlens_kv, offsets_q=offsets_q, offsets_kv=offsets_kv,
                 backend=backend, deterministic=deterministic, return_lse=return_lse)
 
-    ctx = _Context(q)
-    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
-                    offsets_kv, backend, ctx.stream)
-    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
-    qs, vs = _shape(q), _shape(v)
-    if len(qs) not in (3, 4) or len(vs) not in (3, 4):
-        raise ValueError(f"q and v must have 4 dimensions [b, s, h, d] (or 3 for varlen "
-                         f"[tokens, h, d]); got q {qs}, v {vs}")
+    ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
+                                       seqlens_kv, offsets_q, offsets_kv, backend)
     with ctx.device_scope():
         o = out
         if o is None:
@@ -413,10 +422,8 @@ def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=No
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
         if x is not None:
             _check_tensor(x, name, writable=True)
-    ctx = _Context(q)
-    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
-                    offsets_kv, backend, ctx.stream)
-    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
+    ctx, opts, varlen, _, _ = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
+                                     seqlens_kv, offsets_q, offsets_kv, backend)
     given = (dq, dk, dv)
     with ctx.device_scope():
         grads = []
@@ -446,14 +453,8 @@ def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] 
     (missing out/dout/lse are allocated)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(x, name)
-    ctx = _Context(q)
-    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
-                    offsets_kv, backend, ctx.stream)
-    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
-    qs, vs = _shape(q), _shape(v)
-    if len(qs) not in (3, 4) or len(vs) not in (3, 4):
-        raise ValueError(f"q and v must have 4 dimensions [b, s, h, d] (or 3 for varlen "
-                         f"[tokens, h, d]); got q {qs}, v {vs}")
+    ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
+                                       seqlens_kv, offsets_q, offsets_kv, backend)
     with ctx.device_scope():
         order = _dim_order(qs, _element_strides(q, ctx.fw))
         o = out if out is not None else ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q), order, False)

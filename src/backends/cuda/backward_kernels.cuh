@@ -163,31 +163,13 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     __syncthreads();  // buffers of this iteration may be refilled
   }
 
-  // epilogue, split group: fp32 partial rows (unscaled dK, dV) for launch_reduce_dkv
-  if (kp.dkv_partial != nullptr) {
-    float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
-    float* const part_v = kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk +
-                          int64_t(gsplit) * kp.partial_rows * d_v;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t key = c0 + warp_row0 + mt * 16 + g + 8 * h;
-        if (key >= c1) continue;
-        const int64_t row = kv_row_index(kp, batch, kv_head, key);
-#pragma unroll
-        for (int n = 0; n < DAcc / 8; ++n) {
-          const int col = col0 + n * 8 + 2 * t;  // even; d_qk, d_v multiples of 8
-          if (col < d_qk)
-            *reinterpret_cast<float2*>(part_k + row * d_qk + col) = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
-          if (col < d_v)
-            *reinterpret_cast<float2*>(part_v + row * d_v + col) = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
-        }
-      }
-    return;
-  }
-
-  // epilogue: dK *= scale; write the rows of valid keys through their strides
+  // epilogue: the rows of this CTA's valid keys. One group split: dK * scale and dV, stored
+  // through their strides. Several: fp32 partial rows (unscaled dK, dV) in this split's plane,
+  // which launch_reduce_dkv sums.
+  const bool partial = kp.dkv_partial != nullptr;
+  float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
+  float* const part_v = kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk +
+                        int64_t(gsplit) * kp.partial_rows * d_v;
   auto* dk_ptr = static_cast<uint16_t*>(p.dk);
   auto* dv_ptr = static_cast<uint16_t*>(p.dv);
   const SequenceSpan dk_span = p.kv_seq.span(p.dk_st, batch);
@@ -199,6 +181,18 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     for (int h = 0; h < 2; ++h) {
       const int64_t key = c0 + warp_row0 + mt * 16 + g + 8 * h;
       if (key >= c1) continue;
+      if (partial) {
+        const int64_t row = kv_row_index(kp, batch, kv_head, key);
+#pragma unroll
+        for (int n = 0; n < DAcc / 8; ++n) {
+          const int col = col0 + n * 8 + 2 * t;  // even; d_qk, d_v are multiples of 8
+          if (col < d_qk)
+            *reinterpret_cast<float2*>(part_k + row * d_qk + col) = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
+          if (col < d_v)
+            *reinterpret_cast<float2*>(part_v + row * d_v + col) = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+        }
+        continue;
+      }
       uint16_t* dk_row = dk_ptr + kernel::row_offset(dk_span, p.dk_st, key, kv_head);
       uint16_t* dv_row = dv_ptr + kernel::row_offset(dv_span, p.dv_st, key, kv_head);
 #pragma unroll
