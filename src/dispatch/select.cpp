@@ -78,6 +78,25 @@ SupportRule memory_rule(Memory required) {
           }};
 }
 
+SupportRule work_rule(double max_flops, double typical_rate) {
+  return {"work", [max_flops, typical_rate](const Problem& p) -> std::optional<std::string> {
+            double pairs = 0;  // dense bound: cheap, and no loop over (possibly 2^62) rows
+            for (std::int64_t b = 0; b < p.batch; ++b)
+              pairs += double(p.varlen ? p.seqlens_q[std::size_t(b)] : p.s_q) *
+                       double(p.varlen ? p.seqlens_kv[std::size_t(b)] : p.s_kv);
+            const double flops = 2.0 * pairs * double(p.heads) * double(p.d_qk + p.d_v) *
+                                 (p.is_backward() ? 2.5 : 1.0);
+            if (flops <= max_flops) return std::nullopt;
+            std::ostringstream os;
+            os.precision(3);
+            os << "the problem needs up to " << flops << " FLOP (every query against every key); "
+               << "this host backend takes at most " << max_flops << " FLOP per call (about "
+               << max_flops / typical_rate / 3600.0 << " h on 2 cores); use a GPU backend or "
+               << "split the problem";
+            return os.str();
+          }};
+}
+
 Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules,
                        const Problem& problem) {
   Verdict v;

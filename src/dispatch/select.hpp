@@ -41,5 +41,10 @@ enum class VerdictScope { all, until_chosen };
 
 // Common support rules every backend starts with.
 [[nodiscard]] SupportRule memory_rule(Memory required);
+// Host backends: refuse a problem whose dense work bound (every query against every key,
+// DESIGN's FLOP convention) exceeds `max_flops`, so that an absurd but valid problem (a
+// stride-0 K of extent 2^62) is refused with its size instead of running for years.
+// `typical_rate` (FLOP/s on the 2-core CI machine) only words the message.
+[[nodiscard]] SupportRule work_rule(double max_flops, double typical_rate);
 
 }  // namespace strideattn::detail

@@ -276,3 +276,32 @@ TEST(CpuBackend, SupportRuleRefusesDeviceMemory) {
 }
 
 }  // namespace
+
+namespace {
+
+// A valid but absurd problem: K and V are stride-0 views of one row, 2^50 keys long. The host
+// backends refuse it by its size (rule "work") at once instead of running for years.
+TEST(HostBackends, AbsurdlyLargeValidProblemIsRefusedBySize) {
+  const std::int64_t s_q = 4, s_kv = std::int64_t{1} << 50, d = 8;
+  std::vector<float> q(static_cast<std::size_t>(s_q * d), 0.5f), kv(static_cast<std::size_t>(d), 0.25f);
+  std::vector<float> o(static_cast<std::size_t>(s_q * d), 0.f);
+  strideattn::ForwardArgs fa;
+  fa.q = {q.data(), DType::f32, {1, s_q, 1, d}, {s_q * d, d, d, 1}};
+  fa.k = {kv.data(), DType::f32, {1, s_kv, 1, d}, {0, 0, 0, 1}};
+  fa.v = fa.k;
+  fa.o = {o.data(), DType::f32, {1, s_q, 1, d}, {s_q * d, d, d, 1}};
+  for (Backend b : {Backend::cpu, Backend::reference}) {
+    fa.backend = b;
+    const strideattn::Status st = strideattn::forward(fa);
+    EXPECT_EQ(st.code(), strideattn::StatusCode::unsupported) << st.message();
+    EXPECT_NE(st.message().find("work: the problem needs up to"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("use a GPU backend"), std::string::npos) << st.message();
+  }
+  for (float x : o) EXPECT_EQ(x, 0.f) << "a refused call writes nothing";
+  // The same shape with a short K runs: the rule measures the work, not the view.
+  fa.k.shape[1] = fa.v.shape[1] = 16;
+  fa.backend = Backend::cpu;
+  EXPECT_TRUE(strideattn::forward(fa).ok());
+}
+
+}  // namespace
