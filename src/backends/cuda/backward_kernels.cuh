@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     // S^T = K Q^T; P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
     float st[MT][Br / 8][4];
     zero<MT, Br>(st);
-    gemm_nt<T, MT, Br, D>(st, sK, warp_row0, sQ(buf), 0, d_qk);
+    gemm_nt<T, MT, Br, D, kBackwardPrefetch<D>>(st, sK, warp_row0, sQ(buf), 0, d_qk);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -141,12 +141,12 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     {
       uint32_t pt_frag[MT][Br / 16][4];
       accum_to_a<T, MT, Br>(pt_frag, st);
-      gemm_rn<T, MT, Br, DAcc>(dv, pt_frag, sDO(buf), col0, d_v - col0);
+      gemm_rn<T, MT, Br, DAcc, kBackwardPrefetch<D>>(dv, pt_frag, sDO(buf), col0, d_v - col0);
     }
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
     float dpt[MT][Br / 8][4];
     zero<MT, Br>(dpt);
-    gemm_nt<T, MT, Br, D>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
+    gemm_nt<T, MT, Br, D, kBackwardPrefetch<D>>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     {
       uint32_t ds_frag[MT][Br / 16][4];
       accum_to_a<T, MT, Br>(ds_frag, dpt);
-      gemm_rn<T, MT, Br, DAcc>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
+      gemm_rn<T, MT, Br, DAcc, kBackwardPrefetch<D>>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
     }
     __syncthreads();  // buffers of this iteration may be refilled
   }
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     // S = Q K^T; P = 2^(S * scale_log2 - LSE), masked -> 0
     float s[MT][Bc / 8][4];
     zero<MT, Bc>(s);
-    gemm_nt<T, MT, Bc, D>(s, sQ, warp_row0, sK(buf), 0, d_qk);
+    gemm_nt<T, MT, Bc, D, kBackwardPrefetch<D>>(s, sQ, warp_row0, sK(buf), 0, d_qk);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     // dP = dO V^T; dS = P * (dP - delta)
     float dp[MT][Bc / 8][4];
     zero<MT, Bc>(dp);
-    gemm_nt<T, MT, Bc, D>(dp, sDO, warp_row0, sV(buf), 0, d_v);
+    gemm_nt<T, MT, Bc, D, kBackwardPrefetch<D>>(dp, sDO, warp_row0, sV(buf), 0, d_v);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     // dQ += dS K
     uint32_t ds_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(ds_frag, dp);
-    gemm_rn<T, MT, Bc, D>(dq, ds_frag, sK(buf), 0, d_qk);
+    gemm_rn<T, MT, Bc, D, kBackwardPrefetch<D>>(dq, ds_frag, sK(buf), 0, d_qk);
     __syncthreads();  // buffers of this iteration may be refilled
   }
 

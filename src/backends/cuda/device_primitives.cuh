@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/smem_swizzle.hpp"
+
 namespace strideattn::cuda_impl {
 
 // ------------------------------------------------------------------ element types
@@ -100,22 +102,21 @@ __device__ __forceinline__ void cp_async_wait() {
 // ------------------------------------------------------------------ shared-memory tiles
 
 // A tile of ROWS x COLS 16-bit elements, rows contiguous, 16-byte chunks XOR-swizzled by
-// (row % 8) so that the 8 row addresses of one ldmatrix phase hit 8 different bank groups.
-// COLS >= 64 keeps the swizzle inside a row.
+// (row % 8) so that the 8 row addresses of one ldmatrix phase hit 8 different bank groups
+// (smem_swizzle.hpp, where a CPU test checks the arithmetic).
 template <int ROWS, int COLS>
 struct SmemTile {
-  static_assert(COLS % 64 == 0, "swizzle needs rows of at least 128 bytes");
+  using Swz = Swizzle<COLS>;
   static constexpr int kRows = ROWS, kCols = COLS, kElems = ROWS * COLS;
   uint16_t* base;
   // Element offset of (row, col) where col is a multiple of 8.
-  __device__ __forceinline__ static int offset(int row, int col) {
-    return row * COLS + ((((col >> 3) ^ (row & 7))) << 3);
-  }
+  __device__ __forceinline__ static int offset(int row, int col) { return Swz::offset(row, col); }
   __device__ __forceinline__ uint16_t* chunk(int row, int col) const {
     return base + offset(row, col);
   }
-  __device__ __forceinline__ uint32_t addr(int row, int col) const {
-    return smem_addr(base + offset(row, col));
+  // Shared-memory byte address of the element at swizzled offset `off`.
+  __device__ __forceinline__ uint32_t addr_at(int off) const {
+    return smem_addr(base) + 2u * static_cast<uint32_t>(off);
   }
 };
 
@@ -174,7 +175,9 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& sr
 // the MMAs of step kk issue, so ldmatrix latency hides behind tensor-core work (two warps
 // per scheduler cannot hide it otherwise). The sum over k runs in the same order as a plain
 // loop: results are bitwise those of the unpipelined GEMM.
-template <class T, int MT, int N, int KMAX, class TileA, class TileB>
+// Prefetch = false: the plain loop (fewer live fragments, for kernels where the pipelined
+// one spills; kernel_traits.cuh says where), same sums in the same order.
+template <class T, int MT, int N, int KMAX, bool Prefetch = true, class TileA, class TileB>
 __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0,
                                         const TileB& sb, int b_row0, int k_end) {
   static_assert(N % 16 == 0, "N must be a multiple of 16");
@@ -182,13 +185,41 @@ __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& s
   const int lane = threadIdx.x & 31;
   const int a_r = lane & 15, a_c = (lane >> 4) * 8;
   const int b_r = (lane & 7) + ((lane >> 4) << 3), b_c = ((lane >> 3) & 1) * 8;
-  // Double-buffered: A of the whole k-step and the first 16-column B tile (the rest of B is
-  // loaded inside the step, where the compiler is free to hoist it above earlier MMAs).
-  uint32_t a[2][MT][4], b0[2][4];
+  // Each lane's swizzled offsets at k-step 0 (columns a_c, b_c < 16): k-step kk is an XOR
+  // (Swizzle::step), the m and n tiles 16 rows apart add 16 rows, which keeps row % 8.
+  const int a_off = TileA::offset(a_row0 + a_r, a_c), b_off = TileB::offset(b_row0 + b_r, b_c);
+  auto a_addr = [&](int mt, int kk) { return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols); };
+  auto b_addr = [&](int nn, int kk) { return sb.addr_at(TileB::Swz::step(b_off, kk) + nn * 16 * TileB::kCols); };
+  if constexpr (!Prefetch) {
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      if (kk * 16 >= k_end) break;
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], a_addr(mt, kk));
+#pragma unroll
+      for (int nn = 0; nn < N / 16; ++nn) {
+        uint32_t bt[4];
+        ldmatrix_x4(bt, b_addr(nn, kk));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(c[mt][2 * nn], a[mt], bt[0], bt[1]);
+          mma16816<T>(c[mt][2 * nn + 1], a[mt], bt[2], bt[3]);
+        }
+      }
+    }
+    return;
+  }
+  // Double-buffered: A of the whole k-step and the first kPreB 16-column B tiles (all of B
+  // when N <= 32; for wider N the rest is loaded inside the step, where the compiler may
+  // hoist it above earlier MMAs, to keep registers for the accumulators).
+  constexpr int kPreB = N / 16 <= 2 ? N / 16 : 1;
+  uint32_t a[2][MT][4], bp[2][kPreB][4];
   auto load = [&](int kk, int buf) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[buf][mt], sa.addr(a_row0 + mt * 16 + a_r, kk * 16 + a_c));
-    ldmatrix_x4(b0[buf], sb.addr(b_row0 + b_r, kk * 16 + b_c));
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
+#pragma unroll
+    for (int nn = 0; nn < kPreB; ++nn) ldmatrix_x4(bp[buf][nn], b_addr(nn, kk));
   };
   load(0, 0);
 #pragma unroll
@@ -198,11 +229,11 @@ __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& s
 #pragma unroll
     for (int nn = 0; nn < N / 16; ++nn) {
       uint32_t bt[4];
-      if (nn == 0) {
+      if (nn < kPreB) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) bt[e] = b0[kk & 1][e];
+        for (int e = 0; e < 4; ++e) bt[e] = bp[kk & 1][nn][e];
       } else {
-        ldmatrix_x4(bt, sb.addr(b_row0 + nn * 16 + b_r, kk * 16 + b_c));
+        ldmatrix_x4(bt, b_addr(nn, kk));
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -237,20 +268,40 @@ __device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4],
 // Pipelined over the 16-column tiles of C (the loop that n_end cuts short): the B fragments
 // of tile nn+1 are requested before the MMAs of tile nn. Each C element still sums over k in
 // increasing order, so the results are bitwise those of a plain loop.
-template <class T, int MT, int K, int N, class TileB>
+template <class T, int MT, int K, int N, bool Prefetch = true, class TileB>
 __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
                                         const TileB& sb, int b_col0, int n_end) {
   static_assert(N % 16 == 0, "N must be a multiple of 16");
   constexpr int kTiles = N / 16;
   const int lane = threadIdx.x & 31;
   const int b_r = (lane & 7) + (((lane >> 3) & 1) << 3), b_c = (lane >> 4) * 8;
+  // Swizzled offset of column tile 0 (b_col0 is 0 or 128, b_c < 16): column tile nn is an
+  // XOR (Swizzle::step), k-step kk 16 rows further down.
+  const int b_off = TileB::offset(b_r, b_col0 + b_c);
   uint32_t b[2][K / 16][4];
   auto load = [&](int nn, int buf) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk)
-      ldmatrix_x4_trans(b[buf][kk], sb.addr(kk * 16 + b_r, b_col0 + nn * 16 + b_c));
+      ldmatrix_x4_trans(b[buf][kk], sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols));
   };
   if (n_end <= 0) return;
+  if constexpr (!Prefetch) {
+#pragma unroll
+    for (int nn = 0; nn < kTiles; ++nn) {
+      if (nn * 16 >= n_end) break;
+#pragma unroll
+      for (int kk = 0; kk < K / 16; ++kk) {
+        uint32_t bt[4];
+        ldmatrix_x4_trans(bt, sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(c[mt][2 * nn], a[mt][kk], bt[0], bt[1]);
+          mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], bt[2], bt[3]);
+        }
+      }
+    }
+    return;
+  }
   load(0, 0);
 #pragma unroll
   for (int nn = 0; nn < kTiles; ++nn) {

@@ -21,6 +21,16 @@ template <> struct ForwardTile<128> { static constexpr int kMT = 2, kBr = 128, k
 // Bc 32 (S 16 floats): Bc 64 spilled on sm_80.
 template <> struct ForwardTile<256> { static constexpr int kMT = 1, kBr = 64, kBc = 32; };
 
+// Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh). sm_90a's ptxas
+// fits it with no spill inside the d <= 128 loops; sm_80's spilled 68-120 bytes inside the
+// d = 128 loops, and sm_90a's 16 bytes inside the d = 256 dK/dV loop (ptxas -v and SASS,
+// CUDA 13.0), so those keep the plain GEMMs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+template <int D> inline constexpr bool kBackwardPrefetch = false;
+#else
+template <int D> inline constexpr bool kBackwardPrefetch = D <= 128;
+#endif
+
 // Backward, dK/dV pass: rows = keys (Bc), columns = queries (Br). dK and dV stay in
 // registers across the whole loop over query blocks and GQA heads; DAcc is the number of
 // head-dim columns of dK/dV one CTA accumulates (the CTA recomputes S and dP for each

@@ -1,5 +1,7 @@
 # cuda backend tests. GPU tests carry the label `gpu` and skip, saying
 # so, without a GPU; the support-rule test runs everywhere the backend is compiled.
+# The shared-memory swizzle arithmetic of the kernels: plain C++, checked in every build.
+strideattn_test(cuda_swizzle_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/swizzle_test.cpp)
 if(STRIDEATTN_HAVE_CUDA)
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
   strideattn_test(cuda_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cpp LABELS gpu)

@@ -1,0 +1,47 @@
+// The shared-memory swizzle identity the warp GEMMs rely on (src/backends/cuda/smem_swizzle.hpp):
+// stepping 16 columns is an XOR of the swizzled offset. Plain arithmetic: runs in every build.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "backends/cuda/smem_swizzle.hpp"
+
+namespace {
+
+using strideattn::cuda_impl::Swizzle;
+
+template <int COLS>
+void check_every_step() {
+  int checked = 0;
+  for (int row = 0; row < 512; ++row)
+    for (int col = 0; col < COLS; col += 8)
+      for (int k = 0; col + 16 * k < COLS; ++k) {
+        // the GEMMs step from column 0 or 8 (any k), or from 128 or 136 within that split
+        const bool used = col < 16 || (col % 128 < 16 && col % 128 + 16 * k < 128);
+        if (!used) continue;
+        ASSERT_EQ(Swizzle<COLS>::step(Swizzle<COLS>::offset(row, col), k),
+                  Swizzle<COLS>::offset(row, col + 16 * k))
+            << "COLS " << COLS << " row " << row << " col " << col << " k " << k;
+        ++checked;
+      }
+  EXPECT_GT(checked, 512 * COLS / 16);
+}
+
+TEST(SmemSwizzle, SixteenColumnStepIsAnXorOfTheOffset) {
+  check_every_step<64>();
+  check_every_step<128>();
+  check_every_step<256>();
+}
+
+TEST(SmemSwizzle, EightRowsOfOnePhaseHitEightDifferentChunks) {
+  // ldmatrix reads one 16-byte chunk from each of 8 consecutive rows: with the swizzle they
+  // land in 8 different 16-byte bank groups (offset mod 64 elements = 128 bytes).
+  for (int col = 0; col < 128; col += 8)
+    for (int row0 = 0; row0 < 64; row0 += 8) {
+      std::set<int> groups;
+      for (int r = row0; r < row0 + 8; ++r) groups.insert(Swizzle<128>::offset(r, col) % 64 / 8);
+      EXPECT_EQ(groups.size(), 8u) << "col " << col << " rows " << row0 << "..";
+    }
+}
+
+}  // namespace
