@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/runner.hpp"
 #include "strideattn/cli_args.hpp"
 #include "strideattn/fuzz.hpp"
 
@@ -195,6 +196,26 @@ TEST(Cli, FuzzJson) {
   EXPECT_TRUE(j.contains("backends"));
   EXPECT_EQ(r.code, j["failures"].empty() ? 0 : 1);
 }
+
+TEST(Cli, FuzzMinRanDrawsUntilEveryBackendRanEnough) {
+  // --cases 0: every case drawn is there to reach --min-ran.
+  const Result r = run_cli("fuzz --cases 0 --min-ran 7 --seed 5 --backends cpu --json");
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& cpu = j["backends"]["cpu"];
+  const std::int64_t ran = cpu.value("ok", std::int64_t{0}) + cpu.value("mismatch", std::int64_t{0});
+  EXPECT_EQ(ran, 7) << r.out;  // stops at the first draw that reaches it
+  EXPECT_GE(j["cases"].get<std::int64_t>(), 7);
+  EXPECT_EQ(r.code, j["failures"].empty() ? 0 : 1) << r.out;
+}
+
+TEST(Cli, FuzzMinRanShortFailsAndSaysWhy) {
+  if (strideattn::harness::gpu_available()) GTEST_SKIP() << "needs a machine where cuda refuses every case";
+  const Result r = run_cli("fuzz --cases 0 --min-ran 1 --seed 5 --backends cuda");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("backend cuda ran 0 cases in 50 draws; --min-ran asks 1"), std::string::npos) << r.out;
+}
+
+TEST(CliInvalid, FuzzMinRanNegative) { expect_invalid("fuzz --cases 1 --min-ran -1", "--min-ran"); }
 
 TEST(Cli, BenchJson) {
   const Result r = run_cli("bench --preset small --backends cpu --json");

@@ -62,7 +62,7 @@ CommandOptions options_of(Command c) {
     case Command::explain: return {{}, {"grad", "json"}, true};
     case Command::bench: return {{"backends", "seed", "runs"}, {"grad", "json"}, true};
     case Command::fuzz:
-      return {{"cases", "seed", "backends"}, {"grad", "json", "require-gpu", "require-ran"}, false};
+      return {{"cases", "seed", "backends", "min-ran"}, {"grad", "json", "require-gpu", "require-ran"}, false};
     default: return {};
   }
 }
@@ -420,6 +420,11 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
     if (Status st = parse_int("cases", values.at("cases"), &inv.cases); !st.ok()) return st;
     if (inv.cases < 0) return bad("--cases " + values.at("cases") + ": must not be negative");
     inv.cases_given = true;
+    if (values.count("min-ran")) {
+      if (Status st = parse_int("min-ran", values.at("min-ran"), &inv.min_ran); !st.ok()) return st;
+      if (inv.min_ran < 0 || inv.min_ran > 1000000)
+        return bad("--min-ran " + values.at("min-ran") + ": must be 0..1000000");
+    }
   } else {
     if (Status s = resolve_problem(raw, inv.grad, &inv.spec); !s.ok()) return s;
     inv.spec.seed = inv.seed;

@@ -30,6 +30,9 @@ struct Invocation {
   bool cases_given = false;
   bool require_gpu = false;  // hidden: skip (exit 77) when no GPU is present
   bool require_ran = false;  // hidden: fail if a backend never ran a case
+  // fuzz --min-ran N: draw past --cases until every listed backend ran N cases (compared with
+  // the reference, not refused); at most --cases + 50 N draws, failing if still short.
+  std::int64_t min_ran = 0;
   int bench_runs = 20;
   std::optional<harness::CaseSpec::Plant> plant;  // hidden --test-plant (tests only)
 };

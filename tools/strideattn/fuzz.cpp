@@ -267,7 +267,16 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   std::int64_t passed = 0, failed = 0, unsupported = 0;
   std::map<Backend, std::map<std::string, std::int64_t>> tally;
   json failures = json::array();
-  for (std::int64_t i = 0; i < inv.cases; ++i) {
+  auto ran = [&](Backend b) { return tally[b]["ok"] + tally[b]["mismatch"]; };
+  auto short_of_min_ran = [&] {
+    for (Backend b : backends)
+      if (ran(b) < inv.min_ran) return true;
+    return false;
+  };
+  const std::int64_t max_draws = inv.cases + 50 * inv.min_ran;
+  std::int64_t drawn = 0;
+  for (std::int64_t i = 0; i < max_draws && (i < inv.cases || short_of_min_ran()); ++i) {
+    drawn = i + 1;
     const CaseSpec spec = random_case(inv.seed, i, inv.grad);
     harness::CaseReport rep;
     const Status s = harness::run_case(spec, backends, &rep);
@@ -300,14 +309,14 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   }
   std::vector<std::string> never_ran;
   for (Backend b : backends)
-    if (inv.cases > 0 && tally[b]["ok"] + tally[b]["mismatch"] == 0)
-      never_ran.push_back(std::string(to_string(b)));
+    if (drawn > 0 && ran(b) == 0) never_ran.push_back(std::string(to_string(b)));
   const bool vacuous = inv.require_ran && !never_ran.empty();
-  const int code = (failed > 0 || vacuous) ? 1 : 0;
+  const bool short_ran = short_of_min_ran();
+  const int code = (failed > 0 || vacuous || short_ran) ? 1 : 0;
   if (inv.json) {
     json per = json::object();
     for (auto& [b, m] : tally) per[std::string(to_string(b))] = m;
-    json j = {{"cases", inv.cases}, {"seed", inv.seed},      {"grad", inv.grad},
+    json j = {{"cases", drawn}, {"seed", inv.seed},      {"grad", inv.grad},
               {"passed", passed},   {"failed", failed},      {"unsupported", unsupported},
               {"failures", failures}, {"backends", per},     {"exit_code", code}};
     std::printf("%s\n", j.dump(2).c_str());
@@ -322,7 +331,14 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
     for (const std::string& b : never_ran)
       std::printf("fuzz: FAIL: backend %s ran no case (every case unsupported): nothing was tested\n",
                   b.c_str());
-  std::printf("fuzz: %lld passed, %lld failed, %lld unsupported\n", static_cast<long long>(passed),
+  if (short_ran)
+    for (Backend b : backends)
+      if (ran(b) < inv.min_ran)
+        std::printf("fuzz: FAIL: backend %s ran %lld cases in %lld draws; --min-ran asks %lld\n",
+                    std::string(to_string(b)).c_str(), static_cast<long long>(ran(b)),
+                    static_cast<long long>(drawn), static_cast<long long>(inv.min_ran));
+  std::printf("fuzz: %lld cases: %lld passed, %lld failed, %lld unsupported\n",
+              static_cast<long long>(drawn), static_cast<long long>(passed),
               static_cast<long long>(failed), static_cast<long long>(unsupported));
   return code;
 }

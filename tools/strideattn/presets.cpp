@@ -69,7 +69,7 @@ usage:
   strideattn check   PROBLEM [--backends a,b] [--grad] [--seed N] [--json]
   strideattn explain PROBLEM [--grad] [--json]
   strideattn bench   PROBLEM [--backends a,b] [--grad] [--runs N] [--json]
-  strideattn fuzz    --cases N [--seed S] [--backends a,b] [--grad] [--json]
+  strideattn fuzz    --cases N [--min-ran M] [--seed S] [--backends a,b] [--grad] [--json]
   strideattn --help | --version
 
 PROBLEM:
@@ -95,6 +95,8 @@ PROBLEM:
   machine can run, except 'reference', which is the fp64 yardstick every backend is compared
   with (name it to check the reference backend's own API path too).
 --grad: also run and check the backward (each backend's backward uses its own forward O, LSE).
+--min-ran M (fuzz): keep drawing past --cases until every listed backend ran M cases (compared
+  with the reference, not refused); at most --cases + 50 M draws, exit 1 if still short.
 Inputs are fresh random values (normal(0,1), from --seed); outputs are poisoned with NaN before
 each run; every output element must be written and nothing outside the output views may change.
 
