@@ -1,7 +1,7 @@
 // Small memory-bound kernels around the attention passes: the backward pre-pass
-// delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), and, for varlen problems, zeroing the output tokens that belong to
-// no sequence (padding) so every element of an output view is written. Also the dtype
-// dispatch of the main launches.
+// delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), and, for varlen
+// problems, zeroing the output tokens that belong to no sequence (padding) so every element
+// of an output view is written. Also the dtype dispatch of the main launches.
 #include <cmath>
 
 #include "backends/cuda/device_primitives.cuh"

@@ -190,55 +190,42 @@ __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& s
   const int a_off = TileA::offset(a_row0 + a_r, a_c), b_off = TileB::offset(b_row0 + b_r, b_c);
   auto a_addr = [&](int mt, int kk) { return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols); };
   auto b_addr = [&](int nn, int kk) { return sb.addr_at(TileB::Swz::step(b_off, kk) + nn * 16 * TileB::kCols); };
-  if constexpr (!Prefetch) {
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-      if (kk * 16 >= k_end) break;
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], a_addr(mt, kk));
-#pragma unroll
-      for (int nn = 0; nn < N / 16; ++nn) {
-        uint32_t bt[4];
-        ldmatrix_x4(bt, b_addr(nn, kk));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<T>(c[mt][2 * nn], a[mt], bt[0], bt[1]);
-          mma16816<T>(c[mt][2 * nn + 1], a[mt], bt[2], bt[3]);
-        }
-      }
-    }
-    return;
-  }
-  // Double-buffered: A of the whole k-step and the first kPreB 16-column B tiles (all of B
-  // when N <= 32; for wider N the rest is loaded inside the step, where the compiler may
-  // hoist it above earlier MMAs, to keep registers for the accumulators).
-  constexpr int kPreB = N / 16 <= 2 ? N / 16 : 1;
-  uint32_t a[2][MT][4], bp[2][kPreB][4];
+  // Prefetch: double-buffered A of the whole k-step and the first kPreB 16-column B tiles
+  // (all of B when N <= 32; for wider N the rest is loaded inside the step, where the
+  // compiler may hoist it above earlier MMAs, to keep registers for the accumulators).
+  // Without: one buffer, A loaded at the top of its own step, all of B inside it.
+  constexpr int kBufs = Prefetch ? 2 : 1;
+  constexpr int kPreB = !Prefetch ? 0 : N / 16 <= 2 ? N / 16 : 1;
+  uint32_t a[kBufs][MT][4], bp[kBufs][kPreB > 0 ? kPreB : 1][4];
   auto load = [&](int kk, int buf) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
 #pragma unroll
     for (int nn = 0; nn < kPreB; ++nn) ldmatrix_x4(bp[buf][nn], b_addr(nn, kk));
   };
-  load(0, 0);
+  if constexpr (Prefetch) load(0, 0);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     const bool more = kk + 1 < kSteps && (kk + 1) * 16 < k_end;
-    if (more) load(kk + 1, (kk + 1) & 1);
+    if constexpr (Prefetch) {
+      if (more) load(kk + 1, (kk + 1) & 1);
+    } else {
+      load(kk, 0);
+    }
+    const int buf = Prefetch ? (kk & 1) : 0;
 #pragma unroll
     for (int nn = 0; nn < N / 16; ++nn) {
       uint32_t bt[4];
       if (nn < kPreB) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) bt[e] = bp[kk & 1][nn][e];
+        for (int e = 0; e < 4; ++e) bt[e] = bp[buf][nn][e];
       } else {
         ldmatrix_x4(bt, b_addr(nn, kk));
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma16816<T>(c[mt][2 * nn], a[kk & 1][mt], bt[0], bt[1]);
-        mma16816<T>(c[mt][2 * nn + 1], a[kk & 1][mt], bt[2], bt[3]);
+        mma16816<T>(c[mt][2 * nn], a[buf][mt], bt[0], bt[1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[buf][mt], bt[2], bt[3]);
       }
     }
     if (!more) break;
@@ -278,41 +265,32 @@ __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t
   // Swizzled offset of column tile 0 (b_col0 is 0 or 128, b_c < 16): column tile nn is an
   // XOR (Swizzle::step), k-step kk 16 rows further down.
   const int b_off = TileB::offset(b_r, b_col0 + b_c);
-  uint32_t b[2][K / 16][4];
+  // Prefetch: tile nn+1's fragments load before tile nn's MMAs (two buffers); without, each
+  // tile loads its own at the top of its step (one buffer).
+  constexpr int kBufs = Prefetch ? 2 : 1;
+  uint32_t b[kBufs][K / 16][4];
   auto load = [&](int nn, int buf) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk)
       ldmatrix_x4_trans(b[buf][kk], sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols));
   };
   if (n_end <= 0) return;
-  if constexpr (!Prefetch) {
-#pragma unroll
-    for (int nn = 0; nn < kTiles; ++nn) {
-      if (nn * 16 >= n_end) break;
-#pragma unroll
-      for (int kk = 0; kk < K / 16; ++kk) {
-        uint32_t bt[4];
-        ldmatrix_x4_trans(bt, sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<T>(c[mt][2 * nn], a[mt][kk], bt[0], bt[1]);
-          mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], bt[2], bt[3]);
-        }
-      }
-    }
-    return;
-  }
-  load(0, 0);
+  if constexpr (Prefetch) load(0, 0);
 #pragma unroll
   for (int nn = 0; nn < kTiles; ++nn) {
     const bool more = nn + 1 < kTiles && (nn + 1) * 16 < n_end;
-    if (more) load(nn + 1, (nn + 1) & 1);
+    if constexpr (Prefetch) {
+      if (more) load(nn + 1, (nn + 1) & 1);
+    } else {
+      load(nn, 0);
+    }
+    const int buf = Prefetch ? (nn & 1) : 0;
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma16816<T>(c[mt][2 * nn], a[mt][kk], b[nn & 1][kk][0], b[nn & 1][kk][1]);
-        mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], b[nn & 1][kk][2], b[nn & 1][kk][3]);
+        mma16816<T>(c[mt][2 * nn], a[mt][kk], b[buf][kk][0], b[buf][kk][1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], b[buf][kk][2], b[buf][kk][3]);
       }
     if (!more) break;
   }
