@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -107,9 +108,25 @@ std::int64_t multiprocessors() {
   return n;
 }
 
+// STRIDEATTN_CUDA_GROUP_SPLITS=N (tests): use N splits (clamped to 1..group) whatever the
+// grid size, so the split and unsplit dK/dV paths run on the same inputs on any GPU.
+std::int64_t forced_group_splits(std::int64_t group) {
+  const char* env = std::getenv("STRIDEATTN_CUDA_GROUP_SPLITS");
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(env, &end, 10);
+  if (*end != '\0' || n < 1) return 0;
+  return std::min<std::int64_t>(n, group);
+}
+
 int choose_group_splits(const Problem& p) {
   const std::int64_t group = p.group_size();
   if (!p.is_backward() || group <= 1) return 1;
+  if (const std::int64_t forced = forced_group_splits(group); forced > 0) {
+    const std::int64_t per_split = (group + forced - 1) / forced;
+    const std::int64_t splits = (group + per_split - 1) / per_split;
+    return p.kv_heads * splits > kMaxGridYZ ? 1 : int(splits);
+  }
   const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
   const std::int64_t ctas = (p.s_kv + cuda_impl::kv_pass_keys(bucket) - 1) / cuda_impl::kv_pass_keys(bucket) *
                             cuda_impl::kv_pass_dim_splits(bucket) * p.kv_heads * p.batch;

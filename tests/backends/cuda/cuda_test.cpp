@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -80,6 +81,25 @@ TEST(CudaBackend, GroupedAndMultiQuery) {
   expect_cuda_ok(dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal));   // GQA 4
   expect_cuda_ok(dense(DType::bf16, 1, 100, 180, 6, 1, 128, 128, MaskKind::none));   // MQA
   expect_cuda_ok(dense(DType::f16, 1, 180, 100, 6, 3, 40, 24, MaskKind::causal_bottom_right));
+}
+
+// The dK/dV pass splits a query-head group over CTAs only when the grid would be small, so a
+// GPU test's problems are almost all split. STRIDEATTN_CUDA_GROUP_SPLITS forces the count:
+// unsplit (1), even and uneven splits (MQA 6/1 with 4 asked gives 3 splits of 2 heads), on
+// split views of one fused sb(h+2hg)d buffer, against the fp64 reference.
+TEST(CudaBackend, GroupSplitsOfTheDkDvPass) {
+  SKIP_WITHOUT_GPU();
+  const CaseSpec gqa = dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal, -1, -1,
+                             true, "sb(h+2hg)d");
+  const CaseSpec mqa = dense(DType::f16, 1, 130, 130, 6, 1, 128, 128, MaskKind::none, -1, -1,
+                             true, "sb(h+2hg)d");
+  for (const char* splits : {"1", "2", "4", "6"}) {
+    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
+    ASSERT_EQ(setenv("STRIDEATTN_CUDA_GROUP_SPLITS", splits, 1), 0);
+    expect_cuda_ok(gqa);
+    expect_cuda_ok(mqa);
+  }
+  unsetenv("STRIDEATTN_CUDA_GROUP_SPLITS");
 }
 
 TEST(CudaBackend, DifferentQkAndVHeadDims) {
