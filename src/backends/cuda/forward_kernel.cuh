@@ -4,8 +4,9 @@
 //                online softmax: m_new = max(m, rowmax S); rescale O and l by 2^(m - m_new),
 //                P = 2^(S - m_new); l += rowsum P; O += P V
 //   epilogue:  O /= l, LSE = (m + log2 l) * ln 2; rows with no visible key: O = 0, LSE = -inf.
-// K and V stream through shared memory with cp.async, K of block n+1 loading while the
-// softmax and P V of block n run. Every tensor is addressed through its own strides.
+// Scheduler: K and V stream through shared memory in double-buffered stages of kStage keys
+// (kernel_traits.cuh): stage n+1 loads with cp.async while the warps walk stage n kBc keys at
+// a time, so each stage costs one barrier. Every tensor is addressed through its own strides.
 #pragma once
 
 #include <cmath>
@@ -23,6 +24,10 @@ using kernel::TileRange;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
+// How far (base 2) a row's block max may exceed its softmax reference max before the
+// reference is raised and O rescaled: P stays <= 2^8 = 256, far from overflow in fp32, f16
+// and bf16 (FlashAttention-4 uses the same slack).
+inline constexpr float kRescaleSlack = 8.f;
 
 // Set masked entries of a warp's C[MT][N/8][4] tile to `masked_value`: rows are
 // row0 + 16 * mt + g (+8) and columns col0 + 8 * n + 2t (+1), each side either queries or
@@ -62,13 +67,19 @@ __device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskR
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
   using Tile = ForwardTile<D>;
-  constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc;
+  constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc, Stage = Tile::kStage;
+  static_assert(Stage % Bc == 0 && Bc % 8 == 0, "a stage is whole kBc windows of 8-row groups");
   using QTile = SmemTile<Br, D>;
+  using StageTile = SmemTile<Stage, D>;
+  // A kBc-key window of a stage: its base moves by a multiple of 8 rows, which keeps every
+  // row's swizzle (row % 8), so it is a tile of its own for the warp GEMMs.
   using KvTile = SmemTile<Bc, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   const QTile sQ{reinterpret_cast<uint16_t*>(smem)};
-  const KvTile sK{sQ.base + QTile::kElems};
-  const KvTile sV{sK.base + KvTile::kElems};
+  // Two stages of K and V: stage b at kv_base + b * 2 * kElems (K), + kElems (V).
+  uint16_t* const kv_base = sQ.base + QTile::kElems;
+  auto sK = [&](int b) { return StageTile{kv_base + b * 2 * StageTile::kElems}; };
+  auto sV = [&](int b) { return StageTile{kv_base + b * 2 * StageTile::kElems + StageTile::kElems}; };
 
   const kernel::AttentionParams& p = kp.p;
   const int64_t batch = blockIdx.z, head = blockIdx.y;
@@ -95,17 +106,17 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the tile
 
-  auto k_rows = [&](int64_t c0) {
-    return GlobalRows{k_ptr + kernel::row_offset(k_span, p.k_st, c0, kv_head), p.k_st.s,
-                      int(kernel::min64(Bc, s_kv - c0)), d_qk, (kp.aligned & kVecK) != 0};
-  };
-  auto v_rows = [&](int64_t c0) {
-    return GlobalRows{v_ptr + kernel::row_offset(v_span, p.v_st, c0, kv_head), p.v_st.s,
-                      int(kernel::min64(Bc, s_kv - c0)), d_v, (kp.aligned & kVecV) != 0};
+  // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed).
+  auto load_stage = [&](int64_t c0, int buf) {
+    const int rows = int(kernel::min64(Stage, s_kv - c0));
+    load_tile<kThreads>(sK(buf), GlobalRows{k_ptr + kernel::row_offset(k_span, p.k_st, c0, kv_head),
+                                            p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kThreads>(sV(buf), GlobalRows{v_ptr + kernel::row_offset(v_span, p.v_st, c0, kv_head),
+                                            p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
   };
 
-  const int64_t first_block = (keys.begin / Bc) * Bc;
-  const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_block, Bc)) : 0;
+  const int64_t first_key = (keys.begin / Stage) * Stage;
+  const int n_stages = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_key, Stage)) : 0;
 
   float o_acc[MT][D / 8][4];
   zero<MT, D>(o_acc);
@@ -115,78 +126,90 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_max[mt][h] = -INFINITY, row_sum[mt][h] = 0.f;
 
-  if (n_blocks > 0) {
+  if (n_stages > 0) {
     load_tile<kThreads>(sQ, GlobalRows{q_ptr + kernel::row_offset(q_span, p.q_st, r0, head),
                                        p.q_st.s, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
-    load_tile<kThreads>(sK, k_rows(first_block));
-    cp_async_commit();
+    load_stage(first_key, 0);
   }
+  cp_async_commit();
 
-  for (int it = 0; it < n_blocks; ++it) {
-    const int64_t c0 = first_block + int64_t(it) * Bc;
-    load_tile<kThreads>(sV, v_rows(c0));
-    cp_async_commit();
-    cp_async_wait<1>();  // Q and K of this block have landed
+  for (int it = 0; it < n_stages; ++it) {
+    const int buf = it & 1;
+    const int64_t stage_c0 = first_key + int64_t(it) * Stage;
+    // Stage `it` has landed and every warp is done with stage it - 1, whose buffer the next
+    // load refills while this stage computes.
+    cp_async_wait<0>();
     __syncthreads();
-
-    // S = Q K^T
-    float s[MT][Bc / 8][4];
-    zero<MT, Bc>(s);
-    gemm_nt<T, MT, Bc, D>(s, sQ, warp_row0, sK, 0, d_qk);
-    __syncthreads();  // every warp is done with K: the next block may overwrite it
-    if (it + 1 < n_blocks) load_tile<kThreads>(sK, k_rows(c0 + Bc));
+    if (it + 1 < n_stages) load_stage(stage_c0 + Stage, buf ^ 1);
     cp_async_commit();
 
-    // masked entries of S -> -inf (the scale is applied inside the exponent below; the
-    // validation guarantees scale > 0, so the max of S is the max of scale * S)
-    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
-      apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
+#pragma unroll 1
+    for (int sub = 0; sub < Stage / Bc; ++sub) {
+      const int64_t c0 = stage_c0 + sub * Bc;
+      if (c0 >= keys.end) break;           // the rest of the stage is masked for every row
+      if (c0 + Bc <= keys.begin) continue;  // (sliding window) nothing visible yet
+      const KvTile sKb{sK(buf).base + sub * Bc * D}, sVb{sV(buf).base + sub * Bc * D};
 
-    // online softmax: new row max m (raw units), P = 2^(S * scale_log2 - m * scale_log2);
-    // O and l are rescaled by 2^((m_old - m_new) * scale_log2) only when some row's max grew
-    // (multiplying by exactly 1 is skipped, which changes no bit of the result).
-    float alpha[MT][2];
-    bool grew = false;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
-#pragma unroll
-        for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // a row with nothing visible yet keeps m = -inf; its reference point is 0
-        const float m_ref = mx == -INFINITY ? 0.f : mx * kp.scale_log2;
-        alpha[mt][h] = mx > row_max[mt][h] ? exp2f(row_max[mt][h] * kp.scale_log2 - m_ref) : 1.f;
-        grew |= mx > row_max[mt][h];
-        row_max[mt][h] = mx;
-        row_sum[mt][h] *= alpha[mt][h];
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < Bc / 8; ++n) {
-          s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] * kp.scale_log2 - m_ref);
-          s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] * kp.scale_log2 - m_ref);
-          sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
-        }
-        row_sum[mt][h] += sum;
-      }
-    if (__any_sync(0xffffffffu, grew)) {
+      // S = Q K^T
+      float s[MT][Bc / 8][4];
+      zero<MT, Bc>(s);
+      gemm_nt<T, MT, Bc, D>(s, sQ, warp_row0, sKb, 0, d_qk);
+
+      // masked entries of S -> -inf (the scale is applied inside the exponent below; the
+      // validation guarantees scale > 0, so the max of S is the max of scale * S)
+      if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
+        apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
+
+      // online softmax against a reference max m per row (raw units): P = 2^((S - m) *
+      // scale_log2), l = rowsum P. m is raised to the block max only when that exceeds m by
+      // more than kRescaleSlack in base 2 (or m is still -inf); O and l are then rescaled by
+      // 2^((m_old - m_new) * scale_log2). Below the slack P stays <= 2^kRescaleSlack, which
+      // fp32 (and f16/bf16 P) hold with the same relative precision, and the final O / l and
+      // LSE = m + log2 l are the same quantities: most blocks after the first skip the
+      // rescale of O (a multiply per accumulator).
+      float alpha[MT][2];
+      bool raised = false;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= alpha[mt][e >> 1];
-    }
+          for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_old = row_max[mt][h];
+          const bool raise = mx > m_old && (m_old == -INFINITY || (mx - m_old) * kp.scale_log2 > kRescaleSlack);
+          alpha[mt][h] = raise ? exp2f((m_old - mx) * kp.scale_log2) : 1.f;  // 0 when m_old = -inf
+          raised |= raise;
+          if (raise) row_max[mt][h] = mx;
+          // a row with nothing visible yet keeps m = -inf; its reference point is 0
+          const float m_ref = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * kp.scale_log2;
+          row_sum[mt][h] *= alpha[mt][h];
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < Bc / 8; ++n) {
+            s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] * kp.scale_log2 - m_ref);
+            s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] * kp.scale_log2 - m_ref);
+            sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
+          }
+          row_sum[mt][h] += sum;
+        }
+      // rescale O
+      if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= alpha[mt][e >> 1];
+      }
 
-    uint32_t p_frag[MT][Bc / 16][4];
-    accum_to_a<T, MT, Bc>(p_frag, s);
-    cp_async_wait<1>();  // V of this block has landed
-    __syncthreads();
-    // O += P V
-    gemm_rn<T, MT, Bc, D>(o_acc, p_frag, sV, 0, d_v);
-    __syncthreads();  // every warp is done with V
+      // O += P V
+      uint32_t p_frag[MT][Bc / 16][4];
+      accum_to_a<T, MT, Bc>(p_frag, s);
+      gemm_rn<T, MT, Bc, D>(o_acc, p_frag, sVb, 0, d_v);
+    }
   }
 
   // epilogue: O /= l; LSE
@@ -217,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
 template <class T, int D>
 cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
   using Tile = ForwardTile<D>;
-  constexpr int smem = (Tile::kBr + 2 * Tile::kBc) * D * 2;
+  constexpr int smem = (Tile::kBr + 4 * Tile::kStage) * D * 2;  // Q + two stages of K and V
   auto kernel_fn = forward_kernel<T, D>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
