@@ -76,6 +76,18 @@ Check check_deterministic_mla(const DeviceInfo& d, const Problem& p) {
          " in our tests; supported: d_qk == d_v, or deterministic = false";
 }
 
+// Seen on an H200 with cuDNN 9.19 (scripts/probe-cudnn, 2026-11-29): varlen (ragged)
+// problems with d_qk 224 or 256 and d_v 72 or 128 gave a wrong O, and in the backward dK
+// left columns 128 .. d_qk-1 unwritten and dQ zero there; the same head dims on dense
+// tensors, d_qk <= 192 with any d_v, and d_v >= 192 were right. Refused over the whole band
+// d_qk > 192, d_v < 192 (the pairs between were not probed); the cuda backend runs them.
+Check check_varlen_wide_qk(const DeviceInfo& d, const Problem& p) {
+  if (!p.varlen || p.d_qk <= 192 || p.d_v >= 192) return std::nullopt;
+  return "varlen with d_qk " + str(p.d_qk) + " > 192 and d_v " + str(p.d_v) +
+         " < 192 gave wrong results on cuDNN " + version_string(d.cudnn_version) +
+         " in our tests; supported with varlen: d_qk <= 192, or d_v >= 192";
+}
+
 Check check_arch(const DeviceInfo& d, const Problem&) {
   if (d.sm >= 80) return std::nullopt;
   return "GPU compute capability " + str(d.sm / 10) + "." + str(d.sm % 10) +
@@ -315,6 +327,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
       rule("bottom_right_shape", check_bottom_right_shape),
       rule("band_version", check_band_versions),
       rule("varlen_version", check_varlen_versions),
+      rule("varlen_wide_qk", check_varlen_wide_qk),
   };
 }
 

@@ -159,6 +159,31 @@ TEST(CudnnRules, DeterministicBackwardWithUnequalHeadDimsIsRefused) {
   EXPECT_NE(verdict(hopper(), q).rule, "deterministic_mla");
 }
 
+// Varlen with a wide d_qk and a narrower d_v (wrong results on cuDNN 9.19): refused in that
+// band only; the same dims dense, and the edges of the band, stay supported.
+TEST(CudnnRules, VarlenWithWideQkAndNarrowVIsRefused) {
+  auto varlen_problem = [](std::int64_t dqk, std::int64_t dv, bool varlen, Fixture& f) {
+    f.dqk = dqk;
+    f.dv = dv;
+    if (varlen) {
+      f.varlen.seqlens_q = {74, 46, 1};
+      f.varlen.seqlens_kv = {74, 46, 1};
+    }
+    return f.problem();
+  };
+  Fixture f;
+  const Verdict v = verdict(hopper(), varlen_problem(224, 72, true, f));
+  ASSERT_FALSE(v.supported);
+  EXPECT_EQ(v.rule, "varlen_wide_qk") << v.reason;
+  EXPECT_NE(v.reason.find("d_qk 224 > 192 and d_v 72 < 192"), std::string::npos) << v.reason;
+  for (auto [dqk, dv] : {std::pair{192, 72}, std::pair{224, 192}, std::pair{256, 256}}) {
+    Fixture g;
+    EXPECT_TRUE(verdict(hopper(), varlen_problem(dqk, dv, true, g)).supported) << dqk << "/" << dv;
+  }
+  Fixture dense;
+  EXPECT_TRUE(verdict(hopper(), varlen_problem(224, 72, false, dense)).supported);
+}
+
 TEST(CudnnRules, AlignmentOfPointersAndStrides) {
   Fixture a;
   a.q_offset = 3;  // 6 bytes past a 16-byte boundary
