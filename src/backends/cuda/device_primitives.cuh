@@ -134,11 +134,28 @@ struct GlobalRows {
 
 // Copy a tile from global memory into shared memory; rows >= src.rows and columns >=
 // src.cols are zero-filled, so padded rows and head-dim columns contribute nothing.
+// Full tiles with 16-byte-aligned rows (the common case: every row valid, the head dim equal
+// to the tile width) take a path with no per-chunk test: each thread owns one column chunk
+// and every kRowsPerPass-th row, so its global address steps by a fixed stride and, where
+// kRowsPerPass is a multiple of 8 (the swizzle repeats every 8 rows), its shared-memory
+// offset by an immediate. The general loop below costs about 40 instructions per chunk in
+// the sm_90a SASS (bounds, alignment branch, swizzle); this one a few.
 template <int NTHREADS, class Tile>
 __device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& src) {
   constexpr int kChunksPerRow = Tile::kCols / 8;
   constexpr int kChunks = Tile::kRows * kChunksPerRow;
   static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
+  static_assert(NTHREADS % kChunksPerRow == 0, "a thread keeps one column chunk");
+  if (src.aligned && src.rows >= Tile::kRows && src.cols >= Tile::kCols) {
+    constexpr int kRowsPerPass = NTHREADS / kChunksPerRow;
+    const int row0 = threadIdx.x / kChunksPerRow, col = (threadIdx.x % kChunksPerRow) * 8;
+    const uint16_t* g = src.ptr + row0 * src.s_stride + col;
+    const int64_t step = int64_t(kRowsPerPass) * src.s_stride;
+#pragma unroll
+    for (int i = 0; i < kChunks / NTHREADS; ++i)
+      cp_async_16(smem_addr(tile.chunk(row0 + i * kRowsPerPass, col)), g + i * step);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kChunks / NTHREADS; ++i) {
     const int idx = i * NTHREADS + threadIdx.x;
