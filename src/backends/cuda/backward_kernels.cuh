@@ -1,10 +1,4 @@
-// Backward kernels (FlashAttention-2 recomputation). Two paths:
-//   two-pass (deterministic == true, and the STRIDEATTN_CUDA_FUSED_DQ=0 test knob): the
-//     dK/dV pass then the dQ pass below, no atomics;
-//   single pass (deterministic == false, the default): the dK/dV pass instantiated with
-//     FusedDq = true also computes dQ_partial = dS K per iteration and adds it into an fp32
-//     workspace with atomics (backward_fused_dq.cuh); aux_kernels.cu converts it to dQ.
-//     5 GEMMs per (key block, query block) instead of 7.
+// Backward kernels (FlashAttention-2 recomputation, two main passes, no atomics):
 //   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
 //   dK/dV pass: one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
 //     dK and dV stay in fp32 registers while the CTA loops over the query blocks of every
@@ -15,11 +9,9 @@
 //       dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
 //   dQ pass: one CTA per (query block, head, sequence), dQ in fp32 registers over the key
 //     blocks in a fixed order: S, P, dP as above, dQ += dS K.
-// Both passes of the two-pass path are deterministic: every sum runs in a fixed order in one
-// thread's registers.
+// Both passes are deterministic: every sum runs in a fixed order in one thread's registers.
 #pragma once
 
-#include "backends/cuda/backward_fused_dq.cuh"
 #include "backends/cuda/forward_kernel.cuh"
 
 namespace strideattn::cuda_impl {
@@ -30,16 +22,7 @@ __device__ __forceinline__ float lse_log2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
-// Shared memory of the dK/dV pass: K, V, two stages of Q and dO, LSE and delta rows, and
-// with FusedDq the dS^T tile of the dQ step.
-template <int D, bool FusedDq>
-inline constexpr int kv_pass_smem_bytes() {
-  using Tile = BackwardKvTile<D>;
-  return (2 * Tile::kBc + 4 * Tile::kBr) * D * 2 + 4 * Tile::kBr * 4 +
-         (FusedDq ? PaddedTile<Tile::kBc, Tile::kBr>::kElems * 2 : 0);
-}
-
-template <class T, int D, bool FusedDq>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParams kp) {
   using Tile = BackwardKvTile<D>;
   constexpr int MT = Tile::kMT, Bc = Tile::kBc, Br = Tile::kBr, DAcc = Tile::kDAcc;
@@ -56,8 +39,6 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
   float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], base-2 LSE
   float* sDelta = sLse + 2 * Br;                                        // [2][Br]
-  using DsTile = PaddedTile<Bc, Br>;  // FusedDq: dS^T of the current iteration
-  const DsTile sDS{reinterpret_cast<uint16_t*>(sDelta + 2 * Br)};
 
   const kernel::AttentionParams& p = kp.p;
   const int64_t batch = blockIdx.z;
@@ -153,9 +134,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
-    // FusedDq: key rows past the sequence end are masked too (P^T = 0), so that dS^T is
-    // finite there before it meets K's zero rows in the dQ GEMM.
-    if (!kernel::tile_fully_visible(mask, r0, r1, c0, FusedDq ? c0 + Bc : c1))
+    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c1))
       apply_mask<MT, Br>(st, mask, c0 + warp_row0, r0, false, 0.f);
 
     // dV += P^T dO
@@ -180,13 +159,6 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
       uint32_t ds_frag[MT][Br / 16][4];
       accum_to_a<T, MT, Br>(ds_frag, dpt);
       gemm_rn<T, MT, Br, DAcc, kBackwardPrefetch<D>>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
-      if constexpr (FusedDq) store_ds_t<MT, Br>(sDS, ds_frag, warp_row0);
-    }
-    // FusedDq: dQ += dS K for this query block's rows and this CTA's head-dim split
-    if constexpr (FusedDq) {
-      __syncthreads();  // the whole dS^T tile is written
-      const int64_t head = kv_head * group + head_begin + it / n_qblocks;
-      accumulate_dq<T, D>(kp, sDS, sK, batch, head, r0, r1, col0);
     }
     __syncthreads();  // buffers of this iteration may be refilled
   }
@@ -373,10 +345,8 @@ template <class T, int D>
 cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
   {
     using Tile = BackwardKvTile<D>;
-    // The single pass (dq_accum set, the caller zeroed it) or the two-pass path's first pass.
-    const bool fused = kp.dq_accum != nullptr;
-    const int smem = fused ? kv_pass_smem_bytes<D, true>() : kv_pass_smem_bytes<D, false>();
-    auto fn = fused ? backward_kv_kernel<T, D, true> : backward_kv_kernel<T, D, false>;
+    constexpr int smem = (2 * Tile::kBc + 4 * Tile::kBr) * D * 2 + 4 * Tile::kBr * 4;
+    auto fn = backward_kv_kernel<T, D>;
     if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess)
       return e;
@@ -384,7 +354,6 @@ cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
                     unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
     if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    if (fused) return cudaSuccess;  // dQ: launch_convert_dq
   }
   {
     using Tile = BackwardQTile<D>;

@@ -42,11 +42,6 @@ struct KernelParams {
   int group_splits = 1;
   std::int64_t kv_tokens = 0;     // seq extent of the K view
   std::int64_t partial_rows = 0;  // rows of one plane: kv batch extent * kv_heads * kv_tokens
-  // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
-  // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
-  // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass
-  // path (a separate, deterministic dQ pass).
-  float* dq_accum = nullptr;
 };
 
 // Row of the delta workspace for (sequence `batch`, head, token).
@@ -84,9 +79,6 @@ cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream
 // dK = scale * sum of the partial dK planes, dV = sum of the partial dV planes, in split order,
 // stored through the dK / dV strides (when KernelParams::dkv_partial is set).
 cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t stream);
-// dQ = scale * dq_accum, stored through the dQ strides for the tokens of every sequence
-// (when KernelParams::dq_accum is set; varlen padding tokens are launch_zero_padding's).
-cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream);
 // Varlen: zero the tokens of an output that belong to no sequence (and LSE = -inf there).
 // `which`: 0 = forward outputs (O, LSE), 1 = backward outputs (dQ, dK, dV).
 cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens,

@@ -67,18 +67,6 @@ template <int D> struct BackwardFusedDq {
   static constexpr int kRowWarps = BackwardKvTile<D>::kBr / 16 < kWarps ? BackwardKvTile<D>::kBr / 16 : kWarps;
   static constexpr int kColWarps = kWarps / kRowWarps;
   static constexpr int kCols = BackwardKvTile<D>::kDAcc / kColWarps;  // dQ columns per warp
-  // Columns per GEMM + atomics round (the warp's columns in kCols / kChunkCols rounds, A
-  // reloaded each round). ptxas -v, CUDA 13.0: sm_90a spilled 4 bytes at d = 256 with all 64
-  // columns at once, none with 32 (d <= 128 fit whole). sm_80 spilled 4 bytes at d = 256
-  // with 32 (none with 16); at d = 128 it spills 12 bytes with 32 or 64 (24 with 128, 20
-  // with 16): stored before the loop, two 12-byte reloads per iteration (SASS); f16 d = 64
-  // on sm_90a reloads 8 bytes once per iteration (bf16: none). Accepted for now.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  static constexpr int kChunkCols = D == 256 ? 16 : D == 128 ? 32 : kCols;
-#else
-  static constexpr int kChunkCols = D == 256 ? 32 : kCols;
-#endif
-  static_assert(kCols % kChunkCols == 0 && kChunkCols % 16 == 0, "whole 16-column tiles per round");
   static_assert(kRowWarps * 16 == BackwardKvTile<D>::kBr, "one m16 tile of dQ rows per warp");
 };
 // Buckets that run the single-pass backward when deterministic == false (the others keep

@@ -4,8 +4,7 @@
 // sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
 // the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
-// seeded sweep, the single-pass (dQ by atomics) and two-pass backward on the same inputs, and
-// bitwise determinism of the two-pass backward. Skips when no GPU is present.
+// seeded sweep, and bitwise determinism of the backward. Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -101,56 +100,6 @@ TEST(CudaBackend, GroupSplitsOfTheDkDvPass) {
     expect_cuda_ok(mqa);
   }
   unsetenv("STRIDEATTN_CUDA_GROUP_SPLITS");
-}
-
-// The backward has two paths: single pass (dQ by fp32 atomics inside the dK/dV pass, the
-// default: deterministic = false) and two passes (deterministic = true).
-// STRIDEATTN_CUDA_FUSED_DQ forces one or the other, so both run on the same fresh random
-// inputs (same seeds) against the fp64 reference: every bucket (64, 128, 256), d_qk != d_v,
-// GQA and MQA with and without group splits, causal and windowed masks, s_q != s_kv, varlen
-// with empty sequences and gaps (padding tokens of dQ zeroed, the rest written by the
-// conversion), odd views (element-wise path). Without the knob, `deterministic` picks.
-TEST(CudaBackend, SinglePassAndTwoPassBackward) {
-  SKIP_WITHOUT_GPU();
-  std::vector<CaseSpec> cases = {
-      dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal),               // GQA 4
-      dense(DType::f16, 1, 130, 190, 6, 1, 128, 128, MaskKind::none),                // MQA
-      dense(DType::bf16, 1, 190, 130, 2, 2, 256, 256, MaskKind::causal_bottom_right),
-      dense(DType::bf16, 1, 150, 150, 4, 2, 192, 128, MaskKind::causal),             // d_qk != d_v
-      dense(DType::f16, 1, 100, 170, 2, 1, 224, 72, MaskKind::none),
-      dense(DType::f16, 1, 140, 170, 2, 1, 40, 40, MaskKind::causal, 20, 5),          // window
-      dense(DType::bf16, 1, 250, 40, 2, 1, 64, 64, MaskKind::none, 3, 3),             // empty rows
-      dense(DType::bf16, 2, 1, 300, 4, 2, 128, 128, MaskKind::causal_bottom_right),
-      varlen(DType::bf16, {0, 37, 170, 1, 0, 65}, {5, 37, 100, 0, 3, 164}, {0, 3, 45, 220, 221, 225},
-             {0, 9, 50, 152, 153, 160}, MaskKind::causal),
-      varlen(DType::f16, {33, 129, 2}, {33, 129, 2}, {}, {}, MaskKind::causal, -1, -1, 256, "t(h+2hg)d"),
-      varlen(DType::bf16, {20, 0, 190}, {20, 7, 160}, {}, {}, MaskKind::none, 8, 4, 128),
-  };
-  const CaseSpec odd = dense(DType::f16, 1, 130, 130, 2, 1, 128, 128, MaskKind::causal);
-  cases.push_back(with_views(odd, [&](const char* n, std::int64_t hh) {
-    return ViewSpec{n, 3, {1, 130, hh, 128}, {130 * hh * 129, hh * 129, 129, 1}};
-  }));
-  for (const char* fused : {"0", "1"}) {
-    ASSERT_EQ(setenv("STRIDEATTN_CUDA_FUSED_DQ", fused, 1), 0);
-    for (const char* splits : {"1", "3"}) {
-      ASSERT_EQ(setenv("STRIDEATTN_CUDA_GROUP_SPLITS", splits, 1), 0);
-      for (std::size_t c = 0; c < cases.size(); ++c) {
-        SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_FUSED_DQ=" << fused
-                                          << " STRIDEATTN_CUDA_GROUP_SPLITS=" << splits << " case " << c);
-        expect_cuda_ok(cases[c]);
-      }
-    }
-  }
-  unsetenv("STRIDEATTN_CUDA_GROUP_SPLITS");
-  unsetenv("STRIDEATTN_CUDA_FUSED_DQ");
-  // No knob: the option picks the path.
-  for (bool deterministic : {false, true}) {
-    SCOPED_TRACE(::testing::Message() << "deterministic " << deterministic);
-    for (CaseSpec c : {cases[0], cases[8]}) {
-      c.options.deterministic = deterministic;
-      expect_cuda_ok(c);
-    }
-  }
 }
 
 TEST(CudaBackend, DifferentQkAndVHeadDims) {
@@ -269,8 +218,8 @@ TEST(CudaBackend, SeededSweep) {
 
 // ------------------------------------------------------------------ determinism
 
-// The deterministic backward (the two-pass path: every sum runs in a fixed order in one
-// thread's registers, no atomics) gives the same bytes run to run on the same inputs.
+// The deterministic backward (the only backward: every sum runs in a fixed order in one
+// thread's registers) gives the same bytes run to run on the same inputs.
 TEST(CudaBackend, BackwardBitwiseDeterministic) {
   SKIP_WITHOUT_GPU();
   const std::int64_t b = 2, s = 333, h = 8, hg = 2, d = 128;
@@ -374,8 +323,8 @@ struct DeviceTensor {
 };
 
 // A caller-provided workspace of workspace_size() bytes gives the same bytes as the
-// library's own allocation (varlen tables, the backward's delta rows and, single pass, the
-// fp32 dQ accumulator live there); one byte less is refused with invalid_argument.
+// library's own allocation (varlen tables and the backward's delta rows live there); one
+// byte less is refused with invalid_argument.
 TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
   SKIP_WITHOUT_GPU();
   const std::int64_t h = 4, hg = 2, d = 64, tq = 104, tkv = 125;
@@ -418,43 +367,25 @@ TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
     }
     return all;
   };
-  // Two-pass (deterministic) then single-pass backward. The single pass's workspace adds the
-  // fp32 dQ accumulator (tq x h x d floats). It is bitwise reproducible here too: every
-  // sequence's keys fit one key block of the d = 64 dK/dV pass and each query head belongs to
-  // one group split, so each dQ element receives exactly one atomic add.
-  std::size_t two_pass_bytes = 0;
-  for (bool deterministic : {true, false}) {
-    SCOPED_TRACE(::testing::Message() << "deterministic " << deterministic);
-    fa.workspace = nullptr, fa.workspace_bytes = 0;
-    ba.workspace = nullptr, ba.workspace_bytes = 0;
-    ba.options.deterministic = deterministic;
-    const std::vector<std::uint16_t> internal = run_both();
+  const std::vector<std::uint16_t> internal = run_both();
 
-    std::size_t fwd_bytes = 0, bwd_bytes = 0;
-    ASSERT_TRUE(strideattn::workspace_size(fa, &fwd_bytes).ok());
-    ASSERT_TRUE(strideattn::workspace_size(ba, &bwd_bytes).ok());
-    EXPECT_GT(fwd_bytes, 0u);  // the varlen tables
-    EXPECT_GT(bwd_bytes, fwd_bytes);  // plus delta rows
-    if (deterministic)
-      two_pass_bytes = bwd_bytes;
-    else
-      EXPECT_GE(bwd_bytes, two_pass_bytes + std::size_t(tq * h * d) * 4);  // plus the dQ accumulator
-    void* ws = nullptr;
-    ASSERT_EQ(cudaMalloc(&ws, bwd_bytes), cudaSuccess);
-    for (const DeviceTensor* t : {&o, &dq, &dk, &dv})  // poison: the second run must write all
-      ASSERT_EQ(cudaMemset(t->ptr, 0xff, t->elems * 2), cudaSuccess);
-    // poison the workspace too: the dQ accumulator must be zeroed by the call
-    ASSERT_EQ(cudaMemset(ws, 0xff, bwd_bytes), cudaSuccess);
-    fa.workspace = ws, fa.workspace_bytes = fwd_bytes;
-    ba.workspace = ws, ba.workspace_bytes = bwd_bytes;
-    EXPECT_TRUE(run_both() == internal) << "caller workspace changed the results";
+  std::size_t fwd_bytes = 0, bwd_bytes = 0;
+  ASSERT_TRUE(strideattn::workspace_size(fa, &fwd_bytes).ok());
+  ASSERT_TRUE(strideattn::workspace_size(ba, &bwd_bytes).ok());
+  EXPECT_GT(fwd_bytes, 0u);  // the varlen tables
+  EXPECT_GT(bwd_bytes, fwd_bytes);  // plus delta rows
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, bwd_bytes), cudaSuccess);
+  for (const DeviceTensor* t : {&o, &dq, &dk, &dv})  // poison: the second run must write all
+    ASSERT_EQ(cudaMemset(t->ptr, 0xff, t->elems * 2), cudaSuccess);
+  fa.workspace = ws, fa.workspace_bytes = fwd_bytes;
+  ba.workspace = ws, ba.workspace_bytes = bwd_bytes;
+  EXPECT_TRUE(run_both() == internal) << "caller workspace changed the results";
 
-    ba.workspace_bytes = bwd_bytes - 1;
-    const strideattn::Status small = strideattn::backward(ba);
-    EXPECT_EQ(small.code(), strideattn::StatusCode::invalid_argument) << small.message();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    cudaFree(ws);
-  }
+  ba.workspace_bytes = bwd_bytes - 1;
+  const strideattn::Status small = strideattn::backward(ba);
+  EXPECT_EQ(small.code(), strideattn::StatusCode::invalid_argument) << small.message();
+  cudaFree(ws);
   cudaFree(lse);
 }
 
