@@ -50,29 +50,6 @@ template <> struct BackwardKvTile<128> { static constexpr int kMT = 1, kBc = 64,
 // K 32K + V 32K + 2 stages x (Q 16K + dO 16K) = 128 KiB.
 template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64, kBr = 32, kDAcc = 128; };
 
-// Single-pass backward (deterministic == false, backward_fused_dq.cuh): the dK/dV pass also
-// writes dS^T (rounded to T, exactly the dK GEMM's A operand) to a [Bc x (Br + 8)] shared
-// tile, and after a barrier the CTA computes dQ_partial[Br x DAcc] = dS K and adds it into
-// an fp32 workspace with global atomics. The dQ GEMM's warps form a kRowWarps x kColWarps
-// grid over dQ_partial: each warp owns 16 query rows (one m-tile) and DAcc / kColWarps
-// columns. Rows first: a warp's A operand (dS) is one ldmatrix per k-step whatever its
-// width, only its accumulators grow with the columns, and a warp whose 16 rows lie past the
-// sequence end skips the GEMM and its atomics. dK and dV are live in registers during this
-// step, so the dQ accumulators must stay small: at most 64 floats per thread.
-//   d <= 64:  Br 32 -> 2 x 2 warps, 16 x 32 each (16 floats); smem + 10 KiB (dS^T 128 x 40).
-//   d <= 128: Br 64 -> 4 x 1 warps, 16 x 128 each (64 floats); smem + 9 KiB (dS^T 64 x 72).
-//   d <= 256: Br 32 -> 2 x 2 warps, 16 x 64 of this CTA's 128-column split (32 floats);
-//             smem + 5 KiB (dS^T 64 x 40), 133.5 KiB in all (fits sm_80's 163 KiB).
-template <int D> struct BackwardFusedDq {
-  static constexpr int kRowWarps = BackwardKvTile<D>::kBr / 16 < kWarps ? BackwardKvTile<D>::kBr / 16 : kWarps;
-  static constexpr int kColWarps = kWarps / kRowWarps;
-  static constexpr int kCols = BackwardKvTile<D>::kDAcc / kColWarps;  // dQ columns per warp
-  static_assert(kRowWarps * 16 == BackwardKvTile<D>::kBr, "one m16 tile of dQ rows per warp");
-};
-// Buckets that run the single-pass backward when deterministic == false (the others keep
-// the two-pass path).
-inline constexpr bool fused_dq_supported(int bucket) { return bucket == 64 || bucket == 128 || bucket == 256; }
-
 // Host-side view of the dK/dV pass grid (cuda_backend.cu sizes its group splits from it):
 // keys per CTA and head-dim splits per key block for a head-dim bucket.
 inline constexpr int kv_pass_keys(int bucket) {
