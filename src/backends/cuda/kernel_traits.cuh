@@ -29,7 +29,10 @@ template <> struct ForwardTile<256> { static constexpr int kMT = 1, kBr = 64, kB
 // Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh). sm_90a's ptxas
 // fits it with no spill inside the d <= 128 loops; sm_80's spilled 68-120 bytes inside the
 // d = 128 loops, and sm_90a's 16 bytes inside the d = 256 dK/dV loop (ptxas -v and SASS,
-// CUDA 13.0), so those keep the plain GEMMs.
+// CUDA 13.0), so those keep the plain GEMMs. Remaining (ptxas -v and SASS, CUDA 13.0, since
+// the check-free load_tile path): the sm_80 d = 128 dK/dV pass reloads one 4-byte value per
+// query block (256 MMAs per warp), and the sm_90a f16 d = 128 dQ pass spills 4 bytes outside
+// its loop.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 template <int D> inline constexpr bool kBackwardPrefetch = false;
 #else
