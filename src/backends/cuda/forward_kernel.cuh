@@ -1,8 +1,9 @@
 // Forward kernel (FlashAttention-2 schedule): one CTA per (query block, head, sequence).
 //   mainloop:  for each key block the mask leaves visible (key_range_for_rows):
 //                S = Q K^T * scale (base 2), masked to -inf outside the rule,
-//                online softmax: m_new = max(m, rowmax S); rescale O and l by 2^(m - m_new),
-//                P = 2^(S - m_new); l += rowsum P; O += P V
+//                online softmax against a reference max m: when rowmax S > m + kRescaleSlack,
+//                m_new = rowmax S and O, l are rescaled by 2^(m - m_new) (else m stays);
+//                P = 2^(S - m); l += rowsum P; O += P V
 //   epilogue:  O /= l, LSE = (m + log2 l) * ln 2; rows with no visible key: O = 0, LSE = -inf.
 // Scheduler: K and V stream through shared memory in double-buffered stages of kStage keys
 // (kernel_traits.cuh): stage n+1 loads with cp.async while the warps walk stage n kBc keys at

@@ -130,6 +130,31 @@ TEST(CudaBackend, ScaleOption) {
   expect_cuda_ok(s);
 }
 
+// The forward raises a row's softmax reference max only when a key block's max exceeds it
+// by more than 2^8 (kRescaleSlack); below that P may reach 256 unrescaled. Many key blocks
+// (1000 keys: ~31 blocks of 32 at d 128, 16 of 64 at d 64) and scales that put the jumps
+// of the running max under the slack (0.3), across it (1.5) and far over it (8: raised
+// with alpha ~ 0), in f16 and bf16, with s_q != s_kv, and once through transposed
+// (sbhd-in-memory) views.
+TEST(CudaBackend, LazyRescaleAcrossManyKeyBlocks) {
+  SKIP_WITHOUT_GPU();
+  for (double scale : {0.3, 1.5, 8.0}) {
+    for (std::int64_t d : {64, 128}) {
+      SCOPED_TRACE(::testing::Message() << "scale " << scale << " d " << d);
+      CaseSpec c = dense(d == 64 ? DType::f16 : DType::bf16, 1, 70, 1000, 2, 1, d, d, MaskKind::none);
+      c.options.scale = scale;
+      expect_cuda_ok(c);
+    }
+  }
+  CaseSpec c = dense(DType::bf16, 2, 90, 700, 4, 2, 128, 128, MaskKind::causal_bottom_right);
+  c.options.scale = 2.0;
+  expect_cuda_ok(with_views(c, [&](const char* n, std::int64_t hh) {
+    const std::string name(n);  // q, o, do, dq: query side; k, v, dk, dv: key side
+    const std::int64_t s = name == "q" || name == "o" || name == "do" || name == "dq" ? 90 : 700;
+    return ViewSpec{n, 0, {2, s, hh, 128}, {hh * 128, 2 * hh * 128, 128, 1}};  // [s, b, h, d] memory
+  }));
+}
+
 // ------------------------------------------------------------------ layouts and views
 
 TEST(CudaBackend, SeedCaseFusedSplit) {
