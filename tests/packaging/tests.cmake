@@ -15,3 +15,10 @@ add_test(NAME packaging_add_subdirectory
      '${CMAKE_COMMAND}' --build '${_work}/as' >/dev/null; '${_work}/as/consumer'")
 set_tests_properties(packaging_find_package packaging_add_subdirectory PROPERTIES LABELS cpu TIMEOUT 900)
 set_tests_properties(packaging_add_subdirectory PROPERTIES RUN_SERIAL TRUE)
+
+# STRIDEATTN_REQUIRE_CUDNN (what scripts/gpu-check sets): a configure that cannot build the
+# cudnn backend fails with the reason instead of leaving a build whose cudnn tests all refuse.
+add_test(NAME packaging_require_cudnn_refuses
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/packaging/require_cudnn.sh ${PROJECT_SOURCE_DIR}
+          ${_work}/require_cudnn ${STRIDEATTN_HAVE_CUDA})
+set_tests_properties(packaging_require_cudnn_refuses PROPERTIES LABELS cpu TIMEOUT 300)
