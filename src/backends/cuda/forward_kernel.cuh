@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
       // O += P V
       uint32_t p_frag[MT][Bc / 16][4];
       accum_to_a<T, MT, Bc>(p_frag, s);
-      gemm_rn<T, MT, Bc, D>(o_acc, p_frag, sVb, 0, d_v);
+      gemm_rn<T, MT, Bc, D, Tile::kPrefetchPV>(o_acc, p_frag, sVb, 0, d_v);
     }
   }
 

@@ -12,19 +12,51 @@ inline constexpr int kThreads = kWarps * 32;
 // stages of kStage keys, double-buffered (stage n+1 loads while stage n computes: one barrier
 // and one cp.async wait per stage); inside a stage the warps walk kBc keys at a time, the
 // width of the register tiles S and P. kStage > kBc halves the barriers without the
-// registers a wider S would cost.
+// registers a wider S would cost. kPrefetchPV: whether O += P V requests the next V fragments
+// before this tile's MMAs (two fragment buffers of kBc/16 x 4 registers); where registers are
+// short each tile loads its own fragments first (one buffer).
 template <int D> struct ForwardTile;
 // d <= 64: two m16 tiles per warp (Br 128) double the reuse of every K/V fragment loaded
-// from shared memory; registers are plentiful at this width (O: 32 floats per m-tile).
+// from shared memory. sm_90a: 128 x 128 register tiles (O 2 x 32 floats, S 2 x 64), the
+// shape FlashAttention-2 uses at this width: per 16 columns of S = Q K^T a warp loads 2 Q and
+// 8 K fragments for 32 MMAs, and the softmax bookkeeping runs once per 128 keys; 255
+// registers, no spill with the single-buffered P V (492 bytes spilled with the prefetch).
+// Measured against Bc 64 (H200, same device call): 265 -> 300 TFLOP/s (no mask), 235 -> 267
+// (causal). sm_80's ptxas spills 188 bytes at Bc 128, so sm_80 keeps Bc 64.
 // smem Q 16K + 2 x (K 16K + V 16K) = 80 KiB (two CTAs per SM).
-template <> struct ForwardTile<64> { static constexpr int kMT = 2, kBr = 128, kBc = 64, kStage = 128; };
-// d <= 128: 128 x 32 register tiles: O accumulators 2 x 64 floats + S 2 x 16 floats (Bc 64
-// spilled on sm_80 and sm_90a); smem Q 32K + 2 x (K 16K + V 16K) = 96 KiB (two CTAs per SM).
-template <> struct ForwardTile<128> { static constexpr int kMT = 2, kBr = 128, kBc = 32, kStage = 64; };
+template <> struct ForwardTile<64> {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr int kMT = 2, kBr = 128, kBc = 64, kStage = 128;
+  static constexpr bool kPrefetchPV = true;
+#else
+  static constexpr int kMT = 2, kBr = 128, kBc = 128, kStage = 128;
+  static constexpr bool kPrefetchPV = false;
+#endif
+};
+// d <= 128: O accumulators 2 x 64 floats per thread. sm_90a: 128 x 64 register tiles (S 2 x 32
+// floats), FlashAttention-2's shape: per 16 head-dim columns of S = Q K^T a warp loads 2 Q and
+// 4 K fragments for 16 MMAs (2 + 2 for 8 at Bc 32), and the softmax's max/sum shuffles and
+// rescale decision run once per 64 keys. It fits in 255 registers with no spill only with
+// the single-buffered P V (ptxas -v, CUDA 13.0: 104 bytes spilled with the prefetch). sm_80's
+// ptxas spills 128 bytes even then, so sm_80 keeps 128 x 32 with the prefetch. Measured
+// against Bc 32 (H200): 271 -> 294-310 TFLOP/s (no mask), 243 -> 271 (causal).
+// smem Q 32K + 2 x (K 16K + V 16K) = 96 KiB (two CTAs per SM).
+template <> struct ForwardTile<128> {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr int kMT = 2, kBr = 128, kBc = 32, kStage = 64;
+  static constexpr bool kPrefetchPV = true;
+#else
+  static constexpr int kMT = 2, kBr = 128, kBc = 64, kStage = 64;
+  static constexpr bool kPrefetchPV = false;
+#endif
+};
 // d <= 256: O alone is 128 floats per thread per m-tile, so one m-tile per warp (Br 64).
 // Bc 32 (S 16 floats): Bc 64 spilled on sm_80. Stage 32 keeps smem at
 // Q 32K + 2 x (K 16K + V 16K) = 96 KiB, two CTAs per SM.
-template <> struct ForwardTile<256> { static constexpr int kMT = 1, kBr = 64, kBc = 32, kStage = 32; };
+template <> struct ForwardTile<256> {
+  static constexpr int kMT = 1, kBr = 64, kBc = 32, kStage = 32;
+  static constexpr bool kPrefetchPV = true;
+};
 
 // Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh). sm_90a's ptxas
 // fits it with no spill inside the d <= 128 loops; sm_80's spilled 68-120 bytes inside the
