@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   const MaskRule mask = p.mask(batch);
   const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
   // Block and head counts in 32 bits (fewer registers live across the loop than the 4-warp
-  // kernel's int64 ones): query blocks < 2^31 (s_q < 2^37), heads < 65536 (the grid rule).
+  // kernel's int64 ones; with those every variant spilled): query blocks times heads stays
+  // below 2^31 unless Q holds over 2^37 rows (32 TiB at d = 128).
   const int first_qblock = int(queries.begin / Br);
   const int n_qblocks =
       queries.end > queries.begin ? int(kernel::ceil_div(queries.end, Br)) - first_qblock : 0;
