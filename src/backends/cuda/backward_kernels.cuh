@@ -1,6 +1,9 @@
 // Backward kernels (FlashAttention-2 recomputation, two main passes, no atomics):
 //   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
-//   dK/dV pass: one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
+//   dK/dV pass (the 4-warp kernel here: the d <= 64 and d <= 256 buckets, and d <= 128 with
+//     STRIDEATTN_CUDA_KV8=0; the default at d <= 128 is the 8-warp kernel of
+//     backward_kv8_kernel.cuh, same math, same outputs, and run_backward there):
+//     one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
 //     dK and dV stay in fp32 registers while the CTA loops over the query blocks of every
 //     query head of its share of the GQA group that see its keys (query_range_for_keys).
 //     With one group split it stores dK/dV; with several (MQA/GQA with few KV heads, to fill
@@ -20,6 +23,58 @@ namespace strideattn::cuda_impl {
 // and rows past the sequence end give +inf, so P = 2^(S - LSE) is exactly 0 there.
 __device__ __forceinline__ float lse_log2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * kLog2e;
+}
+
+// The dK/dV pass epilogue for one warp's accumulators dk, dv [MT][N/8][4]: rows (keys)
+// key0 + 16 * mt + g (+8), those below c1 only; head-dim columns col0 + 8 * n + 2t (+1).
+// One group split: dK * scale and dV, stored through their strides. Several: fp32 partial
+// rows (unscaled dK, dV) in split gsplit's plane, which launch_reduce_dkv sums.
+template <class T, int MT, int N>
+__device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batch, int64_t kv_head,
+                                            int gsplit, int64_t key0, int64_t c1, int col0,
+                                            const float (&dk)[MT][N / 8][4],
+                                            const float (&dv)[MT][N / 8][4]) {
+  const kernel::AttentionParams& p = kp.p;
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const bool partial = kp.dkv_partial != nullptr;
+  float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
+  float* const part_v = kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk +
+                        int64_t(gsplit) * kp.partial_rows * d_v;
+  auto* dk_ptr = static_cast<uint16_t*>(p.dk);
+  auto* dv_ptr = static_cast<uint16_t*>(p.dv);
+  const SequenceSpan dk_span = p.kv_seq.span(p.dk_st, batch);
+  const SequenceSpan dv_span = p.kv_seq.span(p.dv_st, batch);
+  const bool dk_pair = (kp.aligned & kPairDK) != 0, dv_pair = (kp.aligned & kPairDV) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t key = key0 + mt * 16 + g + 8 * h;
+      if (key >= c1) continue;
+      if (partial) {
+        const int64_t row = kv_row_index(kp, batch, kv_head, key);
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n) {
+          const int col = col0 + n * 8 + 2 * t;  // even; d_qk, d_v are multiples of 8
+          if (col < d_qk)
+            *reinterpret_cast<float2*>(part_k + row * d_qk + col) = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
+          if (col < d_v)
+            *reinterpret_cast<float2*>(part_v + row * d_v + col) = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+        }
+        continue;
+      }
+      uint16_t* dk_row = dk_ptr + kernel::row_offset(dk_span, p.dk_st, key, kv_head);
+      uint16_t* dv_row = dv_ptr + kernel::row_offset(dv_span, p.dv_st, key, kv_head);
+#pragma unroll
+      for (int n = 0; n < N / 8; ++n) {
+        const int col = col0 + n * 8 + 2 * t;
+        if (col < d_qk)
+          store_pair<T>(dk_row, col, dk[mt][n][2 * h] * p.scale, dk[mt][n][2 * h + 1] * p.scale, dk_pair);
+        if (col < d_v) store_pair<T>(dv_row, col, dv[mt][n][2 * h], dv[mt][n][2 * h + 1], dv_pair);
+      }
+    }
 }
 
 template <class T, int D>
@@ -69,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
+  const int t = lane & 3;
   const int warp_row0 = warp * 16 * MT;
 
   // Iteration `it` covers query head kv_head * group + head_begin + it / n_qblocks, query
@@ -163,46 +218,8 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     __syncthreads();  // buffers of this iteration may be refilled
   }
 
-  // epilogue: the rows of this CTA's valid keys. One group split: dK * scale and dV, stored
-  // through their strides. Several: fp32 partial rows (unscaled dK, dV) in this split's plane,
-  // which launch_reduce_dkv sums.
-  const bool partial = kp.dkv_partial != nullptr;
-  float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
-  float* const part_v = kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk +
-                        int64_t(gsplit) * kp.partial_rows * d_v;
-  auto* dk_ptr = static_cast<uint16_t*>(p.dk);
-  auto* dv_ptr = static_cast<uint16_t*>(p.dv);
-  const SequenceSpan dk_span = p.kv_seq.span(p.dk_st, batch);
-  const SequenceSpan dv_span = p.kv_seq.span(p.dv_st, batch);
-  const bool dk_pair = (kp.aligned & kPairDK) != 0, dv_pair = (kp.aligned & kPairDV) != 0;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t key = c0 + warp_row0 + mt * 16 + g + 8 * h;
-      if (key >= c1) continue;
-      if (partial) {
-        const int64_t row = kv_row_index(kp, batch, kv_head, key);
-#pragma unroll
-        for (int n = 0; n < DAcc / 8; ++n) {
-          const int col = col0 + n * 8 + 2 * t;  // even; d_qk, d_v are multiples of 8
-          if (col < d_qk)
-            *reinterpret_cast<float2*>(part_k + row * d_qk + col) = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
-          if (col < d_v)
-            *reinterpret_cast<float2*>(part_v + row * d_v + col) = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
-        }
-        continue;
-      }
-      uint16_t* dk_row = dk_ptr + kernel::row_offset(dk_span, p.dk_st, key, kv_head);
-      uint16_t* dv_row = dv_ptr + kernel::row_offset(dv_span, p.dv_st, key, kv_head);
-#pragma unroll
-      for (int n = 0; n < DAcc / 8; ++n) {
-        const int col = col0 + n * 8 + 2 * t;
-        if (col < d_qk)
-          store_pair<T>(dk_row, col, dk[mt][n][2 * h] * p.scale, dk[mt][n][2 * h + 1] * p.scale, dk_pair);
-        if (col < d_v) store_pair<T>(dv_row, col, dv[mt][n][2 * h], dv[mt][n][2 * h + 1], dv_pair);
-      }
-    }
+  // epilogue: this warp's rows of the CTA's valid keys
+  store_dk_dv<T, MT, DAcc>(kp, batch, kv_head, gsplit, c0 + warp_row0, c1, col0, dk, dv);
 }
 
 template <class T, int D>
@@ -341,32 +358,33 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     }
 }
 
+// Launches of the two passes (run_backward in backward_kv8_kernel.cuh picks the dK/dV pass).
 template <class T, int D>
-cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
-  {
-    using Tile = BackwardKvTile<D>;
-    constexpr int smem = (2 * Tile::kBc + 4 * Tile::kBr) * D * 2 + 4 * Tile::kBr * 4;
-    auto fn = backward_kv_kernel<T, D>;
-    if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess)
-      return e;
-    const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, Tile::kBc) * (D / Tile::kDAcc)),
-                    unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
-    if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  {
-    using Tile = BackwardQTile<D>;
-    constexpr int smem = (2 * Tile::kBr + 4 * Tile::kBc) * D * 2;
-    auto fn = backward_q_kernel<T, D>;
-    if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess)
-      return e;
-    const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, Tile::kBr)), unsigned(kp.p.heads),
-                    unsigned(kp.p.batch));
-    if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
-    return cudaGetLastError();
-  }
+cudaError_t launch_kv_pass_4warps(const KernelParams& kp, cudaStream_t stream) {
+  using Tile = BackwardKvTile<D>;
+  constexpr int smem = (2 * Tile::kBc + 4 * Tile::kBr) * D * 2 + 4 * Tile::kBr * 4;
+  auto fn = backward_kv_kernel<T, D>;
+  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, Tile::kBc) * (D / Tile::kDAcc)),
+                  unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
+  if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+template <class T, int D>
+cudaError_t launch_q_pass(const KernelParams& kp, cudaStream_t stream) {
+  using Tile = BackwardQTile<D>;
+  constexpr int smem = (2 * Tile::kBr + 4 * Tile::kBc) * D * 2;
+  auto fn = backward_q_kernel<T, D>;
+  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, Tile::kBr)), unsigned(kp.p.heads),
+                  unsigned(kp.p.batch));
+  if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
+  return cudaGetLastError();
 }
 
 }  // namespace strideattn::cuda_impl

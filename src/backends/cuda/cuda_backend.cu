@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -96,9 +97,11 @@ const std::vector<SupportRule>& rules() {
 // The dK/dV pass runs one CTA per (key block, KV head, sequence), each looping over every
 // query head of its GQA group. With few KV heads that grid is too small: the seed case (MQA
 // 16/1, 8 sequences of 2k keys, d 64) has 128 CTAs for 132 SMs that hold two each. Splitting
-// the group over CTAs brings the grid to about kTargetCtasPerSm x SMs (two waves, so that
-// causal imbalance evens out), at the price of fp32 partials and one reduction pass.
-constexpr std::int64_t kTargetCtasPerSm = 4;
+// the group over CTAs brings the grid to about kTargetWarpsPerSm x SMs warps: 4 CTAs of 4
+// warps per SM (two waves of the two resident, so that causal imbalance evens out), or 2 of
+// the 8-warp kernel's (one resident per SM), at the price of fp32 partials and one
+// reduction pass.
+constexpr std::int64_t kTargetWarpsPerSm = 16;
 
 std::int64_t multiprocessors() {
   int dev = 0, n = 0;
@@ -119,7 +122,23 @@ std::int64_t forced_group_splits(std::int64_t group) {
   return std::min<std::int64_t>(n, group);
 }
 
-int choose_group_splits(const Problem& p) {
+// The d <= 128 bucket's dK/dV pass: the 8-warp kernel (128 keys per CTA, the default) or the
+// 4-warp one (64 keys per CTA), which runs with STRIDEATTN_CUDA_KV8=0 (bench A/B runs, tests;
+// kept for one release) and on GPUs whose opt-in shared memory per block is below the
+// 8-warp kernel's 161 KiB (sm_86, sm_89: 99 KiB).
+bool kv_pass_8warps() {
+  const char* env = std::getenv("STRIDEATTN_CUDA_KV8");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  int dev = 0, smem = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return smem >= cuda_impl::BackwardKv8Tile::kSmemBytes;
+}
+
+int choose_group_splits(const Problem& p, bool kv8) {
   const std::int64_t group = p.group_size();
   if (!p.is_backward() || group <= 1) return 1;
   if (const std::int64_t forced = forced_group_splits(group); forced > 0) {
@@ -128,9 +147,10 @@ int choose_group_splits(const Problem& p) {
     return p.kv_heads * splits > kMaxGridYZ ? 1 : int(splits);
   }
   const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-  const std::int64_t ctas = (p.s_kv + cuda_impl::kv_pass_keys(bucket) - 1) / cuda_impl::kv_pass_keys(bucket) *
+  const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8);
+  const std::int64_t ctas = (p.s_kv + keys - 1) / keys *
                             cuda_impl::kv_pass_dim_splits(bucket) * p.kv_heads * p.batch;
-  const std::int64_t target = kTargetCtasPerSm * multiprocessors();
+  const std::int64_t target = kTargetWarpsPerSm / cuda_impl::kv_pass_warps(bucket, kv8) * multiprocessors();
   if (ctas <= 0 || ctas >= target) return 1;
   std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
   const std::int64_t per_split = (group + splits - 1) / splits;
@@ -147,6 +167,7 @@ struct WorkspacePlan {
   std::size_t partial = 0;  // backward, group splits > 1: fp32 dK/dV partial planes
   int group_splits = 1;
   std::int64_t partial_rows = 0;  // rows of one partial plane
+  bool kv8 = true;                // the 8-warp dK/dV pass at d <= 128 (kv_pass_8warps)
   [[nodiscard]] std::size_t total() const { return tables + delta + partial; }
 };
 
@@ -156,7 +177,8 @@ WorkspacePlan plan_workspace(const Problem& p) {
   if (p.is_backward()) {
     w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
                        std::size_t(p.q.shape[kSeq]) * sizeof(float));
-    w.group_splits = choose_group_splits(p);
+    w.kv8 = kv_pass_8warps();
+    w.group_splits = choose_group_splits(p, w.kv8);
     if (w.group_splits > 1) {
       w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
       w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) *
@@ -264,6 +286,7 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
   if (p.is_backward()) kp->delta = reinterpret_cast<float*>(ws.base() + plan.tables);
   kp->kv_tokens = p.kv_tokens();
   kp->group_splits = plan.group_splits;
+  kp->kv_pass_8warps = plan.kv8;
   if (plan.group_splits > 1) {
     kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
     kp->partial_rows = plan.partial_rows;
@@ -338,6 +361,8 @@ class CudaBackend final : public BackendImpl {
       std::string line = describe_paths(p, kp->aligned);
       if (kp->group_splits > 1)
         line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
+      if (p.is_backward() && cuda_impl::head_dim_bucket(p.d_qk, p.d_v) == 128)
+        line += kp->kv_pass_8warps ? "; dK/dV pass: 8 warps" : "; dK/dV pass: 4 warps";
       log_line(LogLevel::debug, line);
     }
     if (p.varlen)

@@ -1,9 +1,10 @@
 // Warp-level building blocks of the sm80+ kernels: the m16n8k16 tensor-core MMA (fp32
 // accumulate), ldmatrix, cp.async, the swizzled shared-memory tile layout, the strided
 // global->shared tile loader (16-byte cp.async fast path, element-wise slow path) and the
-// two warp GEMM shapes every kernel is made of:
+// three warp GEMM shapes the kernels are made of:
 //   gemm_nt: C[16*MT x N] += A[16*MT x K] * B[N x K]^T, A and B rows in shared memory
 //   gemm_rn: C[16*MT x N] += A[16*MT x K] * B[K x N],   A in registers, B rows in smem
+//   gemm_sn: C[16*MT x N] += A[16*MT x K] * B[K x N],   A rows and B rows in smem
 // Fragment layouts follow the PTX ISA for mma.m16n8k16 (g = lane / 4, t = lane % 4):
 //   A: a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
 //   B: b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
@@ -311,6 +312,86 @@ __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t
       }
     if (!more) break;
   }
+}
+
+// C[MT][N/8][4] += A * B with both operands in shared memory: A[m][k] is element
+// (a_row0 + m, k) of `sa` (rows = C's rows, loaded with ldmatrix as in gemm_nt), B[k][n] is
+// element (k, b_col0 + n) of `sb` (rows = contraction, loaded with ldmatrix.trans as in
+// gemm_rn). The contraction runs over all K columns of A (the tile rows of B past the data
+// must be zero, or A's columns there zero); column tiles of C at or beyond n_end (a multiple
+// of 8) are skipped. For an A that another warp wrote (the 8-warp dK/dV pass: P^T and dS^T
+// shared by the warps of a key slice): gemm_rn would need all K/16 A fragments in registers
+// at once, this loads one k-step's at a time.
+// b_col0 must be 0 or a multiple of N that is at least 64 (a head-dim half), so that the
+// 16-column steps from it are XORs of its swizzled offset (smem_swizzle.hpp). Each C element
+// sums over k in increasing order, as gemm_rn does, so with the same A values the results
+// are bitwise gemm_rn's. Prefetch: the next k-step's A fragments load before this step's
+// MMAs, and each B tile before the previous tile's MMAs.
+template <class T, int MT, int K, int N, bool Prefetch = true, class TileA, class TileB>
+__device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0,
+                                        const TileB& sb, int b_col0, int n_end) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "N and K must be multiples of 16");
+  constexpr int kSteps = K / 16, kTiles = N / 16;
+  if (n_end <= 0) return;
+  const int lane = threadIdx.x & 31;
+  const int a_r = lane & 15, a_c = (lane >> 4) * 8;
+  const int b_r = (lane & 7) + (((lane >> 3) & 1) << 3), b_c = (lane >> 4) * 8;
+  const int a_off = TileA::offset(a_row0 + a_r, a_c), b_off = TileB::offset(b_r, b_col0 + b_c);
+  auto a_addr = [&](int mt, int kk) { return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols); };
+  auto b_addr = [&](int nn, int kk) { return sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols); };
+  constexpr int kBufs = Prefetch ? 2 : 1;
+  uint32_t a[kBufs][MT][4];
+  auto load_a = [&](int kk, int buf) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
+  };
+  if constexpr (Prefetch) load_a(0, 0);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const int buf = Prefetch ? (kk & 1) : 0;
+    if constexpr (Prefetch) {
+      if (kk + 1 < kSteps) load_a(kk + 1, (kk + 1) & 1);
+    } else {
+      load_a(kk, 0);
+    }
+    uint32_t b[kBufs][4];
+    if constexpr (Prefetch) ldmatrix_x4_trans(b[0], b_addr(0, kk));
+#pragma unroll
+    for (int nn = 0; nn < kTiles; ++nn) {
+      const bool more = nn + 1 < kTiles && (nn + 1) * 16 < n_end;
+      const int bb = Prefetch ? (nn & 1) : 0;
+      if constexpr (Prefetch) {
+        if (more) ldmatrix_x4_trans(b[(nn + 1) & 1], b_addr(nn + 1, kk));
+      } else {
+        ldmatrix_x4_trans(b[0], b_addr(nn, kk));
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816<T>(c[mt][2 * nn], a[buf][mt], b[bb][0], b[bb][1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[buf][mt], b[bb][2], b[bb][3]);
+      }
+      if (!more) break;
+    }
+  }
+}
+
+// Store a warp's fp32 accumulator tile C[MT][N/8][4] (rows row0 + 16 * mt + g (+8), columns
+// col0 + 8 * n + 2t (+1)) into a shared-memory tile, rounded to T: the exchange of P^T and
+// dS^T between the warps of the 8-warp dK/dV pass. One 4-byte store per pair; the 8 rows of
+// a store instruction land in 8 different chunks of the swizzle, so 32 different banks.
+template <class T, int MT, int N, class Tile>
+__device__ __forceinline__ void store_accum(const Tile& tile, int row0, int col0,
+                                            const float (&c)[MT][N / 8][4]) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(tile.chunk(row0 + mt * 16 + g + 8 * h, col0 + n * 8) + 2 * t) =
+            ElementTraits<T>::pack(c[mt][n][2 * h], c[mt][n][2 * h + 1]);
 }
 
 template <int MT, int N>

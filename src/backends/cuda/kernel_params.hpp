@@ -42,6 +42,10 @@ struct KernelParams {
   int group_splits = 1;
   std::int64_t kv_tokens = 0;     // seq extent of the K view
   std::int64_t partial_rows = 0;  // rows of one plane: kv batch extent * kv_heads * kv_tokens
+  // The dK/dV pass of the d <= 128 bucket: the 8-warp kernel (backward_kv8_kernel.cuh, the
+  // default) or the 4-warp one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The
+  // other buckets always run the 4-warp kernel.
+  bool kv_pass_8warps = true;
 };
 
 // Row of the delta workspace for (sequence `batch`, head, token).

@@ -4,7 +4,9 @@
 // sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
 // the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
-// seeded sweep, and bitwise determinism of the backward. Skips when no GPU is present.
+// seeded sweep, bitwise determinism of the backward, and both dK/dV kernels of the d <= 128
+// bucket (8-warp default, 4-warp behind STRIDEATTN_CUDA_KV8=0) on the same inputs. Skips
+// when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -243,18 +245,75 @@ TEST(CudaBackend, SeededSweep) {
 
 // ------------------------------------------------------------------ determinism
 
-// The deterministic backward (the only backward: every sum runs in a fixed order in one
-// thread's registers) gives the same bytes run to run on the same inputs.
-TEST(CudaBackend, BackwardBitwiseDeterministic) {
-  SKIP_WITHOUT_GPU();
-  const std::int64_t b = 2, s = 333, h = 8, hg = 2, d = 128;
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  auto elems = [&](std::int64_t heads) { return static_cast<std::size_t>(b * s * heads * d); };
-  auto device_tensor = [&](std::int64_t heads, bool fill) {
+// Sets an environment variable (a test knob of cuda_backend.cu) for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    EXPECT_EQ(setenv(name, value, 1), 0);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// Fixed bf16 inputs on the device (b 2, s 333, h 8, hg 2, d 128, causal: the d <= 128
+// bucket, GQA, s a multiple of neither 64 nor 128), O and LSE from one forward;
+// backward() runs one deterministic backward and returns its dQ, dK and dV bytes.
+class FixedBackwardCase {
+ public:
+  static constexpr std::int64_t b = 2, s = 333, h = 8, hg = 2, d = 128;
+
+  FixedBackwardCase() {
+    q_ = device_tensor(h, true), k_ = device_tensor(hg, true), v_ = device_tensor(hg, true);
+    d_o_ = device_tensor(h, true), o_ = device_tensor(h, false);
+    EXPECT_EQ(cudaMalloc(&lse_, b * h * s * 4), cudaSuccess);
+    fa_.q = view(q_, h), fa_.k = view(k_, hg), fa_.v = view(v_, hg), fa_.o = view(o_, h);
+    fa_.lse = {lse_, {b, h, s}, {h * s, s, 1}};
+    fa_.options.mask = MaskKind::causal;
+    fa_.backend = Backend::cuda;
+    fa_.memory = strideattn::Memory::device;
+    const strideattn::Status fs = strideattn::forward(fa_);
+    EXPECT_TRUE(fs.ok()) << fs.message();
+  }
+  ~FixedBackwardCase() {
+    for (void* p : {q_, k_, v_, d_o_, o_, static_cast<void*>(lse_)}) cudaFree(p);
+  }
+  FixedBackwardCase(const FixedBackwardCase&) = delete;
+  FixedBackwardCase& operator=(const FixedBackwardCase&) = delete;
+
+  std::vector<std::uint16_t> backward() {
+    void* dq = device_tensor(h, false);
+    void* dk = device_tensor(hg, false);
+    void* dv = device_tensor(hg, false);
+    strideattn::BackwardArgs ba;
+    ba.q = fa_.q, ba.k = fa_.k, ba.v = fa_.v, ba.o = fa_.o, ba.d_o = view(d_o_, h), ba.lse = fa_.lse;
+    ba.dq = view(dq, h), ba.dk = view(dk, hg), ba.dv = view(dv, hg);
+    ba.options = fa_.options;
+    ba.options.deterministic = true;
+    ba.backend = Backend::cuda;
+    ba.memory = strideattn::Memory::device;
+    const strideattn::Status st = strideattn::backward(ba);
+    EXPECT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<std::uint16_t> all(elems(h) + 2 * elems(hg));
+    EXPECT_EQ(cudaMemcpy(all.data(), dq, elems(h) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(all.data() + elems(h), dk, elems(hg) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(all.data() + elems(h) + elems(hg), dv, elems(hg) * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv);
+    return all;
+  }
+
+ private:
+  static std::size_t elems(std::int64_t heads) { return static_cast<std::size_t>(b * s * heads * d); }
+  void* device_tensor(std::int64_t heads, bool fill) {
+    std::normal_distribution<float> dist(0.f, 1.f);
     std::vector<std::uint16_t> host(elems(heads));
     for (auto& e : host) {
-      const float f = fill ? dist(rng) : 0.f;
+      const float f = fill ? dist(rng_) : 0.f;
       std::uint32_t u;
       std::memcpy(&u, &f, 4);
       e = static_cast<std::uint16_t>(u >> 16);  // bf16 by truncation: any finite value will do
@@ -263,60 +322,102 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
     EXPECT_EQ(cudaMalloc(&p, host.size() * 2), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
     return p;
-  };
-  auto view = [&](void* p, std::int64_t heads) {
+  }
+  static strideattn::TensorView view(void* p, std::int64_t heads) {
     strideattn::TensorView t;
     t.data = p, t.dtype = DType::bf16, t.shape = {b, s, heads, d};
     t.stride = {s * heads * d, heads * d, d, 1};
     return t;
-  };
-  void* q = device_tensor(h, true);
-  void* k = device_tensor(hg, true);
-  void* v = device_tensor(hg, true);
-  void* d_o = device_tensor(h, true);
-  void* o = device_tensor(h, false);
-  float* lse = nullptr;
-  ASSERT_EQ(cudaMalloc(&lse, b * h * s * 4), cudaSuccess);
-  strideattn::ForwardArgs fa;
-  fa.q = view(q, h), fa.k = view(k, hg), fa.v = view(v, hg), fa.o = view(o, h);
-  fa.lse = {lse, {b, h, s}, {h * s, s, 1}};
-  fa.options.mask = MaskKind::causal;
-  fa.backend = Backend::cuda;
-  fa.memory = strideattn::Memory::device;
-  const strideattn::Status fs = strideattn::forward(fa);
-  ASSERT_TRUE(fs.ok()) << fs.message();
-
-  std::vector<std::vector<std::uint16_t>> runs;
-  for (int run = 0; run < 3; ++run) {
-    void* dq = device_tensor(h, false);
-    void* dk = device_tensor(hg, false);
-    void* dv = device_tensor(hg, false);
-    strideattn::BackwardArgs ba;
-    ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.d_o = view(d_o, h), ba.lse = fa.lse;
-    ba.dq = view(dq, h), ba.dk = view(dk, hg), ba.dv = view(dv, hg);
-    ba.options = fa.options;
-    ba.options.deterministic = true;
-    ba.backend = Backend::cuda;
-    ba.memory = strideattn::Memory::device;
-    const strideattn::Status st = strideattn::backward(ba);
-    ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<std::uint16_t> all(elems(h) + 2 * elems(hg));
-    ASSERT_EQ(cudaMemcpy(all.data(), dq, elems(h) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(all.data() + elems(h), dk, elems(hg) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(all.data() + elems(h) + elems(hg), dv, elems(hg) * 2, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    runs.push_back(std::move(all));
-    cudaFree(dq), cudaFree(dk), cudaFree(dv);
   }
-  for (std::size_t r = 1; r < runs.size(); ++r)
-    EXPECT_TRUE(runs[r] == runs[0]) << "gradients differ between runs (run " << r << ")";
-  bool any_nonzero = false;
-  for (auto x : runs[0]) any_nonzero |= (x & 0x7fff) != 0;
-  EXPECT_TRUE(any_nonzero) << "gradients are all zero: the test would pass vacuously";
-  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(d_o), cudaFree(o), cudaFree(lse);
+
+  std::mt19937_64 rng_{11};
+  void *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *d_o_ = nullptr, *o_ = nullptr;
+  float* lse_ = nullptr;
+  strideattn::ForwardArgs fa_;
+};
+
+bool any_nonzero(const std::vector<std::uint16_t>& bytes) {
+  for (auto x : bytes)
+    if ((x & 0x7fff) != 0) return true;
+  return false;
 }
 
+// The deterministic backward (the only backward: every sum runs in a fixed order in one
+// thread's registers) gives the same bytes run to run on the same inputs.
+TEST(CudaBackend, BackwardBitwiseDeterministic) {
+  SKIP_WITHOUT_GPU();
+  FixedBackwardCase c;
+  std::vector<std::vector<std::uint16_t>> runs;
+  for (int run = 0; run < 3; ++run) runs.push_back(c.backward());
+  for (std::size_t r = 1; r < runs.size(); ++r)
+    EXPECT_TRUE(runs[r] == runs[0]) << "gradients differ between runs (run " << r << ")";
+  EXPECT_TRUE(any_nonzero(runs[0])) << "gradients are all zero: the test would pass vacuously";
+}
+
+// ------------------------------------------------------------------ dK/dV pass kernels
+
+// The d <= 128 bucket's dK/dV pass has two kernels: the 8-warp one (the default) and the
+// 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0. Both run the same cases (same
+// seeds, so the same inputs) against the fp64 reference: GQA/MQA with forced group splits
+// (unsplit, even, uneven), causal and windowed masks, d 72 / 96 / 120 / 128, d_qk != d_v
+// inside the bucket, s_kv a multiple of neither 64 nor 128, varlen with empty sequences.
+TEST(CudaBackend, DkDvPassEightAndFourWarps) {
+  SKIP_WITHOUT_GPU();
+  const CaseSpec grouped[] = {
+      dense(DType::bf16, 2, 300, 300, 8, 2, 128, 128, MaskKind::causal, -1, -1, true, "sb(h+2hg)d"),
+      dense(DType::f16, 1, 200, 333, 6, 1, 96, 96, MaskKind::none),
+  };
+  const CaseSpec others[] = {
+      dense(DType::bf16, 1, 257, 190, 4, 2, 72, 72, MaskKind::causal_bottom_right, 40, 5),
+      dense(DType::f16, 1, 190, 257, 4, 4, 96, 96, MaskKind::none, 30, 60),
+      dense(DType::bf16, 1, 300, 300, 2, 1, 128, 128, MaskKind::causal, 70, -1),
+      dense(DType::bf16, 1, 170, 200, 4, 2, 128, 64, MaskKind::causal),
+      dense(DType::f16, 1, 140, 170, 2, 1, 64, 128, MaskKind::causal_bottom_right),
+      dense(DType::f16, 2, 129, 129, 2, 1, 120, 120, MaskKind::none),
+      varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 128),
+      varlen(DType::f16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {0, 3, 45, 220, 225},
+             {0, 9, 50, 360, 370}, MaskKind::causal_bottom_right, 20, 8, 96),
+  };
+  for (const char* kv8 : {"0", "1"}) {
+    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8);
+    const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8);
+    for (const CaseSpec& c : others) expect_cuda_ok(c);
+    for (const char* splits : {"1", "2", "4", "6"}) {
+      SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
+      const ScopedEnv forced("STRIDEATTN_CUDA_GROUP_SPLITS", splits);
+      for (const CaseSpec& c : grouped) expect_cuda_ok(c);
+    }
+  }
+}
+
+// The 8-warp kernel is deterministic run to run, and gives the 4-warp kernel's bytes: both
+// form the same P^T and dS^T values and sum every dK / dV element over the same query
+// blocks in the same order, 16 queries per MMA in increasing order (with the same group
+// splits, forced here: the automatic choice depends on each kernel's keys per CTA).
+TEST(CudaBackend, DkDvPassEightWarpsDeterministicAndEqualToFourWarps) {
+  SKIP_WITHOUT_GPU();
+  FixedBackwardCase c;
+  for (const char* splits : {"1", "4"}) {
+    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
+    const ScopedEnv forced("STRIDEATTN_CUDA_GROUP_SPLITS", splits);
+    std::vector<std::uint16_t> eight[2], four;
+    {
+      const ScopedEnv knob("STRIDEATTN_CUDA_KV8", "1");
+      eight[0] = c.backward();
+      eight[1] = c.backward();
+    }
+    {
+      const ScopedEnv knob("STRIDEATTN_CUDA_KV8", "0");
+      four = c.backward();
+    }
+    EXPECT_TRUE(eight[1] == eight[0]) << "8-warp kernel: gradients differ between runs";
+    EXPECT_TRUE(any_nonzero(eight[0])) << "gradients are all zero: the test would pass vacuously";
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < four.size(); ++i) differ += four[i] != eight[0][i];
+    EXPECT_EQ(differ, 0u) << "elements of dQ|dK|dV that differ between the 8-warp and 4-warp "
+                             "dK/dV kernels (both pass the reference in DkDvPassEightAndFourWarps)";
+  }
+}
 
 // ------------------------------------------------------------------ workspace
 

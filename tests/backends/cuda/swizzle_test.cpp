@@ -16,8 +16,10 @@ void check_every_step() {
   for (int row = 0; row < 512; ++row)
     for (int col = 0; col < COLS; col += 8)
       for (int k = 0; col + 16 * k < COLS; ++k) {
-        // the GEMMs step from column 0 or 8 (any k), or from 128 or 136 within that split
-        const bool used = col < 16 || (col % 128 < 16 && col % 128 + 16 * k < 128);
+        // the GEMMs step from column 0 or 8 (any k), from 128 or 136 within that split, or
+        // (gemm_sn) from 64 or 72 within that 64-column half
+        const bool used = col < 16 || (col % 128 < 16 && col % 128 + 16 * k < 128) ||
+                          (col % 64 < 16 && col % 64 + 16 * k < 64);
         if (!used) continue;
         ASSERT_EQ(Swizzle<COLS>::step(Swizzle<COLS>::offset(row, col), k),
                   Swizzle<COLS>::offset(row, col + 16 * k))

@@ -1,0 +1,203 @@
+// The 8-warp dK/dV pass of the backward for the d <= 128 head-dim bucket (FlashAttention-2's
+// layout), and run_backward, which launches the dK/dV pass and the dQ pass. The 8-warp kernel
+// is the default at d <= 128; STRIDEATTN_CUDA_KV8=0 (kp.kv_pass_8warps = false) runs the
+// 4-warp kernel of backward_kernels.cuh there instead, and the other buckets always do.
+//
+// One CTA of 256 threads per (128-key block, KV head, sequence[, group split]), looping over
+// the query blocks of its share of the GQA group exactly as the 4-warp kernel does (same
+// query_range_for_keys, same double-buffered Q / dO / LSE / delta, same outputs: dK and dV
+// stored directly, or fp32 partials when kp.dkv_partial is set). Per block of 64 queries
+// (tile shapes and their reasons: kernel_traits.cuh, BackwardKv8Tile):
+//   phase 1, warps 4 (keys, 32 each) x 2 (queries, 32 each):
+//     S^T = K Q^T;  P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
+//     dP^T = V dO^T;  dS^T = P^T (dP^T - delta)
+//     P^T and dS^T, rounded to T, to shared memory [128 keys x 64 queries]
+//   barrier
+//   phase 2, warps 4 (keys, 32 each) x 2 (head-dim halves, 64 each):
+//     dV += P^T dO;  dK += dS^T Q   (A operands from the shared P^T / dS^T tiles)
+// Deterministic, no atomics: every dK / dV element sums over the query blocks in loop order
+// and over a block's queries in increasing k-steps, in one thread's registers. The values
+// and the order are those of the 4-warp kernel, so with the same group splits the two give
+// the same bits (the GPU test checks it).
+#pragma once
+
+#include "backends/cuda/backward_kernels.cuh"
+
+namespace strideattn::cuda_impl {
+
+template <class T>
+__global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
+  using Tile = BackwardKv8Tile;
+  constexpr int D = Tile::kD, Bc = Tile::kBc, Br = Tile::kBr, MT = Tile::kMT;
+  constexpr int WQ = Tile::kWarpQ, WD = Tile::kWarpD;
+  using KvTile = SmemTile<Bc, D>;
+  using QTile = SmemTile<Br, D>;
+  using PTile = SmemTile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
+  extern __shared__ __align__(128) unsigned char smem[];
+  const KvTile sK{reinterpret_cast<uint16_t*>(smem)};
+  const KvTile sV{sK.base + KvTile::kElems};
+  const PTile sP{sV.base + KvTile::kElems};
+  const PTile sDS{sP.base + PTile::kElems};
+  // Two stages of Q and dO: stage b at q_base + b * 2 * kElems (Q), + kElems (dO).
+  uint16_t* const q_base = sDS.base + PTile::kElems;
+  auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
+  auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
+  float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], base-2 LSE
+  float* sDelta = sLse + 2 * Br;                                        // [2][Br]
+
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t batch = blockIdx.z;
+  const int64_t kv_head = blockIdx.y / kp.group_splits;
+  const int gsplit = int(blockIdx.y % kp.group_splits);
+  const int64_t c0 = int64_t(blockIdx.x) * Bc;
+  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
+  if (c0 >= s_kv) return;
+  const int64_t c1 = kernel::min64(c0 + Bc, s_kv);
+  const MaskRule mask = p.mask(batch);
+  const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
+  // Block and head counts in 32 bits (fewer registers live across the loop than the 4-warp
+  // kernel's int64 ones; with those every variant spilled): query blocks times heads stays
+  // below 2^31 unless Q holds over 2^37 rows (32 TiB at d = 128).
+  const int first_qblock = int(queries.begin / Br);
+  const int n_qblocks =
+      queries.end > queries.begin ? int(kernel::ceil_div(queries.end, Br)) - first_qblock : 0;
+  // This CTA's share of the query-head group: heads [head_begin, head_end) of it.
+  const int group = int(p.heads / p.kv_heads);
+  const int per_split = (group + kp.group_splits - 1) / kp.group_splits;
+  const int head_begin = min(group, gsplit * per_split);
+  const int head_end = min(group, head_begin + per_split);
+  const int n_iters = n_qblocks * (head_end - head_begin);
+
+  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
+  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
+  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
+  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+
+  // Warp w: key slice w / 2 in both phases; its other side is query half w % 2 in phase 1
+  // and head-dim half w % 2 in phase 2.
+  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+  const int key0 = (warp >> 1) * 16 * MT;  // first key of this warp inside the block
+  const int q0 = (warp & 1) * WQ;          // phase 1: first query of this warp in the block
+  const int d0 = (warp & 1) * WD;          // phase 2: first dK / dV column of this warp
+
+  // Iteration `it` covers query head kv_head * group + head_begin + it / n_qblocks, query
+  // block first_qblock + it % n_qblocks.
+  auto load_queries = [&](int it, int buf) {
+    const int64_t head = kv_head * group + head_begin + it / n_qblocks;
+    const int64_t r0 = int64_t(first_qblock + it % n_qblocks) * Br;
+    const int rows = int(kernel::min64(Br, s_q - r0));
+    load_tile<kKvThreads>(sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) +
+                                                  kernel::row_offset(q_span, p.q_st, r0, head),
+                                              p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kKvThreads>(sDO(buf), GlobalRows{static_cast<const uint16_t*>(p.d_o) +
+                                                   kernel::row_offset(do_span, p.do_st, r0, head),
+                                               p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
+    for (int i = threadIdx.x; i < Br; i += kKvThreads) {
+      const bool valid = i < rows;
+      sLse[buf * Br + i] =
+          valid ? lse_log2(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, r0 + i)]) : INFINITY;
+      sDelta[buf * Br + i] = valid ? kp.delta[delta_index(kp, batch, head, r0 + i)] : 0.f;
+    }
+  };
+
+  // This warp's 32 keys x 64 head-dim columns of dK and dV, over the whole loop.
+  float dk[MT][WD / 8][4], dv[MT][WD / 8][4];
+  zero<MT, WD>(dk);
+  zero<MT, WD>(dv);
+
+  // K, V: loaded once (with the first query block, when any query sees these keys).
+  if (n_iters > 0) {
+    load_tile<kKvThreads>(sK, GlobalRows{static_cast<const uint16_t*>(p.k) +
+                                             kernel::row_offset(k_span, p.k_st, c0, kv_head),
+                                         p.k_st.s, int(c1 - c0), d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kKvThreads>(sV, GlobalRows{static_cast<const uint16_t*>(p.v) +
+                                             kernel::row_offset(v_span, p.v_st, c0, kv_head),
+                                         p.v_st.s, int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
+    load_queries(0, 0);
+  }
+  cp_async_commit();
+
+  for (int it = 0; it < n_iters; ++it) {
+    const int buf = int(it & 1);
+    // Query block `it` has landed, and every warp is done with block it - 1: with its Q / dO
+    // buffer, which the next load refills while this block computes, and with the P^T / dS^T
+    // tiles, which this block rewrites.
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < n_iters) load_queries(it + 1, buf ^ 1);
+    cp_async_commit();
+    const int64_t r0 = int64_t(first_qblock + it % n_qblocks) * Br;
+    const int64_t r1 = kernel::min64(r0 + Br, s_q);
+    const float* lse2 = sLse + buf * Br + q0;
+    const float* delta = sDelta + buf * Br + q0;
+
+    // ---- phase 1: this warp's 32 keys x 32 queries of P^T and dS^T
+    // S^T = K Q^T; P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
+    float st[MT][WQ / 8][4];
+    zero<MT, WQ>(st);
+    gemm_nt<T, MT, WQ, D, kKv8PrefetchScores>(st, sK, key0, sQ(buf), q0, d_qk);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < WQ / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
+    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c1))
+      apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
+    store_accum<T, MT, WQ>(sP, key0, q0, st);
+
+    // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
+    float dpt[MT][WQ / 8][4];
+    zero<MT, WQ>(dpt);
+    gemm_nt<T, MT, WQ, D, kKv8PrefetchScores>(dpt, sV, key0, sDO(buf), q0, d_v);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < WQ / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+    store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
+    __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
+
+    // ---- phase 2: this warp's 32 keys x 64 head-dim columns of dV and dK
+    // dV += P^T dO
+    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, d_v - d0);
+    // dK += dS^T Q
+    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, d_qk - d0);
+  }
+
+  // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
+  store_dk_dv<T, MT, WD>(kp, batch, kv_head, gsplit, c0 + key0, c1, d0, dk, dv);
+}
+
+template <class T>
+cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
+  using Tile = BackwardKv8Tile;
+  constexpr int smem = Tile::kSmemBytes;
+  auto fn = backward_kv8_kernel<T>;
+  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, Tile::kBc)),
+                  unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
+  if (grid.x && grid.y && grid.z) fn<<<grid, kKvThreads, smem, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+// The backward's two main passes for head-dim bucket D (the delta pre-pass and the partial
+// reduction are launched by the host side around it).
+template <class T, int D>
+cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
+  cudaError_t e = cudaSuccess;
+  if constexpr (D == BackwardKv8Tile::kD)
+    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
+  else
+    e = launch_kv_pass_4warps<T, D>(kp, stream);
+  if (e != cudaSuccess) return e;
+  return launch_q_pass<T, D>(kp, stream);
+}
+
+}  // namespace strideattn::cuda_impl
