@@ -1,5 +1,6 @@
 // Small memory-bound kernels around the attention passes: the backward pre-pass
-// delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), and, for varlen
+// delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), the conversion of the
+// single-pass backward's fp32 dQ accumulator into dQ, and, for varlen
 // problems, zeroing the output tokens that belong to no sequence (padding) so every element
 // of an output view is written. Also the dtype dispatch of the main launches.
 #include <cmath>
@@ -59,6 +60,20 @@ __global__ void __launch_bounds__(kAuxThreads) reduce_dkv_kernel(const KernelPar
   }
 }
 
+// One block per (query token, head, sequence): dQ = scale * dq_accum row, stored through the
+// dQ strides; only tokens of the sequence are touched.
+template <class T>
+__global__ void __launch_bounds__(kAuxThreads) convert_dq_kernel(const KernelParams kp) {
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t batch = blockIdx.z, head = blockIdx.y, token = blockIdx.x;
+  if (token >= p.q_seq.length(batch)) return;
+  const float* acc = kp.dq_accum + delta_index(kp, batch, head, token) * p.d_qk;
+  auto* dq = static_cast<uint16_t*>(p.dq) +
+             kernel::row_offset(p.q_seq.span(p.dq_st, batch), p.dq_st, token, head);
+  for (int64_t c = threadIdx.x; c < p.d_qk; c += blockDim.x)
+    dq[c] = ElementTraits<T>::from_float(acc[c] * p.scale);
+}
+
 // Zero every (token, head, dim) of a [1, tokens, heads, d] view whose token lies in no
 // sequence of `seq`; LSE (optional, [1, heads, tokens]) gets -inf there.
 __global__ void __launch_bounds__(kAuxThreads)
@@ -109,6 +124,16 @@ cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t s
     reduce_dkv_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     reduce_dkv_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+  const dim3 grid(unsigned(kp.p.q_seq.max_len), unsigned(kp.p.heads), unsigned(kp.p.batch));
+  if (kp.dq_accum == nullptr || grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  if (t == ElemType::f16)
+    convert_dq_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
+  else
+    convert_dq_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
   return cudaGetLastError();
 }
 

@@ -25,6 +25,50 @@
 
 namespace strideattn::cuda_impl {
 
+// dq_accum[row][col], [col + 1] += (x0, x1); col even, the row 8-byte aligned (d_qk % 8 == 0).
+__device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
+#else
+  atomicAdd(dst, x0);
+  atomicAdd(dst + 1, x1);
+#endif
+}
+
+// Phase 3 of the single pass: this warp's 32 queries x 32 head-dim columns of dS K over the
+// CTA's 128 keys (dS^T in `sds`, keys x queries; K in `sk`, keys x head dim), added into
+// kp.dq_accum (unscaled; launch_convert_dq applies the scale) for query rows below r1 and
+// columns below d_qk. Rows of dS past s_q are 0 (P^T is), keys past s_kv are masked to 0 and
+// K is zero there.
+template <class T, class DsTile, class KTile>
+__device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk,
+                                              int64_t batch, int64_t head, int64_t r0, int64_t r1) {
+  using Tile = BackwardKv8Tile;
+  constexpr int WQ = Tile::kDqWarpQ, WD = Tile::kDqWarpD, MT = WQ / 16;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int q0 = (warp % Tile::kDqQueryWarps) * WQ, d0 = (warp / Tile::kDqQueryWarps) * WD;
+  const int d_qk = int(kp.p.d_qk);
+  if (r0 + q0 >= r1 || d0 >= d_qk) return;
+  // dQ_partial = dS K
+  float dq[MT][WD / 8][4];
+  zero<MT, WD>(dq);
+  gemm_sn<T, MT, Tile::kBc, WD, kKv8PrefetchUpdate, /*TransA=*/true>(dq, sds, q0, sk, d0, d_qk - d0);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = r0 + q0 + mt * 16 + g + 8 * h;
+      if (row >= r1) continue;
+      float* dst = kp.dq_accum + delta_index(kp, batch, head, row) * kp.p.d_qk + d0;
+#pragma unroll
+      for (int n = 0; n < WD / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (d0 + col < d_qk) atomic_add_pair(dst + col, dq[mt][n][2 * h], dq[mt][n][2 * h + 1]);
+      }
+    }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
   using Tile = BackwardKv8Tile;
@@ -144,7 +188,9 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
-    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c1))
+    // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
+    // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
+    if (c1 < c0 + Bc || !kernel::tile_fully_visible(mask, r0, r1, c0, c1))
       apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
     store_accum<T, MT, WQ>(sP, key0, q0, st);
 
@@ -167,6 +213,14 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, d_v - d0);
     // dK += dS^T Q
     gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, d_qk - d0);
+
+    // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
+    // 2 (queries, 32 each) x 4 (head-dim quarters, 32 each); dS^T and K stay in shared
+    // memory until the next iteration's barrier.
+    if (kp.dq_accum != nullptr) {
+      const int64_t head = kv_head * group + head_begin + it / n_qblocks;
+      accumulate_dq<T>(kp, sDS, sK, batch, head, r0, r1);
+    }
   }
 
   // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
@@ -196,7 +250,7 @@ cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
     e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
   else
     e = launch_kv_pass_4warps<T, D>(kp, stream);
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess || kp.dq_accum != nullptr) return e;  // single pass: dQ is done
   return launch_q_pass<T, D>(kp, stream);
 }
 

@@ -1,7 +1,8 @@
 // Host side of the `cuda` backend: the support rules (device memory, f16/bf16, head dims,
 // a GPU of compute capability >= 8.0), the workspace (device copies of the varlen tables,
 // the backward's delta rows and, for GQA/MQA with few KV heads, the dK/dV partials of the
-// split query-head groups), the alignment choice between the 16-byte and element-wise
+// split query-head groups, and for the single-pass backward the fp32 dQ accumulator), the
+// choice between the single-pass and two-pass backward, the alignment choice between the 16-byte and element-wise
 // load paths per tensor, and the launch sequence of each direction.
 #include <cuda_runtime.h>
 
@@ -159,16 +160,45 @@ int choose_group_splits(const Problem& p, bool kv8) {
   return int(splits);
 }
 
+// ---------------------------------------------------------------- single-pass backward
+
+// STRIDEATTN_CUDA_FUSED_DQ=0/1 (tests): force the two-pass (0) or single-pass (1) backward
+// whatever `deterministic` says, so both run on the same inputs. -1: not set.
+int forced_fused_dq() {
+  const char* env = std::getenv("STRIDEATTN_CUDA_FUSED_DQ");
+  if (env == nullptr) return -1;
+  if (std::strcmp(env, "0") == 0) return 0;
+  if (std::strcmp(env, "1") == 0) return 1;
+  return -1;
+}
+
+// The single-pass backward (dQ by fp32 atomics in the 8-warp dK/dV pass of the d <= 128
+// bucket) when the caller does not ask for bitwise reproducibility; otherwise, and for the
+// other buckets, the deterministic two-pass backward.
+bool use_fused_dq(const Problem& p, bool kv8) {
+  if (!p.is_backward() || !kv8 || cuda_impl::head_dim_bucket(p.d_qk, p.d_v) != cuda_impl::BackwardKv8Tile::kD)
+    return false;
+  const int forced = forced_fused_dq();
+  return forced >= 0 ? forced == 1 : !p.deterministic;
+}
+
+// Bytes of the single-pass backward's fp32 dQ accumulator (unrounded).
+std::size_t dq_accum_bytes(const Problem& p) {
+  return std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) *
+         std::size_t(p.d_qk) * sizeof(float);
+}
+
 // ---------------------------------------------------------------- layout of the workspace
 
 struct WorkspacePlan {
   std::size_t tables = 0;   // 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
   std::size_t delta = 0;    // backward: fp32 [q batch extent][heads][q tokens]
   std::size_t partial = 0;  // backward, group splits > 1: fp32 dK/dV partial planes
+  std::size_t dq_accum = 0;  // single-pass backward: fp32 [q batch extent][heads][q tokens][d_qk]
   int group_splits = 1;
   std::int64_t partial_rows = 0;  // rows of one partial plane
   bool kv8 = true;                // the 8-warp dK/dV pass at d <= 128 (kv_pass_8warps)
-  [[nodiscard]] std::size_t total() const { return tables + delta + partial; }
+  [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum; }
 };
 
 WorkspacePlan plan_workspace(const Problem& p) {
@@ -184,6 +214,7 @@ WorkspacePlan plan_workspace(const Problem& p) {
       w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) *
                            std::size_t(p.d_qk + p.d_v) * sizeof(float));
     }
+    if (use_fused_dq(p, w.kv8)) w.dq_accum = round_up(dq_accum_bytes(p));
   }
   return w;
 }
@@ -291,6 +322,8 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
     kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
     kp->partial_rows = plan.partial_rows;
   }
+  if (plan.dq_accum > 0)
+    kp->dq_accum = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta + plan.partial);
   return Status::Ok();
 }
 
@@ -339,11 +372,17 @@ class CudaBackend final : public BackendImpl {
     const cudaStream_t stream = stream_of(p);
     if (cudaError_t e = cuda_impl::launch_delta(elem_type(p), kp, stream); e != cudaSuccess)
       return cuda_status(e, "delta pre-pass launch");
+    // Single pass: the dK/dV pass adds dS K into the zeroed fp32 accumulator.
+    if (kp.dq_accum != nullptr)
+      if (cudaError_t e = cudaMemsetAsync(kp.dq_accum, 0, dq_accum_bytes(p), stream); e != cudaSuccess)
+        return cuda_status(e, "zeroing the dQ accumulator");
     const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
     if (cudaError_t e = cuda_impl::launch_backward(elem_type(p), bucket, kp, stream); e != cudaSuccess)
       return cuda_status(e, "backward kernel launch");
     if (cudaError_t e = cuda_impl::launch_reduce_dkv(elem_type(p), kp, stream); e != cudaSuccess)
       return cuda_status(e, "dK/dV reduction launch");
+    if (cudaError_t e = cuda_impl::launch_convert_dq(elem_type(p), kp, stream); e != cudaSuccess)
+      return cuda_status(e, "dQ conversion launch");
     return Status::Ok();
   }
 
@@ -363,6 +402,9 @@ class CudaBackend final : public BackendImpl {
         line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
       if (p.is_backward() && cuda_impl::head_dim_bucket(p.d_qk, p.d_v) == 128)
         line += kp->kv_pass_8warps ? "; dK/dV pass: 8 warps" : "; dK/dV pass: 4 warps";
+      if (p.is_backward())
+        line += kp->dq_accum != nullptr ? "; single-pass backward (dQ by fp32 atomics)"
+                                        : "; two-pass backward (deterministic)";
       log_line(LogLevel::debug, line);
     }
     if (p.varlen)

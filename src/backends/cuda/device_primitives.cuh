@@ -327,23 +327,39 @@ __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t
 // sums over k in increasing order, as gemm_rn does, so with the same A values the results
 // are bitwise gemm_rn's. Prefetch: the next k-step's A fragments load before this step's
 // MMAs, and each B tile before the previous tile's MMAs.
-template <class T, int MT, int K, int N, bool Prefetch = true, class TileA, class TileB>
+//
+// TransA: A is stored transposed, A[m][k] = element (k, a_row0 + m) of `sa` (rows =
+// contraction; a_row0 is then a column, with the same 16-column step rule as b_col0), and
+// loaded with ldmatrix.trans: dQ = dS K in the single-pass backward, where the shared tile
+// holds dS^T. Lane l addresses row (l % 8) + 8 (l / 16) and column 8 ((l / 8) % 2) of its
+// 16 x 16 block, so the four 8 x 8 matrices come back as a0..a3 of the fragment layout.
+template <class T, int MT, int K, int N, bool Prefetch = true, bool TransA = false, class TileA, class TileB>
 __device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0,
                                         const TileB& sb, int b_col0, int n_end) {
   static_assert(N % 16 == 0 && K % 16 == 0, "N and K must be multiples of 16");
   constexpr int kSteps = K / 16, kTiles = N / 16;
   if (n_end <= 0) return;
   const int lane = threadIdx.x & 31;
-  const int a_r = lane & 15, a_c = (lane >> 4) * 8;
   const int b_r = (lane & 7) + (((lane >> 3) & 1) << 3), b_c = (lane >> 4) * 8;
-  const int a_off = TileA::offset(a_row0 + a_r, a_c), b_off = TileB::offset(b_r, b_col0 + b_c);
-  auto a_addr = [&](int mt, int kk) { return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols); };
+  const int b_off = TileB::offset(b_r, b_col0 + b_c);
+  int a_off;
+  if constexpr (TransA)
+    a_off = TileA::offset((lane & 7) + ((lane >> 4) << 3), a_row0 + ((lane >> 3) & 1) * 8);
+  else
+    a_off = TileA::offset(a_row0 + (lane & 15), (lane >> 4) * 8);
+  auto a_addr = [&](int mt, int kk) {
+    if constexpr (TransA) return sa.addr_at(TileA::Swz::step(a_off, mt) + kk * 16 * TileA::kCols);
+    else return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols);
+  };
   auto b_addr = [&](int nn, int kk) { return sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols); };
   constexpr int kBufs = Prefetch ? 2 : 1;
   uint32_t a[kBufs][MT][4];
   auto load_a = [&](int kk, int buf) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (TransA) ldmatrix_x4_trans(a[buf][mt], a_addr(mt, kk));
+      else ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
+    }
   };
   if constexpr (Prefetch) load_a(0, 0);
 #pragma unroll

@@ -46,6 +46,11 @@ struct KernelParams {
   // default) or the 4-warp one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The
   // other buckets always run the 4-warp kernel.
   bool kv_pass_8warps = true;
+  // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
+  // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
+  // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass
+  // path (a separate, deterministic dQ pass).
+  float* dq_accum = nullptr;
 };
 
 // Row of the delta workspace for (sequence `batch`, head, token).
@@ -83,6 +88,9 @@ cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream
 // dK = scale * sum of the partial dK planes, dV = sum of the partial dV planes, in split order,
 // stored through the dK / dV strides (when KernelParams::dkv_partial is set).
 cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t stream);
+// dQ = scale * dq_accum, stored through the dQ strides for the tokens of every sequence
+// (when KernelParams::dq_accum is set; varlen padding tokens are launch_zero_padding's).
+cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream);
 // Varlen: zero the tokens of an output that belong to no sequence (and LSE = -inf there).
 // `which`: 0 = forward outputs (O, LSE), 1 = backward outputs (dQ, dK, dV).
 cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens,

@@ -122,6 +122,13 @@ struct BackwardKv8Tile {
   static constexpr int kWarpQ = kBr / kSideWarps;   // queries per warp in S^T / dP^T: 32
   static constexpr int kWarpD = kD / kSideWarps;    // dK / dV columns per warp: 64
   static_assert(kKeyWarps * kSideWarps == kKvWarps, "one warp per (key slice, side half)");
+  // Single pass (dq_accum set): dQ_partial = dS K [64 x 128] over the 128 keys, warps 2
+  // (queries, 32 = 2 m-tiles each) x 4 (head-dim quarters, 32 each): 32 fp32 accumulators,
+  // live only in that phase; each dS^T / K fragment feeds two MMAs. 64 x 128 floats per
+  // CTA and query block go out as 2-float atomics, half as many per FLOP as with 64-key CTAs.
+  static constexpr int kDqQueryWarps = 2;
+  static constexpr int kDqWarpQ = kBr / kDqQueryWarps;               // 32
+  static constexpr int kDqWarpD = kD / (kKvWarps / kDqQueryWarps);   // 32
   // Dynamic shared memory: K, V; two stages of Q, dO; P^T, dS^T (16-bit); two stages of LSE
   // and delta (fp32). 164,864 bytes: within sm_80's and sm_90's opt-in limits (163 / 227 KiB)
   // but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel instead.

@@ -24,7 +24,8 @@ struct Swizzle {
   // col < 16 (the k-steps of gemm_nt, the column tiles of gemm_rn from column 0) or
   // col % 128 < 16 with col % 128 + 16 * k < 128 (gemm_rn's tiles inside the 128-column
   // split starting at column 128), or col % 64 < 16 with col % 64 + 16 * k < 64 (gemm_sn's
-  // tiles inside the head-dim half starting at column 64). The CPU test checks every such
+  // tiles inside the head-dim half starting at column 64), or col % 32 < 16 with
+  // col % 32 + 16 * k < 32 (the single pass's dQ GEMM: 32-column groups). The CPU test checks every such
   // (row, col, k) for the tile widths the kernels use.
   SA_HD static int step(int offset_at_col, int k) { return offset_at_col ^ (16 * k); }
 };

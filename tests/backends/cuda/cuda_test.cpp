@@ -4,9 +4,9 @@
 // sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
 // the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
-// seeded sweep, bitwise determinism of the backward, and both dK/dV kernels of the d <= 128
-// bucket (8-warp default, 4-warp behind STRIDEATTN_CUDA_KV8=0) on the same inputs. Skips
-// when no GPU is present.
+// seeded sweep, bitwise determinism of the backward, both dK/dV kernels of the d <= 128
+// bucket (8-warp default, 4-warp behind STRIDEATTN_CUDA_KV8=0) and its single-pass and
+// two-pass backward on the same inputs. Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -15,8 +15,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "backends/cuda/kernel_traits.cuh"
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
 #include "support/backend_case.hpp"
@@ -342,8 +344,8 @@ bool any_nonzero(const std::vector<std::uint16_t>& bytes) {
   return false;
 }
 
-// The deterministic backward (the only backward: every sum runs in a fixed order in one
-// thread's registers) gives the same bytes run to run on the same inputs.
+// The deterministic backward (the two-pass one: every sum runs in a fixed order in one
+// thread's registers, no atomics) gives the same bytes run to run on the same inputs.
 TEST(CudaBackend, BackwardBitwiseDeterministic) {
   SKIP_WITHOUT_GPU();
   FixedBackwardCase c;
@@ -357,8 +359,10 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
 // ------------------------------------------------------------------ dK/dV pass kernels
 
 // The d <= 128 bucket's dK/dV pass has two kernels: the 8-warp one (the default) and the
-// 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0. Both run the same cases (same
-// seeds, so the same inputs) against the fp64 reference: GQA/MQA with forced group splits
+// 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0; the 8-warp one also runs the
+// single-pass backward (dQ = dS K added into an fp32 accumulator with atomics, the default
+// with deterministic = false; STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way). All three run
+// the same cases (same seeds, so the same inputs) against the fp64 reference: GQA/MQA with forced group splits
 // (unsplit, even, uneven), causal and windowed masks, d 72 / 96 / 120 / 128, d_qk != d_v
 // inside the bucket, s_kv a multiple of neither 64 nor 128, varlen with empty sequences.
 TEST(CudaBackend, DkDvPassEightAndFourWarps) {
@@ -378,9 +382,12 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
       varlen(DType::f16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {0, 3, 45, 220, 225},
              {0, 9, 50, 360, 370}, MaskKind::causal_bottom_right, 20, 8, 96),
   };
-  for (const char* kv8 : {"0", "1"}) {
-    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8);
-    const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8);
+  // 4-warp kernel; 8-warp two-pass; 8-warp single pass (dQ by atomics, the default when the
+  // caller does not ask for determinism)
+  const std::pair<const char*, const char*> paths[] = {{"0", "0"}, {"1", "0"}, {"1", "1"}};
+  for (const auto& [kv8, fused] : paths) {
+    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8 << " STRIDEATTN_CUDA_FUSED_DQ=" << fused);
+    const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8), knob_dq("STRIDEATTN_CUDA_FUSED_DQ", fused);
     for (const CaseSpec& c : others) expect_cuda_ok(c);
     for (const char* splits : {"1", "2", "4", "6"}) {
       SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
@@ -448,12 +455,24 @@ struct DeviceTensor {
   }
 };
 
+// Whether this GPU runs the 8-warp dK/dV pass (and so the single pass): it needs 161 KiB of
+// shared memory per block (cuda_backend.cu, kv_pass_8warps).
+bool kv8_enabled() {
+  int dev = 0, smem = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+         smem >= strideattn::cuda_impl::BackwardKv8Tile::kSmemBytes;
+}
+
 // A caller-provided workspace of workspace_size() bytes gives the same bytes as the
 // library's own allocation (varlen tables and the backward's delta rows live there); one
 // byte less is refused with invalid_argument.
 TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
   SKIP_WITHOUT_GPU();
-  const std::int64_t h = 4, hg = 2, d = 64, tq = 104, tkv = 125;
+  // d 128: the single pass (deterministic = false) keeps its fp32 dQ accumulator in the
+  // workspace too. Every sequence's keys fit one 128-key block and each query head is in one
+  // group split, so each dQ element gets exactly one atomic add: bitwise reproducible here.
+  const std::int64_t h = 4, hg = 2, d = 128, tq = 104, tkv = 125;
   const std::vector<std::int64_t> lq{30, 0, 70}, lk{50, 9, 60};
   std::mt19937_64 rng(5);
   DeviceTensor q(tq, h, d, &rng), k(tkv, hg, d, &rng), v(tkv, hg, d, &rng), d_o(tq, h, d, &rng);
@@ -493,25 +512,38 @@ TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
     }
     return all;
   };
-  const std::vector<std::uint16_t> internal = run_both();
+  std::size_t two_pass_bytes = 0;
+  for (bool deterministic : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "deterministic " << deterministic);
+    fa.workspace = nullptr, fa.workspace_bytes = 0;
+    ba.workspace = nullptr, ba.workspace_bytes = 0;
+    ba.options.deterministic = deterministic;
+    const std::vector<std::uint16_t> internal = run_both();
 
-  std::size_t fwd_bytes = 0, bwd_bytes = 0;
-  ASSERT_TRUE(strideattn::workspace_size(fa, &fwd_bytes).ok());
-  ASSERT_TRUE(strideattn::workspace_size(ba, &bwd_bytes).ok());
-  EXPECT_GT(fwd_bytes, 0u);  // the varlen tables
-  EXPECT_GT(bwd_bytes, fwd_bytes);  // plus delta rows
-  void* ws = nullptr;
-  ASSERT_EQ(cudaMalloc(&ws, bwd_bytes), cudaSuccess);
-  for (const DeviceTensor* t : {&o, &dq, &dk, &dv})  // poison: the second run must write all
-    ASSERT_EQ(cudaMemset(t->ptr, 0xff, t->elems * 2), cudaSuccess);
-  fa.workspace = ws, fa.workspace_bytes = fwd_bytes;
-  ba.workspace = ws, ba.workspace_bytes = bwd_bytes;
-  EXPECT_TRUE(run_both() == internal) << "caller workspace changed the results";
+    std::size_t fwd_bytes = 0, bwd_bytes = 0;
+    ASSERT_TRUE(strideattn::workspace_size(fa, &fwd_bytes).ok());
+    ASSERT_TRUE(strideattn::workspace_size(ba, &bwd_bytes).ok());
+    EXPECT_GT(fwd_bytes, 0u);  // the varlen tables
+    EXPECT_GT(bwd_bytes, fwd_bytes);  // plus delta rows
+    if (deterministic)
+      two_pass_bytes = bwd_bytes;
+    else if (kv8_enabled())  // plus the dQ accumulator
+      EXPECT_GE(bwd_bytes, two_pass_bytes + std::size_t(tq * h * d) * 4);
+    void* ws = nullptr;
+    ASSERT_EQ(cudaMalloc(&ws, bwd_bytes), cudaSuccess);
+    for (const DeviceTensor* t : {&o, &dq, &dk, &dv})  // poison: the second run must write all
+      ASSERT_EQ(cudaMemset(t->ptr, 0xff, t->elems * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemset(ws, 0xff, bwd_bytes), cudaSuccess);  // the accumulator must be zeroed
+    fa.workspace = ws, fa.workspace_bytes = fwd_bytes;
+    ba.workspace = ws, ba.workspace_bytes = bwd_bytes;
+    EXPECT_TRUE(run_both() == internal) << "caller workspace changed the results";
 
-  ba.workspace_bytes = bwd_bytes - 1;
-  const strideattn::Status small = strideattn::backward(ba);
-  EXPECT_EQ(small.code(), strideattn::StatusCode::invalid_argument) << small.message();
-  cudaFree(ws);
+    ba.workspace_bytes = bwd_bytes - 1;
+    const strideattn::Status small = strideattn::backward(ba);
+    EXPECT_EQ(small.code(), strideattn::StatusCode::invalid_argument) << small.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(ws);
+  }
   cudaFree(lse);
 }
 

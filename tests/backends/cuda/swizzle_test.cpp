@@ -16,10 +16,12 @@ void check_every_step() {
   for (int row = 0; row < 512; ++row)
     for (int col = 0; col < COLS; col += 8)
       for (int k = 0; col + 16 * k < COLS; ++k) {
-        // the GEMMs step from column 0 or 8 (any k), from 128 or 136 within that split, or
-        // (gemm_sn) from 64 or 72 within that 64-column half
+        // the GEMMs step from column 0 or 8 (any k), from 128 or 136 within that split,
+        // (gemm_sn) from 64 or 72 within that 64-column half, or (the single pass's dQ
+        // GEMM: dS^T's query halves, K's head-dim quarters) within a 32-column group
         const bool used = col < 16 || (col % 128 < 16 && col % 128 + 16 * k < 128) ||
-                          (col % 64 < 16 && col % 64 + 16 * k < 64);
+                          (col % 64 < 16 && col % 64 + 16 * k < 64) ||
+                          (col % 32 < 16 && col % 32 + 16 * k < 32);
         if (!used) continue;
         ASSERT_EQ(Swizzle<COLS>::step(Swizzle<COLS>::offset(row, col), k),
                   Swizzle<COLS>::offset(row, col + 16 * k))
