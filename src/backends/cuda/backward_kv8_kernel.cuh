@@ -54,13 +54,16 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
   float dq[MT][WD / 8][4];
   zero<MT, WD>(dq);
   gemm_sn<T, MT, Tile::kBc, WD, kKv8PrefetchUpdate, /*TransA=*/true>(dq, sds, q0, sk, d0, d_qk - d0);
+  // rows r0 .. r0 + 63 of this head are consecutive rows of the accumulator
+  float* const block = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk + d0;
+  const int rows = int(r1 - r0);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = r0 + q0 + mt * 16 + g + 8 * h;
-      if (row >= r1) continue;
-      float* dst = kp.dq_accum + delta_index(kp, batch, head, row) * kp.p.d_qk + d0;
+      const int row = q0 + mt * 16 + g + 8 * h;
+      if (row >= rows) continue;
+      float* dst = block + row * d_qk;
 #pragma unroll
       for (int n = 0; n < WD / 8; ++n) {
         const int col = n * 8 + 2 * t;
