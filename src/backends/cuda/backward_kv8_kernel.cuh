@@ -1,7 +1,9 @@
-// The 8-warp dK/dV pass of the backward for the d <= 128 head-dim bucket (FlashAttention-2's
-// layout), and run_backward, which launches the dK/dV pass and the dQ pass. The 8-warp kernel
-// is the default at d <= 128; STRIDEATTN_CUDA_KV8=0 (kp.kv_pass_8warps = false) runs the
-// 4-warp kernel of backward_kernels.cuh there instead, and the other buckets always do.
+// The 8-warp dK/dV pass of the backward for the d <= 64 and d <= 128 head-dim buckets
+// (FlashAttention-2's layout), which also computes dQ in the single-pass backward, and
+// run_backward, which launches the dK/dV pass and, in the two-pass backward, the dQ pass.
+// The 8-warp kernel is the default in those buckets; STRIDEATTN_CUDA_KV8=0
+// (kp.kv_pass_8warps = false) runs the 4-warp kernel of backward_kernels.cuh there instead,
+// and the d <= 256 bucket always does.
 //
 // One CTA of 256 threads per (128-key block, KV head, sequence[, group split]), looping over
 // the query blocks of its share of the GQA group exactly as the 4-warp kernel does (same
@@ -13,9 +15,11 @@
 //     dP^T = V dO^T;  dS^T = P^T (dP^T - delta)
 //     P^T and dS^T, rounded to T, to shared memory [128 keys x 64 queries]
 //   barrier
-//   phase 2, warps 4 (keys, 32 each) x 2 (head-dim halves, 64 each):
+//   phase 2, warps 4 (keys, 32 each) x 2 (head-dim halves, D/2 each):
 //     dV += P^T dO;  dK += dS^T Q   (A operands from the shared P^T / dS^T tiles)
-// Deterministic, no atomics: every dK / dV element sums over the query blocks in loop order
+//   phase 3, single pass only (kp.dq_accum set), warps 2 (queries) x 4 (head-dim quarters):
+//     dq_accum += dS K  (fp32 atomics; the two-pass backward's dQ pass does this instead)
+// dK and dV are deterministic, no atomics: every dK / dV element sums over the query blocks in loop order
 // and over a block's queries in increasing k-steps, in one thread's registers. The values
 // and the order are those of the 4-warp kernel, so with the same group splits the two give
 // the same bits (the GPU test checks it).
@@ -40,10 +44,10 @@ __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) 
 // kp.dq_accum (unscaled; launch_convert_dq applies the scale) for query rows below r1 and
 // columns below d_qk. Rows of dS past s_q are 0 (P^T is), keys past s_kv are masked to 0 and
 // K is zero there.
-template <class T, class DsTile, class KTile>
+template <class T, int D, class DsTile, class KTile>
 __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk,
                                               int64_t batch, int64_t head, int64_t r0, int64_t r1) {
-  using Tile = BackwardKv8Tile;
+  using Tile = BackwardKv8Tile<D>;
   constexpr int WQ = Tile::kDqWarpQ, WD = Tile::kDqWarpD, MT = WQ / 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -72,10 +76,10 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
     }
 }
 
-template <class T>
+template <class T, int D>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
-  using Tile = BackwardKv8Tile;
-  constexpr int D = Tile::kD, Bc = Tile::kBc, Br = Tile::kBr, MT = Tile::kMT;
+  using Tile = BackwardKv8Tile<D>;
+  constexpr int Bc = Tile::kBc, Br = Tile::kBr, MT = Tile::kMT;
   constexpr int WQ = Tile::kWarpQ, WD = Tile::kWarpD;
   using KvTile = SmemTile<Bc, D>;
   using QTile = SmemTile<Br, D>;
@@ -222,7 +226,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // memory until the next iteration's barrier.
     if (kp.dq_accum != nullptr) {
       const int64_t head = kv_head * group + head_begin + it / n_qblocks;
-      accumulate_dq<T>(kp, sDS, sK, batch, head, r0, r1);
+      accumulate_dq<T, D>(kp, sDS, sK, batch, head, r0, r1);
     }
   }
 
@@ -230,11 +234,11 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   store_dk_dv<T, MT, WD>(kp, batch, kv_head, gsplit, c0 + key0, c1, d0, dk, dv);
 }
 
-template <class T>
+template <class T, int D>
 cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
-  using Tile = BackwardKv8Tile;
+  using Tile = BackwardKv8Tile<D>;
   constexpr int smem = Tile::kSmemBytes;
-  auto fn = backward_kv8_kernel<T>;
+  auto fn = backward_kv8_kernel<T, D>;
   if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
     return e;
@@ -249,8 +253,8 @@ cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
 template <class T, int D>
 cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
-  if constexpr (D == BackwardKv8Tile::kD)
-    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
+  if constexpr (has_kv8_pass(D))
+    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T, D>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
   else
     e = launch_kv_pass_4warps<T, D>(kp, stream);
   if (e != cudaSuccess || kp.dq_accum != nullptr) return e;  // single pass: dQ is done

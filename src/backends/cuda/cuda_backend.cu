@@ -123,11 +123,12 @@ std::int64_t forced_group_splits(std::int64_t group) {
   return std::min<std::int64_t>(n, group);
 }
 
-// The d <= 128 bucket's dK/dV pass: the 8-warp kernel (128 keys per CTA, the default) or the
-// 4-warp one (64 keys per CTA), which runs with STRIDEATTN_CUDA_KV8=0 (bench A/B runs, tests;
-// kept for one release) and on GPUs whose opt-in shared memory per block is below the
-// 8-warp kernel's 161 KiB (sm_86, sm_89: 99 KiB).
-bool kv_pass_8warps() {
+// The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel (128 keys per CTA,
+// the default) or the 4-warp one, which runs with STRIDEATTN_CUDA_KV8=0 (bench A/B runs,
+// tests; kept for one release) and on GPUs whose opt-in shared memory per block is below
+// the 8-warp kernel's (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB).
+bool kv_pass_8warps(int bucket) {
+  if (!cuda_impl::has_kv8_pass(bucket)) return false;
   const char* env = std::getenv("STRIDEATTN_CUDA_KV8");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   int dev = 0, smem = 0;
@@ -136,7 +137,7 @@ bool kv_pass_8warps() {
     cudaGetLastError();
     return false;
   }
-  return smem >= cuda_impl::BackwardKv8Tile::kSmemBytes;
+  return smem >= cuda_impl::kv8_smem_bytes(bucket);
 }
 
 int choose_group_splits(const Problem& p, bool kv8) {
@@ -172,12 +173,11 @@ int forced_fused_dq() {
   return -1;
 }
 
-// The single-pass backward (dQ by fp32 atomics in the 8-warp dK/dV pass of the d <= 128
-// bucket) when the caller does not ask for bitwise reproducibility; otherwise, and for the
-// other buckets, the deterministic two-pass backward.
+// The single-pass backward (dQ by fp32 atomics in the 8-warp dK/dV pass, `kv8`) when the
+// caller does not ask for bitwise reproducibility; otherwise, and where the 8-warp pass does
+// not run (the d <= 256 bucket, STRIDEATTN_CUDA_KV8=0), the deterministic two-pass backward.
 bool use_fused_dq(const Problem& p, bool kv8) {
-  if (!p.is_backward() || !kv8 || cuda_impl::head_dim_bucket(p.d_qk, p.d_v) != cuda_impl::BackwardKv8Tile::kD)
-    return false;
+  if (!p.is_backward() || !kv8) return false;
   const int forced = forced_fused_dq();
   return forced >= 0 ? forced == 1 : !p.deterministic;
 }
@@ -197,7 +197,7 @@ struct WorkspacePlan {
   std::size_t dq_accum = 0;  // single-pass backward: fp32 [q batch extent][heads][q tokens][d_qk]
   int group_splits = 1;
   std::int64_t partial_rows = 0;  // rows of one partial plane
-  bool kv8 = true;                // the 8-warp dK/dV pass at d <= 128 (kv_pass_8warps)
+  bool kv8 = false;               // the 8-warp dK/dV pass runs (kv_pass_8warps)
   [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum; }
 };
 
@@ -207,7 +207,7 @@ WorkspacePlan plan_workspace(const Problem& p) {
   if (p.is_backward()) {
     w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
                        std::size_t(p.q.shape[kSeq]) * sizeof(float));
-    w.kv8 = kv_pass_8warps();
+    w.kv8 = kv_pass_8warps(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
     w.group_splits = choose_group_splits(p, w.kv8);
     if (w.group_splits > 1) {
       w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
@@ -400,7 +400,7 @@ class CudaBackend final : public BackendImpl {
       std::string line = describe_paths(p, kp->aligned);
       if (kp->group_splits > 1)
         line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
-      if (p.is_backward() && cuda_impl::head_dim_bucket(p.d_qk, p.d_v) == 128)
+      if (p.is_backward() && cuda_impl::has_kv8_pass(cuda_impl::head_dim_bucket(p.d_qk, p.d_v)))
         line += kp->kv_pass_8warps ? "; dK/dV pass: 8 warps" : "; dK/dV pass: 4 warps";
       if (p.is_backward())
         line += kp->dq_accum != nullptr ? "; single-pass backward (dQ by fp32 atomics)"

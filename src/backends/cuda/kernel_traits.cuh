@@ -87,53 +87,63 @@ template <> struct BackwardKvTile<128> { static constexpr int kMT = 1, kBc = 64,
 // K 32K + V 32K + 2 stages x (Q 16K + dO 16K) = 128 KiB.
 template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64, kBr = 32, kDAcc = 128; };
 
-// dK/dV pass, d <= 128 bucket, 8 warps (backward_kv8_kernel.cuh; the default, the 4-warp
-// BackwardKvTile<128> above stays behind STRIDEATTN_CUDA_KV8=0 for one release). FA2's
-// layout: Bc = 128 keys per CTA, Br = 64 queries per iteration.
+// dK/dV pass, d <= 64 and d <= 128 buckets, 8 warps (backward_kv8_kernel.cuh; the default,
+// the 4-warp BackwardKvTile<64/128> above stay behind STRIDEATTN_CUDA_KV8=0 for one release).
+// FA2's layout: Bc = 128 keys per CTA, Br = 64 queries per iteration.
 //   S^T, dP^T [128 x 64]: warps 4 (keys, 32 = 2 m-tiles each) x 2 (queries, 32 each), so
 //     each warp computes a 32 x 32 block (32 floats each) once, and P^T / dS^T go to shared
 //     memory for every warp of the key slice. The 4-warp kernel had each warp recompute
 //     against all 64 queries and re-read all of Q and dO from shared memory in each of its
 //     four GEMMs (ncu: L1/TEX 62%, bench/cuda-notes.md item 10); here a Q / dO fragment
 //     feeds two m-tiles.
-//   dV += P^T dO, dK += dS^T Q [128 x 128]: warps 4 (keys, 32 each) x 2 (head-dim halves,
-//     64 each): dV + dK 2 x (2 x 8 x 4) = 128 fp32 accumulators per thread.
-// Shared-memory reads per warp and query block: 2 x 32 + 2 x 24 ldmatrix.x4 for 256 MMAs
-// (plus 32 4-byte stores of P^T / dS^T), against the 4-warp kernel's 2 x 40 + 2 x 32 for 256:
+//   dV += P^T dO, dK += dS^T Q [128 x D]: warps 4 (keys, 32 each) x 2 (head-dim halves,
+//     D/2 each): dV + dK 2 x (2 x D/16 x 4) fp32 accumulators per thread (128 at D = 128).
+// Shared-memory reads per warp and query block at D = 128: 2 x 32 + 2 x 24 ldmatrix.x4 for
+// 256 MMAs (plus 32 4-byte stores of P^T / dS^T), against the 4-warp kernel's 2 x 40 + 2 x 32:
 // 0.44 instead of 0.56 per MMA (bytes: 0.83x). Each CTA also loads each query block's Q and
 // dO once per 128 keys instead of per 64 (half the L2 -> shared traffic per key), and pays
 // its two barriers, LSE / delta loads and loop overhead once per 128 keys.
-// Registers: the 128 accumulators that live across the whole loop plus S^T and dP^T (64)
-// leave no way to 128 registers per thread (two CTAs of 8 warps), so this is one CTA of 8
-// warps per SM (__launch_bounds__(256, 1), up to 255 registers): the same 8 warps per SM as
-// the 4-warp kernel's two CTAs.
-// Shared memory: with one CTA per SM there is no reason to squeeze under 113 KiB, so Q / dO
-// (and LSE / delta) stay double-buffered (the next query block loads during this one):
-// K 32K + V 32K + 2 x (Q 16K + dO 16K) + P^T 16K + dS^T 16K + 1K = 161 KiB of 227.
+// Registers: at D = 128 the 128 accumulators that live across the whole loop plus S^T and
+// dP^T (64) leave no way to 128 registers per thread (two CTAs of 8 warps), so this is one
+// CTA of 8 warps per SM (__launch_bounds__(256, 1), up to 255 registers): the same 8 warps
+// per SM as the 4-warp kernel's two CTAs. (D = 64 needs about 170.)
+// Shared memory: with one CTA per SM there is no reason to squeeze, so Q / dO (and LSE /
+// delta) stay double-buffered (the next query block loads during this one):
+// K + V 2 x 128 x D + 2 x (Q + dO) 2 x 64 x D + P^T 16K + dS^T 16K + 1K, 16-bit elements:
+// 161 KiB at D = 128, 97 KiB at D = 64.
 inline constexpr int kKvWarps = 8;
 inline constexpr int kKvThreads = kKvWarps * 32;
+template <int D>
 struct BackwardKv8Tile {
-  static constexpr int kD = 128;        // head-dim bucket
+  static_assert(D == 64 || D == 128, "the 8-warp pass serves the d <= 64 and d <= 128 buckets");
+  static constexpr int kD = D;          // head-dim bucket
   static constexpr int kBc = 128;       // keys per CTA
   static constexpr int kBr = 64;        // queries per iteration
   static constexpr int kKeyWarps = 4;   // warps along the keys (both phases)
   static constexpr int kSideWarps = 2;  // along the queries (S^T, dP^T) / head dim (dK, dV)
   static constexpr int kMT = kBc / kKeyWarps / 16;  // m16 tiles of keys per warp: 2
   static constexpr int kWarpQ = kBr / kSideWarps;   // queries per warp in S^T / dP^T: 32
-  static constexpr int kWarpD = kD / kSideWarps;    // dK / dV columns per warp: 64
+  static constexpr int kWarpD = kD / kSideWarps;    // dK / dV columns per warp: D / 2
   static_assert(kKeyWarps * kSideWarps == kKvWarps, "one warp per (key slice, side half)");
-  // Single pass (dq_accum set): dQ_partial = dS K [64 x 128] over the 128 keys, warps 2
-  // (queries, 32 = 2 m-tiles each) x 4 (head-dim quarters, 32 each): 32 fp32 accumulators,
-  // live only in that phase; each dS^T / K fragment feeds two MMAs. 64 x 128 floats per
-  // CTA and query block go out as 2-float atomics, half as many per FLOP as with 64-key CTAs.
+  // Single pass (dq_accum set): dQ_partial = dS K [64 x D] over the 128 keys, warps 2
+  // (queries, 32 = 2 m-tiles each) x 4 (head-dim quarters, D/4 each): 2 x D/4 fp32
+  // accumulators, live only in that phase; each dS^T / K fragment feeds two MMAs. 64 x D
+  // floats per CTA and query block go out as 2-float atomics, half as many per FLOP as with
+  // 64-key CTAs.
   static constexpr int kDqQueryWarps = 2;
   static constexpr int kDqWarpQ = kBr / kDqQueryWarps;               // 32
-  static constexpr int kDqWarpD = kD / (kKvWarps / kDqQueryWarps);   // 32
+  static constexpr int kDqWarpD = kD / (kKvWarps / kDqQueryWarps);   // D / 4
   // Dynamic shared memory: K, V; two stages of Q, dO; P^T, dS^T (16-bit); two stages of LSE
-  // and delta (fp32). 164,864 bytes: within sm_80's and sm_90's opt-in limits (163 / 227 KiB)
-  // but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel instead.
+  // and delta (fp32). D = 128: 164,864 bytes, within sm_80's and sm_90's opt-in limits
+  // (163 / 227 KiB) but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel
+  // instead. D = 64: 99,328 bytes, within all of them.
   static constexpr int kSmemBytes = (2 * kBc * kD + 4 * kBr * kD + 2 * kBc * kBr) * 2 + 4 * kBr * 4;
 };
+// Whether a head-dim bucket has the 8-warp pass.
+inline constexpr bool has_kv8_pass(int bucket) { return bucket == 64 || bucket == 128; }
+inline constexpr int kv8_smem_bytes(int bucket) {
+  return bucket == 64 ? BackwardKv8Tile<64>::kSmemBytes : BackwardKv8Tile<128>::kSmemBytes;
+}
 // Fragment prefetch in the 8-warp pass's GEMMs (as kBackwardPrefetch above), phase 1
 // (S^T, dP^T: gemm_nt) and phase 2 (dV, dK: gemm_sn). ptxas -v, CUDA 13.0, bf16 and f16 alike,
 // after the loop counters went to 32 bits (with int64 ones every variant spilled):
@@ -151,14 +161,13 @@ inline constexpr bool kKv8PrefetchUpdate = true;
 
 // Host-side view of the dK/dV pass grid (cuda_backend.cu sizes its group splits from it):
 // keys per CTA and head-dim splits per key block for a head-dim bucket; `kv8`: the 8-warp
-// kernel runs the d <= 128 bucket (the default; false with STRIDEATTN_CUDA_KV8=0).
+// kernel runs the d <= 64 and d <= 128 buckets (the default; false with STRIDEATTN_CUDA_KV8=0).
 inline constexpr int kv_pass_keys(int bucket, bool kv8) {
-  return bucket == 64    ? BackwardKvTile<64>::kBc
-         : bucket == 128 ? (kv8 ? BackwardKv8Tile::kBc : BackwardKvTile<128>::kBc)
-                         : BackwardKvTile<256>::kBc;
+  if (kv8 && has_kv8_pass(bucket)) return 128;  // BackwardKv8Tile<bucket>::kBc
+  return bucket == 64 ? BackwardKvTile<64>::kBc : bucket == 128 ? BackwardKvTile<128>::kBc : BackwardKvTile<256>::kBc;
 }
 inline constexpr int kv_pass_warps(int bucket, bool kv8) {
-  return bucket == 128 && kv8 ? kKvWarps : kWarps;
+  return kv8 && has_kv8_pass(bucket) ? kKvWarps : kWarps;
 }
 inline constexpr int kv_pass_dim_splits(int bucket) {
   return bucket == 64 ? 64 / BackwardKvTile<64>::kDAcc

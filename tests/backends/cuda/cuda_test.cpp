@@ -358,18 +358,19 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
 
 // ------------------------------------------------------------------ dK/dV pass kernels
 
-// The d <= 128 bucket's dK/dV pass has two kernels: the 8-warp one (the default) and the
-// 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0; the 8-warp one also runs the
+// The d <= 64 and d <= 128 buckets' dK/dV pass has two kernels: the 8-warp one (the default)
+// and the 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0; the 8-warp one also runs the
 // single-pass backward (dQ = dS K added into an fp32 accumulator with atomics, the default
 // with deterministic = false; STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way). All three run
 // the same cases (same seeds, so the same inputs) against the fp64 reference: GQA/MQA with forced group splits
-// (unsplit, even, uneven), causal and windowed masks, d 72 / 96 / 120 / 128, d_qk != d_v
-// inside the bucket, s_kv a multiple of neither 64 nor 128, varlen with empty sequences.
+// (unsplit, even, uneven), causal and windowed masks, d 40 / 64 / 72 / 96 / 120 / 128, d_qk !=
+// d_v inside both buckets, s_kv a multiple of neither 64 nor 128, varlen with empty sequences.
 TEST(CudaBackend, DkDvPassEightAndFourWarps) {
   SKIP_WITHOUT_GPU();
   const CaseSpec grouped[] = {
       dense(DType::bf16, 2, 300, 300, 8, 2, 128, 128, MaskKind::causal, -1, -1, true, "sb(h+2hg)d"),
       dense(DType::f16, 1, 200, 333, 6, 1, 96, 96, MaskKind::none),
+      dense(DType::f16, 2, 260, 260, 6, 1, 64, 64, MaskKind::causal),  // the seed's shape of problem
   };
   const CaseSpec others[] = {
       dense(DType::bf16, 1, 257, 190, 4, 2, 72, 72, MaskKind::causal_bottom_right, 40, 5),
@@ -378,6 +379,10 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
       dense(DType::bf16, 1, 170, 200, 4, 2, 128, 64, MaskKind::causal),
       dense(DType::f16, 1, 140, 170, 2, 1, 64, 128, MaskKind::causal_bottom_right),
       dense(DType::f16, 2, 129, 129, 2, 1, 120, 120, MaskKind::none),
+      dense(DType::bf16, 1, 300, 200, 4, 2, 64, 64, MaskKind::causal_bottom_right),  // d <= 64 bucket
+      dense(DType::f16, 1, 170, 140, 2, 1, 40, 40, MaskKind::causal, 20, 5),
+      dense(DType::bf16, 1, 150, 150, 4, 4, 64, 32, MaskKind::none),
+      varlen(DType::bf16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {}, {}, MaskKind::causal, -1, -1, 64),
       varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 128),
       varlen(DType::f16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {0, 3, 45, 220, 225},
              {0, 9, 50, 360, 370}, MaskKind::causal_bottom_right, 20, 8, 96),
@@ -455,13 +460,13 @@ struct DeviceTensor {
   }
 };
 
-// Whether this GPU runs the 8-warp dK/dV pass (and so the single pass): it needs 161 KiB of
-// shared memory per block (cuda_backend.cu, kv_pass_8warps).
+// Whether this GPU runs the d <= 128 bucket's 8-warp dK/dV pass (and so the single pass): it
+// needs 161 KiB of shared memory per block (cuda_backend.cu, kv_pass_8warps).
 bool kv8_enabled() {
   int dev = 0, smem = 0;
   return cudaGetDevice(&dev) == cudaSuccess &&
          cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-         smem >= strideattn::cuda_impl::BackwardKv8Tile::kSmemBytes;
+         smem >= strideattn::cuda_impl::BackwardKv8Tile<128>::kSmemBytes;
 }
 
 // A caller-provided workspace of workspace_size() bytes gives the same bytes as the
