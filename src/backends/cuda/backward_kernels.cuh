@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     // dQ += dS K
     uint32_t ds_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(ds_frag, dp);
-    gemm_rn<T, MT, Bc, D, /*Prefetch=*/false>(dq, ds_frag, sK(buf), 0, d_qk);  // (kernel_traits.cuh)
+    gemm_rn<T, MT, Bc, D, kBackwardPrefetch<D>>(dq, ds_frag, sK(buf), 0, d_qk);
     __syncthreads();  // buffers of this iteration may be refilled
   }
 

@@ -208,46 +208,42 @@ __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& s
   const int a_off = TileA::offset(a_row0 + a_r, a_c), b_off = TileB::offset(b_row0 + b_r, b_c);
   auto a_addr = [&](int mt, int kk) { return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols); };
   auto b_addr = [&](int nn, int kk) { return sb.addr_at(TileB::Swz::step(b_off, kk) + nn * 16 * TileB::kCols); };
-  // Prefetch: a software pipeline over the (k-step, 16-column B tile) sequence: the next
-  // k-step's A fragments are requested at the top of this one, and the next B tile's (the
-  // next column tile, or the next k-step's first) before this tile's MMAs: two buffers of
-  // each. Before (until 2026-11-30) only the first B tile of a k-step was prefetched and the
-  // others were loaded right before their MMAs (SASS: LDSM then four dependent HMMAs).
-  // Without: one buffer each, A loaded at the top of its step, each B tile before its MMAs.
-  constexpr int kTiles = N / 16;
+  // Prefetch: double-buffered A of the whole k-step and the first kPreB 16-column B tiles
+  // (all of B when N <= 32; for wider N the rest is loaded inside the step, where the
+  // compiler may hoist it above earlier MMAs, to keep registers for the accumulators).
+  // Without: one buffer, A loaded at the top of its own step, all of B inside it.
   constexpr int kBufs = Prefetch ? 2 : 1;
-  uint32_t a[kBufs][MT][4], b[kBufs][4];
-  auto load_a = [&](int kk, int buf) {
+  constexpr int kPreB = !Prefetch ? 0 : N / 16 <= 2 ? N / 16 : 1;
+  uint32_t a[kBufs][MT][4], bp[kBufs][kPreB > 0 ? kPreB : 1][4];
+  auto load = [&](int kk, int buf) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
+#pragma unroll
+    for (int nn = 0; nn < kPreB; ++nn) ldmatrix_x4(bp[buf][nn], b_addr(nn, kk));
   };
-  if constexpr (Prefetch) {
-    load_a(0, 0);
-    ldmatrix_x4(b[0], b_addr(0, 0));
-  }
+  if constexpr (Prefetch) load(0, 0);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     const bool more = kk + 1 < kSteps && (kk + 1) * 16 < k_end;
-    const int abuf = Prefetch ? (kk & 1) : 0;
     if constexpr (Prefetch) {
-      if (more) load_a(kk + 1, (kk + 1) & 1);
+      if (more) load(kk + 1, (kk + 1) & 1);
     } else {
-      load_a(kk, 0);
+      load(kk, 0);
     }
+    const int buf = Prefetch ? (kk & 1) : 0;
 #pragma unroll
-    for (int nn = 0; nn < kTiles; ++nn) {
-      const int step = kk * kTiles + nn;  // position in the (k-step, tile) sequence
-      const int bbuf = Prefetch ? (step & 1) : 0;
-      if constexpr (Prefetch) {
-        if (nn + 1 < kTiles) ldmatrix_x4(b[(step + 1) & 1], b_addr(nn + 1, kk));
-        else if (more) ldmatrix_x4(b[(step + 1) & 1], b_addr(0, kk + 1));
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t bt[4];
+      if (nn < kPreB) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bt[e] = bp[buf][nn][e];
       } else {
-        ldmatrix_x4(b[0], b_addr(nn, kk));
+        ldmatrix_x4(bt, b_addr(nn, kk));
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma16816<T>(c[mt][2 * nn], a[abuf][mt], b[bbuf][0], b[bbuf][1]);
-        mma16816<T>(c[mt][2 * nn + 1], a[abuf][mt], b[bbuf][2], b[bbuf][3]);
+        mma16816<T>(c[mt][2 * nn], a[buf][mt], bt[0], bt[1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[buf][mt], bt[2], bt[3]);
       }
     }
     if (!more) break;
@@ -274,13 +270,9 @@ __device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4],
 // C[MT][N/8][4] += A * B with A in registers (a[mt][k16]) and B stored k-major in shared
 // memory: B[k][n] is element (k, b_col0 + n) of `sb` (rows = contraction). Column tiles
 // at or beyond n_end (a multiple of 8) are skipped.
-// Loop order: k-steps outside, column tiles inside, so consecutive MMAs on the same
-// accumulator are MT x N/8 MMAs apart (32 for O += P V at d = 128). With the column tiles
-// outside (before 2026-11-30) they were MT x 2 apart and each tile's MMAs waited on the
-// previous one's result: ncu's top stall ("wait", a fixed-latency dependency) in the forward.
-// Each C element still sums over k in increasing order, so the results are bitwise those of
-// any other loop order. Prefetch: the next column tile's B fragment is requested before
-// this tile's MMAs (two 4-register buffers); without, each tile loads its own just before.
+// Pipelined over the 16-column tiles of C (the loop that n_end cuts short): the B fragments
+// of tile nn+1 are requested before the MMAs of tile nn. Each C element still sums over k in
+// increasing order, so the results are bitwise those of a plain loop.
 template <class T, int MT, int K, int N, bool Prefetch = true, class TileB>
 __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
                                         const TileB& sb, int b_col0, int n_end) {
@@ -291,29 +283,34 @@ __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t
   // Swizzled offset of column tile 0 (b_col0 is 0 or 128, b_c < 16): column tile nn is an
   // XOR (Swizzle::step), k-step kk 16 rows further down.
   const int b_off = TileB::offset(b_r, b_col0 + b_c);
-  auto b_addr = [&](int nn, int kk) { return sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols); };
+  // Prefetch: tile nn+1's fragments load before tile nn's MMAs (two buffers); without, each
+  // tile loads its own at the top of its step (one buffer).
+  constexpr int kBufs = Prefetch ? 2 : 1;
+  uint32_t b[kBufs][K / 16][4];
+  auto load = [&](int nn, int buf) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk)
+      ldmatrix_x4_trans(b[buf][kk], sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols));
+  };
   if (n_end <= 0) return;
+  if constexpr (Prefetch) load(0, 0);
 #pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    constexpr int kBufs = Prefetch ? 2 : 1;
-    uint32_t b[kBufs][4];
-    if constexpr (Prefetch) ldmatrix_x4_trans(b[0], b_addr(0, kk));
+  for (int nn = 0; nn < kTiles; ++nn) {
+    const bool more = nn + 1 < kTiles && (nn + 1) * 16 < n_end;
+    if constexpr (Prefetch) {
+      if (more) load(nn + 1, (nn + 1) & 1);
+    } else {
+      load(nn, 0);
+    }
+    const int buf = Prefetch ? (nn & 1) : 0;
 #pragma unroll
-    for (int nn = 0; nn < kTiles; ++nn) {
-      const bool more = nn + 1 < kTiles && (nn + 1) * 16 < n_end;
-      const int bb = Prefetch ? (nn & 1) : 0;
-      if constexpr (Prefetch) {
-        if (more) ldmatrix_x4_trans(b[(nn + 1) & 1], b_addr(nn + 1, kk));
-      } else {
-        ldmatrix_x4_trans(b[0], b_addr(nn, kk));
-      }
+    for (int kk = 0; kk < K / 16; ++kk)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma16816<T>(c[mt][2 * nn], a[mt][kk], b[bb][0], b[bb][1]);
-        mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], b[bb][2], b[bb][3]);
+        mma16816<T>(c[mt][2 * nn], a[mt][kk], b[buf][kk][0], b[buf][kk][1]);
+        mma16816<T>(c[mt][2 * nn + 1], a[mt][kk], b[buf][kk][2], b[buf][kk][3]);
       }
-      if (!more) break;
-    }
+    if (!more) break;
   }
 }
 

@@ -21,8 +21,8 @@ template <int D> struct ForwardTile;
 // d <= 64: two m16 tiles per warp (Br 128) double the reuse of every K/V fragment loaded
 // from shared memory. sm_90a: 128 x 128 register tiles (O 2 x 32 floats, S 2 x 64), the
 // shape FlashAttention-2 uses at this width: per 16 columns of S = Q K^T a warp loads 2 Q and
-// 8 K fragments for 32 MMAs, and the softmax bookkeeping runs once per 128 keys; 254
-// registers, no spill with the single-buffered P V (36 bytes spilled with the prefetch).
+// 8 K fragments for 32 MMAs, and the softmax bookkeeping runs once per 128 keys; 255
+// registers, no spill with the single-buffered P V (492 bytes spilled with the prefetch).
 // Measured against Bc 64 (H200, same device call): 265 -> 300 TFLOP/s (no mask), 235 -> 267
 // (causal). sm_80's ptxas spills 188 bytes at Bc 128, so sm_80 keeps Bc 64.
 // smem Q 16K + 2 x (K 16K + V 16K) = 80 KiB (two CTAs per SM).
@@ -38,10 +38,9 @@ template <> struct ForwardTile<64> {
 // d <= 128: O accumulators 2 x 64 floats per thread. sm_90a: 128 x 64 register tiles (S 2 x 32
 // floats), FlashAttention-2's shape: per 16 head-dim columns of S = Q K^T a warp loads 2 Q and
 // 4 K fragments for 16 MMAs (2 + 2 for 8 at Bc 32), and the softmax's max/sum shuffles and
-// rescale decision run once per 64 keys. 255 registers, no spill (ptxas -v, CUDA 13.0),
-// with P V's next B fragment prefetched since gemm_rn went k-step-outer (8 registers of B
-// instead of 32; before that only the single-buffered P V fitted). sm_80's ptxas spilled 128
-// bytes at Bc 64 even single-buffered, so sm_80 keeps 128 x 32 with the prefetch. Measured
+// rescale decision run once per 64 keys. It fits in 255 registers with no spill only with
+// the single-buffered P V (ptxas -v, CUDA 13.0: 104 bytes spilled with the prefetch). sm_80's
+// ptxas spills 128 bytes even then, so sm_80 keeps 128 x 32 with the prefetch. Measured
 // against Bc 32 (H200): 271 -> 294-310 TFLOP/s (no mask), 243 -> 271 (causal).
 // smem Q 32K + 2 x (K 16K + V 16K) = 96 KiB (two CTAs per SM).
 template <> struct ForwardTile<128> {
@@ -50,7 +49,7 @@ template <> struct ForwardTile<128> {
   static constexpr bool kPrefetchPV = true;
 #else
   static constexpr int kMT = 2, kBr = 128, kBc = 64, kStage = 64;
-  static constexpr bool kPrefetchPV = true;
+  static constexpr bool kPrefetchPV = false;
 #endif
 };
 // d <= 256: O alone is 128 floats per thread per m-tile, so one m-tile per warp (Br 64).
@@ -61,12 +60,13 @@ template <> struct ForwardTile<256> {
   static constexpr bool kPrefetchPV = true;
 };
 
-// Fragment prefetch in the 4-warp backward passes' GEMMs (device_primitives.cuh). ptxas -v,
-// CUDA 13.0, since the GEMMs went k-step-outer with every B tile pipelined (2026-11-30):
-// sm_90a no spill anywhere (the dQ pass's dS K runs single-buffered: 28 bytes spilled with
-// the prefetch); sm_80 keeps the plain GEMMs and reloads one 4-byte value per block in the
-// d = 128 passes, and the d = 64 dK/dV pass (the fallback behind STRIDEATTN_CUDA_KV8=0 since
-// the 8-warp pass took that bucket) spills 44 bytes.
+// Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh). sm_90a's ptxas
+// fits it with no spill inside the d <= 128 loops; sm_80's spilled 68-120 bytes inside the
+// d = 128 loops, and sm_90a's 16 bytes inside the d = 256 dK/dV loop (ptxas -v and SASS,
+// CUDA 13.0), so those keep the plain GEMMs. Remaining (ptxas -v and SASS, CUDA 13.0, since
+// the check-free load_tile path): the sm_80 d = 128 dK/dV pass reloads one 4-byte value per
+// query block (256 MMAs per warp), and the sm_90a f16 d = 128 dQ pass spills 4 bytes outside
+// its loop.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 template <int D> inline constexpr bool kBackwardPrefetch = false;
 #else
@@ -145,16 +145,17 @@ inline constexpr int kv8_smem_bytes(int bucket) {
   return bucket == 64 ? BackwardKv8Tile<64>::kSmemBytes : BackwardKv8Tile<128>::kSmemBytes;
 }
 // Fragment prefetch in the 8-warp pass's GEMMs (as kBackwardPrefetch above), phase 1
-// (S^T, dP^T: gemm_nt) and phases 2 and 3 (dV, dK, dQ: gemm_sn). ptxas -v, CUDA 13.0, bf16
-// and f16 alike, since gemm_nt pipelines every B tile (2026-11-30): sm_90a both 255
-// registers at d = 128 (238 at d = 64), no spill; sm_80 phase 1's prefetch spilled (22-34
-// bytes before), so sm_80 runs none: 255 registers and one 4-byte reload per query block at
-// d = 128 (the single pass's dQ step), none at d = 64.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+// (S^T, dP^T: gemm_nt) and phase 2 (dV, dK: gemm_sn). ptxas -v, CUDA 13.0, bf16 and f16 alike,
+// after the loop counters went to 32 bits (with int64 ones every variant spilled):
+//   sm_90a: none 242 regs, phase 2 only 237, phase 1 only 255, both 255 + 12 bytes reloaded
+//           inside the loop; sm_80: none 255 regs, phase 2 only 4 bytes reloaded in the loop,
+//           phase 1 or both 22-34.
+// So phase 2 only on sm_90a (its gemm_sn waits on a B fragment before every 4 MMAs without
+// prefetch, gemm_nt only before every 8), none on sm_80: no spills anywhere.
 inline constexpr bool kKv8PrefetchScores = false;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr bool kKv8PrefetchUpdate = false;
 #else
-inline constexpr bool kKv8PrefetchScores = true;
 inline constexpr bool kKv8PrefetchUpdate = true;
 #endif
 
