@@ -151,7 +151,11 @@ inline constexpr int kv8_smem_bytes(int bucket) {
 //           inside the loop; sm_80: none 255 regs, phase 2 only 4 bytes reloaded in the loop,
 //           phase 1 or both 22-34.
 // So phase 2 only on sm_90a (its gemm_sn waits on a B fragment before every 4 MMAs without
-// prefetch, gemm_nt only before every 8), none on sm_80: no spills anywhere.
+// prefetch, gemm_nt only before every 8), none on sm_80: no spills then. Since the single
+// pass's dQ step (phase 3, gemm_sn with the same flag): sm_90a 247 registers at d = 128, 229
+// at d = 64, no spill; sm_80 reloads one 4-byte value per query block at d = 128 (next to
+// 320 MMAs per warp), none at d = 64. (Phase 1 prefetch on sm_90a, 255 registers and a
+// 4-byte spill, was no faster: bench/RESULTS.md, 2026-11-30, calls 4 and 6.)
 inline constexpr bool kKv8PrefetchScores = false;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr bool kKv8PrefetchUpdate = false;
