@@ -1,8 +1,9 @@
-// Backward kernels (FlashAttention-2 recomputation, two main passes, no atomics):
+// Backward kernels (FlashAttention-2 recomputation; the two-pass form, no atomics):
 //   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
-//   dK/dV pass (the 4-warp kernel here: the d <= 64 and d <= 256 buckets, and d <= 128 with
-//     STRIDEATTN_CUDA_KV8=0; the default at d <= 128 is the 8-warp kernel of
-//     backward_kv8_kernel.cuh, same math, same outputs, and run_backward there):
+//   dK/dV pass (the 4-warp kernel here: the d <= 256 bucket, and d <= 64 / d <= 128 with
+//     STRIDEATTN_CUDA_KV8=0 or too little shared memory; the default there is the 8-warp
+//     kernel of backward_kv8_kernel.cuh, same math, same dK/dV, which with deterministic =
+//     false also adds dQ by atomics; run_backward is there too):
 //     one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
 //     dK and dV stay in fp32 registers while the CTA loops over the query blocks of every
 //     query head of its share of the GQA group that see its keys (query_range_for_keys).

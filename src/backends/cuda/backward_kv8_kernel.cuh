@@ -19,10 +19,10 @@
 //     dV += P^T dO;  dK += dS^T Q   (A operands from the shared P^T / dS^T tiles)
 //   phase 3, single pass only (kp.dq_accum set), warps 2 (queries) x 4 (head-dim quarters):
 //     dq_accum += dS K  (fp32 atomics; the two-pass backward's dQ pass does this instead)
-// dK and dV are deterministic, no atomics: every dK / dV element sums over the query blocks in loop order
-// and over a block's queries in increasing k-steps, in one thread's registers. The values
-// and the order are those of the 4-warp kernel, so with the same group splits the two give
-// the same bits (the GPU test checks it).
+// dK and dV are deterministic, no atomics: every dK / dV element sums over the query blocks
+// in loop order and over a block's queries in increasing k-steps, in one thread's registers.
+// The values and the order are those of the 4-warp kernel, so with the same group splits the
+// two give the same bits (the GPU test checks it).
 #pragma once
 
 #include "backends/cuda/backward_kernels.cuh"
@@ -39,7 +39,7 @@ __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) 
 #endif
 }
 
-// Phase 3 of the single pass: this warp's 32 queries x 32 head-dim columns of dS K over the
+// Phase 3 of the single pass: this warp's 32 queries x D/4 head-dim columns of dS K over the
 // CTA's 128 keys (dS^T in `sds`, keys x queries; K in `sk`, keys x head dim), added into
 // kp.dq_accum (unscaled; launch_convert_dq applies the scale) for query rows below r1 and
 // columns below d_qk. Rows of dS past s_q are 0 (P^T is), keys past s_kv are masked to 0 and
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     }
   };
 
-  // This warp's 32 keys x 64 head-dim columns of dK and dV, over the whole loop.
+  // This warp's 32 keys x D/2 head-dim columns of dK and dV, over the whole loop.
   float dk[MT][WD / 8][4], dv[MT][WD / 8][4];
   zero<MT, WD>(dk);
   zero<MT, WD>(dv);
@@ -215,14 +215,14 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
     __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
 
-    // ---- phase 2: this warp's 32 keys x 64 head-dim columns of dV and dK
+    // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
     // dV += P^T dO
     gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, d_v - d0);
     // dK += dS^T Q
     gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, d_qk - d0);
 
     // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
-    // 2 (queries, 32 each) x 4 (head-dim quarters, 32 each); dS^T and K stay in shared
+    // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
     // memory until the next iteration's barrier.
     if (kp.dq_accum != nullptr) {
       const int64_t head = kv_head * group + head_begin + it / n_qblocks;
@@ -248,8 +248,9 @@ cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The backward's two main passes for head-dim bucket D (the delta pre-pass and the partial
-// reduction are launched by the host side around it).
+// The backward's main passes for head-dim bucket D: the dK/dV pass, then the dQ pass unless
+// the dK/dV pass already added dQ (single pass). The delta pre-pass, the partial reduction
+// and the dQ conversion are launched by the host side around it.
 template <class T, int D>
 cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;

@@ -1,5 +1,5 @@
 // Backward kernel instantiations (dK/dV pass and dQ pass) for bf16, one per head-dim bucket
-// (at d <= 128 both dK/dV kernels: the 8-warp default and the 4-warp one behind STRIDEATTN_CUDA_KV8=0).
+// (at d <= 64 and d <= 128 both dK/dV kernels: the 8-warp default and the 4-warp one).
 #include "backends/cuda/backward_kv8_kernel.cuh"
 
 namespace strideattn::cuda_impl {

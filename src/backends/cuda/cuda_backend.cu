@@ -2,8 +2,9 @@
 // a GPU of compute capability >= 8.0), the workspace (device copies of the varlen tables,
 // the backward's delta rows and, for GQA/MQA with few KV heads, the dK/dV partials of the
 // split query-head groups, and for the single-pass backward the fp32 dQ accumulator), the
-// choice between the single-pass and two-pass backward, the alignment choice between the 16-byte and element-wise
-// load paths per tensor, and the launch sequence of each direction.
+// choice of dK/dV kernel and of single- or two-pass backward, the alignment choice between
+// the 16-byte and element-wise load paths per tensor, and the launch sequence of each
+// direction.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -112,6 +113,15 @@ std::int64_t multiprocessors() {
   return n;
 }
 
+// A test knob that is either "0" or "1": 0 or 1; -1 when unset or anything else.
+int env_switch(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return -1;
+  if (std::strcmp(env, "0") == 0) return 0;
+  if (std::strcmp(env, "1") == 0) return 1;
+  return -1;
+}
+
 // STRIDEATTN_CUDA_GROUP_SPLITS=N (tests): use N splits (clamped to 1..group) whatever the
 // grid size, so the split and unsplit dK/dV paths run on the same inputs on any GPU.
 std::int64_t forced_group_splits(std::int64_t group) {
@@ -128,9 +138,7 @@ std::int64_t forced_group_splits(std::int64_t group) {
 // tests; kept for one release) and on GPUs whose opt-in shared memory per block is below
 // the 8-warp kernel's (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB).
 bool kv_pass_8warps(int bucket) {
-  if (!cuda_impl::has_kv8_pass(bucket)) return false;
-  const char* env = std::getenv("STRIDEATTN_CUDA_KV8");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (!cuda_impl::has_kv8_pass(bucket) || env_switch("STRIDEATTN_CUDA_KV8") == 0) return false;
   int dev = 0, smem = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
@@ -163,22 +171,14 @@ int choose_group_splits(const Problem& p, bool kv8) {
 
 // ---------------------------------------------------------------- single-pass backward
 
-// STRIDEATTN_CUDA_FUSED_DQ=0/1 (tests): force the two-pass (0) or single-pass (1) backward
-// whatever `deterministic` says, so both run on the same inputs. -1: not set.
-int forced_fused_dq() {
-  const char* env = std::getenv("STRIDEATTN_CUDA_FUSED_DQ");
-  if (env == nullptr) return -1;
-  if (std::strcmp(env, "0") == 0) return 0;
-  if (std::strcmp(env, "1") == 0) return 1;
-  return -1;
-}
-
 // The single-pass backward (dQ by fp32 atomics in the 8-warp dK/dV pass, `kv8`) when the
 // caller does not ask for bitwise reproducibility; otherwise, and where the 8-warp pass does
 // not run (the d <= 256 bucket, STRIDEATTN_CUDA_KV8=0), the deterministic two-pass backward.
 bool use_fused_dq(const Problem& p, bool kv8) {
   if (!p.is_backward() || !kv8) return false;
-  const int forced = forced_fused_dq();
+  // STRIDEATTN_CUDA_FUSED_DQ=0/1 (tests): force the two-pass (0) or single-pass (1) backward
+  // whatever `deterministic` says, so both run on the same inputs.
+  const int forced = env_switch("STRIDEATTN_CUDA_FUSED_DQ");
   return forced >= 0 ? forced == 1 : !p.deterministic;
 }
 

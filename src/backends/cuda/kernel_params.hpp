@@ -42,10 +42,11 @@ struct KernelParams {
   int group_splits = 1;
   std::int64_t kv_tokens = 0;     // seq extent of the K view
   std::int64_t partial_rows = 0;  // rows of one plane: kv batch extent * kv_heads * kv_tokens
-  // The dK/dV pass of the d <= 128 bucket: the 8-warp kernel (backward_kv8_kernel.cuh, the
-  // default) or the 4-warp one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The
-  // other buckets always run the 4-warp kernel.
-  bool kv_pass_8warps = true;
+  // The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel
+  // (backward_kv8_kernel.cuh, the default where the GPU has the shared memory) or the 4-warp
+  // one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The d <= 256 bucket always
+  // runs the 4-warp kernel. Set by the host from its workspace plan.
+  bool kv_pass_8warps = false;
   // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
   // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
   // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass

@@ -1,8 +1,8 @@
 // Tile sizes of every kernel, in one place, with the reason for each choice. The kernels use
 // 4 warps (128 threads, kThreads); a warp owns 16 * MT rows of the "row side" of its tile and
 // the full width of the "column side", so softmax rows never cross warps. The exception is
-// the 8-warp dK/dV pass of the d <= 128 bucket (kKvWarps, BackwardKv8Tile below), whose
-// warps split both sides and share S^T / dP^T through shared memory.
+// the 8-warp dK/dV pass of the d <= 64 and d <= 128 buckets (kKvWarps, BackwardKv8Tile
+// below), whose warps split both sides and share S^T / dP^T through shared memory.
 #pragma once
 
 namespace strideattn::cuda_impl {

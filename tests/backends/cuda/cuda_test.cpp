@@ -4,8 +4,8 @@
 // sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
 // the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
-// seeded sweep, bitwise determinism of the backward, both dK/dV kernels of the d <= 128
-// bucket (8-warp default, 4-warp behind STRIDEATTN_CUDA_KV8=0) and its single-pass and
+// seeded sweep, bitwise determinism of the backward, both dK/dV kernels of the d <= 64 and
+// d <= 128 buckets (8-warp default, 4-warp behind STRIDEATTN_CUDA_KV8=0) and its single-pass and
 // two-pass backward on the same inputs. Skips when no GPU is present.
 #include <gtest/gtest.h>
 
