@@ -93,6 +93,23 @@ SA_HD bool tile_fully_visible(const MaskRule& m, std::int64_t r0, std::int64_t r
   return m.key_begin(r1 - 1) <= c0 && m.key_end(r0) >= c1;
 }
 
+// Rows that see every key of [c0, c1), for 0 <= c0 < c1 <= s_kv: [begin, end), an interval
+// because both ends of the key ranges are non-decreasing in the row. For rows r0 < r1 the
+// tile test is a range check, tile_fully_visible(m, r0, r1, c0, c1) == (r0 >= begin && r1 <=
+// end), which a kernel walking many row blocks against one key block hoists out of its loop.
+//   end: the first row whose key_begin passes c0 (none without a left window);
+//   begin: the first row whose upper bounds (min of s_kv and the causal / window ends) reach
+//   c1. key_end's max with key_begin only matters for rows with key_begin >= c1 > c0, which
+//   are past `end` anyway.
+SA_HD TileRange rows_seeing_all_keys(const MaskRule& m, std::int64_t c0, std::int64_t c1) {
+  std::int64_t begin = 0, end = m.s_q;
+  if (m.left >= 0) end = min64(end, max64(begin, c0 - m.shift() + m.left + 1));
+  if (m.kind == kMaskCausal) begin = max64(begin, c1 - 1);
+  if (m.kind == kMaskCausalBottomRight) begin = max64(begin, c1 - 1 - m.shift());
+  if (m.right >= 0) begin = max64(begin, c1 - 1 - m.shift() - m.right);
+  return {begin, end};
+}
+
 // ------------------------------------------------------------------------------ indexing
 
 // Strides of one [b, s, h, d] tensor (head-dim stride is 1 by contract).

@@ -23,6 +23,8 @@
 // in loop order and over a block's queries in increasing k-steps, in one thread's registers.
 // The values and the order are those of the 4-warp kernel, so with the same group splits the
 // two give the same bits (the GPU test checks it).
+// FullD: d_qk == d_v == D, known at compile time, so no GEMM carries the runtime guards that
+// skip a smaller head dim's zero padding (forward_kernel.cuh says why that matters).
 #pragma once
 
 #include "backends/cuda/backward_kernels.cuh"
@@ -44,7 +46,7 @@ __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) 
 // kp.dq_accum (unscaled; launch_convert_dq applies the scale) for query rows below r1 and
 // columns below d_qk. Rows of dS past s_q are 0 (P^T is), keys past s_kv are masked to 0 and
 // K is zero there.
-template <class T, int D, class DsTile, class KTile>
+template <class T, int D, bool FullD, class DsTile, class KTile>
 __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk,
                                               int64_t batch, int64_t head, int64_t r0, int64_t r1) {
   using Tile = BackwardKv8Tile<D>;
@@ -52,7 +54,7 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int q0 = (warp % Tile::kDqQueryWarps) * WQ, d0 = (warp / Tile::kDqQueryWarps) * WD;
-  const int d_qk = int(kp.p.d_qk);
+  const int d_qk = FullD ? D : int(kp.p.d_qk);
   if (r0 + q0 >= r1 || d0 >= d_qk) return;
   // dQ_partial = dS K
   float dq[MT][WD / 8][4];
@@ -76,7 +78,7 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
     }
 }
 
-template <class T, int D>
+template <class T, int D, bool FullD>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
   using Tile = BackwardKv8Tile<D>;
   constexpr int Bc = Tile::kBc, Br = Tile::kBr, MT = Tile::kMT;
@@ -106,6 +108,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   const int64_t c1 = kernel::min64(c0 + Bc, s_kv);
   const MaskRule mask = p.mask(batch);
   const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
+  // Query blocks inside `unmasked` skip the mask (tile_fully_visible, hoisted out of the loop);
+  // a partial key block never does.
+  const TileRange unmasked =
+      c1 == c0 + Bc ? kernel::rows_seeing_all_keys(mask, c0, c1) : TileRange{0, 0};
   // Block and head counts in 32 bits (fewer registers live across the loop than the 4-warp
   // kernel's int64 ones; with those every variant spilled): query blocks times heads stays
   // below 2^31 unless Q holds over 2^37 rows (32 TiB at d = 128).
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
   const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
   const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
-  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+  const int d_qk = FullD ? D : int(p.d_qk), d_v = FullD ? D : int(p.d_v);
 
   // Warp w: key slice w / 2 in both phases; its other side is query half w % 2 in phase 1
   // and head-dim half w % 2 in phase 2.
@@ -132,11 +138,12 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   const int q0 = (warp & 1) * WQ;          // phase 1: first query of this warp in the block
   const int d0 = (warp & 1) * WD;          // phase 2: first dK / dV column of this warp
 
-  // Iteration `it` covers query head kv_head * group + head_begin + it / n_qblocks, query
-  // block first_qblock + it % n_qblocks.
-  auto load_queries = [&](int it, int buf) {
-    const int64_t head = kv_head * group + head_begin + it / n_qblocks;
-    const int64_t r0 = int64_t(first_qblock + it % n_qblocks) * Br;
+  // The iterations walk the query blocks of head kv_head * group + head_begin, then of the
+  // next head of the share, and so on: iteration (h, b) covers query head
+  // kv_head * group + head_begin + h, query block first_qblock + b.
+  auto load_queries = [&](int h, int b, int buf) {
+    const int64_t head = kv_head * group + head_begin + h;
+    const int64_t r0 = int64_t(first_qblock + b) * Br;
     const int rows = int(kernel::min64(Br, s_q - r0));
     load_tile<kKvThreads>(sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) +
                                                   kernel::row_offset(q_span, p.q_st, r0, head),
@@ -165,20 +172,24 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     load_tile<kKvThreads>(sV, GlobalRows{static_cast<const uint16_t*>(p.v) +
                                              kernel::row_offset(v_span, p.v_st, c0, kv_head),
                                          p.v_st.s, int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
-    load_queries(0, 0);
+    load_queries(0, 0, 0);
   }
   cp_async_commit();
 
+  // (h, b): this iteration's head in the share and query block; (next_h, next_b): the next's
+  int h = 0, b = 0;
   for (int it = 0; it < n_iters; ++it) {
     const int buf = int(it & 1);
+    const bool last_block = b + 1 == n_qblocks;
+    const int next_h = last_block ? h + 1 : h, next_b = last_block ? 0 : b + 1;
     // Query block `it` has landed, and every warp is done with block it - 1: with its Q / dO
     // buffer, which the next load refills while this block computes, and with the P^T / dS^T
     // tiles, which this block rewrites.
     cp_async_wait<0>();
     __syncthreads();
-    if (it + 1 < n_iters) load_queries(it + 1, buf ^ 1);
+    if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
-    const int64_t r0 = int64_t(first_qblock + it % n_qblocks) * Br;
+    const int64_t r0 = int64_t(first_qblock + b) * Br;
     const int64_t r1 = kernel::min64(r0 + Br, s_q);
     const float* lse2 = sLse + buf * Br + q0;
     const float* delta = sDelta + buf * Br + q0;
@@ -197,7 +208,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
           st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
-    if (c1 < c0 + Bc || !kernel::tile_fully_visible(mask, r0, r1, c0, c1))
+    if (r0 < unmasked.begin || r1 > unmasked.end)
       apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
     store_accum<T, MT, WQ>(sP, key0, q0, st);
 
@@ -224,10 +235,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
     // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
     // memory until the next iteration's barrier.
-    if (kp.dq_accum != nullptr) {
-      const int64_t head = kv_head * group + head_begin + it / n_qblocks;
-      accumulate_dq<T, D>(kp, sDS, sK, batch, head, r0, r1);
-    }
+    if (kp.dq_accum != nullptr) accumulate_dq<T, D, FullD>(kp, sDS, sK, batch, kv_head * group + head_begin + h, r0, r1);
+    h = next_h, b = next_b;
   }
 
   // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
@@ -238,7 +247,8 @@ template <class T, int D>
 cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
   using Tile = BackwardKv8Tile<D>;
   constexpr int smem = Tile::kSmemBytes;
-  auto fn = backward_kv8_kernel<T, D>;
+  const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
+  auto fn = full_d ? backward_kv8_kernel<T, D, true> : backward_kv8_kernel<T, D, false>;
   if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
     return e;

@@ -8,6 +8,10 @@
 // Scheduler: K and V stream through shared memory in double-buffered stages of kStage keys
 // (kernel_traits.cuh): stage n+1 loads with cp.async while the warps walk stage n kBc keys at
 // a time, so each stage costs one barrier. Every tensor is addressed through its own strides.
+// FullD: d_qk == d_v == D (the head dims fill the bucket), known at compile time, so the GEMMs
+// run every k-step and column tile without the runtime guards that skip a smaller head dim's
+// zero padding; those guards are branches between k-steps, across which ptxas does not move
+// the next step's ldmatrix above this step's MMAs (bench/cuda-notes.md, item 16).
 #pragma once
 
 #include <cmath>
@@ -65,7 +69,7 @@ __device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskR
     }
 }
 
-template <class T, int D>
+template <class T, int D, bool FullD>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
   using Tile = ForwardTile<D>;
   constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc, Stage = Tile::kStage;
@@ -101,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   const auto* q_ptr = static_cast<const uint16_t*>(p.q);
   const auto* k_ptr = static_cast<const uint16_t*>(p.k);
   const auto* v_ptr = static_cast<const uint16_t*>(p.v);
-  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+  const int d_qk = FullD ? D : int(p.d_qk), d_v = FullD ? D : int(p.d_v);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -242,7 +246,8 @@ template <class T, int D>
 cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
   using Tile = ForwardTile<D>;
   constexpr int smem = (Tile::kBr + 4 * Tile::kStage) * D * 2;  // Q + two stages of K and V
-  auto kernel_fn = forward_kernel<T, D>;
+  const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
+  auto kernel_fn = full_d ? forward_kernel<T, D, true> : forward_kernel<T, D, false>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
     return e;
