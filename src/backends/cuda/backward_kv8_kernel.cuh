@@ -56,10 +56,10 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
   const int q0 = (warp % Tile::kDqQueryWarps) * WQ, d0 = (warp / Tile::kDqQueryWarps) * WD;
   const int d_qk = FullD ? D : int(kp.p.d_qk);
   if (r0 + q0 >= r1 || d0 >= d_qk) return;
-  // dQ_partial = dS K
+  // dQ_partial = dS K (FullD: all WD columns, which ptxas cannot see in d_qk - d0)
   float dq[MT][WD / 8][4];
   zero<MT, WD>(dq);
-  gemm_sn<T, MT, Tile::kBc, WD, kKv8PrefetchUpdate, /*TransA=*/true>(dq, sds, q0, sk, d0, d_qk - d0);
+  gemm_sn<T, MT, Tile::kBc, WD, kKv8PrefetchUpdate, /*TransA=*/true>(dq, sds, q0, sk, d0, FullD ? WD : d_qk - d0);
   // rows r0 .. r0 + 63 of this head are consecutive rows of the accumulator
   float* const block = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk + d0;
   const int rows = int(r1 - r0);
@@ -73,7 +73,7 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
 #pragma unroll
       for (int n = 0; n < WD / 8; ++n) {
         const int col = n * 8 + 2 * t;
-        if (d0 + col < d_qk) atomic_add_pair(dst + col, dq[mt][n][2 * h], dq[mt][n][2 * h + 1]);
+        if (FullD || d0 + col < d_qk) atomic_add_pair(dst + col, dq[mt][n][2 * h], dq[mt][n][2 * h + 1]);
       }
     }
 }
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   uint16_t* const q_base = sDS.base + PTile::kElems;
   auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
   auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
-  float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], base-2 LSE
+  float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], LSE (natural log)
   float* sDelta = sLse + 2 * Br;                                        // [2][Br]
 
   const kernel::AttentionParams& p = kp.p;
@@ -151,11 +151,16 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     load_tile<kKvThreads>(sDO(buf), GlobalRows{static_cast<const uint16_t*>(p.d_o) +
                                                    kernel::row_offset(do_span, p.do_st, r0, head),
                                                p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
+    // LSE (natural log, converted where it is used) and delta of the block's rows; rows
+    // past s_q get LSE = -inf (P = 0) and delta = 0.
     for (int i = threadIdx.x; i < Br; i += kKvThreads) {
-      const bool valid = i < rows;
-      sLse[buf * Br + i] =
-          valid ? lse_log2(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, r0 + i)]) : INFINITY;
-      sDelta[buf * Br + i] = valid ? kp.delta[delta_index(kp, batch, head, r0 + i)] : 0.f;
+      if (i < rows) {
+        cp_async_4(smem_addr(sLse + buf * Br + i), p.lse + kernel::lse_offset(p.q_seq, p.lse_st, batch, head, r0 + i));
+        cp_async_4(smem_addr(sDelta + buf * Br + i), kp.delta + delta_index(kp, batch, head, r0 + i));
+      } else {
+        sLse[buf * Br + i] = -INFINITY;
+        sDelta[buf * Br + i] = 0.f;
+      }
     }
   };
 
@@ -191,7 +196,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     cp_async_commit();
     const int64_t r0 = int64_t(first_qblock + b) * Br;
     const int64_t r1 = kernel::min64(r0 + Br, s_q);
-    const float* lse2 = sLse + buf * Br + q0;
+    const float* lse = sLse + buf * Br + q0;
     const float* delta = sDelta + buf * Br + q0;
 
     // ---- phase 1: this warp's 32 keys x 32 queries of P^T and dS^T
@@ -205,7 +210,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
       for (int n = 0; n < WQ / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
+          st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse_log2(lse[n * 8 + 2 * t + (e & 1)]));
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
     if (r0 < unmasked.begin || r1 > unmasked.end)
@@ -228,9 +233,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 
     // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
     // dV += P^T dO
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, d_v - d0);
+    // (FullD: all WD columns, which ptxas cannot see in d_v - d0)
+    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, FullD ? WD : d_v - d0);
     // dK += dS^T Q
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, d_qk - d0);
+    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, FullD ? WD : d_qk - d0);
 
     // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
     // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
