@@ -126,7 +126,7 @@ typedef struct sa_backward_args {
 SA_API int sa_forward(const sa_forward_args* args, char* msg, size_t msg_len);
 SA_API int sa_backward(const sa_backward_args* args, char* msg, size_t msg_len);
 
-/* Bytes of scratch the backend that would run needs. */
+/* Bytes of scratch the backend that would run needs. A workspace must start 16-byte aligned. */
 SA_API int sa_workspace_size(const sa_forward_args* args, size_t* bytes, char* msg, size_t msg_len);
 SA_API int sa_backward_workspace_size(const sa_backward_args* args, size_t* bytes, char* msg,
                                       size_t msg_len);

@@ -143,7 +143,7 @@ struct BackwardArgs {
 [[nodiscard]] Status backward(const BackwardArgs& args);
 
 // Bytes of scratch the backend that would run needs; pass that much as `workspace` to avoid
-// an internal allocation.
+// an internal allocation. A workspace must start 16-byte aligned (cudaMalloc's are).
 [[nodiscard]] Status workspace_size(const ForwardArgs& args, std::size_t* bytes);
 [[nodiscard]] Status workspace_size(const BackwardArgs& args, std::size_t* bytes);
 

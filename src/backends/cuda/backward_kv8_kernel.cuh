@@ -18,7 +18,12 @@
 //   phase 2, warps 4 (keys, 32 each) x 2 (head-dim halves, D/2 each):
 //     dV += P^T dO;  dK += dS^T Q   (A operands from the shared P^T / dS^T tiles)
 //   phase 3, single pass only (kp.dq_accum set), warps 2 (queries) x 4 (head-dim quarters):
-//     dq_accum += dS K  (fp32 atomics; the two-pass backward's dQ pass does this instead)
+//     dq_accum += dS K  (the two-pass backward's dQ pass does this instead), by fp32
+//     atomics, or on sm_90 at D = 128 (kp.dq_stage) staged in shared memory and added by one
+//     bulk reduction per row, issued after the next barrier: atomics hold their data
+//     registers until the memory system takes them, and the ncu profile showed the next
+//     iteration's first writes to those registers stalling (~13% of the samples;
+//     bench/cuda-notes.md, item 16)
 // dK and dV are deterministic, no atomics: every dK / dV element sums over the query blocks
 // in loop order and over a block's queries in increasing k-steps, in one thread's registers.
 // The values and the order are those of the 4-warp kernel, so with the same group splits the
@@ -46,9 +51,12 @@ __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) 
 // kp.dq_accum (unscaled; launch_convert_dq applies the scale) for query rows below r1 and
 // columns below d_qk. Rows of dS past s_q are 0 (P^T is), keys past s_kv are masked to 0 and
 // K is zero there.
+// With `stage` (sm_90, kp.dq_stage): this warp's rows and columns of dS K go to the fp32
+// staging tile [64][kDqStageStride] instead, every row (those past r1 are never reduced).
 template <class T, int D, bool FullD, class DsTile, class KTile>
 __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk,
-                                              int64_t batch, int64_t head, int64_t r0, int64_t r1) {
+                                              int64_t batch, int64_t head, int64_t r0, int64_t r1,
+                                              float* stage) {
   using Tile = BackwardKv8Tile<D>;
   constexpr int WQ = Tile::kDqWarpQ, WD = Tile::kDqWarpD, MT = WQ / 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -60,6 +68,22 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
   float dq[MT][WD / 8][4];
   zero<MT, WD>(dq);
   gemm_sn<T, MT, Tile::kBc, WD, kKv8PrefetchUpdate, /*TransA=*/true>(dq, sds, q0, sk, d0, FullD ? WD : d_qk - d0);
+  if (stage != nullptr) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float* dst = stage + (q0 + mt * 16 + g + 8 * h) * Tile::kDqStageStride + d0;
+#pragma unroll
+        for (int n = 0; n < WD / 8; ++n) {
+          const int col = n * 8 + 2 * t;
+          if (FullD || d0 + col < d_qk)
+            *reinterpret_cast<float2*>(dst + col) = make_float2(dq[mt][n][2 * h], dq[mt][n][2 * h + 1]);
+        }
+      }
+    fence_async_shared();  // for the bulk reductions (async proxy) after the next barrier
+    return;
+  }
   // rows r0 .. r0 + 63 of this head are consecutive rows of the accumulator
   float* const block = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk + d0;
   const int rows = int(r1 - r0);
@@ -97,6 +121,9 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
   float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], LSE (natural log)
   float* sDelta = sLse + 2 * Br;                                        // [2][Br]
+  // sm_90 single pass: dS K of the last block, [Br][kDqStageStride] fp32 (kp.dq_stage)
+  float* const sDqStage =
+      kBulkReduce && Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? sDelta + 2 * Br : nullptr;
 
   const kernel::AttentionParams& p = kp.p;
   const int64_t batch = blockIdx.z;
@@ -181,6 +208,17 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   }
   cp_async_commit();
 
+  // sm_90 single pass: the rows of the last block staged in sDqStage go out after the barrier
+  // that follows their stores, one bulk reduction per row (thread i: row i); each thread waits
+  // for its reduction to have read the stage before the barrier ahead of the next stores.
+  float* staged_dq = nullptr;  // dq_accum row of the staged block's first row
+  int staged_rows = 0;
+  auto reduce_staged_dq = [&] {
+    if (int(threadIdx.x) < staged_rows)
+      bulk_reduce_add_f32(staged_dq + int64_t(threadIdx.x) * d_qk,
+                          smem_addr(sDqStage + threadIdx.x * Tile::kDqStageStride), uint32_t(d_qk) * 4u);
+  };
+
   // (h, b): this iteration's head in the share and query block; (next_h, next_b): the next's
   int h = 0, b = 0;
   for (int it = 0; it < n_iters; ++it) {
@@ -192,6 +230,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // tiles, which this block rewrites.
     cp_async_wait<0>();
     __syncthreads();
+    if (sDqStage != nullptr) reduce_staged_dq();
     if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
     const int64_t r0 = int64_t(first_qblock + b) * Br;
@@ -229,6 +268,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
         for (int e = 0; e < 4; ++e)
           dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
+    if (sDqStage != nullptr) bulk_wait_read();  // (phase 3 below rewrites the stage)
     __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
 
     // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
@@ -241,8 +281,18 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
     // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
     // memory until the next iteration's barrier.
-    if (kp.dq_accum != nullptr) accumulate_dq<T, D, FullD>(kp, sDS, sK, batch, kv_head * group + head_begin + h, r0, r1);
+    if (kp.dq_accum != nullptr) {
+      const int64_t head = kv_head * group + head_begin + h;
+      accumulate_dq<T, D, FullD>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
+      staged_dq = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
+      staged_rows = int(r1 - r0);
+    }
     h = next_h, b = next_b;
+  }
+  if (sDqStage != nullptr && n_iters > 0) {
+    __syncthreads();
+    reduce_staged_dq();
+    bulk_wait();  // (the shared source must outlive the reductions' reads)
   }
 
   // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
@@ -252,7 +302,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 template <class T, int D>
 cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
   using Tile = BackwardKv8Tile<D>;
-  constexpr int smem = Tile::kSmemBytes;
+  const int smem =
+      Tile::kSmemBytes + (Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? Tile::kDqStageBytes : 0);
   const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
   auto fn = full_d ? backward_kv8_kernel<T, D, true> : backward_kv8_kernel<T, D, false>;
   if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -32,6 +32,9 @@ constexpr std::int64_t kMaxGridYZ = 65535;
 constexpr std::size_t kAlign = 256;
 
 std::size_t round_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+// A caller's workspace must start this aligned: the pieces (kAlign multiples apart) then
+// are too, as the int64 tables, fp32 float2 atomics and sm_90 bulk reductions need.
+constexpr std::size_t kWorkspaceAlign = 16;
 
 // ---------------------------------------------------------------- support rules
 
@@ -182,6 +185,24 @@ bool use_fused_dq(const Problem& p, bool kv8) {
   return forced >= 0 ? forced == 1 : !p.deterministic;
 }
 
+// Whether the single pass adds dQ by bulk reductions from shared memory (KernelParams::
+// dq_stage): on sm_90 (the sm_90a build; other GPUs run the sm_80 one, which uses atomics)
+// in the buckets where it measured faster (BackwardKv8Tile::kDqBulk) with room for the stage;
+// STRIDEATTN_CUDA_DQ_STAGE=0 (tests) forces the atomics.
+// (dq_accum is 16-byte aligned: the workspace is, and its pieces are kAlign multiples.)
+bool dq_bulk_reduction(int bucket) {
+  if (env_switch("STRIDEATTN_CUDA_DQ_STAGE") == 0) return false;
+  int dev = 0, major = 0, smem = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && cuda_impl::kv8_dq_stage_bytes(bucket) > 0 &&
+         smem >= cuda_impl::kv8_smem_bytes(bucket) + cuda_impl::kv8_dq_stage_bytes(bucket);
+}
+
 // Bytes of the single-pass backward's fp32 dQ accumulator (unrounded).
 std::size_t dq_accum_bytes(const Problem& p) {
   return std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) *
@@ -261,6 +282,11 @@ class Workspace {
     stream_ = stream;
     if (bytes == 0) return Status::Ok();
     if (p.workspace != nullptr) {
+      if (reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlign != 0)
+        return Status(StatusCode::invalid_argument,
+                      "workspace address " + std::to_string(reinterpret_cast<std::uintptr_t>(p.workspace)) +
+                          " is not " + std::to_string(kWorkspaceAlign) +
+                          "-byte aligned; the cuda backend needs that (cudaMalloc pointers are 256-byte aligned)");
       if (p.workspace_bytes < bytes)
         return Status(StatusCode::invalid_argument,
                       "workspace of " + std::to_string(p.workspace_bytes) +
@@ -322,8 +348,10 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
     kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
     kp->partial_rows = plan.partial_rows;
   }
-  if (plan.dq_accum > 0)
+  if (plan.dq_accum > 0) {
     kp->dq_accum = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta + plan.partial);
+    kp->dq_stage = dq_bulk_reduction(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
+  }
   return Status::Ok();
 }
 
@@ -403,8 +431,9 @@ class CudaBackend final : public BackendImpl {
       if (p.is_backward() && cuda_impl::has_kv8_pass(cuda_impl::head_dim_bucket(p.d_qk, p.d_v)))
         line += kp->kv_pass_8warps ? "; dK/dV pass: 8 warps" : "; dK/dV pass: 4 warps";
       if (p.is_backward())
-        line += kp->dq_accum != nullptr ? "; single-pass backward (dQ by fp32 atomics)"
-                                        : "; two-pass backward (deterministic)";
+        line += kp->dq_accum == nullptr ? "; two-pass backward (deterministic)"
+                : kp->dq_stage          ? "; single-pass backward (dQ by fp32 bulk reductions)"
+                                        : "; single-pass backward (dQ by fp32 atomics)";
       log_line(LogLevel::debug, line);
     }
     if (p.varlen)

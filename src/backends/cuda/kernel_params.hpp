@@ -52,6 +52,10 @@ struct KernelParams {
   // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass
   // path (a separate, deterministic dQ pass).
   float* dq_accum = nullptr;
+  // With dq_accum, on sm_90 (cc 9.x, dq_accum 16-byte aligned): the 8-warp pass stages each
+  // block's dS K in shared memory (BackwardKv8Tile::kDqStageBytes more) and adds it with bulk
+  // reductions instead of atomics. The host sets it; an sm_80 build ignores it.
+  bool dq_stage = false;
 };
 
 // Row of the delta workspace for (sequence `batch`, head, token).

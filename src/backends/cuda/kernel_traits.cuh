@@ -128,8 +128,8 @@ struct BackwardKv8Tile {
   // Single pass (dq_accum set): dQ_partial = dS K [64 x D] over the 128 keys, warps 2
   // (queries, 32 = 2 m-tiles each) x 4 (head-dim quarters, D/4 each): 2 x D/4 fp32
   // accumulators, live only in that phase; each dS^T / K fragment feeds two MMAs. 64 x D
-  // floats per CTA and query block go out as 2-float atomics, half as many per FLOP as with
-  // 64-key CTAs.
+  // floats per CTA and query block go out (2-float atomics, or sm_90 bulk reductions from the
+  // stage below), half as many per FLOP as with 64-key CTAs.
   static constexpr int kDqQueryWarps = 2;
   static constexpr int kDqWarpQ = kBr / kDqQueryWarps;               // 32
   static constexpr int kDqWarpD = kD / (kKvWarps / kDqQueryWarps);   // D / 4
@@ -138,11 +138,26 @@ struct BackwardKv8Tile {
   // (163 / 227 KiB) but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel
   // instead. D = 64: 99,328 bytes, within all of them.
   static constexpr int kSmemBytes = (2 * kBc * kD + 4 * kBr * kD + 2 * kBc * kBr) * 2 + 4 * kBr * 4;
+  // sm_90 single pass (KernelParams::dq_stage): the block's dS K [64 x d_qk] in fp32, staged
+  // after the above for the bulk reductions into dq_accum, rows kDqStageStride floats apart:
+  // D + 8 puts the 8 rows of one 2-float store 32 bytes apart in the banks, so the 32 lanes'
+  // 256 bytes take the minimum 2 wavefronts (with D they would all share 8 banks). D = 128:
+  // 34,816 more bytes (199,680 in all, within sm_90's 227 KiB).
+  // Only at D = 128: at D = 64 the same staging measured slower than the atomics (H200,
+  // fwd+bwd 226 -> 203 TFLOP/s; d 128: 278 -> 283): phase 1 is half as long there, too short
+  // to hide the 64 row reductions, which the barrier before phase 3's next stores waits for.
+  static constexpr bool kDqBulk = kD == 128;
+  static constexpr int kDqStageStride = kD + 8;
+  static constexpr int kDqStageBytes = kBr * kDqStageStride * 4;
 };
 // Whether a head-dim bucket has the 8-warp pass.
 inline constexpr bool has_kv8_pass(int bucket) { return bucket == 64 || bucket == 128; }
 inline constexpr int kv8_smem_bytes(int bucket) {
   return bucket == 64 ? BackwardKv8Tile<64>::kSmemBytes : BackwardKv8Tile<128>::kSmemBytes;
+}
+// Shared memory of the sm_90 dQ stage; 0 where the bucket adds dQ by atomics (kDqBulk).
+inline constexpr int kv8_dq_stage_bytes(int bucket) {
+  return bucket == 128 && BackwardKv8Tile<128>::kDqBulk ? BackwardKv8Tile<128>::kDqStageBytes : 0;
 }
 // Fragment prefetch in the 8-warp pass's GEMMs (as kBackwardPrefetch above), phase 1
 // (S^T, dP^T: gemm_nt) and phase 2 (dV, dK: gemm_sn). ptxas -v, CUDA 13.0, bf16 and f16 alike,

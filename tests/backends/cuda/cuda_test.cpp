@@ -360,8 +360,10 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
 
 // The d <= 64 and d <= 128 buckets' dK/dV pass has two kernels: the 8-warp one (the default)
 // and the 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0; the 8-warp one also runs the
-// single-pass backward (dQ = dS K added into an fp32 accumulator with atomics, the default
-// with deterministic = false; STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way). All three run
+// single-pass backward (dQ = dS K added into an fp32 accumulator, the default with
+// deterministic = false; STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way), whose adds are bulk
+// reductions from shared memory on sm_90 in the d <= 128 bucket and atomics elsewhere or with
+// STRIDEATTN_CUDA_DQ_STAGE=0 (there both single-pass rows run atomics). All four run
 // the same cases (same seeds, so the same inputs) against the fp64 reference: GQA/MQA with forced group splits
 // (unsplit, even, uneven), causal and windowed masks, d 40 / 64 / 72 / 96 / 120 / 128, d_qk !=
 // d_v inside both buckets, s_kv a multiple of neither 64 nor 128, varlen with empty sequences.
@@ -387,12 +389,17 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
       varlen(DType::f16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {0, 3, 45, 220, 225},
              {0, 9, 50, 360, 370}, MaskKind::causal_bottom_right, 20, 8, 96),
   };
-  // 4-warp kernel; 8-warp two-pass; 8-warp single pass (dQ by atomics, the default when the
-  // caller does not ask for determinism)
-  const std::pair<const char*, const char*> paths[] = {{"0", "0"}, {"1", "0"}, {"1", "1"}};
-  for (const auto& [kv8, fused] : paths) {
-    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8 << " STRIDEATTN_CUDA_FUSED_DQ=" << fused);
-    const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8), knob_dq("STRIDEATTN_CUDA_FUSED_DQ", fused);
+  // 4-warp kernel; 8-warp two-pass; 8-warp single pass (the default when the caller does not
+  // ask for determinism) with its sm_90 bulk reductions and with atomics
+  struct Path {
+    const char *kv8, *fused, *stage;
+  };
+  const Path paths[] = {{"0", "0", "1"}, {"1", "0", "1"}, {"1", "1", "1"}, {"1", "1", "0"}};
+  for (const auto& [kv8, fused, stage] : paths) {
+    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8 << " STRIDEATTN_CUDA_FUSED_DQ=" << fused
+                                      << " STRIDEATTN_CUDA_DQ_STAGE=" << stage);
+    const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8), knob_dq("STRIDEATTN_CUDA_FUSED_DQ", fused),
+        knob_stage("STRIDEATTN_CUDA_DQ_STAGE", stage);
     for (const CaseSpec& c : others) expect_cuda_ok(c);
     for (const char* splits : {"1", "2", "4", "6"}) {
       SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
@@ -471,12 +478,12 @@ bool kv8_enabled() {
 
 // A caller-provided workspace of workspace_size() bytes gives the same bytes as the
 // library's own allocation (varlen tables and the backward's delta rows live there); one
-// byte less is refused with invalid_argument.
+// byte less, or a start that is not 16-byte aligned, is refused with invalid_argument.
 TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
   SKIP_WITHOUT_GPU();
   // d 128: the single pass (deterministic = false) keeps its fp32 dQ accumulator in the
   // workspace too. Every sequence's keys fit one 128-key block and each query head is in one
-  // group split, so each dQ element gets exactly one atomic add: bitwise reproducible here.
+  // group split, so each dQ element gets exactly one add: bitwise reproducible here.
   const std::int64_t h = 4, hg = 2, d = 128, tq = 104, tkv = 125;
   const std::vector<std::int64_t> lq{30, 0, 70}, lk{50, 9, 60};
   std::mt19937_64 rng(5);
@@ -546,6 +553,11 @@ TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
     ba.workspace_bytes = bwd_bytes - 1;
     const strideattn::Status small = strideattn::backward(ba);
     EXPECT_EQ(small.code(), strideattn::StatusCode::invalid_argument) << small.message();
+    // a workspace that does not start 16-byte aligned is refused, saying so
+    ba.workspace = static_cast<char*>(ws) + 8, ba.workspace_bytes = bwd_bytes - 8;
+    const strideattn::Status odd = strideattn::backward(ba);
+    EXPECT_EQ(odd.code(), strideattn::StatusCode::invalid_argument) << odd.message();
+    EXPECT_NE(odd.message().find("16-byte aligned"), std::string::npos) << odd.message();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     cudaFree(ws);
   }
