@@ -101,12 +101,13 @@ const std::vector<SupportRule>& rules() {
 
 // The dK/dV pass runs one CTA per (key block, KV head, sequence), each looping over every
 // query head of its GQA group. With few KV heads that grid is too small: the seed case (MQA
-// 16/1, 8 sequences of 2k keys, d 64) has 128 CTAs for 132 SMs that hold two each. Splitting
-// the group over CTAs brings the grid to about kTargetWarpsPerSm x SMs warps: 4 CTAs of 4
-// warps per SM (two waves of the two resident, so that causal imbalance evens out), or 2 of
-// the 8-warp kernel's (one resident per SM), at the price of fp32 partials and one
-// reduction pass.
-constexpr std::int64_t kTargetWarpsPerSm = 16;
+// 16/1, 8 sequences of 2k keys, d 64) has 128 CTAs for 132 SMs. Splitting the group over
+// CTAs brings the grid to about target_ctas_per_sm x SMs CTAs, at the price of fp32 partials
+// and one reduction pass: several waves, so that the causal imbalance between key blocks
+// evens out. 4-warp kernel: 4 CTAs per SM (two waves of the two resident). 8-warp kernel
+// (one resident per SM): 16, measured on the seed's fwd+bwd (H200, bench/RESULTS.md
+// 2026-11-30): 3 splits (the former target of 2 per SM) 133 TFLOP/s, 4: 139, 8: 148, 16: 151.
+std::int64_t target_ctas_per_sm(bool kv8) { return kv8 ? 16 : 4; }
 
 std::int64_t multiprocessors() {
   int dev = 0, n = 0;
@@ -163,7 +164,7 @@ int choose_group_splits(const Problem& p, bool kv8) {
   const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8);
   const std::int64_t ctas = (p.s_kv + keys - 1) / keys *
                             cuda_impl::kv_pass_dim_splits(bucket) * p.kv_heads * p.batch;
-  const std::int64_t target = kTargetWarpsPerSm / cuda_impl::kv_pass_warps(bucket, kv8) * multiprocessors();
+  const std::int64_t target = target_ctas_per_sm(kv8) * multiprocessors();
   if (ctas <= 0 || ctas >= target) return 1;
   std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
   const std::int64_t per_split = (group + splits - 1) / splits;
@@ -263,6 +264,7 @@ std::uint32_t alignment_bits(const Problem& p) {
   if (pair_storable(p.o)) bits |= kPairO;
   if (p.is_backward()) {
     if (vector_loadable(p.d_o)) bits |= kVecDO;
+    if (vector_loadable(p.o)) bits |= kVecO;
     if (pair_storable(p.dq)) bits |= kPairDQ;
     if (pair_storable(p.dk)) bits |= kPairDK;
     if (pair_storable(p.dv)) bits |= kPairDV;

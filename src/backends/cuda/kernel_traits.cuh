@@ -185,9 +185,6 @@ inline constexpr int kv_pass_keys(int bucket, bool kv8) {
   if (kv8 && has_kv8_pass(bucket)) return 128;  // BackwardKv8Tile<bucket>::kBc
   return bucket == 64 ? BackwardKvTile<64>::kBc : bucket == 128 ? BackwardKvTile<128>::kBc : BackwardKvTile<256>::kBc;
 }
-inline constexpr int kv_pass_warps(int bucket, bool kv8) {
-  return kv8 && has_kv8_pass(bucket) ? kKvWarps : kWarps;
-}
 inline constexpr int kv_pass_dim_splits(int bucket) {
   return bucket == 64 ? 64 / BackwardKvTile<64>::kDAcc
                       : bucket == 128 ? 128 / BackwardKvTile<128>::kDAcc : 256 / BackwardKvTile<256>::kDAcc;
