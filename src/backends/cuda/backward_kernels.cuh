@@ -26,6 +26,16 @@ __device__ __forceinline__ float lse_log2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
+// dq_accum[row][col], [col + 1] += (x0, x1); col even, the row 8-byte aligned (d_qk % 8 == 0).
+__device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
+#else
+  atomicAdd(dst, x0);
+  atomicAdd(dst + 1, x1);
+#endif
+}
+
 // The dK/dV pass epilogue for one warp's accumulators dk, dv [MT][N/8][4]: rows (keys)
 // key0 + 16 * mt + g (+8), those below c1 only; head-dim columns col0 + 8 * n + 2t (+1).
 // One group split: dK * scale and dV, stored through their strides. Several: fp32 partial

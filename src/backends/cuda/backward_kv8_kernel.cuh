@@ -33,18 +33,9 @@
 #pragma once
 
 #include "backends/cuda/backward_kernels.cuh"
+#include "backends/cuda/backward_wgmma_kernel.cuh"
 
 namespace strideattn::cuda_impl {
-
-// dq_accum[row][col], [col + 1] += (x0, x1); col even, the row 8-byte aligned (d_qk % 8 == 0).
-__device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
-#else
-  atomicAdd(dst, x0);
-  atomicAdd(dst + 1, x1);
-#endif
-}
 
 // Phase 3 of the single pass: this warp's 32 queries x D/4 head-dim columns of dS K over the
 // CTA's 128 keys (dS^T in `sds`, keys x queries; K in `sk`, keys x head dim), added into
@@ -322,7 +313,9 @@ template <class T, int D>
 cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
   if constexpr (has_kv8_pass(D))
-    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T, D>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
+    e = kp.kv_pass_wgmma    ? launch_kv_pass_wgmma<T, D>(kp, stream)
+        : kp.kv_pass_8warps ? launch_kv_pass_8warps<T, D>(kp, stream)
+                            : launch_kv_pass_4warps<T, D>(kp, stream);
   else
     e = launch_kv_pass_4warps<T, D>(kp, stream);
   if (e != cudaSuccess || kp.dq_accum != nullptr) return e;  // single pass: dQ is done

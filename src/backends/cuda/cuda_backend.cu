@@ -152,6 +152,29 @@ bool kv_pass_8warps(int bucket) {
   return smem >= cuda_impl::kv8_smem_bytes(bucket);
 }
 
+// On sm_90a the wgmma dK/dV pass (backward_wgmma_kernel.cuh) runs where the 8-warp one would:
+// the build carries sm_90a code (STRIDEATTN_CUDA_SM90A, set by CMake from the CUDA
+// architectures), the GPU is a 9.0 one and grants the kernel's shared memory.
+// STRIDEATTN_CUDA_WGMMA=0 runs the 8-warp mma.sync pass instead (tests, bench A/B runs).
+bool kv_pass_wgmma(int bucket, bool kv8) {
+#if defined(STRIDEATTN_CUDA_SM90A)
+  if (!kv8 || env_switch("STRIDEATTN_CUDA_WGMMA") == 0) return false;
+  int dev = 0, major = 0, minor = 0, smem = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0 && smem >= cuda_impl::wgmma_smem_bytes(bucket);
+#else
+  (void)bucket;
+  (void)kv8;
+  return false;
+#endif
+}
+
 int choose_group_splits(const Problem& p, bool kv8) {
   const std::int64_t group = p.group_size();
   if (!p.is_backward() || group <= 1) return 1;
@@ -220,6 +243,7 @@ struct WorkspacePlan {
   int group_splits = 1;
   std::int64_t partial_rows = 0;  // rows of one partial plane
   bool kv8 = false;               // the 8-warp dK/dV pass runs (kv_pass_8warps)
+  bool wgmma = false;             // ... as the sm_90a wgmma kernel (kv_pass_wgmma)
   [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum; }
 };
 
@@ -230,6 +254,7 @@ WorkspacePlan plan_workspace(const Problem& p) {
     w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
                        std::size_t(p.q.shape[kSeq]) * sizeof(float));
     w.kv8 = kv_pass_8warps(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
+    w.wgmma = kv_pass_wgmma(cuda_impl::head_dim_bucket(p.d_qk, p.d_v), w.kv8);
     w.group_splits = choose_group_splits(p, w.kv8);
     if (w.group_splits > 1) {
       w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
@@ -346,13 +371,15 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
   kp->kv_tokens = p.kv_tokens();
   kp->group_splits = plan.group_splits;
   kp->kv_pass_8warps = plan.kv8;
+  kp->kv_pass_wgmma = plan.wgmma;
   if (plan.group_splits > 1) {
     kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
     kp->partial_rows = plan.partial_rows;
   }
   if (plan.dq_accum > 0) {
     kp->dq_accum = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta + plan.partial);
-    kp->dq_stage = dq_bulk_reduction(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
+    // (the wgmma pass adds dQ by atomics: it has no stage)
+    kp->dq_stage = !plan.wgmma && dq_bulk_reduction(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
   }
   return Status::Ok();
 }
@@ -431,7 +458,9 @@ class CudaBackend final : public BackendImpl {
       if (kp->group_splits > 1)
         line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
       if (p.is_backward() && cuda_impl::has_kv8_pass(cuda_impl::head_dim_bucket(p.d_qk, p.d_v)))
-        line += kp->kv_pass_8warps ? "; dK/dV pass: 8 warps" : "; dK/dV pass: 4 warps";
+        line += kp->kv_pass_wgmma    ? "; dK/dV pass: 8 warps, wgmma (sm_90a)"
+                : kp->kv_pass_8warps ? "; dK/dV pass: 8 warps"
+                                     : "; dK/dV pass: 4 warps";
       if (p.is_backward())
         line += kp->dq_accum == nullptr ? "; two-pass backward (deterministic)"
                 : kp->dq_stage          ? "; single-pass backward (dQ by fp32 bulk reductions)"

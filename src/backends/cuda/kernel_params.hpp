@@ -47,6 +47,10 @@ struct KernelParams {
   // one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The d <= 256 bucket always
   // runs the 4-warp kernel. Set by the host from its workspace plan.
   bool kv_pass_8warps = false;
+  // sm_90a: the dK/dV pass of those two buckets is the wgmma kernel
+  // (backward_wgmma_kernel.cuh) instead of the 8-warp mma.sync one (kv_pass_8warps is also
+  // set: same grid, same workspace). Set by the host on a 9.0 GPU of an sm_90a build.
+  bool kv_pass_wgmma = false;
   // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
   // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
   // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass

@@ -30,4 +30,22 @@ struct Swizzle {
   SA_HD static int step(int offset_at_col, int k) { return offset_at_col ^ (16 * k); }
 };
 
+// The tiles of the sm_90a wgmma kernels: ROWS x COLS 16-bit elements stored as COLS / 64
+// column blocks of ROWS x 64, each row of a block 128 bytes with its 16-byte chunks XOR-ed
+// by (row % 8). With the tile 1024-byte aligned this is the hardware's 128-byte swizzle
+// (address bits 4..6 ^= bits 7..9), so a wgmma descriptor with SWIZZLE_128B reads any
+// 8-row-aligned slice: K-major (the 64 columns are the contraction; 8-row groups 1024
+// bytes apart) or MN-major (the rows are the contraction; column blocks ROWS * 128 bytes
+// apart). At COLS == 64 it is Swizzle<64>, the layout the mma.sync kernels use.
+// (tests/backends/cuda/swizzle_test.cpp checks it against the hardware formula.)
+template <int ROWS, int COLS>
+struct Sw128Blocks {
+  static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "128-byte swizzle atoms are 8 rows x 64 columns");
+  static constexpr int kBlockElems = ROWS * 64;  // one 64-column block
+  // Element offset of (row, col), col a multiple of 8.
+  SA_HD static int offset(int row, int col) {
+    return (col >> 6) * kBlockElems + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3);
+  }
+};
+
 }  // namespace strideattn::cuda_impl

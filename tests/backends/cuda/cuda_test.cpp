@@ -15,10 +15,12 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/kernel_traits.cuh"
+#include "common/log.hpp"
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
 #include "support/backend_case.hpp"
@@ -390,16 +392,20 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
              {0, 9, 50, 360, 370}, MaskKind::causal_bottom_right, 20, 8, 96),
   };
   // 4-warp kernel; 8-warp two-pass; 8-warp single pass (the default when the caller does not
-  // ask for determinism) with its sm_90 bulk reductions and with atomics
+  // ask for determinism) with its sm_90 bulk reductions and with atomics; on sm_90a the wgmma
+  // pass (the default there), two-pass and single pass (elsewhere those rows rerun the 8-warp
+  // pass: Sm90aRunsTheWgmmaPass checks which one runs)
   struct Path {
-    const char *kv8, *fused, *stage;
+    const char *kv8, *fused, *stage, *wgmma;
   };
-  const Path paths[] = {{"0", "0", "1"}, {"1", "0", "1"}, {"1", "1", "1"}, {"1", "1", "0"}};
-  for (const auto& [kv8, fused, stage] : paths) {
+  const Path paths[] = {{"0", "0", "1", "0"}, {"1", "0", "1", "0"}, {"1", "1", "1", "0"},
+                        {"1", "1", "0", "0"}, {"1", "0", "1", "1"}, {"1", "1", "1", "1"}};
+  for (const auto& [kv8, fused, stage, wgmma] : paths) {
     SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8 << " STRIDEATTN_CUDA_FUSED_DQ=" << fused
-                                      << " STRIDEATTN_CUDA_DQ_STAGE=" << stage);
+                                      << " STRIDEATTN_CUDA_DQ_STAGE=" << stage
+                                      << " STRIDEATTN_CUDA_WGMMA=" << wgmma);
     const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8), knob_dq("STRIDEATTN_CUDA_FUSED_DQ", fused),
-        knob_stage("STRIDEATTN_CUDA_DQ_STAGE", stage);
+        knob_stage("STRIDEATTN_CUDA_DQ_STAGE", stage), knob_wgmma("STRIDEATTN_CUDA_WGMMA", wgmma);
     for (const CaseSpec& c : others) expect_cuda_ok(c);
     for (const char* splits : {"1", "2", "4", "6"}) {
       SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
@@ -420,6 +426,7 @@ TEST(CudaBackend, DkDvPassEightWarpsDeterministicAndEqualToFourWarps) {
     SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
     const ScopedEnv forced("STRIDEATTN_CUDA_GROUP_SPLITS", splits);
     std::vector<std::uint16_t> eight[2], four;
+    const ScopedEnv mma_sync("STRIDEATTN_CUDA_WGMMA", "0");  // (the wgmma pass sums in its own order)
     {
       const ScopedEnv knob("STRIDEATTN_CUDA_KV8", "1");
       eight[0] = c.backward();
@@ -436,6 +443,50 @@ TEST(CudaBackend, DkDvPassEightWarpsDeterministicAndEqualToFourWarps) {
     EXPECT_EQ(differ, 0u) << "elements of dQ|dK|dV that differ between the 8-warp and 4-warp "
                              "dK/dV kernels (both pass the reference in DkDvPassEightAndFourWarps)";
   }
+}
+
+std::vector<std::string> g_log;
+void capture_log(std::string_view line) { g_log.emplace_back(line); }
+
+// The debug line of one backward of the fixed case (which dK/dV pass ran).
+std::string backward_log_line(FixedBackwardCase& c) {
+  namespace detail = strideattn::detail;
+  g_log.clear();
+  detail::set_log_sink_for_testing(&capture_log);
+  detail::set_log_level_for_testing(detail::LogLevel::debug);
+  EXPECT_TRUE(any_nonzero(c.backward()));
+  detail::set_log_sink_for_testing(nullptr);
+  detail::set_log_level_for_testing(detail::LogLevel::off);
+  std::string all;
+  for (const auto& line : g_log) all += line + "\n";
+  return all;
+}
+
+// On a 9.0 GPU, in a build with sm_90a code, the d <= 128 bucket's backward runs the wgmma
+// dK/dV pass (so the wgmma rows of DkDvPassEightAndFourWarps test it), and
+// STRIDEATTN_CUDA_WGMMA=0 the 8-warp mma.sync pass; the wgmma pass is deterministic run to run.
+TEST(CudaBackend, Sm90aRunsTheWgmmaPass) {
+  SKIP_WITHOUT_GPU();
+#if !defined(STRIDEATTN_CUDA_SM90A)
+  GTEST_SKIP() << "this build carries no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)";
+#else
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "compute capability " << major << "." << minor << ", not 9.0";
+  FixedBackwardCase c;
+  const std::string wgmma = backward_log_line(c);
+  EXPECT_NE(wgmma.find("dK/dV pass: 8 warps, wgmma (sm_90a)"), std::string::npos) << wgmma;
+  {
+    const ScopedEnv off("STRIDEATTN_CUDA_WGMMA", "0");
+    const std::string mma = backward_log_line(c);
+    EXPECT_NE(mma.find("dK/dV pass: 8 warps;"), std::string::npos) << mma;
+    EXPECT_EQ(mma.find("wgmma"), std::string::npos) << mma;
+  }
+  const std::vector<std::uint16_t> first = c.backward(), second = c.backward();
+  EXPECT_TRUE(first == second) << "wgmma pass: gradients differ between runs";
+#endif
 }
 
 // ------------------------------------------------------------------ workspace

@@ -2,12 +2,14 @@
 // stepping 16 columns is an XOR of the swizzled offset. Plain arithmetic: runs in every build.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <set>
 
 #include "backends/cuda/smem_swizzle.hpp"
 
 namespace {
 
+using strideattn::cuda_impl::Sw128Blocks;
 using strideattn::cuda_impl::Swizzle;
 
 template <int COLS>
@@ -46,6 +48,35 @@ TEST(SmemSwizzle, EightRowsOfOnePhaseHitEightDifferentChunks) {
       for (int r = row0; r < row0 + 8; ++r) groups.insert(Swizzle<128>::offset(r, col) % 64 / 8);
       EXPECT_EQ(groups.size(), 8u) << "col " << col << " rows " << row0 << "..";
     }
+}
+
+// The wgmma tiles: element (row, col) sits where the hardware's 128-byte swizzle puts the
+// canonical layout's byte (column block col / 64 at ROWS * 128 bytes, rows at 128 bytes,
+// columns at 2), i.e. that byte address with bits 4..6 XOR-ed by bits 7..9 (tile 1024-byte
+// aligned); and the map is one to one over the tile.
+template <int ROWS, int COLS>
+void check_sw128() {
+  std::set<int> seen;
+  for (int row = 0; row < ROWS; ++row)
+    for (int col = 0; col < COLS; col += 8) {
+      const int linear = (col / 64) * ROWS * 128 + row * 128 + (col % 64) * 2;
+      const int hardware = linear ^ (((linear >> 7) & 7) << 4);
+      const int offset = Sw128Blocks<ROWS, COLS>::offset(row, col);
+      ASSERT_EQ(2 * offset, hardware) << ROWS << " x " << COLS << " row " << row << " col " << col;
+      seen.insert(offset);
+    }
+  EXPECT_EQ(seen.size(), std::size_t(ROWS * COLS / 8));
+}
+
+TEST(SmemSwizzle, WgmmaTilesMatchTheHardware128ByteSwizzle) {
+  check_sw128<64, 64>();
+  check_sw128<64, 128>();
+  check_sw128<128, 64>();
+  check_sw128<128, 128>();
+  // at 64 columns it is the mma.sync kernels' layout
+  for (int row = 0; row < 128; ++row)
+    for (int col = 0; col < 64; col += 8)
+      ASSERT_EQ((Sw128Blocks<128, 64>::offset(row, col)), Swizzle<64>::offset(row, col));
 }
 
 }  // namespace

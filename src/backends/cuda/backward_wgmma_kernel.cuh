@@ -1,0 +1,263 @@
+// The dK/dV pass of the backward on sm_90a for the d <= 64 and d <= 128 head-dim buckets:
+// the 8-warp pass of backward_kv8_kernel.cuh (same grid, same loop over the query blocks and
+// GQA heads, same outputs, same single-pass dQ accumulator) with every GEMM a warpgroup MMA
+// (wgmma.cuh) reading both operands from shared memory. Tile shapes and their reasons:
+// kernel_traits.cuh, BackwardWgmmaTile.
+//
+// One CTA of 2 warpgroups per (128-key block, KV head, sequence[, group split]); warpgroup
+// wg owns keys [64 wg, 64 wg + 64) of the block. Per block of 64 queries:
+//   S^T = K Q^T, dP^T = V dO^T                  (each group: 64 keys x 64 queries)
+//   P^T = 2^(S^T * scale_log2 - LSE), masked -> 0;  dS^T = P^T (dP^T - delta)
+//   P^T, dS^T rounded to T -> shared memory [128 keys x 64 queries];  barrier
+//   dV += P^T dO, dK += dS^T Q                  (each group: its 64 keys x D)
+//   single pass (kp.dq_accum): dq_accum += dS K (each group: 64 queries x D/2 columns over
+//   all 128 keys), by 2-float fp32 atomics
+// dK and dV sum over the query blocks in loop order in one thread's registers (deterministic);
+// the products inside a wgmma sum in the hardware's order, so the bytes differ from the
+// mma.sync kernels' (both pass the fp64 reference; the GPU tests run both).
+// Shared-memory operands written by cp.async or st.shared are made visible to the wgmma
+// (async proxy) by fence.proxy.async before the barrier that publishes them.
+#pragma once
+
+#include "backends/cuda/backward_kernels.cuh"
+#include "backends/cuda/wgmma.cuh"
+
+namespace strideattn::cuda_impl {
+
+// A ROWS x COLS tile of 16-bit elements in the 128-byte swizzle (smem_swizzle.hpp,
+// Sw128Blocks): the load_tile / store_accum interface of SmemTile plus wgmma descriptors.
+template <int ROWS, int COLS>
+struct Sw128Tile {
+  using Layout = Sw128Blocks<ROWS, COLS>;
+  static constexpr int kRows = ROWS, kCols = COLS, kElems = ROWS * COLS;
+  static constexpr uint32_t kBlockBytes = 2u * Layout::kBlockElems;  // one 64-column block
+  uint16_t* base;
+  __device__ __forceinline__ static int offset(int row, int col) { return Layout::offset(row, col); }
+  __device__ __forceinline__ uint16_t* chunk(int row, int col) const { return base + offset(row, col); }
+  // The unswizzled byte offset of (row, col): what a descriptor's start address is given.
+  SA_HD static constexpr uint32_t linear(int row, int col) {
+    return uint32_t(col / 64) * kBlockBytes + uint32_t(row) * 128u + uint32_t(col % 64) * 2u;
+  }
+  // Operand whose contraction runs along the columns (K-major): rows row0.., k-step kk.
+  __device__ __forceinline__ uint64_t k_major(int row0, int kk) const {
+    return sw128_desc(smem_addr(base) + linear(row0, 16 * kk), 16, 1024);
+  }
+  // Operand whose contraction runs along the rows (M- or N-major): columns col0.., k-step kk.
+  __device__ __forceinline__ uint64_t mn_major(int col0, int kk) const {
+    return sw128_desc(smem_addr(base) + linear(16 * kk, col0), kBlockBytes, 1024);
+  }
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
+#if SA_WGMMA
+  using Tile = BackwardWgmmaTile<D>;
+  constexpr int Bc = Tile::kBc, Br = Tile::kBr, KG = Tile::kKeysPerGroup, DQ = Tile::kDqCols;
+  using KvTile = Sw128Tile<Bc, D>;
+  using QTile = Sw128Tile<Br, D>;
+  using PTile = Sw128Tile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(
+      smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
+  const KvTile sK{smem};
+  const KvTile sV{sK.base + KvTile::kElems};
+  const PTile sP{sV.base + KvTile::kElems};
+  const PTile sDS{sP.base + PTile::kElems};
+  uint16_t* const q_base = sDS.base + PTile::kElems;
+  auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
+  auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
+  float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], LSE (natural log)
+  float* sDelta = sLse + 2 * Br;                                        // [2][Br]
+
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t batch = blockIdx.z;
+  const int64_t kv_head = blockIdx.y / kp.group_splits;
+  const int gsplit = int(blockIdx.y % kp.group_splits);
+  const int64_t c0 = int64_t(blockIdx.x) * Bc;
+  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
+  if (c0 >= s_kv) return;
+  const int64_t c1 = kernel::min64(c0 + Bc, s_kv);
+  const MaskRule mask = p.mask(batch);
+  const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
+  // query blocks inside `unmasked` skip the mask; a partial key block never does
+  const TileRange unmasked =
+      c1 == c0 + Bc ? kernel::rows_seeing_all_keys(mask, c0, c1) : TileRange{0, 0};
+  const int first_qblock = int(queries.begin / Br);
+  const int n_qblocks =
+      queries.end > queries.begin ? int(kernel::ceil_div(queries.end, Br)) - first_qblock : 0;
+  const int group = int(p.heads / p.kv_heads);
+  const int per_split = (group + kp.group_splits - 1) / kp.group_splits;
+  const int head_begin = min(group, gsplit * per_split);
+  const int head_end = min(group, head_begin + per_split);
+  const int n_iters = n_qblocks * (head_end - head_begin);
+
+  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
+  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
+  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
+  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+
+  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
+  const int wg = warp >> 2;                   // warpgroup: keys [64 wg, 64 wg + 64)
+  const int key0 = wg * KG + (warp & 3) * 16;  // this warp's first key row in the block
+  const int dq0 = wg * DQ;                     // this group's first dQ column
+
+  // Iteration (h, b): query head kv_head * group + head_begin + h, query block
+  // first_qblock + b (the 8-warp pass's order).
+  auto load_queries = [&](int h, int b, int buf) {
+    const int64_t head = kv_head * group + head_begin + h;
+    const int64_t r0 = int64_t(first_qblock + b) * Br;
+    const int rows = int(kernel::min64(Br, s_q - r0));
+    load_tile<kKvThreads>(sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) +
+                                                  kernel::row_offset(q_span, p.q_st, r0, head),
+                                              p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kKvThreads>(sDO(buf), GlobalRows{static_cast<const uint16_t*>(p.d_o) +
+                                                   kernel::row_offset(do_span, p.do_st, r0, head),
+                                               p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
+    for (int i = threadIdx.x; i < Br; i += kKvThreads) {
+      if (i < rows) {
+        cp_async_4(smem_addr(sLse + buf * Br + i), p.lse + kernel::lse_offset(p.q_seq, p.lse_st, batch, head, r0 + i));
+        cp_async_4(smem_addr(sDelta + buf * Br + i), kp.delta + delta_index(kp, batch, head, r0 + i));
+      } else {
+        sLse[buf * Br + i] = -INFINITY;
+        sDelta[buf * Br + i] = 0.f;
+      }
+    }
+  };
+
+  // This warp's 16 keys x D of dK and dV (the group's m64 x D accumulators), over the loop.
+  float dk[1][D / 8][4], dv[1][D / 8][4];
+  zero<1, D>(dk);
+  zero<1, D>(dv);
+
+  if (n_iters > 0) {
+    load_tile<kKvThreads>(sK, GlobalRows{static_cast<const uint16_t*>(p.k) +
+                                             kernel::row_offset(k_span, p.k_st, c0, kv_head),
+                                         p.k_st.s, int(c1 - c0), d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kKvThreads>(sV, GlobalRows{static_cast<const uint16_t*>(p.v) +
+                                             kernel::row_offset(v_span, p.v_st, c0, kv_head),
+                                         p.v_st.s, int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
+    load_queries(0, 0, 0);
+  }
+  cp_async_commit();
+
+  int h = 0, b = 0;
+  for (int it = 0; it < n_iters; ++it) {
+    const int buf = int(it & 1);
+    const bool last_block = b + 1 == n_qblocks;
+    const int next_h = last_block ? h + 1 : h, next_b = last_block ? 0 : b + 1;
+    // Query block `it` has landed (and is visible to the async proxy); every warpgroup is
+    // done with block it - 1 (its wgmmas waited for), so the other buffer and P^T / dS^T
+    // may be rewritten.
+    cp_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();
+    if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
+    cp_async_commit();
+    const int64_t r0 = int64_t(first_qblock + b) * Br;
+    const int64_t r1 = kernel::min64(r0 + Br, s_q);
+    const QTile q = sQ(buf), d_o = sDO(buf);
+
+    // ---- S^T = K Q^T and dP^T = V dO^T: this group's 64 keys x 64 queries
+    float st[1][Br / 8][4], dpt[1][Br / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16<T, 0, 0>(st[0], sK.k_major(wg * KG, kk), q.k_major(0, kk), kk);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16<T, 0, 0>(dpt[0], sV.k_major(wg * KG, kk), d_o.k_major(0, kk), kk);
+    wgmma_commit();
+
+    // P^T = 2^(S^T * scale_log2 - LSE), masked -> 0 (while dP^T is still running)
+    wgmma_wait<1>();
+    fence_operands(st[0]);
+    const float* lse = sLse + buf * Br;
+    const float* delta = sDelta + buf * Br;
+#pragma unroll
+    for (int n = 0; n < Br / 8; ++n) {
+      const float2 l = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * t);
+      const float l0 = lse_log2(l.x), l1 = lse_log2(l.y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[0][n][e] = exp2f(st[0][n][e] * kp.scale_log2 - ((e & 1) ? l1 : l0));
+    }
+    // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
+    // dS by those zero rows, so P^T must be 0)
+    if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<1, Br>(st, mask, c0 + key0, r0, false, 0.f);
+    store_accum<T, 1, Br>(sP, key0, 0, st);
+
+    // dS^T = P^T (dP^T - delta)
+    wgmma_wait<0>();
+    fence_operands(dpt[0]);
+#pragma unroll
+    for (int n = 0; n < Br / 8; ++n) {
+      const float2 dl = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[0][n][e] = st[0][n][e] * (dpt[0][n][e] - ((e & 1) ? dl.y : dl.x));
+    }
+    store_accum<T, 1, Br>(sDS, key0, 0, dpt);
+    fence_async_shared();
+    __syncthreads();  // P^T and dS^T of all 128 keys are in shared memory
+
+    // ---- dV += P^T dO, dK += dS^T Q: this group's 64 keys x D, over the 64 queries
+    wgmma_fence();
+    fence_operands(dv[0]);
+    fence_operands(dk[0]);
+#pragma unroll
+    for (int kk = 0; kk < Br / 16; ++kk)
+      wgmma_m64k16<T, 0, 1>(dv[0], sP.k_major(wg * KG, kk), d_o.mn_major(0, kk), 1);
+#pragma unroll
+    for (int kk = 0; kk < Br / 16; ++kk)
+      wgmma_m64k16<T, 0, 1>(dk[0], sDS.k_major(wg * KG, kk), q.mn_major(0, kk), 1);
+    wgmma_commit();
+
+    // ---- single pass: dq_accum += dS K, this group's D/2 columns over all 128 keys
+    if (kp.dq_accum != nullptr) {
+      float dq[DQ / 8][4];
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk)
+        wgmma_m64k16<T, 1, 1>(dq, sDS.mn_major(0, kk), sK.mn_major(dq0, kk), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dq);
+      const int64_t head = kv_head * group + head_begin + h;
+      float* const block = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
+      const int rows = int(r1 - r0);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = (warp & 3) * 16 + g + 8 * hh;
+        if (row >= rows) continue;
+#pragma unroll
+        for (int n = 0; n < DQ / 8; ++n) {
+          const int col = dq0 + n * 8 + 2 * t;
+          if (col < d_qk) atomic_add_pair(block + int64_t(row) * d_qk + col, dq[n][2 * hh], dq[n][2 * hh + 1]);
+        }
+      }
+    }
+    wgmma_wait<0>();
+    fence_operands(dv[0]);
+    fence_operands(dk[0]);
+    h = next_h, b = next_b;
+  }
+
+  // epilogue: this warp's 16 keys (those below c1), all D columns
+  store_dk_dv<T, 1, D>(kp, batch, kv_head, gsplit, c0 + key0, c1, 0, dk, dv);
+#endif
+}
+
+template <class T, int D>
+cudaError_t launch_kv_pass_wgmma(const KernelParams& kp, cudaStream_t stream) {
+  constexpr int smem = BackwardWgmmaTile<D>::kSmemBytes;
+  auto fn = backward_wgmma_kernel<T, D>;
+  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, BackwardWgmmaTile<D>::kBc)),
+                  unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
+  if (grid.x && grid.y && grid.z) fn<<<grid, kKvThreads, smem, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+}  // namespace strideattn::cuda_impl

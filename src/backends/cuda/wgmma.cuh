@@ -1,0 +1,150 @@
+// sm_90a warpgroup MMA (wgmma.mma_async) for the Hopper kernels: shared-memory matrix
+// descriptors for the 128-byte-swizzled tiles of smem_swizzle.hpp (Sw128Blocks), the
+// m64nNk16 instruction for N = 32 / 64 / 128 with fp32 accumulators, and the fences around
+// it. Everything here compiles to nothing outside an sm_90a build (SA_WGMMA == 0); the host
+// only launches the kernels that use it on a 9.0 GPU of an sm_90a build.
+//
+// Accumulator fragment of one warpgroup (128 threads, warp w = 0..3 of the group), c[N/8][4]:
+// c[n][e] is row 16 w + g + 8 (e / 2), column 8 n + 2 t + (e % 2) (g = lane / 4, t = lane %
+// 4), the m16n8k16 C layout of device_primitives.cuh for 16 rows per warp, so the
+// mma.sync kernels' epilogue and mask helpers take a warp's slice as a [1][N/8][4] tile.
+// Operands (PTX ISA, "asynchronous warpgroup level matrix shared memory layout"): A is
+// 64 x 16 and B is 16 x N, both read from shared memory through 64-bit descriptors;
+// TransA = 0 means A is K-major (its rows, of the contraction, are contiguous),
+// TransA = 1 M-major; TransB = 0 means B is K-major (stored N x K), 1 N-major (stored K x N).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SA_WGMMA 1
+#else
+#define SA_WGMMA 0
+#endif
+
+namespace strideattn::cuda_impl {
+
+// Descriptor of a 128-byte-swizzled operand starting at shared byte address `addr` (inside
+// a 1024-byte aligned tile; moving the start by whole 16-byte chunks inside a swizzle row is
+// how K-steps and column offsets are taken, the hardware swizzles the final address).
+// K-major: `sbo` = bytes between 8-row groups (1024), `lbo` unused (16).
+// MN-major: `lbo` = bytes between 64-element column blocks, `sbo` = bytes between groups of
+// 8 contraction rows (1024).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(1) << 62);  // layout type 1: SWIZZLE_128B
+}
+
+// Orders this thread's register and shared-memory accesses before the next wgmma
+// (required before the first one and after any other instruction touched its registers).
+__device__ __forceinline__ void wgmma_fence() {
+#if SA_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if SA_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Until at most N committed groups of this warpgroup are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if SA_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Keeps the compiler from moving reads or writes of an accumulator across a wgmma fence,
+// commit or wait (the asm statements above do not name the registers they order).
+template <int NT>
+__device__ __forceinline__ void fence_operands(float (&c)[NT][4]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[n][e])::"memory");
+}
+
+#define SA_WGMMA_M64N32K16(TY)                                                            \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {"                        \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+      "}, %16, %17, p, 1, 1, %19, %20;\n}\n"                         \
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
+        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
+        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
+        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB))
+
+#define SA_WGMMA_M64N64K16(TY)                                                            \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                        \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                         \
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
+        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
+        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
+        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
+        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
+        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
+        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
+        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB))
+
+#define SA_WGMMA_M64N128K16(TY)                                                            \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                        \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                         \
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
+        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
+        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
+        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
+        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
+        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
+        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
+        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]), \
+        "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]), \
+        "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]), \
+        "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]), \
+        "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]), \
+        "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]), \
+        "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]), \
+        "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]), \
+        "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB))
+
+
+// c (+)= A * B for one k16 step: accumulate = 0 overwrites c (the first step of a GEMM).
+template <class T, int TransA, int TransB, int NT>
+__device__ __forceinline__ void wgmma_m64k16(float (&c)[NT][4], uint64_t desc_a, uint64_t desc_b,
+                                             int accumulate) {
+#if SA_WGMMA
+  static_assert(NT == 4 || NT == 8 || NT == 16, "N = 32, 64 or 128");
+  if constexpr (std::is_same_v<T, __half>) {
+    if constexpr (NT == 4) SA_WGMMA_M64N32K16("f16");
+    if constexpr (NT == 8) SA_WGMMA_M64N64K16("f16");
+    if constexpr (NT == 16) SA_WGMMA_M64N128K16("f16");
+  } else {
+    if constexpr (NT == 4) SA_WGMMA_M64N32K16("bf16");
+    if constexpr (NT == 8) SA_WGMMA_M64N64K16("bf16");
+    if constexpr (NT == 16) SA_WGMMA_M64N128K16("bf16");
+  }
+#endif
+}
+
+#undef SA_WGMMA_M64N32K16
+#undef SA_WGMMA_M64N64K16
+#undef SA_WGMMA_M64N128K16
+
+}  // namespace strideattn::cuda_impl
