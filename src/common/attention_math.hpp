@@ -85,6 +85,14 @@ SA_HD TileRange query_range_for_keys(const MaskRule& m, std::int64_t c0, std::in
   return t;
 }
 
+// Queries that see key j, one interval (monotone ends); empty for a key past s_kv, which no
+// query sees (query_begin / query_end alone would give one). The wgmma backward masks its
+// key-major S^T tiles with it: one interval per key row, then two 32-bit compares per element.
+SA_HD TileRange queries_seeing_key(const MaskRule& m, std::int64_t j) {
+  if (j < 0 || j >= m.s_kv) return {0, 0};
+  return {m.query_begin(j), m.query_end(j)};
+}
+
 // True when every (row, key) pair of the tile is visible, so the kernel may skip masking.
 SA_HD bool tile_fully_visible(const MaskRule& m, std::int64_t r0, std::int64_t r1,
                               std::int64_t c0, std::int64_t c1) {

@@ -71,4 +71,26 @@ TEST(AttentionMath, RowsSeeingAllKeysIsTheHoistedTileTest) {
   EXPECT_GT(checked - full, 10000);
 }
 
+// The per-key interval the wgmma backward masks S^T with, against the element rule, for every
+// key of the problem and two past its end.
+TEST(AttentionMath, QueriesSeeingKeyIsTheElementRule) {
+  int checked = 0, seen = 0;
+  for_each_mask([&](const MaskRule& m) {
+    for (std::int64_t j = 0; j < m.s_kv + 2; ++j) {
+      const auto q = strideattn::kernel::queries_seeing_key(m, j);
+      for (std::int64_t i = 0; i < m.s_q; ++i, ++checked) {
+        const bool expect = j < m.s_kv && m.visible(i, j);
+        seen += expect;
+        ASSERT_EQ(i >= q.begin && i < q.end, expect)
+            << "kind " << m.kind << " s_q " << m.s_q << " s_kv " << m.s_kv << " left " << m.left
+            << " right " << m.right << " query " << i << " key " << j << " interval [" << q.begin << ", "
+            << q.end << ")";
+      }
+    }
+  });
+  EXPECT_GT(checked, 50000);
+  EXPECT_GT(seen, 10000);
+  EXPECT_GT(checked - seen, 10000);
+}
+
 }  // namespace

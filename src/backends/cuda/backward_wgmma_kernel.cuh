@@ -5,13 +5,14 @@
 // kernel_traits.cuh, BackwardWgmmaTile.
 //
 // One CTA of 2 warpgroups per (128-key block, KV head, sequence[, group split]); warpgroup
-// wg owns keys [64 wg, 64 wg + 64) of the block. Per block of 64 queries:
-//   S^T = K Q^T, dP^T = V dO^T                  (each group: 64 keys x 64 queries)
+// wg owns keys [64 wg, 64 wg + 64) of the block. Per block of Br queries (128 at D = 64, 64
+// at D = 128):
+//   S^T = K Q^T, dP^T = V dO^T                  (each group: 64 keys x Br queries)
 //   P^T = 2^(S^T * scale_log2 - LSE), masked -> 0;  dS^T = P^T (dP^T - delta)
-//   P^T, dS^T rounded to T -> shared memory [128 keys x 64 queries];  barrier
+//   P^T, dS^T rounded to T -> shared memory [128 keys x Br queries];  barrier
 //   dV += P^T dO, dK += dS^T Q                  (each group: its 64 keys x D)
-//   single pass (kp.dq_accum): dq_accum += dS K (each group: 64 queries x D/2 columns over
-//   all 128 keys), by 2-float fp32 atomics
+//   single pass (kp.dq_accum): dq_accum += dS K (each group: 64 queries x all D columns at
+//   Br 128, all 64 queries x D/2 columns at Br 64, over all 128 keys), by fp32 atomics
 // dK and dV sum over the query blocks in loop order in one thread's registers (deterministic);
 // the products inside a wgmma sum in the hardware's order, so the bytes differ from the
 // mma.sync kernels' (both pass the fp64 reference; the GPU tests run both).
@@ -48,11 +49,35 @@ struct Sw128Tile {
   }
 };
 
+// Zero the entries of a warp's slice of P^T (keys key0 + g (+8) as rows, queries r0 + 8 n +
+// 2 t (+1) as columns) that the mask hides, keys past s_kv included: one query interval per
+// key (kernel::queries_seeing_key), then 32-bit compares. (apply_mask's per-element 64-bit
+// rule over 64 columns x 2 rows made ptxas spill 376 bytes at Br 128.)
+template <int NT>
+__device__ __forceinline__ void mask_key_rows(float (&c)[NT][4], const MaskRule& m, int64_t key0, int64_t r0) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const TileRange q = kernel::queries_seeing_key(m, key0 + g + 8 * h);
+    const int lo = int(kernel::min64(kernel::max64(q.begin - r0, 0), NT * 8));
+    const int hi = int(kernel::min64(kernel::max64(q.end - r0, 0), NT * 8));
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n * 8 + 2 * t + e;
+        if (col < lo || col >= hi) c[n][2 * h + e] = 0.f;
+      }
+  }
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   using Tile = BackwardWgmmaTile<D>;
   constexpr int Bc = Tile::kBc, Br = Tile::kBr, KG = Tile::kKeysPerGroup, DQ = Tile::kDqCols;
+  constexpr bool kDqSplitsQueries = Tile::kDqSplitsQueries;
   using KvTile = Sw128Tile<Bc, D>;
   using QTile = Sw128Tile<Br, D>;
   using PTile = Sw128Tile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
@@ -101,7 +126,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const int wg = warp >> 2;                   // warpgroup: keys [64 wg, 64 wg + 64)
   const int key0 = wg * KG + (warp & 3) * 16;  // this warp's first key row in the block
-  const int dq0 = wg * DQ;                     // this group's first dQ column
+  // this group's share of dQ = dS K: queries dq_q0.. (64 of them), columns dq_d0.. (DQ)
+  const int dq_q0 = kDqSplitsQueries ? wg * 64 : 0, dq_d0 = kDqSplitsQueries ? 0 : wg * DQ;
 
   // Iteration (h, b): query head kv_head * group + head_begin + h, query block
   // first_qblock + b (the 8-warp pass's order).
@@ -159,7 +185,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     const int64_t r1 = kernel::min64(r0 + Br, s_q);
     const QTile q = sQ(buf), d_o = sDO(buf);
 
-    // ---- S^T = K Q^T and dP^T = V dO^T: this group's 64 keys x 64 queries
+    // ---- S^T = K Q^T and dP^T = V dO^T: this group's 64 keys x Br queries
     float st[1][Br / 8][4], dpt[1][Br / 8][4];
     wgmma_fence();
 #pragma unroll
@@ -185,7 +211,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     }
     // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
     // dS by those zero rows, so P^T must be 0)
-    if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<1, Br>(st, mask, c0 + key0, r0, false, 0.f);
+    if (r0 < unmasked.begin || r1 > unmasked.end) mask_key_rows(st[0], mask, c0 + key0, r0);
     store_accum<T, 1, Br>(sP, key0, 0, st);
 
     // dS^T = P^T (dP^T - delta)
@@ -201,7 +227,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     fence_async_shared();
     __syncthreads();  // P^T and dS^T of all 128 keys are in shared memory
 
-    // ---- dV += P^T dO, dK += dS^T Q: this group's 64 keys x D, over the 64 queries
+    // ---- dV += P^T dO, dK += dS^T Q: this group's 64 keys x D, over the Br queries
     wgmma_fence();
     fence_operands(dv[0]);
     fence_operands(dk[0]);
@@ -213,12 +239,12 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
       wgmma_m64k16<T, 0, 1>(dk[0], sDS.k_major(wg * KG, kk), q.mn_major(0, kk), 1);
     wgmma_commit();
 
-    // ---- single pass: dq_accum += dS K, this group's D/2 columns over all 128 keys
+    // ---- single pass: dq_accum += dS K, this group's 64 queries x DQ columns over all 128 keys
     if (kp.dq_accum != nullptr) {
       float dq[DQ / 8][4];
 #pragma unroll
       for (int kk = 0; kk < Bc / 16; ++kk)
-        wgmma_m64k16<T, 1, 1>(dq, sDS.mn_major(0, kk), sK.mn_major(dq0, kk), kk);
+        wgmma_m64k16<T, 1, 1>(dq, sDS.mn_major(dq_q0, kk), sK.mn_major(dq_d0, kk), kk);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dq);
@@ -227,11 +253,11 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
       const int rows = int(r1 - r0);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int row = (warp & 3) * 16 + g + 8 * hh;
+        const int row = dq_q0 + (warp & 3) * 16 + g + 8 * hh;
         if (row >= rows) continue;
 #pragma unroll
         for (int n = 0; n < DQ / 8; ++n) {
-          const int col = dq0 + n * 8 + 2 * t;
+          const int col = dq_d0 + n * 8 + 2 * t;
           if (col < d_qk) atomic_add_pair(block + int64_t(row) * d_qk + col, dq[n][2 * hh], dq[n][2 * hh + 1]);
         }
       }

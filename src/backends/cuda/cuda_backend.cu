@@ -107,7 +107,9 @@ const std::vector<SupportRule>& rules() {
 // evens out. 4-warp kernel: 4 CTAs per SM (two waves of the two resident). 8-warp kernel
 // (one resident per SM): 16, measured on the seed's fwd+bwd (H200, bench/RESULTS.md
 // 2026-11-30): 3 splits (the former target of 2 per SM) 133 TFLOP/s, 4: 139, 8: 148, 16: 151.
-std::int64_t target_ctas_per_sm(bool kv8) { return kv8 ? 16 : 4; }
+// sm_90a wgmma pass (also one per SM, each about 1.5x faster): 8, measured on the same case
+// (sixth session, call 2): 8 splits 230 TFLOP/s, 16: 204.
+std::int64_t target_ctas_per_sm(bool kv8, bool wgmma) { return wgmma ? 8 : kv8 ? 16 : 4; }
 
 std::int64_t multiprocessors() {
   int dev = 0, n = 0;
@@ -175,7 +177,7 @@ bool kv_pass_wgmma(int bucket, bool kv8) {
 #endif
 }
 
-int choose_group_splits(const Problem& p, bool kv8) {
+int choose_group_splits(const Problem& p, bool kv8, bool wgmma) {
   const std::int64_t group = p.group_size();
   if (!p.is_backward() || group <= 1) return 1;
   if (const std::int64_t forced = forced_group_splits(group); forced > 0) {
@@ -187,7 +189,7 @@ int choose_group_splits(const Problem& p, bool kv8) {
   const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8);
   const std::int64_t ctas = (p.s_kv + keys - 1) / keys *
                             cuda_impl::kv_pass_dim_splits(bucket) * p.kv_heads * p.batch;
-  const std::int64_t target = target_ctas_per_sm(kv8) * multiprocessors();
+  const std::int64_t target = target_ctas_per_sm(kv8, wgmma) * multiprocessors();
   if (ctas <= 0 || ctas >= target) return 1;
   std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
   const std::int64_t per_split = (group + splits - 1) / splits;
@@ -255,7 +257,7 @@ WorkspacePlan plan_workspace(const Problem& p) {
                        std::size_t(p.q.shape[kSeq]) * sizeof(float));
     w.kv8 = kv_pass_8warps(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
     w.wgmma = kv_pass_wgmma(cuda_impl::head_dim_bucket(p.d_qk, p.d_v), w.kv8);
-    w.group_splits = choose_group_splits(p, w.kv8);
+    w.group_splits = choose_group_splits(p, w.kv8, w.wgmma);
     if (w.group_splits > 1) {
       w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
       w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) *

@@ -180,24 +180,31 @@ inline constexpr bool kKv8PrefetchUpdate = true;
 
 // dK/dV pass on sm_90a (backward_wgmma_kernel.cuh; the default there, STRIDEATTN_CUDA_WGMMA=0
 // runs the 8-warp mma.sync pass above instead): the 8-warp pass's blocks and schedule (128
-// keys per CTA, 64 queries per iteration, Q / dO double-buffered, same grid and group
-// splits) with every GEMM a warpgroup MMA that reads both operands from shared memory. Two
+// keys per CTA, Q / dO double-buffered, same grid and group splits) with every GEMM a warpgroup MMA that reads both operands from shared memory. Two
 // warpgroups, each owning 64 of the 128 keys in S^T, dP^T, dK and dV (m64 is the
 // instruction's row count), and half of dQ's head-dim columns. Why: the profile of the
 // mma.sync pass (bench/cuda-notes.md, items 15-17) is latency-bound on dependent
 // ldmatrix -> HMMA chains with 8 warps per SM, and a wgmma issues a 64 x N x 16 product from
 // one instruction with no operand fragments in registers.
 // Registers per thread at D = 128: dK + dV 2 x 64, S^T + dP^T 2 x 32, dQ 32 (only after S^T
-// and dP^T are dead): 192 at most. One CTA of 256 threads per SM, as the 8-warp pass.
+// and dP^T are dead): 192 at most; at D = 64 (Br 128) 2 x 32 + 2 x 64, dQ 32. One CTA of 256 threads per SM, as the 8-warp pass.
 // Shared memory: that of the 8-warp pass (tiles in the 128-byte swizzle, Sw128Blocks) plus
-// 1 KiB to align the tiles to 1024 bytes: 165,888 bytes at D = 128, 100,352 at D = 64.
+// 1 KiB to align the tiles to 1024 bytes: 165,888 bytes at D = 128, 166,912 at D = 64 (Br 128).
 template <int D>
 struct BackwardWgmmaTile {
   static_assert(D == 64 || D == 128, "the wgmma pass serves the d <= 64 and d <= 128 buckets");
   static constexpr int kBc = 128;  // keys per CTA (BackwardKv8Tile's, so the grid is the same)
-  static constexpr int kBr = 64;   // queries per iteration
+  // Queries per iteration. D = 64: 128, FlashAttention-2's choice at this width: S^T and dP^T
+  // are 64 x 128 per group (64 floats each) next to dK + dV 2 x 32, and every barrier, wgmma
+  // wait and LSE / delta load serves twice the FLOPs of Br 64 (at Br 64 the d = 64 pass ran
+  // 0.96-1.00x SDPA flash fwd+bwd, d = 128 1.07-1.11x). D = 128: 64, as dK + dV alone are
+  // 2 x 64 floats.
+  static constexpr int kBr = D == 64 ? 128 : 64;
   static constexpr int kKeysPerGroup = kBc / 2;  // 64: one m64 row block per warpgroup
-  static constexpr int kDqCols = D / 2;          // dQ columns per warpgroup
+  // dQ = dS K [Br x D] per iteration: at Br 128 each group takes 64 queries (m64) and all D
+  // columns, at Br 64 all 64 queries and D / 2 columns.
+  static constexpr bool kDqSplitsQueries = kBr == 128;
+  static constexpr int kDqCols = kDqSplitsQueries ? D : D / 2;
   static constexpr int kSmemBytes = 1024 + (2 * kBc * D + 4 * kBr * D + 2 * kBc * kBr) * 2 + 4 * kBr * 4;
 };
 inline constexpr int wgmma_smem_bytes(int bucket) {
