@@ -102,84 +102,38 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   using QTile = SmemTile<Br, D>;
   using PTile = SmemTile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
   extern __shared__ __align__(128) unsigned char smem[];
-  const KvTile sK{reinterpret_cast<uint16_t*>(smem)};
-  const KvTile sV{sK.base + KvTile::kElems};
-  const PTile sP{sV.base + KvTile::kElems};
-  const PTile sDS{sP.base + PTile::kElems};
-  // Two stages of Q and dO: stage b at q_base + b * 2 * kElems (Q), + kElems (dO).
-  uint16_t* const q_base = sDS.base + PTile::kElems;
-  auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
-  auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
-  float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], LSE (natural log)
-  float* sDelta = sLse + 2 * Br;                                        // [2][Br]
+  const KvPassSmem<KvTile, PTile, QTile, Br> sm(reinterpret_cast<uint16_t*>(smem));
+  const KvTile &sK = sm.k, &sV = sm.v;
+  const PTile &sP = sm.p, &sDS = sm.ds;
+  auto sQ = [&](int b) { return sm.q(b); };
+  auto sDO = [&](int b) { return sm.d_o(b); };
+  float *const sLse = sm.lse, *const sDelta = sm.delta;
   // sm_90 single pass: dS K of the last block, [Br][kDqStageStride] fp32 (kp.dq_stage)
   float* const sDqStage =
-      kBulkReduce && Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? sDelta + 2 * Br : nullptr;
+      kBulkReduce && Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? sm.end() : nullptr;
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z;
-  const int64_t kv_head = blockIdx.y / kp.group_splits;
-  const int gsplit = int(blockIdx.y % kp.group_splits);
-  const int64_t c0 = int64_t(blockIdx.x) * Bc;
-  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
-  if (c0 >= s_kv) return;
-  const int64_t c1 = kernel::min64(c0 + Bc, s_kv);
-  const MaskRule mask = p.mask(batch);
-  const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
-  // Query blocks inside `unmasked` skip the mask (tile_fully_visible, hoisted out of the loop);
-  // a partial key block never does.
-  const TileRange unmasked =
-      c1 == c0 + Bc ? kernel::rows_seeing_all_keys(mask, c0, c1) : TileRange{0, 0};
-  // Block and head counts in 32 bits (fewer registers live across the loop than the 4-warp
-  // kernel's int64 ones; with those every variant spilled): query blocks times heads stays
-  // below 2^31 unless Q holds over 2^37 rows (32 TiB at d = 128).
-  const int first_qblock = int(queries.begin / Br);
-  const int n_qblocks =
-      queries.end > queries.begin ? int(kernel::ceil_div(queries.end, Br)) - first_qblock : 0;
-  // This CTA's share of the query-head group: heads [head_begin, head_end) of it.
-  const int group = int(p.heads / p.kv_heads);
-  const int per_split = (group + kp.group_splits - 1) / kp.group_splits;
-  const int head_begin = min(group, gsplit * per_split);
-  const int head_end = min(group, head_begin + per_split);
-  const int n_iters = n_qblocks * (head_end - head_begin);
-
+  const KvBlockWork w = kv_block_work<Bc, Br>(kp);
+  if (w.empty) return;
+  const int64_t batch = w.batch, kv_head = w.kv_head, c0 = w.c0, c1 = w.c1, s_q = w.s_q;
+  const MaskRule& mask = w.mask;
+  const TileRange& unmasked = w.unmasked;
+  const int first_qblock = w.first_qblock, n_qblocks = w.n_qblocks, n_iters = w.n_iters;
   const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
   const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
   const int d_qk = FullD ? D : int(p.d_qk), d_v = FullD ? D : int(p.d_v);
 
-  // Warp w: key slice w / 2 in both phases; its other side is query half w % 2 in phase 1
-  // and head-dim half w % 2 in phase 2.
+  // Warp i: key slice i / 2 in both phases; its other side is query half i % 2 in phase 1
+  // and head-dim half i % 2 in phase 2.
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
   const int key0 = (warp >> 1) * 16 * MT;  // first key of this warp inside the block
   const int q0 = (warp & 1) * WQ;          // phase 1: first query of this warp in the block
   const int d0 = (warp & 1) * WD;          // phase 2: first dK / dV column of this warp
 
-  // The iterations walk the query blocks of head kv_head * group + head_begin, then of the
-  // next head of the share, and so on: iteration (h, b) covers query head
-  // kv_head * group + head_begin + h, query block first_qblock + b.
+  // Iteration (h, b): query head w.head(h), query block first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    const int64_t head = kv_head * group + head_begin + h;
-    const int64_t r0 = int64_t(first_qblock + b) * Br;
-    const int rows = int(kernel::min64(Br, s_q - r0));
-    load_tile<kKvThreads>(sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) +
-                                                  kernel::row_offset(q_span, p.q_st, r0, head),
-                                              p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-    load_tile<kKvThreads>(sDO(buf), GlobalRows{static_cast<const uint16_t*>(p.d_o) +
-                                                   kernel::row_offset(do_span, p.do_st, r0, head),
-                                               p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
-    // LSE (natural log, converted where it is used) and delta of the block's rows; rows
-    // past s_q get LSE = -inf (P = 0) and delta = 0.
-    for (int i = threadIdx.x; i < Br; i += kKvThreads) {
-      if (i < rows) {
-        cp_async_4(smem_addr(sLse + buf * Br + i), p.lse + kernel::lse_offset(p.q_seq, p.lse_st, batch, head, r0 + i));
-        cp_async_4(smem_addr(sDelta + buf * Br + i), kp.delta + delta_index(kp, batch, head, r0 + i));
-      } else {
-        sLse[buf * Br + i] = -INFINITY;
-        sDelta[buf * Br + i] = 0.f;
-      }
-    }
+    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                         d_qk, d_v);
   };
 
   // This warp's 32 keys x D/2 head-dim columns of dK and dV, over the whole loop.
@@ -189,12 +143,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 
   // K, V: loaded once (with the first query block, when any query sees these keys).
   if (n_iters > 0) {
-    load_tile<kKvThreads>(sK, GlobalRows{static_cast<const uint16_t*>(p.k) +
-                                             kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                                         p.k_st.s, int(c1 - c0), d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kKvThreads>(sV, GlobalRows{static_cast<const uint16_t*>(p.v) +
-                                             kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                                         p.v_st.s, int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
+    load_key_block(kp, w, sK, sV, d_qk, d_v);
     load_queries(0, 0, 0);
   }
   cp_async_commit();
@@ -273,7 +222,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
     // memory until the next iteration's barrier.
     if (kp.dq_accum != nullptr) {
-      const int64_t head = kv_head * group + head_begin + h;
+      const int64_t head = w.head(h);
       accumulate_dq<T, D, FullD>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
       staged_dq = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
       staged_rows = int(r1 - r0);
@@ -287,7 +236,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   }
 
   // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
-  store_dk_dv<T, MT, WD>(kp, batch, kv_head, gsplit, c0 + key0, c1, d0, dk, dv);
+  store_dk_dv<T, MT, WD>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
 }
 
 template <class T, int D>

@@ -85,42 +85,19 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
   uint16_t* const smem = reinterpret_cast<uint16_t*>(
       smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
-  const KvTile sK{smem};
-  const KvTile sV{sK.base + KvTile::kElems};
-  const PTile sP{sV.base + KvTile::kElems};
-  const PTile sDS{sP.base + PTile::kElems};
-  uint16_t* const q_base = sDS.base + PTile::kElems;
-  auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
-  auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
-  float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], LSE (natural log)
-  float* sDelta = sLse + 2 * Br;                                        // [2][Br]
+  const KvPassSmem<KvTile, PTile, QTile, Br> sm(smem);
+  const KvTile &sK = sm.k, &sV = sm.v;
+  const PTile &sP = sm.p, &sDS = sm.ds;
+  auto sQ = [&](int b) { return sm.q(b); };
+  auto sDO = [&](int b) { return sm.d_o(b); };
+  float *const sLse = sm.lse, *const sDelta = sm.delta;
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z;
-  const int64_t kv_head = blockIdx.y / kp.group_splits;
-  const int gsplit = int(blockIdx.y % kp.group_splits);
-  const int64_t c0 = int64_t(blockIdx.x) * Bc;
-  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
-  if (c0 >= s_kv) return;
-  const int64_t c1 = kernel::min64(c0 + Bc, s_kv);
-  const MaskRule mask = p.mask(batch);
-  const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
-  // query blocks inside `unmasked` skip the mask; a partial key block never does
-  const TileRange unmasked =
-      c1 == c0 + Bc ? kernel::rows_seeing_all_keys(mask, c0, c1) : TileRange{0, 0};
-  const int first_qblock = int(queries.begin / Br);
-  const int n_qblocks =
-      queries.end > queries.begin ? int(kernel::ceil_div(queries.end, Br)) - first_qblock : 0;
-  const int group = int(p.heads / p.kv_heads);
-  const int per_split = (group + kp.group_splits - 1) / kp.group_splits;
-  const int head_begin = min(group, gsplit * per_split);
-  const int head_end = min(group, head_begin + per_split);
-  const int n_iters = n_qblocks * (head_end - head_begin);
-
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const KvBlockWork w = kv_block_work<Bc, Br>(kp);
+  if (w.empty) return;
+  const int n_iters = w.n_iters;
+  const SequenceSpan q_span = p.q_seq.span(p.q_st, w.batch);
+  const SequenceSpan do_span = p.q_seq.span(p.do_st, w.batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
@@ -129,27 +106,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   // this group's share of dQ = dS K: queries dq_q0.. (64 of them), columns dq_d0.. (DQ)
   const int dq_q0 = kDqSplitsQueries ? wg * 64 : 0, dq_d0 = kDqSplitsQueries ? 0 : wg * DQ;
 
-  // Iteration (h, b): query head kv_head * group + head_begin + h, query block
-  // first_qblock + b (the 8-warp pass's order).
+  // Iteration (h, b): query head w.head(h), query block w.first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    const int64_t head = kv_head * group + head_begin + h;
-    const int64_t r0 = int64_t(first_qblock + b) * Br;
-    const int rows = int(kernel::min64(Br, s_q - r0));
-    load_tile<kKvThreads>(sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) +
-                                                  kernel::row_offset(q_span, p.q_st, r0, head),
-                                              p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-    load_tile<kKvThreads>(sDO(buf), GlobalRows{static_cast<const uint16_t*>(p.d_o) +
-                                                   kernel::row_offset(do_span, p.do_st, r0, head),
-                                               p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
-    for (int i = threadIdx.x; i < Br; i += kKvThreads) {
-      if (i < rows) {
-        cp_async_4(smem_addr(sLse + buf * Br + i), p.lse + kernel::lse_offset(p.q_seq, p.lse_st, batch, head, r0 + i));
-        cp_async_4(smem_addr(sDelta + buf * Br + i), kp.delta + delta_index(kp, batch, head, r0 + i));
-      } else {
-        sLse[buf * Br + i] = -INFINITY;
-        sDelta[buf * Br + i] = 0.f;
-      }
-    }
+    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                         d_qk, d_v);
   };
 
   // This warp's 16 keys x D of dK and dV (the group's m64 x D accumulators), over the loop.
@@ -158,12 +118,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   zero<1, D>(dv);
 
   if (n_iters > 0) {
-    load_tile<kKvThreads>(sK, GlobalRows{static_cast<const uint16_t*>(p.k) +
-                                             kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                                         p.k_st.s, int(c1 - c0), d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kKvThreads>(sV, GlobalRows{static_cast<const uint16_t*>(p.v) +
-                                             kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                                         p.v_st.s, int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
+    load_key_block(kp, w, sK, sV, d_qk, d_v);
     load_queries(0, 0, 0);
   }
   cp_async_commit();
@@ -171,7 +126,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   int h = 0, b = 0;
   for (int it = 0; it < n_iters; ++it) {
     const int buf = int(it & 1);
-    const bool last_block = b + 1 == n_qblocks;
+    const bool last_block = b + 1 == w.n_qblocks;
     const int next_h = last_block ? h + 1 : h, next_b = last_block ? 0 : b + 1;
     // Query block `it` has landed (and is visible to the async proxy); every warpgroup is
     // done with block it - 1 (its wgmmas waited for), so the other buffer and P^T / dS^T
@@ -181,8 +136,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     __syncthreads();
     if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
-    const int64_t r0 = int64_t(first_qblock + b) * Br;
-    const int64_t r1 = kernel::min64(r0 + Br, s_q);
+    const int64_t r0 = int64_t(w.first_qblock + b) * Br;
+    const int64_t r1 = kernel::min64(r0 + Br, w.s_q);
     const QTile q = sQ(buf), d_o = sDO(buf);
 
     // ---- S^T = K Q^T and dP^T = V dO^T: this group's 64 keys x Br queries
@@ -211,7 +166,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     }
     // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
     // dS by those zero rows, so P^T must be 0)
-    if (r0 < unmasked.begin || r1 > unmasked.end) mask_key_rows(st[0], mask, c0 + key0, r0);
+    if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0);
     store_accum<T, 1, Br>(sP, key0, 0, st);
 
     // dS^T = P^T (dP^T - delta)
@@ -248,8 +203,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dq);
-      const int64_t head = kv_head * group + head_begin + h;
-      float* const block = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
+      float* const block = kp.dq_accum + delta_index(kp, w.batch, w.head(h), r0) * d_qk;
       const int rows = int(r1 - r0);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -269,7 +223,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   }
 
   // epilogue: this warp's 16 keys (those below c1), all D columns
-  store_dk_dv<T, 1, D>(kp, batch, kv_head, gsplit, c0 + key0, c1, 0, dk, dv);
+  store_dk_dv<T, 1, D>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, 0, dk, dv);
 #endif
 }
 
