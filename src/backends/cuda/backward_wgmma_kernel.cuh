@@ -25,30 +25,6 @@
 
 namespace strideattn::cuda_impl {
 
-// A ROWS x COLS tile of 16-bit elements in the 128-byte swizzle (smem_swizzle.hpp,
-// Sw128Blocks): the load_tile / store_accum interface of SmemTile plus wgmma descriptors.
-template <int ROWS, int COLS>
-struct Sw128Tile {
-  using Layout = Sw128Blocks<ROWS, COLS>;
-  static constexpr int kRows = ROWS, kCols = COLS, kElems = ROWS * COLS;
-  static constexpr uint32_t kBlockBytes = 2u * Layout::kBlockElems;  // one 64-column block
-  uint16_t* base;
-  __device__ __forceinline__ static int offset(int row, int col) { return Layout::offset(row, col); }
-  __device__ __forceinline__ uint16_t* chunk(int row, int col) const { return base + offset(row, col); }
-  // The unswizzled byte offset of (row, col): what a descriptor's start address is given.
-  SA_HD static constexpr uint32_t linear(int row, int col) {
-    return uint32_t(col / 64) * kBlockBytes + uint32_t(row) * 128u + uint32_t(col % 64) * 2u;
-  }
-  // Operand whose contraction runs along the columns (K-major): rows row0.., k-step kk.
-  __device__ __forceinline__ uint64_t k_major(int row0, int kk) const {
-    return sw128_desc(smem_addr(base) + linear(row0, 16 * kk), 16, 1024);
-  }
-  // Operand whose contraction runs along the rows (M- or N-major): columns col0.., k-step kk.
-  __device__ __forceinline__ uint64_t mn_major(int col0, int kk) const {
-    return sw128_desc(smem_addr(base) + linear(16 * kk, col0), kBlockBytes, 1024);
-  }
-};
-
 // Zero the entries of a warp's slice of P^T (keys key0 + g (+8) as rows, queries r0 + 8 n +
 // 2 t (+1) as columns) that the mask hides, keys past s_kv included: one query interval per
 // key (kernel::queries_seeing_key), then 32-bit compares. (apply_mask's per-element 64-bit

@@ -154,13 +154,13 @@ bool kv_pass_8warps(int bucket) {
   return smem >= cuda_impl::kv8_smem_bytes(bucket);
 }
 
-// On sm_90a the wgmma dK/dV pass (backward_wgmma_kernel.cuh) runs where the 8-warp one would:
-// the build carries sm_90a code (STRIDEATTN_CUDA_SM90A, set by CMake from the CUDA
-// architectures), the GPU is a 9.0 one and grants the kernel's shared memory.
-// STRIDEATTN_CUDA_WGMMA=0 runs the 8-warp mma.sync pass instead (tests, bench A/B runs).
-bool kv_pass_wgmma(int bucket, bool kv8) {
+// The sm_90a wgmma kernels (the forward_wgmma_kernel.cuh forward, the backward_wgmma_kernel.cuh
+// dK/dV pass) run where the build carries sm_90a code (STRIDEATTN_CUDA_SM90A, set by CMake
+// from the CUDA architectures), the GPU is a 9.0 one and grants the kernel's `smem_bytes` of
+// shared memory. STRIDEATTN_CUDA_WGMMA=0 runs the mma.sync kernels instead (tests, bench A/B).
+bool sm90a_wgmma(int smem_bytes) {
 #if defined(STRIDEATTN_CUDA_SM90A)
-  if (!kv8 || env_switch("STRIDEATTN_CUDA_WGMMA") == 0) return false;
+  if (env_switch("STRIDEATTN_CUDA_WGMMA") == 0) return false;
   int dev = 0, major = 0, minor = 0, smem = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -169,12 +169,17 @@ bool kv_pass_wgmma(int bucket, bool kv8) {
     cudaGetLastError();
     return false;
   }
-  return major == 9 && minor == 0 && smem >= cuda_impl::wgmma_smem_bytes(bucket);
+  return major == 9 && minor == 0 && smem >= smem_bytes;
 #else
-  (void)bucket;
-  (void)kv8;
+  (void)smem_bytes;
   return false;
 #endif
+}
+// The dK/dV pass: wgmma where the 8-warp one would run.
+bool kv_pass_wgmma(int bucket, bool kv8) { return kv8 && sm90a_wgmma(cuda_impl::wgmma_smem_bytes(bucket)); }
+// The forward of the d <= 64 and d <= 128 buckets.
+bool forward_wgmma(int bucket) {
+  return (bucket == 64 || bucket == 128) && sm90a_wgmma(cuda_impl::forward_wgmma_smem_bytes(bucket));
 }
 
 int choose_group_splits(const Problem& p, bool kv8, bool wgmma) {
@@ -374,6 +379,7 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
   kp->group_splits = plan.group_splits;
   kp->kv_pass_8warps = plan.kv8;
   kp->kv_pass_wgmma = plan.wgmma;
+  if (!p.is_backward()) kp->fwd_wgmma = forward_wgmma(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
   if (plan.group_splits > 1) {
     kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
     kp->partial_rows = plan.partial_rows;
@@ -459,6 +465,7 @@ class CudaBackend final : public BackendImpl {
       std::string line = describe_paths(p, kp->aligned);
       if (kp->group_splits > 1)
         line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
+      if (kp->fwd_wgmma) line += "; forward: wgmma (sm_90a)";
       if (p.is_backward() && cuda_impl::has_kv8_pass(cuda_impl::head_dim_bucket(p.d_qk, p.d_v)))
         line += kp->kv_pass_wgmma    ? "; dK/dV pass: 8 warps, wgmma (sm_90a)"
                 : kp->kv_pass_8warps ? "; dK/dV pass: 8 warps"

@@ -69,6 +69,94 @@ __device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskR
     }
 }
 
+// One key block of the online softmax for a warp's rows (16 * MT of them; S and O in the
+// m16n8k16 C layout, rows g and g + 8 of each m-tile): S becomes P, and l and, where the
+// reference max is raised, O are updated. Against a reference max m per row (raw units):
+// P = 2^((S - m) * scale_log2), l = rowsum P. m is raised to the block max only when that
+// exceeds m by more than kRescaleSlack in base 2 (or m is still -inf); O and l are then
+// rescaled by 2^((m_old - m_new) * scale_log2). Below the slack P stays <= 2^kRescaleSlack,
+// which fp32 (and f16/bf16 P) hold with the same relative precision, and the final O / l and
+// LSE = m + log2 l are the same quantities: most blocks after the first skip the rescale of
+// O (a multiply per accumulator). Masked entries of S are -inf (P = 0); the scale is applied
+// inside the exponent (the validation guarantees scale > 0, so the max of S is the max of
+// scale * S). Shared by the mma.sync and the sm_90a wgmma forward.
+template <int MT, int Bc, int D>
+__device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], float (&o_acc)[MT][D / 8][4],
+                                                    float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                                                    float scale_log2) {
+  float alpha[MT][2];
+  bool raised = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_old = row_max[mt][h];
+      const bool raise = mx > m_old && (m_old == -INFINITY || (mx - m_old) * scale_log2 > kRescaleSlack);
+      alpha[mt][h] = raise ? exp2f((m_old - mx) * scale_log2) : 1.f;  // 0 when m_old = -inf
+      raised |= raise;
+      if (raise) row_max[mt][h] = mx;
+      // a row with nothing visible yet keeps m = -inf; its reference point is 0
+      const float m_ref = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * scale_log2;
+      row_sum[mt][h] *= alpha[mt][h];
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n) {
+        s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] * scale_log2 - m_ref);
+        s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] * scale_log2 - m_ref);
+        sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
+      }
+      row_sum[mt][h] += sum;
+    }
+  // rescale O
+  if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= alpha[mt][e >> 1];
+  }
+}
+
+// The forward epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): O / l
+// (its first d_v columns) stored through O's strides (o_span: the sequence's span of O), LSE = (m * scale_log2 + log2 l) * ln 2 (natural log), and for
+// rows that saw no key O = 0, LSE = -inf.
+template <class T, int MT, int D>
+__device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
+                                            int64_t r1, int d_v, const SequenceSpan& o_span,
+                                            const float (&o_acc)[MT][D / 8][4],
+                                            const float (&row_max)[MT][2], const float (&row_sum)[MT][2]) {
+  const kernel::AttentionParams& p = kp.p;
+  const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
+  auto* o_ptr = static_cast<uint16_t*>(p.o);
+  const bool o_pair = (kp.aligned & kPairO) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int64_t row = row0 + mt * 16 + g + 8 * h;
+      if (row >= r1) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      uint16_t* out = o_ptr + kernel::row_offset(o_span, p.o_st, row, head);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < d_v) store_pair<T>(out, col, o_acc[mt][n][2 * h] * inv, o_acc[mt][n][2 * h + 1] * inv, o_pair);
+      }
+      if (p.lse != nullptr && t == 0)
+        p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
+            l > 0.f ? (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2 : -INFINITY;
+    }
+}
+
 template <class T, int D, bool FullD>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
   using Tile = ForwardTile<D>;
@@ -107,8 +195,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   const auto* v_ptr = static_cast<const uint16_t*>(p.v);
   const int d_qk = FullD ? D : int(p.d_qk), d_v = FullD ? D : int(p.d_v);
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5;
   const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the tile
 
   // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed).
@@ -165,50 +252,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
       if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
         apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
 
-      // online softmax against a reference max m per row (raw units): P = 2^((S - m) *
-      // scale_log2), l = rowsum P. m is raised to the block max only when that exceeds m by
-      // more than kRescaleSlack in base 2 (or m is still -inf); O and l are then rescaled by
-      // 2^((m_old - m_new) * scale_log2). Below the slack P stays <= 2^kRescaleSlack, which
-      // fp32 (and f16/bf16 P) hold with the same relative precision, and the final O / l and
-      // LSE = m + log2 l are the same quantities: most blocks after the first skip the
-      // rescale of O (a multiply per accumulator).
-      float alpha[MT][2];
-      bool raised = false;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_old = row_max[mt][h];
-          const bool raise = mx > m_old && (m_old == -INFINITY || (mx - m_old) * kp.scale_log2 > kRescaleSlack);
-          alpha[mt][h] = raise ? exp2f((m_old - mx) * kp.scale_log2) : 1.f;  // 0 when m_old = -inf
-          raised |= raise;
-          if (raise) row_max[mt][h] = mx;
-          // a row with nothing visible yet keeps m = -inf; its reference point is 0
-          const float m_ref = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * kp.scale_log2;
-          row_sum[mt][h] *= alpha[mt][h];
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < Bc / 8; ++n) {
-            s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] * kp.scale_log2 - m_ref);
-            s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] * kp.scale_log2 - m_ref);
-            sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
-          }
-          row_sum[mt][h] += sum;
-        }
-      // rescale O
-      if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= alpha[mt][e >> 1];
-      }
+      online_softmax_step<MT, Bc, D>(s, o_acc, row_max, row_sum, kp.scale_log2);
 
       // O += P V
       uint32_t p_frag[MT][Bc / 16][4];
@@ -218,28 +262,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   }
 
   // epilogue: O /= l; LSE
-  auto* o_ptr = static_cast<uint16_t*>(p.o);
-  const bool o_pair = (kp.aligned & kPairO) != 0;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = row_sum[mt][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int64_t row = r0 + warp_row0 + mt * 16 + g + 8 * h;
-      if (row >= r1) continue;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      uint16_t* out = o_ptr + kernel::row_offset(o_span, p.o_st, row, head);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int col = n * 8 + 2 * t;
-        if (col < d_v) store_pair<T>(out, col, o_acc[mt][n][2 * h] * inv, o_acc[mt][n][2 * h + 1] * inv, o_pair);
-      }
-      if (p.lse != nullptr && t == 0)
-        p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
-            l > 0.f ? (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2 : -INFINITY;
-    }
+  store_o_lse<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
 }
 
 template <class T, int D>

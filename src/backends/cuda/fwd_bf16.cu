@@ -1,14 +1,15 @@
-// Forward kernel instantiations for bf16: one per head-dim bucket (64, 128, 256). Kept in
+// Forward kernel instantiations (the mma.sync kernel, and at d <= 64 / d <= 128 the sm_90a
+// wgmma one) for bf16: one per head-dim bucket (64, 128, 256). Kept in
 // their own translation unit so the two build cores compile them in parallel.
-#include "backends/cuda/forward_kernel.cuh"
+#include "backends/cuda/forward_wgmma_kernel.cuh"
 
 namespace strideattn::cuda_impl {
 
 cudaError_t launch_forward_bf16(int bucket, const KernelParams& kp, cudaStream_t stream) {
   switch (bucket) {
-    case 64: return run_forward<__nv_bfloat16, 64>(kp, stream);
-    case 128: return run_forward<__nv_bfloat16, 128>(kp, stream);
-    case 256: return run_forward<__nv_bfloat16, 256>(kp, stream);
+    case 64: return forward_pass<__nv_bfloat16, 64>(kp, stream);
+    case 128: return forward_pass<__nv_bfloat16, 128>(kp, stream);
+    case 256: return forward_pass<__nv_bfloat16, 256>(kp, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -51,6 +51,9 @@ struct KernelParams {
   // (backward_wgmma_kernel.cuh) instead of the 8-warp mma.sync one (kv_pass_8warps is also
   // set: same grid, same workspace). Set by the host on a 9.0 GPU of an sm_90a build.
   bool kv_pass_wgmma = false;
+  // sm_90a: the forward of those two buckets is the wgmma kernel (forward_wgmma_kernel.cuh)
+  // instead of forward_kernel.cuh's. Set by the host as kv_pass_wgmma.
+  bool fwd_wgmma = false;
   // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
   // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
   // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass

@@ -1,8 +1,9 @@
 // sm_90a warpgroup MMA (wgmma.mma_async) for the Hopper kernels: shared-memory matrix
 // descriptors for the 128-byte-swizzled tiles of smem_swizzle.hpp (Sw128Blocks), the
-// m64nNk16 instruction for N = 32 / 64 / 128 with fp32 accumulators, and the fences around
-// it. Everything here compiles to nothing outside an sm_90a build (SA_WGMMA == 0); the host
-// only launches the kernels that use it on a 9.0 GPU of an sm_90a build.
+// m64nNk16 instruction for N = 32 / 64 / 128 with fp32 accumulators and A from shared memory
+// or (wgmma_rs_m64k16) from registers, and the fences around it. Everything here compiles
+// to nothing outside an sm_90a build (SA_WGMMA == 0); the host only launches the kernels
+// that use it on a 9.0 GPU of an sm_90a build.
 //
 // Accumulator fragment of one warpgroup (128 threads, warp w = 0..3 of the group), c[N/8][4]:
 // c[n][e] is row 16 w + g + 8 (e / 2), column 8 n + 2 t + (e % 2) (g = lane / 4, t = lane %
@@ -19,6 +20,8 @@
 
 #include <cstdint>
 #include <type_traits>
+
+#include "backends/cuda/device_primitives.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SA_WGMMA 1
@@ -38,6 +41,30 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
          (uint64_t(1) << 62);  // layout type 1: SWIZZLE_128B
 }
+
+// A ROWS x COLS tile of 16-bit elements in the 128-byte swizzle (smem_swizzle.hpp,
+// Sw128Blocks): the load_tile / store_accum interface of SmemTile plus wgmma descriptors.
+template <int ROWS, int COLS>
+struct Sw128Tile {
+  using Layout = Sw128Blocks<ROWS, COLS>;
+  static constexpr int kRows = ROWS, kCols = COLS, kElems = ROWS * COLS;
+  static constexpr uint32_t kBlockBytes = 2u * Layout::kBlockElems;  // one 64-column block
+  uint16_t* base;
+  __device__ __forceinline__ static int offset(int row, int col) { return Layout::offset(row, col); }
+  __device__ __forceinline__ uint16_t* chunk(int row, int col) const { return base + offset(row, col); }
+  // The unswizzled byte offset of (row, col): what a descriptor's start address is given.
+  SA_HD static constexpr uint32_t linear(int row, int col) {
+    return uint32_t(col / 64) * kBlockBytes + uint32_t(row) * 128u + uint32_t(col % 64) * 2u;
+  }
+  // Operand whose contraction runs along the columns (K-major): rows row0.., k-step kk.
+  __device__ __forceinline__ uint64_t k_major(int row0, int kk) const {
+    return sw128_desc(smem_addr(base) + linear(row0, 16 * kk), 16, 1024);
+  }
+  // Operand whose contraction runs along the rows (M- or N-major): columns col0.., k-step kk.
+  __device__ __forceinline__ uint64_t mn_major(int col0, int kk) const {
+    return sw128_desc(smem_addr(base) + linear(16 * kk, col0), kBlockBytes, 1024);
+  }
+};
 
 // Orders this thread's register and shared-memory accesses before the next wgmma
 // (required before the first one and after any other instruction touched its registers).
@@ -66,6 +93,15 @@ __device__ __forceinline__ void fence_operands(float (&c)[NT][4]) {
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[n][e])::"memory");
+}
+// The same for A fragments in registers (wgmma_rs_m64k16), whose writes must precede the
+// wgmma_fence ahead of the MMAs that read them.
+template <int NK>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[NK][4]) {
+#pragma unroll
+  for (int k = 0; k < NK; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[k][e])::"memory");
 }
 
 #define SA_WGMMA_M64N32K16(TY)                                                            \
@@ -143,6 +179,71 @@ __device__ __forceinline__ void wgmma_m64k16(float (&c)[NT][4], uint64_t desc_a,
 #endif
 }
 
+#define SA_WGMMA_RS_M64N64K16(TY)                                                       \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                        \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                         \
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
+        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
+        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
+        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
+        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
+        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
+        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
+        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB))
+
+#define SA_WGMMA_RS_M64N128K16(TY)                                                       \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                        \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                         \
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
+        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
+        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
+        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
+        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
+        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
+        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
+        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]), \
+        "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]), \
+        "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]), \
+        "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]), \
+        "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]), \
+        "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]), \
+        "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]), \
+        "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]), \
+        "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB))
+
+
+// c (+)= A * B for one k16 step with A in registers: a[4] is this thread's A fragment of
+// the warp's 16 rows, the m16n8k16 A layout of device_primitives.cuh (accum_to_a builds it
+// from an accumulator: the forward's P). B from shared memory as above.
+template <class T, int TransB, int NT>
+__device__ __forceinline__ void wgmma_rs_m64k16(float (&c)[NT][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                int accumulate) {
+#if SA_WGMMA
+  static_assert(NT == 8 || NT == 16, "N = 64 or 128");
+  if constexpr (std::is_same_v<T, __half>) {
+    if constexpr (NT == 8) SA_WGMMA_RS_M64N64K16("f16");
+    if constexpr (NT == 16) SA_WGMMA_RS_M64N128K16("f16");
+  } else {
+    if constexpr (NT == 8) SA_WGMMA_RS_M64N64K16("bf16");
+    if constexpr (NT == 16) SA_WGMMA_RS_M64N128K16("bf16");
+  }
+#endif
+}
+
+#undef SA_WGMMA_RS_M64N64K16
+#undef SA_WGMMA_RS_M64N128K16
 #undef SA_WGMMA_M64N32K16
 #undef SA_WGMMA_M64N64K16
 #undef SA_WGMMA_M64N128K16

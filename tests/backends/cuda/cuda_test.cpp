@@ -282,6 +282,12 @@ class FixedBackwardCase {
     const strideattn::Status fs = strideattn::forward(fa_);
     EXPECT_TRUE(fs.ok()) << fs.message();
   }
+  // Reruns the forward (O and LSE again, same values).
+  void forward() {
+    const strideattn::Status fs = strideattn::forward(fa_);
+    EXPECT_TRUE(fs.ok()) << fs.message();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
   ~FixedBackwardCase() {
     for (void* p : {q_, k_, v_, d_o_, o_, static_cast<void*>(lse_)}) cudaFree(p);
   }
@@ -394,7 +400,8 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
   // 4-warp kernel; 8-warp two-pass; 8-warp single pass (the default when the caller does not
   // ask for determinism) with its sm_90 bulk reductions and with atomics; on sm_90a the wgmma
   // pass (the default there), two-pass and single pass (elsewhere those rows rerun the 8-warp
-  // pass: Sm90aRunsTheWgmmaPass checks which one runs)
+  // pass: Sm90aRunsTheWgmmaKernels checks which one runs); the wgmma rows also run the wgmma
+  // forward, the others the mma.sync one
   struct Path {
     const char *kv8, *fused, *stage, *wgmma;
   };
@@ -448,13 +455,14 @@ TEST(CudaBackend, DkDvPassEightWarpsDeterministicAndEqualToFourWarps) {
 std::vector<std::string> g_log;
 void capture_log(std::string_view line) { g_log.emplace_back(line); }
 
-// The debug line of one backward of the fixed case (which dK/dV pass ran).
-std::string backward_log_line(FixedBackwardCase& c) {
+// The debug lines of one run of `fn` (which kernels ran).
+template <class F>
+std::string debug_log_of(F&& fn) {
   namespace detail = strideattn::detail;
   g_log.clear();
   detail::set_log_sink_for_testing(&capture_log);
   detail::set_log_level_for_testing(detail::LogLevel::debug);
-  EXPECT_TRUE(any_nonzero(c.backward()));
+  fn();
   detail::set_log_sink_for_testing(nullptr);
   detail::set_log_level_for_testing(detail::LogLevel::off);
   std::string all;
@@ -462,10 +470,11 @@ std::string backward_log_line(FixedBackwardCase& c) {
   return all;
 }
 
-// On a 9.0 GPU, in a build with sm_90a code, the d <= 128 bucket's backward runs the wgmma
-// dK/dV pass (so the wgmma rows of DkDvPassEightAndFourWarps test it), and
-// STRIDEATTN_CUDA_WGMMA=0 the 8-warp mma.sync pass; the wgmma pass is deterministic run to run.
-TEST(CudaBackend, Sm90aRunsTheWgmmaPass) {
+// On a 9.0 GPU, in a build with sm_90a code, the d <= 128 bucket's forward and backward run
+// the wgmma kernels (so the default runs of every test here, and the wgmma rows of
+// DkDvPassEightAndFourWarps, test them), and STRIDEATTN_CUDA_WGMMA=0 the mma.sync ones; the
+// wgmma dK/dV pass is deterministic run to run.
+TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   SKIP_WITHOUT_GPU();
 #if !defined(STRIDEATTN_CUDA_SM90A)
   GTEST_SKIP() << "this build carries no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)";
@@ -476,11 +485,16 @@ TEST(CudaBackend, Sm90aRunsTheWgmmaPass) {
   ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
   if (major != 9 || minor != 0) GTEST_SKIP() << "compute capability " << major << "." << minor << ", not 9.0";
   FixedBackwardCase c;
-  const std::string wgmma = backward_log_line(c);
-  EXPECT_NE(wgmma.find("dK/dV pass: 8 warps, wgmma (sm_90a)"), std::string::npos) << wgmma;
+  const std::string fwd = debug_log_of([&] { c.forward(); });
+  EXPECT_NE(fwd.find("; forward: wgmma (sm_90a)"), std::string::npos) << fwd;
+  const std::string bwd = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c.backward())); });
+  EXPECT_NE(bwd.find("dK/dV pass: 8 warps, wgmma (sm_90a)"), std::string::npos) << bwd;
   {
     const ScopedEnv off("STRIDEATTN_CUDA_WGMMA", "0");
-    const std::string mma = backward_log_line(c);
+    const std::string mma = debug_log_of([&] {
+      c.forward();
+      EXPECT_TRUE(any_nonzero(c.backward()));
+    });
     EXPECT_NE(mma.find("dK/dV pass: 8 warps;"), std::string::npos) << mma;
     EXPECT_EQ(mma.find("wgmma"), std::string::npos) << mma;
   }

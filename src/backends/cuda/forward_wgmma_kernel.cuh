@@ -1,0 +1,148 @@
+// The forward on sm_90a for the d <= 64 and d <= 128 head-dim buckets: forward_kernel.cuh's
+// schedule and math (same online softmax and epilogue, shared with it) with both GEMMs as
+// warpgroup MMAs (wgmma.cuh), and forward_pass, which picks this kernel or that one.
+//
+// One CTA of 2 warpgroups per (block of 128 queries, head, sequence), heaviest blocks first;
+// warpgroup wg owns query rows [64 wg, 64 wg + 64). Per block of 128 keys (K and V in
+// double-buffered shared-memory stages, as forward_kernel's):
+//   S = Q K^T            (A = Q, B = K, both from shared memory)
+//   masked -> -inf; online softmax step: S -> P, l, and O rescaled where m is raised
+//   O += P V             (A = P from registers, rounded to T; B = V from shared memory)
+// Tile shapes and their reasons: kernel_traits.cuh, ForwardWgmmaTile.
+#pragma once
+
+#include "backends/cuda/forward_kernel.cuh"
+#include "backends/cuda/wgmma.cuh"
+
+namespace strideattn::cuda_impl {
+
+template <class T, int D>
+__global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const KernelParams kp) {
+#if SA_WGMMA
+  using Tile = ForwardWgmmaTile<D>;
+  constexpr int Br = Tile::kBr, Bc = Tile::kBc;
+  using QTile = Sw128Tile<Br, D>;
+  using KvTile = Sw128Tile<Bc, D>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(
+      smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
+  const QTile sQ{smem};
+  // Two stages of K and V: stage b at kv_base + b * 2 * kElems (K), + kElems (V).
+  uint16_t* const kv_base = sQ.base + QTile::kElems;
+  auto sK = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems}; };
+  auto sV = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems + KvTile::kElems}; };
+
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t batch = blockIdx.z, head = blockIdx.y;
+  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
+  // Heaviest query blocks (latest rows under a causal mask) are scheduled first.
+  const int64_t n_qblocks = kernel::ceil_div(p.q_seq.max_len, Br);
+  const int64_t r0 = (n_qblocks - 1 - int64_t(blockIdx.x)) * Br;
+  if (r0 >= s_q) return;
+  const int64_t r1 = kernel::min64(r0 + Br, s_q);
+  const MaskRule mask = p.mask(batch);
+  const TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
+  const int64_t kv_head = kernel::kv_head_of(head, p.heads, p.kv_heads);
+
+  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
+  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
+  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const SequenceSpan o_span = p.q_seq.span(p.o_st, batch);
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);  // (smaller dims: zero columns in the tiles)
+
+  const int warp = threadIdx.x >> 5, wg = warp >> 2;
+  const int warp_row0 = wg * 64 + (warp & 3) * 16;  // first row of this warp inside the block
+
+  // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed).
+  auto load_stage = [&](int64_t c0, int buf) {
+    const int rows = int(kernel::min64(Bc, s_kv - c0));
+    load_tile<kKvThreads>(sK(buf), GlobalRows{static_cast<const uint16_t*>(p.k) +
+                                                  kernel::row_offset(k_span, p.k_st, c0, kv_head),
+                                              p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kKvThreads>(sV(buf), GlobalRows{static_cast<const uint16_t*>(p.v) +
+                                                  kernel::row_offset(v_span, p.v_st, c0, kv_head),
+                                              p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+  };
+  const int64_t first_key = (keys.begin / Bc) * Bc;
+  const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_key, Bc)) : 0;
+
+  // This warp's 16 rows of O (the group's m64 x D accumulator), m and l of rows g, g + 8.
+  float o_acc[1][D / 8][4];
+  zero<1, D>(o_acc);
+  float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
+
+  if (n_blocks > 0) {
+    load_tile<kKvThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) +
+                                             kernel::row_offset(q_span, p.q_st, r0, head),
+                                         p.q_st.s, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
+    load_stage(first_key, 0);
+  }
+  cp_async_commit();
+
+  for (int it = 0; it < n_blocks; ++it) {
+    const int buf = it & 1;
+    const int64_t c0 = first_key + int64_t(it) * Bc;
+    // Block `it` has landed (and is visible to the async proxy), and every warpgroup is done
+    // with block it - 1 (its wgmmas waited for), whose stage the next load refills.
+    cp_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();
+    if (it + 1 < n_blocks) load_stage(c0 + Bc, buf ^ 1);
+    cp_async_commit();
+
+    // S = Q K^T: this group's 64 rows x 128 keys
+    float s[1][Bc / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16<T, 0, 0>(s[0], sQ.k_major(wg * 64, kk), sK(buf).k_major(0, kk), kk);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s[0]);
+
+    // masked entries -> -inf (keys past s_kv too: the rule ends every row at s_kv)
+    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
+      apply_mask<1, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
+    online_softmax_step<1, Bc, D>(s, o_acc, row_max, row_sum, kp.scale_log2);
+
+    // O += P V (P rounded to T, in registers: the accumulator layout is the A layout)
+    uint32_t p_frag[1][Bc / 16][4];
+    accum_to_a<T, 1, Bc>(p_frag, s);
+    fence_operands(o_acc[0]);
+    fence_operands(p_frag[0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) wgmma_rs_m64k16<T, 1>(o_acc[0], p_frag[0][kk], sV(buf).mn_major(0, kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o_acc[0]);
+  }
+
+  store_o_lse<T, 1, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
+#endif
+}
+
+template <class T, int D>
+cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
+  constexpr int smem = ForwardWgmmaTile<D>::kSmemBytes;
+  auto fn = forward_wgmma_kernel<T, D>;
+  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, ForwardWgmmaTile<D>::kBr)),
+                  unsigned(kp.p.heads), unsigned(kp.p.batch));
+  if (grid.x && grid.y && grid.z) fn<<<grid, kKvThreads, smem, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+// The forward for head-dim bucket D: the wgmma kernel where the host chose it
+// (KernelParams::fwd_wgmma), else the mma.sync one.
+template <class T, int D>
+cudaError_t forward_pass(const KernelParams& kp, cudaStream_t stream) {
+  if constexpr (D == 64 || D == 128)
+    if (kp.fwd_wgmma) return launch_forward_wgmma<T, D>(kp, stream);
+  return run_forward<T, D>(kp, stream);
+}
+
+}  // namespace strideattn::cuda_impl
