@@ -177,9 +177,10 @@ bool sm90a_wgmma(int smem_bytes) {
 }
 // The dK/dV pass: wgmma where the 8-warp one would run.
 bool kv_pass_wgmma(int bucket, bool kv8) { return kv8 && sm90a_wgmma(cuda_impl::wgmma_smem_bytes(bucket)); }
-// The forward of the d <= 64 and d <= 128 buckets.
+// The forward of the d <= 128 bucket (at d <= 64 the mma.sync forward measured faster:
+// kernel_traits.cuh, ForwardWgmmaTile).
 bool forward_wgmma(int bucket) {
-  return (bucket == 64 || bucket == 128) && sm90a_wgmma(cuda_impl::forward_wgmma_smem_bytes(bucket));
+  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(cuda_impl::ForwardWgmmaTile<128>::kSmemBytes);
 }
 
 int choose_group_splits(const Problem& p, bool kv8, bool wgmma) {

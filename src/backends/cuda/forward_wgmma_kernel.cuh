@@ -1,4 +1,4 @@
-// The forward on sm_90a for the d <= 64 and d <= 128 head-dim buckets: forward_kernel.cuh's
+// The forward on sm_90a for the d <= 128 head-dim bucket: forward_kernel.cuh's
 // schedule and math (same online softmax and epilogue, shared with it) with both GEMMs as
 // warpgroup MMAs (wgmma.cuh), and forward_pass, which picks this kernel or that one.
 //
@@ -140,7 +140,7 @@ cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
 // (KernelParams::fwd_wgmma), else the mma.sync one.
 template <class T, int D>
 cudaError_t forward_pass(const KernelParams& kp, cudaStream_t stream) {
-  if constexpr (D == 64 || D == 128)
+  if constexpr (has_forward_wgmma(D))
     if (kp.fwd_wgmma) return launch_forward_wgmma<T, D>(kp, stream);
   return run_forward<T, D>(kp, stream);
 }

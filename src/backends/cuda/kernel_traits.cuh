@@ -61,23 +61,25 @@ template <> struct ForwardTile<256> {
 };
 
 // Forward on sm_90a (forward_wgmma_kernel.cuh; the default there, STRIDEATTN_CUDA_WGMMA=0
-// runs forward_kernel above), d <= 64 and d <= 128 buckets: two warpgroups of 64 query rows
-// each (Br 128), S = Q K^T and O += P V as warpgroup MMAs (P from registers, the FA2
-// register reuse), 128 keys per block: O D / 2 floats and S 64 floats per thread,
-// about as the mma.sync kernel's 128 x 128 (d 64) and 128 x 64 (d 128) register tiles,
-// which measured best there (ForwardTile above). One CTA of 8 warps per SM. Shared memory:
-// Q 128 x D, two stages of K and V 128 x D (double-buffered as forward_kernel's), 1 KiB to
-// align: 164,864 bytes at D = 128, 82,944 at D = 64.
+// runs forward_kernel above), d <= 128 bucket: two warpgroups of 64 query rows each (Br 128),
+// S = Q K^T and O += P V as warpgroup MMAs (P from registers, the FA2 register reuse), 128
+// keys per block: O 64 and S 64 floats per thread (186 registers, no spill). One CTA of 8
+// warps per SM. Shared memory: Q 128 x 128, two stages of K and V 128 x 128
+// (double-buffered as forward_kernel's), 1 KiB to align: 164,864 bytes.
+// Measured against forward_kernel (H200, sixth session, call 6): d 128 323-330 -> 366
+// TFLOP/s (no mask), 298-317 -> 340 (causal), GQA 356-360 -> 416. The same kernel at d 64
+// (also correct on every GPU test) was slower than forward_kernel's 128 x 128 mma.sync tiles:
+// 313 -> 268 (no mask), 283-292 -> 246 (causal), the seed 230 -> 213; there each S = Q K^T is
+// only 4 k-steps, and the synchronous wgmma waits and softmax between them are not hidden.
+// So the d <= 64 bucket keeps forward_kernel.
 template <int D>
 struct ForwardWgmmaTile {
-  static_assert(D == 64 || D == 128, "the wgmma forward serves the d <= 64 and d <= 128 buckets");
+  static_assert(D == 128, "the wgmma forward serves the d <= 128 bucket (see above for d <= 64)");
   static constexpr int kBr = 128;  // queries per CTA: one m64 row block per warpgroup
   static constexpr int kBc = 128;  // keys per block (and per shared-memory stage)
   static constexpr int kSmemBytes = 1024 + (kBr + 4 * kBc) * D * 2;
 };
-inline constexpr int forward_wgmma_smem_bytes(int bucket) {
-  return bucket == 64 ? ForwardWgmmaTile<64>::kSmemBytes : ForwardWgmmaTile<128>::kSmemBytes;
-}
+inline constexpr bool has_forward_wgmma(int bucket) { return bucket == 128; }
 
 // Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh). sm_90a's ptxas
 // fits it with no spill inside the d <= 128 loops; sm_80's spilled 68-120 bytes inside the

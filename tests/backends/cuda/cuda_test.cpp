@@ -4,9 +4,11 @@
 // sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
 // the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
-// seeded sweep, bitwise determinism of the backward, both dK/dV kernels of the d <= 64 and
-// d <= 128 buckets (8-warp default, 4-warp behind STRIDEATTN_CUDA_KV8=0) and its single-pass and
-// two-pass backward on the same inputs. Skips when no GPU is present.
+// seeded sweep, bitwise determinism of the backward, every dK/dV kernel of the d <= 64 and
+// d <= 128 buckets (sm_90a wgmma, the default on H100/H200; 8-warp, the default elsewhere and
+// behind STRIDEATTN_CUDA_WGMMA=0; 4-warp behind STRIDEATTN_CUDA_KV8=0), their single-pass and
+// two-pass backward on the same inputs, and which kernels run on sm_90a. Skips when no GPU
+// is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -401,7 +403,7 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
   // ask for determinism) with its sm_90 bulk reductions and with atomics; on sm_90a the wgmma
   // pass (the default there), two-pass and single pass (elsewhere those rows rerun the 8-warp
   // pass: Sm90aRunsTheWgmmaKernels checks which one runs); the wgmma rows also run the wgmma
-  // forward, the others the mma.sync one
+  // forward (d <= 128 bucket), the others the mma.sync one
   struct Path {
     const char *kv8, *fused, *stage, *wgmma;
   };
