@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   const int first_qblock = w.first_qblock, n_qblocks = w.n_qblocks, n_iters = w.n_iters;
   const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
   const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
-  const int d_qk = FullD ? D : int(p.d_qk), d_v = FullD ? D : int(p.d_v);
+  constexpr bool kFull = FullD && kUnguardedFullD<D>;
+  const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
 
   // Warp i: key slice i / 2 in both phases; its other side is query half i % 2 in phase 1
   // and head-dim half i % 2 in phase 2.
@@ -214,16 +215,16 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
     // dV += P^T dO
     // (FullD: all WD columns, which ptxas cannot see in d_v - d0)
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, FullD ? WD : d_v - d0);
+    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, kFull ? WD : d_v - d0);
     // dK += dS^T Q
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, FullD ? WD : d_qk - d0);
+    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, kFull ? WD : d_qk - d0);
 
     // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
     // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
     // memory until the next iteration's barrier.
     if (kp.dq_accum != nullptr) {
       const int64_t head = w.head(h);
-      accumulate_dq<T, D, FullD>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
+      accumulate_dq<T, D, kFull>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
       staged_dq = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
       staged_rows = int(r1 - r0);
     }

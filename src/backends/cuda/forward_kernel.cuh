@@ -193,7 +193,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   const auto* q_ptr = static_cast<const uint16_t*>(p.q);
   const auto* k_ptr = static_cast<const uint16_t*>(p.k);
   const auto* v_ptr = static_cast<const uint16_t*>(p.v);
-  const int d_qk = FullD ? D : int(p.d_qk), d_v = FullD ? D : int(p.d_v);
+  constexpr bool kFull = FullD && kUnguardedFullD<D>;
+  const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
 
   const int warp = threadIdx.x >> 5;
   const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the tile

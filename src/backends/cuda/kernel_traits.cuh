@@ -81,6 +81,17 @@ struct ForwardWgmmaTile {
 };
 inline constexpr bool has_forward_wgmma(int bucket) { return bucket == 128; }
 
+// Whether a FullD instantiation (head dims equal to the bucket, compile-time dims) really
+// compiles the unguarded code on this architecture. sm_80 at d = 128 (ptxas -v, CUDA 13.0):
+// the unguarded forward spills 64 / 160 bytes and the unguarded 8-warp pass 56 / 60, the
+// guarded ones 0 and 12 / 16, so the sm_80 build compiles the guarded code in both
+// instantiations there (chosen by ptxas alone: no sm_80 GPU has been lent to time it).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+template <int D> inline constexpr bool kUnguardedFullD = D != 128;
+#else
+template <int D> inline constexpr bool kUnguardedFullD = true;
+#endif
+
 // Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh). sm_90a's ptxas
 // fits it with no spill inside the d <= 128 loops; sm_80's spilled 68-120 bytes inside the
 // d = 128 loops, and sm_90a's 16 bytes inside the d = 256 dK/dV loop (ptxas -v and SASS,
