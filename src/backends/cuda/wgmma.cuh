@@ -104,62 +104,38 @@ __device__ __forceinline__ void fence_operands(uint32_t (&a)[NK][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[k][e])::"memory");
 }
 
-#define SA_WGMMA_M64N32K16(TY)                                                            \
-  asm volatile(                                                                        \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                 \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {"                        \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
-      "}, %16, %17, p, 1, 1, %19, %20;\n}\n"                         \
-      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
-        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
-        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
-        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB))
-
-#define SA_WGMMA_M64N64K16(TY)                                                            \
-  asm volatile(                                                                        \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                 \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                        \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-      "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                         \
-      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
-        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
-        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
-        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
-        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
-        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
-        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
-        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB))
-
-#define SA_WGMMA_M64N128K16(TY)                                                            \
-  asm volatile(                                                                        \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                 \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                        \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                         \
-      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
-        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
-        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
-        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
-        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
-        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
-        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
-        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]), \
-        "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]), \
-        "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]), \
-        "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]), \
-        "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]), \
-        "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]), \
-        "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]), \
-        "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]), \
-        "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3]) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB))
-
+// The asm of one wgmma: the accumulator registers %0 .. %(N/2 - 1) ("{" SA_D<N> "}"), then
+// the operands numbered after them, the accumulator constraints last (they hold commas).
+#define SA_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define SA_D64 SA_D32 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SA_D128                                                                                      \
+  SA_D64 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+         "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SA_ACC4(n) "+f"(c[n][0]), "+f"(c[n][1]), "+f"(c[n][2]), "+f"(c[n][3])
+#define SA_ACC32 SA_ACC4(0), SA_ACC4(1), SA_ACC4(2), SA_ACC4(3)
+#define SA_ACC64 SA_ACC32, SA_ACC4(4), SA_ACC4(5), SA_ACC4(6), SA_ACC4(7)
+#define SA_ACC128 \
+  SA_ACC64, SA_ACC4(8), SA_ACC4(9), SA_ACC4(10), SA_ACC4(11), SA_ACC4(12), SA_ACC4(13), SA_ACC4(14), SA_ACC4(15)
+// A and B from shared memory: operands desc_a = %A, desc_b = %B, accumulate = %P, TransA = %TA,
+// TransB = %TB.
+#define SA_WGMMA_SS(N, TY, A, B, P, TA, TB, ...)                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                      \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" SA_D##N "}, %" #A    \
+               ", %" #B ", p, 1, 1, %" #TA ", %" #TB ";\n}\n"                                        \
+               : __VA_ARGS__                                                                     \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB))
+// A from registers a[0..3] = %A0 .. %A0 + 3, desc_b = %B, accumulate = %P, TransB = %TB.
+#define SA_WGMMA_RS(N, TY, A0, A1, A2, A3, B, P, TB, ...)                                         \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                      \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" SA_D##N "}, {%" #A0   \
+               ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1, %" #TB ";\n}\n"                      \
+               : __VA_ARGS__                                                                     \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB))
+#define SA_WGMMA_M64N32K16(TY) SA_WGMMA_SS(32, TY, 16, 17, 18, 19, 20, SA_ACC32)
+#define SA_WGMMA_M64N64K16(TY) SA_WGMMA_SS(64, TY, 32, 33, 34, 35, 36, SA_ACC64)
+#define SA_WGMMA_M64N128K16(TY) SA_WGMMA_SS(128, TY, 64, 65, 66, 67, 68, SA_ACC128)
+#define SA_WGMMA_RS_M64N64K16(TY) SA_WGMMA_RS(64, TY, 32, 33, 34, 35, 36, 37, 38, SA_ACC64)
+#define SA_WGMMA_RS_M64N128K16(TY) SA_WGMMA_RS(128, TY, 64, 65, 66, 67, 68, 69, 70, SA_ACC128)
 
 // c (+)= A * B for one k16 step: accumulate = 0 overwrites c (the first step of a GEMM).
 template <class T, int TransA, int TransB, int NT>
@@ -179,51 +155,6 @@ __device__ __forceinline__ void wgmma_m64k16(float (&c)[NT][4], uint64_t desc_a,
 #endif
 }
 
-#define SA_WGMMA_RS_M64N64K16(TY)                                                       \
-  asm volatile(                                                                        \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                 \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                        \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                         \
-      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
-        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
-        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
-        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
-        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
-        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
-        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
-        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB))
-
-#define SA_WGMMA_RS_M64N128K16(TY)                                                       \
-  asm volatile(                                                                        \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                 \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                        \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                         \
-      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), \
-        "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), \
-        "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
-        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), \
-        "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), \
-        "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
-        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), \
-        "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]), \
-        "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]), \
-        "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]), \
-        "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]), \
-        "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]), \
-        "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]), \
-        "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]), \
-        "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]), \
-        "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB))
-
-
 // c (+)= A * B for one k16 step with A in registers: a[4] is this thread's A fragment of
 // the warp's 16 rows, the m16n8k16 A layout of device_primitives.cuh (accum_to_a builds it
 // from an accumulator: the forward's P). B from shared memory as above.
@@ -242,10 +173,19 @@ __device__ __forceinline__ void wgmma_rs_m64k16(float (&c)[NT][4], const uint32_
 #endif
 }
 
-#undef SA_WGMMA_RS_M64N64K16
-#undef SA_WGMMA_RS_M64N128K16
 #undef SA_WGMMA_M64N32K16
 #undef SA_WGMMA_M64N64K16
 #undef SA_WGMMA_M64N128K16
+#undef SA_WGMMA_RS_M64N64K16
+#undef SA_WGMMA_RS_M64N128K16
+#undef SA_WGMMA_SS
+#undef SA_WGMMA_RS
+#undef SA_ACC128
+#undef SA_ACC64
+#undef SA_ACC32
+#undef SA_ACC4
+#undef SA_D128
+#undef SA_D64
+#undef SA_D32
 
 }  // namespace strideattn::cuda_impl
