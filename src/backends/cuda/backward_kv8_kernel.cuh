@@ -1,9 +1,10 @@
 // The 8-warp dK/dV pass of the backward for the d <= 64 and d <= 128 head-dim buckets
 // (FlashAttention-2's layout), which also computes dQ in the single-pass backward, and
 // run_backward, which launches the dK/dV pass and, in the two-pass backward, the dQ pass.
-// The 8-warp kernel is the default in those buckets; STRIDEATTN_CUDA_KV8=0
-// (kp.kv_pass_8warps = false) runs the 4-warp kernel of backward_kernels.cuh there instead,
-// and the d <= 256 bucket always does.
+// The 8-warp kernel is the default in those buckets except on sm_90a, where the wgmma kernel
+// of backward_wgmma_kernel.cuh runs (STRIDEATTN_CUDA_WGMMA=0: this one);
+// STRIDEATTN_CUDA_KV8=0 (kp.kv_pass_8warps = false) runs the 4-warp kernel of
+// backward_kernels.cuh there instead, and the d <= 256 bucket always does.
 //
 // One CTA of 256 threads per (128-key block, KV head, sequence[, group split]), looping over
 // the query blocks of its share of the GQA group exactly as the 4-warp kernel does (same

@@ -119,8 +119,9 @@ template <> struct BackwardKvTile<128> { static constexpr int kMT = 1, kBc = 64,
 // K 32K + V 32K + 2 stages x (Q 16K + dO 16K) = 128 KiB.
 template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64, kBr = 32, kDAcc = 128; };
 
-// dK/dV pass, d <= 64 and d <= 128 buckets, 8 warps (backward_kv8_kernel.cuh; the default,
-// the 4-warp BackwardKvTile<64/128> above stay behind STRIDEATTN_CUDA_KV8=0 for one release).
+// dK/dV pass, d <= 64 and d <= 128 buckets, 8 warps (backward_kv8_kernel.cuh; the default
+// except on sm_90a, BackwardWgmmaTile below; the 4-warp BackwardKvTile<64/128> above stay
+// behind STRIDEATTN_CUDA_KV8=0 for one release).
 // FA2's layout: Bc = 128 keys per CTA, Br = 64 queries per iteration.
 //   S^T, dP^T [128 x 64]: warps 4 (keys, 32 = 2 m-tiles each) x 2 (queries, 32 each), so
 //     each warp computes a 32 x 32 block (32 floats each) once, and P^T / dS^T go to shared
