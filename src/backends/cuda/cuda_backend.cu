@@ -111,12 +111,27 @@ const std::vector<SupportRule>& rules() {
 // (sixth session, call 2): 8 splits 230 TFLOP/s, 16: 204.
 std::int64_t target_ctas_per_sm(bool kv8, bool wgmma) { return wgmma ? 8 : kv8 ? 16 : 4; }
 
-std::int64_t multiprocessors() {
-  int dev = 0, n = 0;
+// What the kernel choices below need to know of the current GPU, queried once per call
+// (plan_workspace). All zero when it cannot be queried: every choice then falls back to the
+// kernels that need nothing of it.
+struct DeviceCaps {
+  int major = 0, minor = 0;  // compute capability
+  int smem_optin = 0;        // opt-in shared memory per block, bytes
+  int sms = 0;               // multiprocessors
+};
+
+DeviceCaps current_device() {
+  DeviceCaps c;
+  int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 0;
-  return n;
+      cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&c.minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return DeviceCaps{};
+  }
+  return c;
 }
 
 // A test knob that is either "0" or "1": 0 or 1; -1 when unset or anything else.
@@ -143,47 +158,36 @@ std::int64_t forced_group_splits(std::int64_t group) {
 // the default) or the 4-warp one, which runs with STRIDEATTN_CUDA_KV8=0 (bench A/B runs,
 // tests; kept for one release) and on GPUs whose opt-in shared memory per block is below
 // the 8-warp kernel's (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB).
-bool kv_pass_8warps(int bucket) {
+bool kv_pass_8warps(int bucket, const DeviceCaps& gpu) {
   if (!cuda_impl::has_kv8_pass(bucket) || env_switch("STRIDEATTN_CUDA_KV8") == 0) return false;
-  int dev = 0, smem = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return smem >= cuda_impl::kv8_smem_bytes(bucket);
+  return gpu.smem_optin >= cuda_impl::kv8_smem_bytes(bucket);
 }
 
 // The sm_90a wgmma kernels (the forward_wgmma_kernel.cuh forward, the backward_wgmma_kernel.cuh
 // dK/dV pass) run where the build carries sm_90a code (STRIDEATTN_CUDA_SM90A, set by CMake
 // from the CUDA architectures), the GPU is a 9.0 one and grants the kernel's `smem_bytes` of
 // shared memory. STRIDEATTN_CUDA_WGMMA=0 runs the mma.sync kernels instead (tests, bench A/B).
-bool sm90a_wgmma(int smem_bytes) {
+bool sm90a_wgmma(const DeviceCaps& gpu, int smem_bytes) {
 #if defined(STRIDEATTN_CUDA_SM90A)
   if (env_switch("STRIDEATTN_CUDA_WGMMA") == 0) return false;
-  int dev = 0, major = 0, minor = 0, smem = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0 && smem >= smem_bytes;
+  return gpu.major == 9 && gpu.minor == 0 && gpu.smem_optin >= smem_bytes;
 #else
+  (void)gpu;
   (void)smem_bytes;
   return false;
 #endif
 }
 // The dK/dV pass: wgmma where the 8-warp one would run.
-bool kv_pass_wgmma(int bucket, bool kv8) { return kv8 && sm90a_wgmma(cuda_impl::wgmma_smem_bytes(bucket)); }
+bool kv_pass_wgmma(int bucket, bool kv8, const DeviceCaps& gpu) {
+  return kv8 && sm90a_wgmma(gpu, cuda_impl::wgmma_smem_bytes(bucket));
+}
 // The forward of the d <= 128 bucket (at d <= 64 the mma.sync forward measured faster:
 // kernel_traits.cuh, ForwardWgmmaTile).
-bool forward_wgmma(int bucket) {
-  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(cuda_impl::ForwardWgmmaTile<128>::kSmemBytes);
+bool forward_wgmma(int bucket, const DeviceCaps& gpu) {
+  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(gpu, cuda_impl::ForwardWgmmaTile<128>::kSmemBytes);
 }
 
-int choose_group_splits(const Problem& p, bool kv8, bool wgmma) {
+int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps& gpu) {
   const std::int64_t group = p.group_size();
   if (!p.is_backward() || group <= 1) return 1;
   if (const std::int64_t forced = forced_group_splits(group); forced > 0) {
@@ -195,7 +199,7 @@ int choose_group_splits(const Problem& p, bool kv8, bool wgmma) {
   const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8);
   const std::int64_t ctas = (p.s_kv + keys - 1) / keys *
                             cuda_impl::kv_pass_dim_splits(bucket) * p.kv_heads * p.batch;
-  const std::int64_t target = target_ctas_per_sm(kv8, wgmma) * multiprocessors();
+  const std::int64_t target = target_ctas_per_sm(kv8, wgmma) * gpu.sms;
   if (ctas <= 0 || ctas >= target) return 1;
   std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
   const std::int64_t per_split = (group + splits - 1) / splits;
@@ -222,17 +226,10 @@ bool use_fused_dq(const Problem& p, bool kv8) {
 // in the buckets where it measured faster (BackwardKv8Tile::kDqBulk) with room for the stage;
 // STRIDEATTN_CUDA_DQ_STAGE=0 (tests) forces the atomics.
 // (dq_accum is 16-byte aligned: the workspace is, and its pieces are kAlign multiples.)
-bool dq_bulk_reduction(int bucket) {
+bool dq_bulk_reduction(int bucket, const DeviceCaps& gpu) {
   if (env_switch("STRIDEATTN_CUDA_DQ_STAGE") == 0) return false;
-  int dev = 0, major = 0, smem = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && cuda_impl::kv8_dq_stage_bytes(bucket) > 0 &&
-         smem >= cuda_impl::kv8_smem_bytes(bucket) + cuda_impl::kv8_dq_stage_bytes(bucket);
+  return gpu.major == 9 && cuda_impl::kv8_dq_stage_bytes(bucket) > 0 &&
+         gpu.smem_optin >= cuda_impl::kv8_smem_bytes(bucket) + cuda_impl::kv8_dq_stage_bytes(bucket);
 }
 
 // Bytes of the single-pass backward's fp32 dQ accumulator (unrounded).
@@ -252,24 +249,33 @@ struct WorkspacePlan {
   std::int64_t partial_rows = 0;  // rows of one partial plane
   bool kv8 = false;               // the 8-warp dK/dV pass runs (kv_pass_8warps)
   bool wgmma = false;             // ... as the sm_90a wgmma kernel (kv_pass_wgmma)
+  bool dq_stage = false;          // the single pass adds dQ by bulk reductions (dq_bulk_reduction)
+  bool fwd_wgmma = false;         // forward: the sm_90a wgmma kernel (forward_wgmma)
   [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum; }
 };
 
+// The workspace and every kernel choice of one call (the GPU is queried once, here).
 WorkspacePlan plan_workspace(const Problem& p) {
   WorkspacePlan w;
+  const DeviceCaps gpu = current_device();
+  const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
   if (p.varlen) w.tables = round_up(4 * std::size_t(p.batch) * sizeof(std::int64_t));
+  if (!p.is_backward()) w.fwd_wgmma = forward_wgmma(bucket, gpu);
   if (p.is_backward()) {
     w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
                        std::size_t(p.q.shape[kSeq]) * sizeof(float));
-    w.kv8 = kv_pass_8warps(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
-    w.wgmma = kv_pass_wgmma(cuda_impl::head_dim_bucket(p.d_qk, p.d_v), w.kv8);
-    w.group_splits = choose_group_splits(p, w.kv8, w.wgmma);
+    w.kv8 = kv_pass_8warps(bucket, gpu);
+    w.wgmma = kv_pass_wgmma(bucket, w.kv8, gpu);
+    w.group_splits = choose_group_splits(p, w.kv8, w.wgmma, gpu);
     if (w.group_splits > 1) {
       w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
       w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) *
                            std::size_t(p.d_qk + p.d_v) * sizeof(float));
     }
-    if (use_fused_dq(p, w.kv8)) w.dq_accum = round_up(dq_accum_bytes(p));
+    if (use_fused_dq(p, w.kv8)) {
+      w.dq_accum = round_up(dq_accum_bytes(p));
+      w.dq_stage = !w.wgmma && dq_bulk_reduction(bucket, gpu);  // (the wgmma pass has no stage)
+    }
   }
   return w;
 }
@@ -380,15 +386,14 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
   kp->group_splits = plan.group_splits;
   kp->kv_pass_8warps = plan.kv8;
   kp->kv_pass_wgmma = plan.wgmma;
-  if (!p.is_backward()) kp->fwd_wgmma = forward_wgmma(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
+  kp->fwd_wgmma = plan.fwd_wgmma;
   if (plan.group_splits > 1) {
     kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
     kp->partial_rows = plan.partial_rows;
   }
   if (plan.dq_accum > 0) {
     kp->dq_accum = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta + plan.partial);
-    // (the wgmma pass adds dQ by atomics: it has no stage)
-    kp->dq_stage = !plan.wgmma && dq_bulk_reduction(cuda_impl::head_dim_bucket(p.d_qk, p.d_v));
+    kp->dq_stage = plan.dq_stage;
   }
   return Status::Ok();
 }
