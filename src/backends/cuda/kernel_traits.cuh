@@ -213,14 +213,15 @@ inline constexpr bool kKv8PrefetchUpdate = true;
 
 // dK/dV pass on sm_90a (backward_wgmma_kernel.cuh; the default there, STRIDEATTN_CUDA_WGMMA=0
 // runs the 8-warp mma.sync pass above instead): the 8-warp pass's blocks and schedule (128
-// keys per CTA, Q / dO double-buffered, same grid and group splits) with every GEMM a warpgroup MMA that reads both operands from shared memory. Two
-// warpgroups, each owning 64 of the 128 keys in S^T, dP^T, dK and dV (m64 is the
-// instruction's row count), and half of dQ's head-dim columns. Why: the profile of the
-// mma.sync pass (bench/cuda-notes.md, items 15-17) is latency-bound on dependent
-// ldmatrix -> HMMA chains with 8 warps per SM, and a wgmma issues a 64 x N x 16 product from
-// one instruction with no operand fragments in registers.
+// keys per CTA, Q / dO double-buffered, same grid and group splits) with every GEMM a
+// warpgroup MMA that reads both operands from shared memory. Two warpgroups, each owning 64
+// of the 128 keys in S^T, dP^T, dK and dV (m64 is the instruction's row count), and half of
+// dQ (below). Why: the profile of the mma.sync pass (bench/cuda-notes.md, items 15-17) is
+// latency-bound on dependent ldmatrix -> HMMA chains with 8 warps per SM, and a wgmma issues
+// a 64 x N x 16 product from one instruction with no operand fragments in registers.
 // Registers per thread at D = 128: dK + dV 2 x 64, S^T + dP^T 2 x 32, dQ 32 (only after S^T
-// and dP^T are dead): 192 at most; at D = 64 (Br 128) 2 x 32 + 2 x 64, dQ 32. One CTA of 256 threads per SM, as the 8-warp pass.
+// and dP^T are dead): 192 at most; at D = 64 (Br 128) 2 x 32 + 2 x 64, dQ 32. One CTA of
+// 256 threads per SM, as the 8-warp pass.
 // Shared memory: that of the 8-warp pass (tiles in the 128-byte swizzle, Sw128Blocks) plus
 // 1 KiB to align the tiles to 1024 bytes: 165,888 bytes at D = 128, 166,912 at D = 64 (Br 128).
 template <int D>
