@@ -11,7 +11,7 @@ fwd+bwd times the forward and the whole backward (every kernel); FLOPs: forward
 2 * visible_pairs * (d_qk + d_v) summed over batch and query heads, backward 2.5x forward;
 bf16 unless a row says otherwise.
 
-  python3 bench/compare_sdpa.py [--quick] [--out bench.md] [--append-results]
+  python3 bench/compare_sdpa.py [--quick | --only NAME-PART] [--out bench.md] [--append-results]
 """
 from __future__ import annotations
 
@@ -329,6 +329,7 @@ def main() -> int:
                     help="libstrideattn_c.so (C ABI)")
     ap.add_argument("--strideattn", help="path of the CLI (accepted for scripts/gpu-check; unused)")
     ap.add_argument("--quick", action="store_true", help="a subset that runs in a few minutes")
+    ap.add_argument("--only", help="only the shapes whose name contains this (e.g. 'd256', 'seed')")
     ap.add_argument("--backends", default="cuda,cudnn", help="strideattn backends to time")
     ap.add_argument("--runs", type=int, default=20, help="timed runs per measurement (>= 20)")
     ap.add_argument("--warmup", type=int, default=5)
@@ -358,7 +359,9 @@ def main() -> int:
 
     modes = ["fwd"] if args.fwd_only else ["fwd", "fwd+bwd"]
     rows = []
-    for sh in design_shapes(args.quick):
+    for sh in design_shapes(args.quick and not args.only):
+        if args.only and args.only not in sh.name:
+            continue
         row = run_shape(sh, sa, backends, args.runs, args.warmup, modes)
         rows.append(row)
         summary = ", ".join(f"{c} {m} {fmt(row.tflops.get((c, m)))}"

@@ -1,10 +1,10 @@
 // Backward kernels (FlashAttention-2 recomputation; the two-pass form, no atomics):
 //   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
-//   dK/dV pass (the 4-warp kernel here: the d <= 256 bucket, and d <= 64 / d <= 128 with
-//     STRIDEATTN_CUDA_KV8=0 or too little shared memory; the default there is the 8-warp
-//     kernel of backward_kv8_kernel.cuh, same math, same dK/dV, which with deterministic =
-//     false also adds dQ by atomics, or on sm_90a the wgmma kernel of
-//     backward_wgmma_kernel.cuh; run_backward is in backward_kv8_kernel.cuh):
+//   dK/dV pass (the 4-warp kernel here: the d <= 256 bucket except on sm_90a, and d <= 64 /
+//     d <= 128 with STRIDEATTN_CUDA_KV8=0 or too little shared memory; the default there is
+//     the 8-warp kernel of backward_kv8_kernel.cuh, same math, same dK/dV, which with
+//     deterministic = false also adds dQ by atomics, and on sm_90a, every bucket, the wgmma
+//     kernel of backward_wgmma_kernel.cuh; run_backward is in backward_kv8_kernel.cuh):
 //     one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
 //     dK and dV stay in fp32 registers while the CTA loops over the query blocks of every
 //     query head of its share of the GQA group that see its keys (query_range_for_keys).

@@ -4,7 +4,8 @@
 // The 8-warp kernel is the default in those buckets except on sm_90a, where the wgmma kernel
 // of backward_wgmma_kernel.cuh runs (STRIDEATTN_CUDA_WGMMA=0: this one);
 // STRIDEATTN_CUDA_KV8=0 (kp.kv_pass_8warps = false) runs the 4-warp kernel of
-// backward_kernels.cuh there instead, and the d <= 256 bucket always does.
+// backward_kernels.cuh there instead, and the d <= 256 bucket does everywhere but on sm_90a
+// (the wgmma kernel again).
 //
 // One CTA of 256 threads per (128-key block, KV head, sequence[, group split]), looping over
 // the query blocks of its share of the GQA group exactly as the 4-warp kernel does (same
@@ -263,10 +264,10 @@ cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
 template <class T, int D>
 cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
-  if constexpr (has_kv8_pass(D))
-    e = kp.kv_pass_wgmma    ? launch_kv_pass_wgmma<T, D>(kp, stream)
-        : kp.kv_pass_8warps ? launch_kv_pass_8warps<T, D>(kp, stream)
-                            : launch_kv_pass_4warps<T, D>(kp, stream);
+  if (kp.kv_pass_wgmma)
+    e = launch_kv_pass_wgmma<T, D>(kp, stream);
+  else if constexpr (has_kv8_pass(D))
+    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T, D>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
   else
     e = launch_kv_pass_4warps<T, D>(kp, stream);
   if (e != cudaSuccess || kp.dq_accum != nullptr) return e;  // single pass: dQ is done

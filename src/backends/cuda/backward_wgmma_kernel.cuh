@@ -1,18 +1,20 @@
-// The dK/dV pass of the backward on sm_90a for the d <= 64 and d <= 128 head-dim buckets:
-// the 8-warp pass of backward_kv8_kernel.cuh (same grid, same loop over the query blocks and
-// GQA heads, same outputs, same single-pass dQ accumulator) with every GEMM a warpgroup MMA
-// (wgmma.cuh) reading both operands from shared memory. Tile shapes and their reasons:
-// kernel_traits.cuh, BackwardWgmmaTile.
+// The dK/dV pass of the backward on sm_90a for every head-dim bucket: the loop of the 8-warp
+// pass of backward_kv8_kernel.cuh (over the query blocks and GQA heads; same outputs, same
+// single-pass dQ accumulator) with every GEMM a warpgroup MMA (wgmma.cuh) reading both
+// operands from shared memory. Tile shapes and their reasons: kernel_traits.cuh,
+// BackwardWgmmaTile.
 //
-// One CTA of 2 warpgroups per (128-key block, KV head, sequence[, group split]); warpgroup
-// wg owns keys [64 wg, 64 wg + 64) of the block. Per block of Br queries (128 at D = 64, 64
-// at D = 128):
-//   S^T = K Q^T, dP^T = V dO^T                  (each group: 64 keys x Br queries)
+// One CTA of 2 warpgroups per (Bc-key block, KV head, sequence[, group split]). d <= 128:
+// Bc 128, warpgroup wg owns keys [64 wg, 64 wg + 64) and all queries of the block in S^T /
+// dP^T, all D columns in dK / dV; d <= 256: Bc 64, both groups own the 64 keys, group wg
+// the queries [32 wg, 32 wg + 32) in S^T / dP^T and the columns [128 wg, 128 wg + 128) in
+// dK / dV. Per block of Br queries (128 at D = 64, else 64):
+//   S^T = K Q^T, dP^T = V dO^T                  (each group: its keys x its queries)
 //   P^T = 2^(S^T * scale_log2 - LSE), masked -> 0;  dS^T = P^T (dP^T - delta)
-//   P^T, dS^T rounded to T -> shared memory [128 keys x Br queries];  barrier
-//   dV += P^T dO, dK += dS^T Q                  (each group: its 64 keys x D)
+//   P^T, dS^T rounded to T -> shared memory [Bc keys x Br queries];  barrier
+//   dV += P^T dO, dK += dS^T Q                  (each group: its keys x its columns)
 //   single pass (kp.dq_accum): dq_accum += dS K (each group: 64 queries x all D columns at
-//   Br 128, all 64 queries x D/2 columns at Br 64, over all 128 keys), by fp32 atomics
+//   Br 128, all 64 queries x D/2 columns at Br 64, over all Bc keys), by fp32 atomics
 // dK and dV sum over the query blocks in loop order in one thread's registers (deterministic);
 // the products inside a wgmma sum in the hardware's order, so the bytes differ from the
 // mma.sync kernels' (both pass the fp64 reference; the GPU tests run both).
@@ -52,7 +54,8 @@ template <class T, int D>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   using Tile = BackwardWgmmaTile<D>;
-  constexpr int Bc = Tile::kBc, Br = Tile::kBr, KG = Tile::kKeysPerGroup, DQ = Tile::kDqCols;
+  constexpr int Bc = Tile::kBc, Br = Tile::kBr, DQ = Tile::kDqCols, DQC = DQ < 64 ? DQ : 64;
+  constexpr int GQ = Tile::kGroupQueries, GD = Tile::kGroupCols;
   constexpr bool kDqSplitsQueries = Tile::kDqSplitsQueries;
   using KvTile = Sw128Tile<Bc, D>;
   using QTile = Sw128Tile<Br, D>;
@@ -77,8 +80,11 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
-  const int wg = warp >> 2;                   // warpgroup: keys [64 wg, 64 wg + 64)
-  const int key0 = wg * KG + (warp & 3) * 16;  // this warp's first key row in the block
+  const int wg = warp >> 2;  // warpgroup
+  // this group's first key row, query column (of S^T, P^T) and dK / dV column in the block
+  const int g_key0 = Tile::kGroupsSplitKeys ? wg * Tile::kKeyRowsPerGroup : 0;
+  const int g_q0 = Tile::kGroupsSplitKeys ? 0 : wg * GQ, g_d0 = Tile::kGroupsSplitKeys ? 0 : wg * GD;
+  const int key0 = g_key0 + (warp & 3) * 16;  // this warp's first key row in the block
   // this group's share of dQ = dS K: queries dq_q0.. (64 of them), columns dq_d0.. (DQ)
   const int dq_q0 = kDqSplitsQueries ? wg * 64 : 0, dq_d0 = kDqSplitsQueries ? 0 : wg * DQ;
 
@@ -88,10 +94,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
                          d_qk, d_v);
   };
 
-  // This warp's 16 keys x D of dK and dV (the group's m64 x D accumulators), over the loop.
-  float dk[1][D / 8][4], dv[1][D / 8][4];
-  zero<1, D>(dk);
-  zero<1, D>(dv);
+  // This warp's 16 keys x GD columns of dK and dV (the group's m64 x GD accumulators).
+  float dk[1][GD / 8][4], dv[1][GD / 8][4];
+  zero<1, GD>(dk);
+  zero<1, GD>(dv);
 
   if (n_iters > 0) {
     load_key_block(kp, w, sK, sV, d_qk, d_v);
@@ -116,25 +122,25 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     const int64_t r1 = kernel::min64(r0 + Br, w.s_q);
     const QTile q = sQ(buf), d_o = sDO(buf);
 
-    // ---- S^T = K Q^T and dP^T = V dO^T: this group's 64 keys x Br queries
-    float st[1][Br / 8][4], dpt[1][Br / 8][4];
+    // ---- S^T = K Q^T and dP^T = V dO^T: this group's 64 keys x GQ queries
+    float st[1][GQ / 8][4], dpt[1][GQ / 8][4];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16<T, 0, 0>(st[0], sK.k_major(wg * KG, kk), q.k_major(0, kk), kk);
+      wgmma_m64k16<T, 0, 0>(st[0], sK.k_major(g_key0, kk), q.k_major(g_q0, kk), kk);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16<T, 0, 0>(dpt[0], sV.k_major(wg * KG, kk), d_o.k_major(0, kk), kk);
+      wgmma_m64k16<T, 0, 0>(dpt[0], sV.k_major(g_key0, kk), d_o.k_major(g_q0, kk), kk);
     wgmma_commit();
 
     // P^T = 2^(S^T * scale_log2 - LSE), masked -> 0 (while dP^T is still running)
     wgmma_wait<1>();
     fence_operands(st[0]);
-    const float* lse = sLse + buf * Br;
-    const float* delta = sDelta + buf * Br;
+    const float* lse = sLse + buf * Br + g_q0;
+    const float* delta = sDelta + buf * Br + g_q0;
 #pragma unroll
-    for (int n = 0; n < Br / 8; ++n) {
+    for (int n = 0; n < GQ / 8; ++n) {
       const float2 l = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * t);
       const float l0 = lse_log2(l.x), l1 = lse_log2(l.y);
 #pragma unroll
@@ -142,53 +148,59 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     }
     // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
     // dS by those zero rows, so P^T must be 0)
-    if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0);
-    store_accum<T, 1, Br>(sP, key0, 0, st);
+    if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0 + g_q0);
+    store_accum<T, 1, GQ>(sP, key0, g_q0, st);
 
     // dS^T = P^T (dP^T - delta)
     wgmma_wait<0>();
     fence_operands(dpt[0]);
 #pragma unroll
-    for (int n = 0; n < Br / 8; ++n) {
+    for (int n = 0; n < GQ / 8; ++n) {
       const float2 dl = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) dpt[0][n][e] = st[0][n][e] * (dpt[0][n][e] - ((e & 1) ? dl.y : dl.x));
     }
-    store_accum<T, 1, Br>(sDS, key0, 0, dpt);
+    store_accum<T, 1, GQ>(sDS, key0, g_q0, dpt);
     fence_async_shared();
-    __syncthreads();  // P^T and dS^T of all 128 keys are in shared memory
+    __syncthreads();  // P^T and dS^T of the whole block are in shared memory
 
-    // ---- dV += P^T dO, dK += dS^T Q: this group's 64 keys x D, over the Br queries
+    // ---- dV += P^T dO, dK += dS^T Q: this group's 64 keys x GD columns, over the Br queries
     wgmma_fence();
     fence_operands(dv[0]);
     fence_operands(dk[0]);
 #pragma unroll
     for (int kk = 0; kk < Br / 16; ++kk)
-      wgmma_m64k16<T, 0, 1>(dv[0], sP.k_major(wg * KG, kk), d_o.mn_major(0, kk), 1);
+      wgmma_m64k16<T, 0, 1>(dv[0], sP.k_major(g_key0, kk), d_o.mn_major(g_d0, kk), 1);
 #pragma unroll
     for (int kk = 0; kk < Br / 16; ++kk)
-      wgmma_m64k16<T, 0, 1>(dk[0], sDS.k_major(wg * KG, kk), q.mn_major(0, kk), 1);
+      wgmma_m64k16<T, 0, 1>(dk[0], sDS.k_major(g_key0, kk), q.mn_major(g_d0, kk), 1);
     wgmma_commit();
 
-    // ---- single pass: dq_accum += dS K, this group's 64 queries x DQ columns over all 128 keys
+    // ---- single pass: dq_accum += dS K, this group's 64 queries x DQ columns over all Bc keys,
+    // at most 64 columns at a time (at D = 256, 128 dQ floats next to dK and dV spilled)
     if (kp.dq_accum != nullptr) {
-      float dq[DQ / 8][4];
 #pragma unroll
-      for (int kk = 0; kk < Bc / 16; ++kk)
-        wgmma_m64k16<T, 1, 1>(dq, sDS.mn_major(dq_q0, kk), sK.mn_major(dq_d0, kk), kk);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(dq);
-      float* const block = kp.dq_accum + delta_index(kp, w.batch, w.head(h), r0) * d_qk;
-      const int rows = int(r1 - r0);
+      for (int chunk = 0; chunk < DQ / DQC; ++chunk) {
+        const int c0 = dq_d0 + chunk * DQC;
+        float dq[DQC / 8][4];
+        if (chunk > 0) wgmma_fence();  // (the registers were just read by the atomics)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = dq_q0 + (warp & 3) * 16 + g + 8 * hh;
-        if (row >= rows) continue;
+        for (int kk = 0; kk < Bc / 16; ++kk)
+          wgmma_m64k16<T, 1, 1>(dq, sDS.mn_major(dq_q0, kk), sK.mn_major(c0, kk), kk);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(dq);
+        float* const block = kp.dq_accum + delta_index(kp, w.batch, w.head(h), r0) * d_qk;
+        const int rows = int(r1 - r0);
 #pragma unroll
-        for (int n = 0; n < DQ / 8; ++n) {
-          const int col = dq_d0 + n * 8 + 2 * t;
-          if (col < d_qk) atomic_add_pair(block + int64_t(row) * d_qk + col, dq[n][2 * hh], dq[n][2 * hh + 1]);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = dq_q0 + (warp & 3) * 16 + g + 8 * hh;
+          if (row >= rows) continue;
+#pragma unroll
+          for (int n = 0; n < DQC / 8; ++n) {
+            const int col = c0 + n * 8 + 2 * t;
+            if (col < d_qk) atomic_add_pair(block + int64_t(row) * d_qk + col, dq[n][2 * hh], dq[n][2 * hh + 1]);
+          }
         }
       }
     }
@@ -198,8 +210,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     h = next_h, b = next_b;
   }
 
-  // epilogue: this warp's 16 keys (those below c1), all D columns
-  store_dk_dv<T, 1, D>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, 0, dk, dv);
+  // epilogue: this warp's 16 keys (those below c1), the group's GD columns
+  store_dk_dv<T, 1, GD>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
 #endif
 }
 

@@ -177,9 +177,11 @@ bool sm90a_wgmma(const DeviceCaps& gpu, int smem_bytes) {
   return false;
 #endif
 }
-// The dK/dV pass: wgmma where the 8-warp one would run.
+// The dK/dV pass: wgmma where the 8-warp one would run (d <= 64, d <= 128; so
+// STRIDEATTN_CUDA_KV8=0 still runs the 4-warp kernel there), and in place of the 4-warp one
+// at d <= 256.
 bool kv_pass_wgmma(int bucket, bool kv8, const DeviceCaps& gpu) {
-  return kv8 && sm90a_wgmma(gpu, cuda_impl::wgmma_smem_bytes(bucket));
+  return (kv8 || !cuda_impl::has_kv8_pass(bucket)) && sm90a_wgmma(gpu, cuda_impl::wgmma_smem_bytes(bucket));
 }
 // The forward of the d <= 128 bucket (at d <= 64 the mma.sync forward measured faster:
 // kernel_traits.cuh, ForwardWgmmaTile).
@@ -196,9 +198,9 @@ int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps
     return p.kv_heads * splits > kMaxGridYZ ? 1 : int(splits);
   }
   const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-  const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8);
+  const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8, wgmma);
   const std::int64_t ctas = (p.s_kv + keys - 1) / keys *
-                            cuda_impl::kv_pass_dim_splits(bucket) * p.kv_heads * p.batch;
+                            cuda_impl::kv_pass_dim_splits(bucket, wgmma) * p.kv_heads * p.batch;
   const std::int64_t target = target_ctas_per_sm(kv8, wgmma) * gpu.sms;
   if (ctas <= 0 || ctas >= target) return 1;
   std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
@@ -210,11 +212,12 @@ int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps
 
 // ---------------------------------------------------------------- single-pass backward
 
-// The single-pass backward (dQ by fp32 atomics in the 8-warp dK/dV pass, `kv8`) when the
-// caller does not ask for bitwise reproducibility; otherwise, and where the 8-warp pass does
-// not run (the d <= 256 bucket, STRIDEATTN_CUDA_KV8=0), the deterministic two-pass backward.
-bool use_fused_dq(const Problem& p, bool kv8) {
-  if (!p.is_backward() || !kv8) return false;
+// The single-pass backward (dQ by fp32 atomics in the dK/dV pass) when the pass can add dQ
+// (`pass_adds_dq`: the 8-warp or the wgmma pass) and the caller does not ask for bitwise
+// reproducibility; otherwise, and where the 4-warp pass runs (the d <= 256 bucket except on
+// sm_90a, STRIDEATTN_CUDA_KV8=0), the deterministic two-pass backward.
+bool use_fused_dq(const Problem& p, bool pass_adds_dq) {
+  if (!p.is_backward() || !pass_adds_dq) return false;
   // STRIDEATTN_CUDA_FUSED_DQ=0/1 (tests): force the two-pass (0) or single-pass (1) backward
   // whatever `deterministic` says, so both run on the same inputs.
   const int forced = env_switch("STRIDEATTN_CUDA_FUSED_DQ");
@@ -248,7 +251,7 @@ struct WorkspacePlan {
   int group_splits = 1;
   std::int64_t partial_rows = 0;  // rows of one partial plane
   bool kv8 = false;               // the 8-warp dK/dV pass runs (kv_pass_8warps)
-  bool wgmma = false;             // ... as the sm_90a wgmma kernel (kv_pass_wgmma)
+  bool wgmma = false;             // the sm_90a wgmma kernel runs it (kv_pass_wgmma)
   bool dq_stage = false;          // the single pass adds dQ by bulk reductions (dq_bulk_reduction)
   bool fwd_wgmma = false;         // forward: the sm_90a wgmma kernel (forward_wgmma)
   [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum; }
@@ -272,7 +275,7 @@ WorkspacePlan plan_workspace(const Problem& p) {
       w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) *
                            std::size_t(p.d_qk + p.d_v) * sizeof(float));
     }
-    if (use_fused_dq(p, w.kv8)) {
+    if (use_fused_dq(p, w.kv8 || w.wgmma)) {
       w.dq_accum = round_up(dq_accum_bytes(p));
       w.dq_stage = !w.wgmma && dq_bulk_reduction(bucket, gpu);  // (the wgmma pass has no stage)
     }
@@ -472,7 +475,7 @@ class CudaBackend final : public BackendImpl {
       if (kp->group_splits > 1)
         line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
       if (kp->fwd_wgmma) line += "; forward: wgmma (sm_90a)";
-      if (p.is_backward() && cuda_impl::has_kv8_pass(cuda_impl::head_dim_bucket(p.d_qk, p.d_v)))
+      if (p.is_backward())
         line += kp->kv_pass_wgmma    ? "; dK/dV pass: 8 warps, wgmma (sm_90a)"
                 : kp->kv_pass_8warps ? "; dK/dV pass: 8 warps"
                                      : "; dK/dV pass: 4 warps";

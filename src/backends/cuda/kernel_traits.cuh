@@ -212,29 +212,41 @@ inline constexpr bool kKv8PrefetchUpdate = true;
 #endif
 
 // dK/dV pass on sm_90a (backward_wgmma_kernel.cuh; the default there, STRIDEATTN_CUDA_WGMMA=0
-// runs the 8-warp mma.sync pass above instead): the 8-warp pass's blocks and schedule (128
-// keys per CTA, Q / dO double-buffered, same grid and group splits) with every GEMM a
-// warpgroup MMA that reads both operands from shared memory. Two warpgroups, each owning 64
-// of the 128 keys in S^T, dP^T, dK and dV (m64 is the instruction's row count), and half of
-// dQ (below). Why: the profile of the mma.sync pass (bench/cuda-notes.md, items 15-17) is
-// latency-bound on dependent ldmatrix -> HMMA chains with 8 warps per SM, and a wgmma issues
-// a 64 x N x 16 product from one instruction with no operand fragments in registers.
-// Registers per thread at D = 128: dK + dV 2 x 64, S^T + dP^T 2 x 32, dQ 32 (only after S^T
-// and dP^T are dead): 192 at most; at D = 64 (Br 128) 2 x 32 + 2 x 64, dQ 32. One CTA of
-// 256 threads per SM, as the 8-warp pass.
-// Shared memory: that of the 8-warp pass (tiles in the 128-byte swizzle, Sw128Blocks) plus
-// 1 KiB to align the tiles to 1024 bytes: 165,888 bytes at D = 128, 166,912 at D = 64 (Br 128).
+// runs the 8-warp mma.sync pass above, or at d <= 256 the 4-warp one, instead): the 8-warp
+// pass's loop over query blocks and GQA heads (Q / dO double-buffered, same group splits)
+// with every GEMM a warpgroup MMA that reads both operands from shared memory. Two
+// warpgroups of 4 warps (m64 is the instruction's row count). Why: the profile of the
+// mma.sync pass (bench/cuda-notes.md, items 15-17) is latency-bound on dependent ldmatrix ->
+// HMMA chains with 8 warps per SM, and a wgmma issues a 64 x N x 16 product from one
+// instruction with no operand fragments in registers. One CTA of 256 threads per SM.
+// How the two groups share a block:
+//   d <= 64 / d <= 128 (kGroupsSplitKeys): 128 keys per CTA, group wg owns keys [64 wg,
+//     64 wg + 64) in S^T, dP^T, dK and dV, and half of dQ (below). Registers at D = 128:
+//     dK + dV 2 x 64, S^T + dP^T 2 x 32, dQ 32 (only after S^T and dP^T are dead): 192 at
+//     most; at D = 64 (Br 128) 2 x 32 + 2 x 64, dQ 32.
+//   d <= 256: dK + dV of 64 keys x 256 columns are 256 floats per thread for one group, so
+//     both groups take the same 64 keys, and split the queries of S^T and dP^T (Br / 2 = 32
+//     each: m64n32) and the head-dim columns of dK, dV and dQ (128 each): dK + dV 2 x 64,
+//     S^T + dP^T 2 x 16, dQ 64. The 4-warp mma.sync pass it replaces needed two head-dim
+//     splits (recomputing S^T and dP^T in each) and a separate dQ pass (a third time):
+//     9 GEMMs' worth per block against these 5.
+// Shared memory: K, V (Bc x D), two stages of Q and dO (Br x D), P^T and dS^T (Bc x Br), LSE
+// and delta, tiles in the 128-byte swizzle (Sw128Blocks), plus 1 KiB to align the tiles to
+// 1024 bytes: 165,888 bytes at D = 128, 166,912 at D = 64 (Br 128), 215,040 at D = 256.
 template <int D>
 struct BackwardWgmmaTile {
-  static_assert(D == 64 || D == 128, "the wgmma pass serves the d <= 64 and d <= 128 buckets");
-  static constexpr int kBc = 128;  // keys per CTA (BackwardKv8Tile's, so the grid is the same)
+  static_assert(D == 64 || D == 128 || D == 256, "one of the head-dim buckets");
+  static constexpr bool kGroupsSplitKeys = D != 256;
+  static constexpr int kBc = kGroupsSplitKeys ? 128 : 64;  // keys per CTA (at D <= 128 the 8-warp pass's)
   // Queries per iteration. D = 64: 128, FlashAttention-2's choice at this width: S^T and dP^T
   // are 64 x 128 per group (64 floats each) next to dK + dV 2 x 32, and every barrier, wgmma
   // wait and LSE / delta load serves twice the FLOPs of Br 64 (at Br 64 the d = 64 pass ran
-  // 0.96-1.00x SDPA flash fwd+bwd, d = 128 1.07-1.11x). D = 128: 64, as dK + dV alone are
-  // 2 x 64 floats.
+  // 0.96-1.00x SDPA flash fwd+bwd, d = 128 1.07-1.11x). D = 128 and 256: 64, as dK + dV alone
+  // are 2 x 64 floats.
   static constexpr int kBr = D == 64 ? 128 : 64;
-  static constexpr int kKeysPerGroup = kBc / 2;  // 64: one m64 row block per warpgroup
+  static constexpr int kKeyRowsPerGroup = 64;                            // m64
+  static constexpr int kGroupQueries = kGroupsSplitKeys ? kBr : kBr / 2;  // columns of a group's S^T
+  static constexpr int kGroupCols = kGroupsSplitKeys ? D : D / 2;         // columns of a group's dK / dV
   // dQ = dS K [Br x D] per iteration: at Br 128 each group takes 64 queries (m64) and all D
   // columns, at Br 64 all 64 queries and D / 2 columns.
   static constexpr bool kDqSplitsQueries = kBr == 128;
@@ -242,17 +254,22 @@ struct BackwardWgmmaTile {
   static constexpr int kSmemBytes = 1024 + (2 * kBc * D + 4 * kBr * D + 2 * kBc * kBr) * 2 + 4 * kBr * 4;
 };
 inline constexpr int wgmma_smem_bytes(int bucket) {
-  return bucket == 64 ? BackwardWgmmaTile<64>::kSmemBytes : BackwardWgmmaTile<128>::kSmemBytes;
+  return bucket == 64    ? BackwardWgmmaTile<64>::kSmemBytes
+         : bucket == 128 ? BackwardWgmmaTile<128>::kSmemBytes
+                         : BackwardWgmmaTile<256>::kSmemBytes;
 }
 
 // Host-side view of the dK/dV pass grid (cuda_backend.cu sizes its group splits from it):
 // keys per CTA and head-dim splits per key block for a head-dim bucket; `kv8`: the 8-warp
-// kernel runs the d <= 64 and d <= 128 buckets (the default; false with STRIDEATTN_CUDA_KV8=0).
-inline constexpr int kv_pass_keys(int bucket, bool kv8) {
+// kernel runs the d <= 64 and d <= 128 buckets (the default; false with STRIDEATTN_CUDA_KV8=0),
+// `wgmma`: the sm_90a kernel runs (at d <= 128 only where kv8 is set; same grid there).
+inline constexpr int kv_pass_keys(int bucket, bool kv8, bool wgmma) {
+  if (wgmma && bucket == 256) return BackwardWgmmaTile<256>::kBc;
   if (kv8 && has_kv8_pass(bucket)) return 128;  // BackwardKv8Tile<bucket>::kBc
   return bucket == 64 ? BackwardKvTile<64>::kBc : bucket == 128 ? BackwardKvTile<128>::kBc : BackwardKvTile<256>::kBc;
 }
-inline constexpr int kv_pass_dim_splits(int bucket) {
+inline constexpr int kv_pass_dim_splits(int bucket, bool wgmma) {
+  if (wgmma) return 1;
   return bucket == 64 ? 64 / BackwardKvTile<64>::kDAcc
                       : bucket == 128 ? 128 / BackwardKvTile<128>::kDAcc : 256 / BackwardKvTile<256>::kDAcc;
 }

@@ -1,6 +1,6 @@
 // sm_90a warpgroup MMA (wgmma.mma_async) for the Hopper kernels: shared-memory matrix
 // descriptors for the 128-byte-swizzled tiles of smem_swizzle.hpp (Sw128Blocks), the
-// m64nNk16 instruction for N = 64 / 128 with fp32 accumulators and A from shared memory
+// m64nNk16 instruction for N = 32 / 64 / 128 with fp32 accumulators and A from shared memory
 // or (wgmma_rs_m64k16) from registers, and the fences around it. Everything here compiles
 // to nothing outside an sm_90a build (SA_WGMMA == 0); the host only launches the kernels
 // that use it on a 9.0 GPU of an sm_90a build.
@@ -105,16 +105,16 @@ __device__ __forceinline__ void fence_operands(E (&r)[N][4]) {
 
 // The asm of one wgmma: the accumulator registers %0 .. %(N/2 - 1) ("{" SA_D<N> "}"), then
 // the operands numbered after them, the accumulator constraints last (they hold commas).
-// The kernels use N = 64 and 128 (from shared memory) and 128 (A from registers).
-#define SA_D64                                                                                    \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
-  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+// The kernels use N = 32, 64 and 128 (from shared memory) and 128 (A from registers).
+#define SA_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define SA_D64                                                                                  \
+  SA_D32 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define SA_D128                                                                                      \
   SA_D64 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
          "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define SA_ACC4(n) "+f"(c[n][0]), "+f"(c[n][1]), "+f"(c[n][2]), "+f"(c[n][3])
-#define SA_ACC64 \
-  SA_ACC4(0), SA_ACC4(1), SA_ACC4(2), SA_ACC4(3), SA_ACC4(4), SA_ACC4(5), SA_ACC4(6), SA_ACC4(7)
+#define SA_ACC32 SA_ACC4(0), SA_ACC4(1), SA_ACC4(2), SA_ACC4(3)
+#define SA_ACC64 SA_ACC32, SA_ACC4(4), SA_ACC4(5), SA_ACC4(6), SA_ACC4(7)
 #define SA_ACC128 \
   SA_ACC64, SA_ACC4(8), SA_ACC4(9), SA_ACC4(10), SA_ACC4(11), SA_ACC4(12), SA_ACC4(13), SA_ACC4(14), SA_ACC4(15)
 // A and B from shared memory: operands desc_a = %A, desc_b = %B, accumulate = %P, TransA = %TA,
@@ -132,6 +132,7 @@ __device__ __forceinline__ void fence_operands(E (&r)[N][4]) {
                ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1, %" #TB ";\n}\n"                      \
                : __VA_ARGS__                                                                     \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB))
+#define SA_WGMMA_M64N32K16(TY) SA_WGMMA_SS(32, TY, 16, 17, 18, 19, 20, SA_ACC32)
 #define SA_WGMMA_M64N64K16(TY) SA_WGMMA_SS(64, TY, 32, 33, 34, 35, 36, SA_ACC64)
 #define SA_WGMMA_M64N128K16(TY) SA_WGMMA_SS(128, TY, 64, 65, 66, 67, 68, SA_ACC128)
 #define SA_WGMMA_RS_M64N128K16(TY) SA_WGMMA_RS(128, TY, 64, 65, 66, 67, 68, 69, 70, SA_ACC128)
@@ -141,11 +142,13 @@ template <class T, int TransA, int TransB, int NT>
 __device__ __forceinline__ void wgmma_m64k16(float (&c)[NT][4], uint64_t desc_a, uint64_t desc_b,
                                              int accumulate) {
 #if SA_WGMMA
-  static_assert(NT == 8 || NT == 16, "N = 64 or 128");
+  static_assert(NT == 4 || NT == 8 || NT == 16, "N = 32, 64 or 128");
   if constexpr (std::is_same_v<T, __half>) {
+    if constexpr (NT == 4) SA_WGMMA_M64N32K16("f16");
     if constexpr (NT == 8) SA_WGMMA_M64N64K16("f16");
     if constexpr (NT == 16) SA_WGMMA_M64N128K16("f16");
   } else {
+    if constexpr (NT == 4) SA_WGMMA_M64N32K16("bf16");
     if constexpr (NT == 8) SA_WGMMA_M64N64K16("bf16");
     if constexpr (NT == 16) SA_WGMMA_M64N128K16("bf16");
   }
@@ -167,6 +170,7 @@ __device__ __forceinline__ void wgmma_rs_m64k16(float (&c)[NT][4], const uint32_
 #endif
 }
 
+#undef SA_WGMMA_M64N32K16
 #undef SA_WGMMA_M64N64K16
 #undef SA_WGMMA_M64N128K16
 #undef SA_WGMMA_RS_M64N128K16
@@ -174,8 +178,10 @@ __device__ __forceinline__ void wgmma_rs_m64k16(float (&c)[NT][4], const uint32_
 #undef SA_WGMMA_RS
 #undef SA_ACC128
 #undef SA_ACC64
+#undef SA_ACC32
 #undef SA_ACC4
 #undef SA_D128
 #undef SA_D64
+#undef SA_D32
 
 }  // namespace strideattn::cuda_impl

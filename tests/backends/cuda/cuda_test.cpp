@@ -4,11 +4,11 @@
 // sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
 // the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
-// seeded sweep, bitwise determinism of the backward, every dK/dV kernel of the d <= 64 and
-// d <= 128 buckets (sm_90a wgmma, the default on H100/H200; 8-warp, the default elsewhere and
-// behind STRIDEATTN_CUDA_WGMMA=0; 4-warp behind STRIDEATTN_CUDA_KV8=0), their single-pass and
-// two-pass backward on the same inputs, and which kernels run on sm_90a. Skips when no GPU
-// is present.
+// seeded sweep, bitwise determinism of the backward, every dK/dV kernel (sm_90a wgmma, the
+// default on H100/H200; at d <= 64 / 128 8-warp, the default elsewhere and behind
+// STRIDEATTN_CUDA_WGMMA=0, 4-warp behind STRIDEATTN_CUDA_KV8=0; at d <= 256 4-warp elsewhere),
+// their single-pass and two-pass backward on the same inputs, and which kernels run on
+// sm_90a. Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -265,14 +265,15 @@ class ScopedEnv {
   const char* name_;
 };
 
-// Fixed bf16 inputs on the device (b 2, s 333, h 8, hg 2, d 128, causal: the d <= 128
-// bucket, GQA, s a multiple of neither 64 nor 128), O and LSE from one forward;
-// backward() runs one deterministic backward and returns its dQ, dK and dV bytes.
+// Fixed bf16 inputs on the device (b 2, s 333, h 8, hg 2, head dim d, 128 unless given:
+// the d <= 128 bucket; causal, GQA, s a multiple of neither 64 nor 128), O and LSE from one
+// forward; backward() runs one deterministic backward and returns its dQ, dK and dV bytes.
 class FixedBackwardCase {
  public:
-  static constexpr std::int64_t b = 2, s = 333, h = 8, hg = 2, d = 128;
+  static constexpr std::int64_t b = 2, s = 333, h = 8, hg = 2;
+  const std::int64_t d;
 
-  FixedBackwardCase() {
+  explicit FixedBackwardCase(std::int64_t head_dim = 128) : d(head_dim) {
     q_ = device_tensor(h, true), k_ = device_tensor(hg, true), v_ = device_tensor(hg, true);
     d_o_ = device_tensor(h, true), o_ = device_tensor(h, false);
     EXPECT_EQ(cudaMalloc(&lse_, b * h * s * 4), cudaSuccess);
@@ -320,7 +321,7 @@ class FixedBackwardCase {
   }
 
  private:
-  static std::size_t elems(std::int64_t heads) { return static_cast<std::size_t>(b * s * heads * d); }
+  std::size_t elems(std::int64_t heads) const { return static_cast<std::size_t>(b * s * heads * d); }
   void* device_tensor(std::int64_t heads, bool fill) {
     std::normal_distribution<float> dist(0.f, 1.f);
     std::vector<std::uint16_t> host(elems(heads));
@@ -335,7 +336,7 @@ class FixedBackwardCase {
     EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
     return p;
   }
-  static strideattn::TensorView view(void* p, std::int64_t heads) {
+  strideattn::TensorView view(void* p, std::int64_t heads) const {
     strideattn::TensorView t;
     t.data = p, t.dtype = DType::bf16, t.shape = {b, s, heads, d};
     t.stride = {s * heads * d, heads * d, d, 1};
@@ -369,7 +370,9 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
 // ------------------------------------------------------------------ dK/dV pass kernels
 
 // The d <= 64 and d <= 128 buckets' dK/dV pass has two kernels: the 8-warp one (the default)
-// and the 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0; the 8-warp one also runs the
+// and the 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0 (the d <= 256 bucket's
+// only mma.sync one; on sm_90a the wgmma rows below run the wgmma pass in every bucket, two-
+// and single-pass; the d <= 256 cases: d 192 / 256, d_qk != d_v); the 8-warp one also runs the
 // single-pass backward (dQ = dS K added into an fp32 accumulator, the default with
 // deterministic = false; STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way), whose adds are bulk
 // reductions from shared memory on sm_90 in the d <= 128 bucket and atomics elsewhere or with
@@ -383,6 +386,7 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
       dense(DType::bf16, 2, 300, 300, 8, 2, 128, 128, MaskKind::causal, -1, -1, true, "sb(h+2hg)d"),
       dense(DType::f16, 1, 200, 333, 6, 1, 96, 96, MaskKind::none),
       dense(DType::f16, 2, 260, 260, 6, 1, 64, 64, MaskKind::causal),  // the seed's shape of problem
+      dense(DType::bf16, 1, 150, 200, 4, 1, 256, 256, MaskKind::causal_bottom_right),
   };
   const CaseSpec others[] = {
       dense(DType::bf16, 1, 257, 190, 4, 2, 72, 72, MaskKind::causal_bottom_right, 40, 5),
@@ -394,10 +398,14 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
       dense(DType::bf16, 1, 300, 200, 4, 2, 64, 64, MaskKind::causal_bottom_right),  // d <= 64 bucket
       dense(DType::f16, 1, 170, 140, 2, 1, 40, 40, MaskKind::causal, 20, 5),
       dense(DType::bf16, 1, 150, 150, 4, 4, 64, 32, MaskKind::none),
+      dense(DType::bf16, 1, 200, 300, 4, 2, 256, 256, MaskKind::causal, 70, -1),
+      dense(DType::f16, 1, 190, 130, 2, 1, 192, 128, MaskKind::none),
+      dense(DType::f16, 2, 129, 65, 2, 2, 200, 200, MaskKind::causal_bottom_right, 30, 20),
       varlen(DType::bf16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {}, {}, MaskKind::causal, -1, -1, 64),
       varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 128),
       varlen(DType::f16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {0, 3, 45, 220, 225},
              {0, 9, 50, 360, 370}, MaskKind::causal_bottom_right, 20, 8, 96),
+      varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 256),
   };
   // 4-warp kernel; 8-warp two-pass; 8-warp single pass (the default when the caller does not
   // ask for determinism) with its sm_90 bulk reductions and with atomics; on sm_90a the wgmma
@@ -472,10 +480,10 @@ std::string debug_log_of(F&& fn) {
   return all;
 }
 
-// On a 9.0 GPU, in a build with sm_90a code, the d <= 128 bucket's forward and backward run
-// the wgmma kernels (so the default runs of every test here, and the wgmma rows of
-// DkDvPassEightAndFourWarps, test them), and STRIDEATTN_CUDA_WGMMA=0 the mma.sync ones; the
-// wgmma dK/dV pass is deterministic run to run.
+// On a 9.0 GPU, in a build with sm_90a code, the d <= 128 bucket's forward and every bucket's
+// dK/dV pass run the wgmma kernels (so the default runs of every test here, and the wgmma
+// rows of DkDvPassEightAndFourWarps, test them), and STRIDEATTN_CUDA_WGMMA=0 the mma.sync
+// ones; the wgmma dK/dV pass is deterministic run to run.
 TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   SKIP_WITHOUT_GPU();
 #if !defined(STRIDEATTN_CUDA_SM90A)
@@ -502,6 +510,17 @@ TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   }
   const std::vector<std::uint16_t> first = c.backward(), second = c.backward();
   EXPECT_TRUE(first == second) << "wgmma pass: gradients differ between runs";
+
+  FixedBackwardCase c256(256);  // the d <= 256 bucket: wgmma dK/dV pass, mma.sync forward
+  const std::string bwd256 = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c256.backward())); });
+  EXPECT_NE(bwd256.find("dK/dV pass: 8 warps, wgmma (sm_90a)"), std::string::npos) << bwd256;
+  {
+    const ScopedEnv off("STRIDEATTN_CUDA_WGMMA", "0");
+    const std::string mma = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c256.backward())); });
+    EXPECT_NE(mma.find("dK/dV pass: 4 warps;"), std::string::npos) << mma;
+  }
+  const std::vector<std::uint16_t> first256 = c256.backward(), second256 = c256.backward();
+  EXPECT_TRUE(first256 == second256) << "wgmma pass, d = 256: gradients differ between runs";
 #endif
 }
 
