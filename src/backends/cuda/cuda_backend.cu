@@ -183,10 +183,10 @@ bool sm90a_wgmma(const DeviceCaps& gpu, int smem_bytes) {
 bool kv_pass_wgmma(int bucket, bool kv8, const DeviceCaps& gpu) {
   return (kv8 || !cuda_impl::has_kv8_pass(bucket)) && sm90a_wgmma(gpu, cuda_impl::wgmma_smem_bytes(bucket));
 }
-// The forward of the d <= 128 bucket (at d <= 64 the mma.sync forward measured faster:
-// kernel_traits.cuh, ForwardWgmmaTile).
+// The forward of the d <= 128 and d <= 256 buckets (at d <= 64 the mma.sync forward measured
+// faster: kernel_traits.cuh, ForwardWgmmaTile).
 bool forward_wgmma(int bucket, const DeviceCaps& gpu) {
-  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(gpu, cuda_impl::ForwardWgmmaTile<128>::kSmemBytes);
+  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(gpu, cuda_impl::forward_wgmma_smem_bytes(bucket));
 }
 
 int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps& gpu) {

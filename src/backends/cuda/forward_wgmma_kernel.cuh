@@ -1,10 +1,10 @@
-// The forward on sm_90a for the d <= 128 head-dim bucket: forward_kernel.cuh's
+// The forward on sm_90a for the d <= 128 and d <= 256 head-dim buckets: forward_kernel.cuh's
 // schedule and math (same online softmax and epilogue, shared with it) with both GEMMs as
 // warpgroup MMAs (wgmma.cuh), and forward_pass, which picks this kernel or that one.
 //
 // One CTA of 2 warpgroups per (block of 128 queries, head, sequence), heaviest blocks first;
-// warpgroup wg owns query rows [64 wg, 64 wg + 64). Per block of 128 keys (K and V in
-// double-buffered shared-memory stages, as forward_kernel's):
+// warpgroup wg owns query rows [64 wg, 64 wg + 64). Per block of Bc keys (128, at d <= 256
+// 64; K and V in double-buffered shared-memory stages, as forward_kernel's):
 //   S = Q K^T            (A = Q, B = K, both from shared memory)
 //   masked -> -inf; online softmax step: S -> P, l, and O rescaled where m is raised
 //   O += P V             (A = P from registers, rounded to T; B = V from shared memory)
@@ -71,6 +71,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   float o_acc[1][D / 8][4];
   zero<1, D>(o_acc);
   float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
+  // columns [n0, n0 + 128) of it, as one m64n128 accumulator
+  auto o_slice = [&](int n0) -> float(&)[16][4] { return *reinterpret_cast<float(*)[16][4]>(&o_acc[0][n0 / 8]); };
 
   if (n_blocks > 0) {
     load_tile<kKvThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) +
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     if (it + 1 < n_blocks) load_stage(c0 + Bc, buf ^ 1);
     cp_async_commit();
 
-    // S = Q K^T: this group's 64 rows x 128 keys
+    // S = Q K^T: this group's 64 rows x Bc keys
     float s[1][Bc / 8][4];
     wgmma_fence();
 #pragma unroll
@@ -106,14 +108,18 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
       apply_mask<1, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
     online_softmax_step<1, Bc, D>(s, o_acc, row_max, row_sum, kp.scale_log2);
 
-    // O += P V (P rounded to T, in registers: the accumulator layout is the A layout)
+    // O += P V (P rounded to T, in registers: the accumulator layout is the A layout), in
+    // m64n128 column slices of O
     uint32_t p_frag[1][Bc / 16][4];
     accum_to_a<T, 1, Bc>(p_frag, s);
     fence_operands(o_acc[0]);
     fence_operands(p_frag[0]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) wgmma_rs_m64k16<T, 1>(o_acc[0], p_frag[0][kk], sV(buf).mn_major(0, kk), 1);
+    for (int kk = 0; kk < Bc / 16; ++kk)
+#pragma unroll
+      for (int n0 = 0; n0 < D; n0 += 128)
+        wgmma_rs_m64k16<T, 1>(o_slice(n0), p_frag[0][kk], sV(buf).mn_major(n0, kk), 1);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o_acc[0]);

@@ -51,7 +51,7 @@ struct KernelParams {
   // 8-warp mma.sync one (d <= 64 / 128: kv_pass_8warps is also set, same grid, same
   // workspace) or the 4-warp one (d <= 256). Set by the host on a 9.0 GPU of an sm_90a build.
   bool kv_pass_wgmma = false;
-  // sm_90a: the forward of the d <= 128 bucket is the wgmma kernel (forward_wgmma_kernel.cuh)
+  // sm_90a: the forward of the d <= 128 and 256 buckets is the wgmma kernel (forward_wgmma_kernel.cuh)
   // instead of forward_kernel.cuh's. Set by the host as kv_pass_wgmma.
   bool fwd_wgmma = false;
   // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into

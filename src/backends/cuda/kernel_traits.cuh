@@ -61,25 +61,31 @@ template <> struct ForwardTile<256> {
 };
 
 // Forward on sm_90a (forward_wgmma_kernel.cuh; the default there, STRIDEATTN_CUDA_WGMMA=0
-// runs forward_kernel above), d <= 128 bucket: two warpgroups of 64 query rows each (Br 128),
-// S = Q K^T and O += P V as warpgroup MMAs (P from registers, the FA2 register reuse), 128
-// keys per block: O 64 and S 64 floats per thread (186 registers, no spill). One CTA of 8
-// warps per SM. Shared memory: Q 128 x 128, two stages of K and V 128 x 128
-// (double-buffered as forward_kernel's), 1 KiB to align: 164,864 bytes.
-// Measured against forward_kernel (H200, sixth session, call 6): d 128 323-330 -> 366
-// TFLOP/s (no mask), 298-317 -> 340 (causal), GQA 356-360 -> 416. The same kernel at d 64
-// (also correct on every GPU test) was slower than forward_kernel's 128 x 128 mma.sync tiles:
-// 313 -> 268 (no mask), 283-292 -> 246 (causal), the seed 230 -> 213; there each S = Q K^T is
-// only 4 k-steps, and the synchronous wgmma waits and softmax between them are not hidden.
-// So the d <= 64 bucket keeps forward_kernel.
+// runs forward_kernel above), d <= 128 and d <= 256 buckets: two warpgroups of 64 query rows
+// each (Br 128), S = Q K^T and O += P V as warpgroup MMAs (P from registers, the FA2
+// register reuse), K and V double-buffered as forward_kernel's. One CTA of 8 warps per SM.
+//   d <= 128: 128 keys per block: O 64 and S 64 floats per thread (186 registers, no spill).
+//     Shared memory: Q 128 x 128, two stages of K and V 128 x 128, 1 KiB to align: 164,864
+//     bytes. Measured against forward_kernel (H200, sixth session, call 6): d 128 323-330 ->
+//     366 TFLOP/s (no mask), 298-317 -> 340 (causal), GQA 356-360 -> 416.
+//   d <= 256: O is 128 floats per thread, so 64 keys per block (S 32 floats); O += P V is
+//     two m64n128 products per k-step. Shared memory: Q 128 x 256, two stages of K and V
+//     64 x 256, 1 KiB: 197,632 bytes.
+// The same kernel at d 64 (also correct on every GPU test) was slower than forward_kernel's
+// 128 x 128 mma.sync tiles: 313 -> 268 (no mask), 283-292 -> 246 (causal), the seed 230 ->
+// 213; there each S = Q K^T is only 4 k-steps, and the synchronous wgmma waits and softmax
+// between them are not hidden. So the d <= 64 bucket keeps forward_kernel.
 template <int D>
 struct ForwardWgmmaTile {
-  static_assert(D == 128, "the wgmma forward serves the d <= 128 bucket (see above for d <= 64)");
-  static constexpr int kBr = 128;  // queries per CTA: one m64 row block per warpgroup
-  static constexpr int kBc = 128;  // keys per block (and per shared-memory stage)
+  static_assert(D == 128 || D == 256, "the wgmma forward serves the d <= 128 and d <= 256 buckets (see above)");
+  static constexpr int kBr = 128;              // queries per CTA: one m64 row block per warpgroup
+  static constexpr int kBc = D == 256 ? 64 : 128;  // keys per block (and per shared-memory stage)
   static constexpr int kSmemBytes = 1024 + (kBr + 4 * kBc) * D * 2;
 };
-inline constexpr bool has_forward_wgmma(int bucket) { return bucket == 128; }
+inline constexpr bool has_forward_wgmma(int bucket) { return bucket == 128 || bucket == 256; }
+inline constexpr int forward_wgmma_smem_bytes(int bucket) {
+  return bucket == 256 ? ForwardWgmmaTile<256>::kSmemBytes : ForwardWgmmaTile<128>::kSmemBytes;
+}
 
 // Whether a FullD instantiation (head dims equal to the bucket, compile-time dims) really
 // compiles the unguarded code on this architecture. sm_80 at d = 128 (ptxas -v, CUDA 13.0):

@@ -411,7 +411,7 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
   // ask for determinism) with its sm_90 bulk reductions and with atomics; on sm_90a the wgmma
   // pass (the default there), two-pass and single pass (elsewhere those rows rerun the 8-warp
   // pass: Sm90aRunsTheWgmmaKernels checks which one runs); the wgmma rows also run the wgmma
-  // forward (d <= 128 bucket), the others the mma.sync one
+  // forward (d <= 128 and d <= 256 buckets), the others the mma.sync one
   struct Path {
     const char *kv8, *fused, *stage, *wgmma;
   };
@@ -480,10 +480,10 @@ std::string debug_log_of(F&& fn) {
   return all;
 }
 
-// On a 9.0 GPU, in a build with sm_90a code, the d <= 128 bucket's forward and every bucket's
-// dK/dV pass run the wgmma kernels (so the default runs of every test here, and the wgmma
-// rows of DkDvPassEightAndFourWarps, test them), and STRIDEATTN_CUDA_WGMMA=0 the mma.sync
-// ones; the wgmma dK/dV pass is deterministic run to run.
+// On a 9.0 GPU, in a build with sm_90a code, the forward of the d <= 128 and d <= 256
+// buckets and every bucket's dK/dV pass run the wgmma kernels (so the default runs of every
+// test here, and the wgmma rows of DkDvPassEightAndFourWarps, test them), and
+// STRIDEATTN_CUDA_WGMMA=0 the mma.sync ones; the wgmma dK/dV pass is deterministic run to run.
 TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   SKIP_WITHOUT_GPU();
 #if !defined(STRIDEATTN_CUDA_SM90A)
@@ -511,7 +511,9 @@ TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   const std::vector<std::uint16_t> first = c.backward(), second = c.backward();
   EXPECT_TRUE(first == second) << "wgmma pass: gradients differ between runs";
 
-  FixedBackwardCase c256(256);  // the d <= 256 bucket: wgmma dK/dV pass, mma.sync forward
+  FixedBackwardCase c256(256);  // the d <= 256 bucket
+  const std::string fwd256 = debug_log_of([&] { c256.forward(); });
+  EXPECT_NE(fwd256.find("; forward: wgmma (sm_90a)"), std::string::npos) << fwd256;
   const std::string bwd256 = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c256.backward())); });
   EXPECT_NE(bwd256.find("dK/dV pass: 8 warps, wgmma (sm_90a)"), std::string::npos) << bwd256;
   {
