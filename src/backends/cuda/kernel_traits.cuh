@@ -264,6 +264,14 @@ inline constexpr int wgmma_smem_bytes(int bucket) {
          : bucket == 128 ? BackwardWgmmaTile<128>::kSmemBytes
                          : BackwardWgmmaTile<256>::kSmemBytes;
 }
+// The sm_90a kernels' shared memory against the opt-in maximum per block of a 9.0 GPU
+// (227 KiB; the host also checks the GPU's own value before choosing them).
+inline constexpr int kSm90SmemOptin = 227 * 1024;
+static_assert(wgmma_smem_bytes(64) <= kSm90SmemOptin && wgmma_smem_bytes(128) <= kSm90SmemOptin &&
+                  wgmma_smem_bytes(256) <= kSm90SmemOptin,
+              "a wgmma dK/dV pass needs more shared memory than a 9.0 GPU grants");
+static_assert(forward_wgmma_smem_bytes(128) <= kSm90SmemOptin && forward_wgmma_smem_bytes(256) <= kSm90SmemOptin,
+              "a wgmma forward needs more shared memory than a 9.0 GPU grants");
 
 // Host-side view of the dK/dV pass grid (cuda_backend.cu sizes its group splits from it):
 // keys per CTA and head-dim splits per key block for a head-dim bucket; `kv8`: the 8-warp
