@@ -124,8 +124,9 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
 }
 
 // The forward epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): O / l
-// (its first d_v columns) stored through O's strides (o_span: the sequence's span of O), LSE = (m * scale_log2 + log2 l) * ln 2 (natural log), and for
-// rows that saw no key O = 0, LSE = -inf.
+// (its first d_v columns) stored through O's strides (o_span: the sequence's span of O),
+// LSE = (m * scale_log2 + log2 l) * ln 2 (natural log), and for rows that saw no key O = 0,
+// LSE = -inf.
 template <class T, int MT, int D>
 __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
                                             int64_t r1, int d_v, const SequenceSpan& o_span,
