@@ -483,28 +483,15 @@ template <class T, int D>
 cudaError_t launch_kv_pass_4warps(const KernelParams& kp, cudaStream_t stream) {
   using Tile = BackwardKvTile<D>;
   constexpr int smem = (2 * Tile::kBc + 4 * Tile::kBr) * D * 2 + 4 * Tile::kBr * 4;
-  auto fn = backward_kv_kernel<T, D>;
-  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, Tile::kBc) * (D / Tile::kDAcc)),
-                  unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
-  if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
-  return cudaGetLastError();
+  return launch_kernel(backward_kv_kernel<T, D>, key_block_grid(kp, Tile::kBc, D / Tile::kDAcc), kThreads, smem, kp,
+                       stream);
 }
 
 template <class T, int D>
 cudaError_t launch_q_pass(const KernelParams& kp, cudaStream_t stream) {
   using Tile = BackwardQTile<D>;
   constexpr int smem = (2 * Tile::kBr + 4 * Tile::kBc) * D * 2;
-  auto fn = backward_q_kernel<T, D>;
-  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, Tile::kBr)), unsigned(kp.p.heads),
-                  unsigned(kp.p.batch));
-  if (grid.x && grid.y && grid.z) fn<<<grid, kThreads, smem, stream>>>(kp);
-  return cudaGetLastError();
+  return launch_kernel(backward_q_kernel<T, D>, query_block_grid(kp, Tile::kBr), kThreads, smem, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

@@ -249,13 +249,7 @@ cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
       Tile::kSmemBytes + (Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? Tile::kDqStageBytes : 0);
   const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
   auto fn = full_d ? backward_kv8_kernel<T, D, true> : backward_kv8_kernel<T, D, false>;
-  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, Tile::kBc)),
-                  unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
-  if (grid.x && grid.y && grid.z) fn<<<grid, kKvThreads, smem, stream>>>(kp);
-  return cudaGetLastError();
+  return launch_kernel(fn, key_block_grid(kp, Tile::kBc), kKvThreads, smem, kp, stream);
 }
 
 // The backward's main passes for head-dim bucket D: the dK/dV pass, then the dQ pass unless

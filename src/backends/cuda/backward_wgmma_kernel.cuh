@@ -217,15 +217,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
 
 template <class T, int D>
 cudaError_t launch_kv_pass_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  constexpr int smem = BackwardWgmmaTile<D>::kSmemBytes;
-  auto fn = backward_wgmma_kernel<T, D>;
-  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  const dim3 grid(unsigned(kernel::ceil_div(kp.p.kv_seq.max_len, BackwardWgmmaTile<D>::kBc)),
-                  unsigned(kp.p.kv_heads * kp.group_splits), unsigned(kp.p.batch));
-  if (grid.x && grid.y && grid.z) fn<<<grid, kKvThreads, smem, stream>>>(kp);
-  return cudaGetLastError();
+  return launch_kernel(backward_wgmma_kernel<T, D>, key_block_grid(kp, BackwardWgmmaTile<D>::kBc), kKvThreads,
+                       BackwardWgmmaTile<D>::kSmemBytes, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

@@ -19,6 +19,7 @@
 #include "backends/cuda/device_primitives.cuh"
 #include "backends/cuda/kernel_params.hpp"
 #include "backends/cuda/kernel_traits.cuh"
+#include "backends/cuda/launch.cuh"
 
 namespace strideattn::cuda_impl {
 
@@ -273,14 +274,7 @@ cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
   constexpr int smem = (Tile::kBr + 4 * Tile::kStage) * D * 2;  // Q + two stages of K and V
   const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
   auto kernel_fn = full_d ? forward_kernel<T, D, true> : forward_kernel<T, D, false>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, Tile::kBr)), unsigned(kp.p.heads),
-                  unsigned(kp.p.batch));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  kernel_fn<<<grid, kThreads, smem, stream>>>(kp);
-  return cudaGetLastError();
+  return launch_kernel(kernel_fn, query_block_grid(kp, Tile::kBr), kThreads, smem, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

@@ -131,15 +131,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 
 template <class T, int D>
 cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  constexpr int smem = ForwardWgmmaTile<D>::kSmemBytes;
-  auto fn = forward_wgmma_kernel<T, D>;
-  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, ForwardWgmmaTile<D>::kBr)),
-                  unsigned(kp.p.heads), unsigned(kp.p.batch));
-  if (grid.x && grid.y && grid.z) fn<<<grid, kKvThreads, smem, stream>>>(kp);
-  return cudaGetLastError();
+  return launch_kernel(forward_wgmma_kernel<T, D>, query_block_grid(kp, ForwardWgmmaTile<D>::kBr), kKvThreads,
+                       ForwardWgmmaTile<D>::kSmemBytes, kp, stream);
 }
 
 // The forward for head-dim bucket D: the wgmma kernel where the host chose it
