@@ -45,14 +45,15 @@ struct KernelParams {
   // The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel
   // (backward_kv8_kernel.cuh, the default where the GPU has the shared memory) or the 4-warp
   // one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The d <= 256 bucket runs
-  // the 4-warp kernel but on sm_90a. Set by the host from its workspace plan.
+  // the 4-warp kernel except on sm_90a (kv_pass_wgmma). Set by the host from its workspace plan.
   bool kv_pass_8warps = false;
   // sm_90a: the dK/dV pass is the wgmma kernel (backward_wgmma_kernel.cuh) instead of the
   // 8-warp mma.sync one (d <= 64 / 128: kv_pass_8warps is also set, same grid, same
   // workspace) or the 4-warp one (d <= 256). Set by the host on a 9.0 GPU of an sm_90a build.
   bool kv_pass_wgmma = false;
-  // sm_90a: the forward of the d <= 128 and 256 buckets is the wgmma kernel (forward_wgmma_kernel.cuh)
-  // instead of forward_kernel.cuh's. Set by the host as kv_pass_wgmma.
+  // sm_90a: the forward of the d <= 128 and d <= 256 buckets is the wgmma kernel
+  // (forward_wgmma_kernel.cuh) instead of forward_kernel.cuh's. Set by the host as
+  // kv_pass_wgmma.
   bool fwd_wgmma = false;
   // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
   // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
