@@ -340,6 +340,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.runs < 20:
         ap.error("--runs must be >= 20 (DESIGN's protocol)")
+    shapes = [sh for sh in design_shapes(args.quick and not args.only) if not args.only or args.only in sh.name]
+    if not shapes:
+        names = sorted({sh.name for sh in design_shapes(False)})
+        ap.error(f"--only {args.only!r} matches no shape; the names: {', '.join(names)}")
     if not torch.cuda.is_available():
         print("compare_sdpa: no CUDA device", file=sys.stderr)
         return 2
@@ -359,9 +363,7 @@ def main() -> int:
 
     modes = ["fwd"] if args.fwd_only else ["fwd", "fwd+bwd"]
     rows = []
-    for sh in design_shapes(args.quick and not args.only):
-        if args.only and args.only not in sh.name:
-            continue
+    for sh in shapes:
         row = run_shape(sh, sa, backends, args.runs, args.warmup, modes)
         rows.append(row)
         summary = ", ".join(f"{c} {m} {fmt(row.tflops.get((c, m)))}"
