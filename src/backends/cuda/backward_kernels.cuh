@@ -37,7 +37,7 @@ __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) 
 #endif
 }
 
-// ------------------------------------------------------------------ 128-key passes
+// ------------------------------------------------------------------ passes over query blocks of a key block
 
 // The work of one CTA of a dK/dV pass that loops over query blocks of Br queries (the 8-warp
 // kernel and the sm_90a wgmma kernel): key block [c0, c1) of (sequence batch, KV head
