@@ -118,6 +118,7 @@ struct DeviceCaps {
   int major = 0, minor = 0;  // compute capability
   int smem_optin = 0;        // opt-in shared memory per block, bytes
   int sms = 0;               // multiprocessors
+  int smem_per_sm = 0;       // shared memory per multiprocessor, bytes
 };
 
 DeviceCaps current_device() {
@@ -127,7 +128,8 @@ DeviceCaps current_device() {
       cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&c.minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&c.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
     cudaGetLastError();
     return DeviceCaps{};
   }
@@ -241,6 +243,19 @@ std::size_t dq_accum_bytes(const Problem& p) {
          std::size_t(p.d_qk) * sizeof(float);
 }
 
+// An upper bound of the forward kernel's warps resident on the GPU at once: the size of the
+// outer accumulator's slot pool (outer_accumulator.cuh), which must never run dry. CTAs per
+// SM are bounded by threads (2,048), the 32-CTA limit and shared memory; registers only
+// lower the real count. 0 when the GPU could not be queried (no blocked accumulation then).
+int forward_resident_warps(int bucket, bool wgmma, const DeviceCaps& gpu) {
+  using namespace cuda_impl;
+  const int threads = wgmma ? kKvThreads : kThreads;
+  const int smem = wgmma ? forward_wgmma_smem_bytes(bucket) : forward_smem_bytes(bucket);
+  int ctas = std::min(32, 2048 / threads);
+  if (gpu.smem_per_sm > 0) ctas = std::max(1, std::min(ctas, gpu.smem_per_sm / smem));
+  return gpu.sms * ctas * (threads / 32);
+}
+
 // ---------------------------------------------------------------- layout of the workspace
 
 struct WorkspacePlan {
@@ -254,7 +269,10 @@ struct WorkspacePlan {
   bool wgmma = false;             // the sm_90a wgmma kernel runs it (kv_pass_wgmma)
   bool dq_stage = false;          // the single pass adds dQ by bulk reductions (dq_bulk_reduction)
   bool fwd_wgmma = false;         // forward: the sm_90a wgmma kernel (forward_wgmma)
-  [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum; }
+  std::size_t outer = 0;          // forward over > kFoldKeys keys: the outer slots, then flags
+  int outer_count = 0;            // slots
+  std::size_t outer_slot_floats = 0;
+  [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum + outer; }
 };
 
 // The workspace and every kernel choice of one call (the GPU is queried once, here).
@@ -263,7 +281,15 @@ WorkspacePlan plan_workspace(const Problem& p) {
   const DeviceCaps gpu = current_device();
   const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
   if (p.varlen) w.tables = round_up(4 * std::size_t(p.batch) * sizeof(std::int64_t));
-  if (!p.is_backward()) w.fwd_wgmma = forward_wgmma(bucket, gpu);
+  if (!p.is_backward()) {
+    w.fwd_wgmma = forward_wgmma(bucket, gpu);
+    if (p.s_kv > cuda_impl::kFoldKeys) {
+      w.outer_count = forward_resident_warps(bucket, w.fwd_wgmma, gpu);
+      w.outer_slot_floats = std::size_t(cuda_impl::forward_rows_per_warp(bucket, w.fwd_wgmma)) * std::size_t(bucket);
+      w.outer = round_up(std::size_t(w.outer_count) * w.outer_slot_floats * sizeof(float)) +
+                round_up(std::size_t(w.outer_count) * sizeof(int));
+    }
+  }
   if (p.is_backward()) {
     w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
                        std::size_t(p.q.shape[kSeq]) * sizeof(float));
@@ -397,6 +423,16 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
   if (plan.dq_accum > 0) {
     kp->dq_accum = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta + plan.partial);
     kp->dq_stage = plan.dq_stage;
+  }
+  if (plan.outer_count > 0) {
+    unsigned char* outer = ws.base() + plan.tables + plan.delta + plan.partial + plan.dq_accum;
+    kp->outer_slots = reinterpret_cast<float*>(outer);
+    kp->outer_flags = reinterpret_cast<int*>(
+        outer + round_up(std::size_t(plan.outer_count) * plan.outer_slot_floats * sizeof(float)));
+    kp->outer_count = plan.outer_count;
+    if (cudaError_t e = cudaMemsetAsync(kp->outer_flags, 0, std::size_t(plan.outer_count) * sizeof(int), stream);
+        e != cudaSuccess)
+      return cuda_status(e, "clearing the outer accumulator's slot flags");
   }
   return Status::Ok();
 }

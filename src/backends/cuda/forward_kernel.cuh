@@ -1,9 +1,8 @@
 // Forward kernel (FlashAttention-2 schedule): one CTA per (query block, head, sequence).
 //   mainloop:  for each key block the mask leaves visible (key_range_for_rows):
 //                S = Q K^T * scale (base 2), masked to -inf outside the rule,
-//                online softmax against a reference max m: when rowmax S > m + kRescaleSlack,
-//                m_new = rowmax S and O, l are rescaled by 2^(m - m_new) (else m stays);
-//                P = 2^(S - m); l += rowsum P; O += P V
+//                online softmax: m_new = max(m, rowmax S), O and l rescaled by 2^(m - m_new);
+//                P = 2^(S - m_new); l += rowsum P; O += P V
 //   epilogue:  O /= l, LSE = (m + log2 l) * ln 2; rows with no visible key: O = 0, LSE = -inf.
 // Scheduler: K and V stream through shared memory in double-buffered stages of kStage keys
 // (kernel_traits.cuh): stage n+1 loads with cp.async while the warps walk stage n kBc keys at
@@ -20,6 +19,7 @@
 #include "backends/cuda/kernel_params.hpp"
 #include "backends/cuda/kernel_traits.cuh"
 #include "backends/cuda/launch.cuh"
+#include "backends/cuda/outer_accumulator.cuh"
 
 namespace strideattn::cuda_impl {
 
@@ -30,10 +30,12 @@ using kernel::TileRange;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
-// How far (base 2) a row's block max may exceed its softmax reference max before the
-// reference is raised and O rescaled: P stays <= 2^8 = 256, far from overflow in fp32, f16
-// and bf16 (FlashAttention-4 uses the same slack).
-inline constexpr float kRescaleSlack = 8.f;
+// scaled_log2 (outer_accumulator.cuh): x * scale_log2 rounded to fp32 on its own, never
+// fused into a following add: the exponent of P is then round(S c) - round(m c), exactly 0
+// for the row's max (P = 1, exact in f16 and bf16 too, so a one-hot row is exact) and never
+// positive. With an FMA the exact product meets the rounded max: at |S c| ~ 1e6 the max's P
+// is off by a few percent once rounded to T, and at |S c| ~ 1e31 the exponent is +-1e24,
+// P = inf and the row NaN.
 
 // Set masked entries of a warp's C[MT][N/8][4] tile to `masked_value`: rows are
 // row0 + 16 * mt + g (+8) and columns col0 + 8 * n + 2t (+1), each side either queries or
@@ -72,15 +74,16 @@ __device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskR
 
 // One key block of the online softmax for a warp's rows (16 * MT of them; S and O in the
 // m16n8k16 C layout, rows g and g + 8 of each m-tile): S becomes P, and l and, where the
-// reference max is raised, O are updated. Against a reference max m per row (raw units):
-// P = 2^((S - m) * scale_log2), l = rowsum P. m is raised to the block max only when that
-// exceeds m by more than kRescaleSlack in base 2 (or m is still -inf); O and l are then
-// rescaled by 2^((m_old - m_new) * scale_log2). Below the slack P stays <= 2^kRescaleSlack,
-// which fp32 (and f16/bf16 P) hold with the same relative precision, and the final O / l and
-// LSE = m + log2 l are the same quantities: most blocks after the first skip the rescale of
-// O (a multiply per accumulator). Masked entries of S are -inf (P = 0); the scale is applied
-// inside the exponent (the validation guarantees scale > 0, so the max of S is the max of
-// scale * S). Shared by the mma.sync and the sm_90a wgmma forward.
+// row max rises, O are updated. With m the running row max (raw units) and c = scale_log2:
+// P = 2^(round(S c) - round(m c)) (scaled_log2), l = rowsum P; when the block max exceeds m,
+// m is raised to it and O and l are rescaled by 2^(round(m_old c) - round(m_new c)). The
+// row's max has P = 1 exactly, which keeps large logits exact where the answer is one-hot
+// (a lazily raised reference max, P up to 2^8, loses that: its P is rounded to T for P V
+// while l sums the unrounded value). Blocks where no row of the warp raises its max skip the
+// rescale of O. Masked entries of S are -inf (P = 0); the scale is applied inside the
+// exponent (the validation guarantees scale > 0, so the max of S is the max of scale * S).
+// A NaN score makes P, l and so the row's O and LSE NaN (fmaxf skips NaN in the max).
+// Shared by the mma.sync and the sm_90a wgmma forward.
 template <int MT, int Bc, int D>
 __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], float (&o_acc)[MT][D / 8][4],
                                                     float (&row_max)[MT][2], float (&row_sum)[MT][2],
@@ -97,18 +100,19 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_old = row_max[mt][h];
-      const bool raise = mx > m_old && (m_old == -INFINITY || (mx - m_old) * scale_log2 > kRescaleSlack);
-      alpha[mt][h] = raise ? exp2f((m_old - mx) * scale_log2) : 1.f;  // 0 when m_old = -inf
+      const bool raise = mx > m_old;
+      // 0 when m_old = -inf
+      alpha[mt][h] = raise ? exp2f(scaled_log2(m_old, scale_log2) - scaled_log2(mx, scale_log2)) : 1.f;
       raised |= raise;
       if (raise) row_max[mt][h] = mx;
       // a row with nothing visible yet keeps m = -inf; its reference point is 0
-      const float m_ref = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * scale_log2;
+      const float m_ref = row_max[mt][h] == -INFINITY ? 0.f : scaled_log2(row_max[mt][h], scale_log2);
       row_sum[mt][h] *= alpha[mt][h];
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < Bc / 8; ++n) {
-        s[mt][n][2 * h] = exp2f(s[mt][n][2 * h] * scale_log2 - m_ref);
-        s[mt][n][2 * h + 1] = exp2f(s[mt][n][2 * h + 1] * scale_log2 - m_ref);
+        s[mt][n][2 * h] = exp2f(scaled_log2(s[mt][n][2 * h], scale_log2) - m_ref);
+        s[mt][n][2 * h + 1] = exp2f(scaled_log2(s[mt][n][2 * h + 1], scale_log2) - m_ref);
         sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
       }
       row_sum[mt][h] += sum;
@@ -126,8 +130,9 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
 
 // The forward epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): O / l
 // (its first d_v columns) stored through O's strides (o_span: the sequence's span of O),
-// LSE = (m * scale_log2 + log2 l) * ln 2 (natural log), and for rows that saw no key O = 0,
-// LSE = -inf.
+// LSE = (m * scale_log2 + log2 l) * ln 2 (natural log). Rows whose mask leaves no key visible
+// get O = 0, LSE = -inf; a row that sees keys but has no positive l (NaN scores, or every
+// score -inf) gets NaN, as the definition does (0 / 0).
 template <class T, int MT, int D>
 __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
                                             int64_t r1, int d_v, const SequenceSpan& o_span,
@@ -146,7 +151,14 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const int64_t row = row0 + mt * 16 + g + 8 * h;
       if (row >= r1) continue;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      // l == 0: the row saw no key, or every score it saw was -inf (also by fp32 overflow):
+      // NaN unless the mask leaves it no key (the mask rebuilt here, off the main loop's
+      // registers); a NaN l gives NaN through 1 / l.
+      const bool no_key = l == 0.f && [&] {
+        const MaskRule m = p.mask(batch);
+        return m.key_end(row) <= m.key_begin(row);
+      }();
+      const float inv = no_key ? 0.f : 1.f / l;
       uint16_t* out = o_ptr + kernel::row_offset(o_span, p.o_st, row, head);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
@@ -155,11 +167,11 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
       }
       if (p.lse != nullptr && t == 0)
         p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
-            l > 0.f ? (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2 : -INFINITY;
+            no_key ? -INFINITY : l == 0.f ? NAN : (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2;
     }
 }
 
-template <class T, int D, bool FullD>
+template <class T, int D, bool FullD, bool Fold>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
   using Tile = ForwardTile<D>;
   constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc, Stage = Tile::kStage;
@@ -221,6 +233,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_max[mt][h] = -INFINITY, row_sum[mt][h] = 0.f;
 
+  // Fold: more than kFoldKeys keys, O is summed in blocks of them (outer_accumulator.cuh)
+  constexpr int kFoldBlocks = int(kFoldKeys / Bc);
+  OuterAccumulator<MT, D> outer;
+  if constexpr (Fold)
+    outer.claim(kp, keys.end - keys.begin, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kWarps + warp);
+  int blocks_done = 0;
+
   if (n_stages > 0) {
     load_tile<kThreads>(sQ, GlobalRows{q_ptr + kernel::row_offset(q_span, p.q_st, r0, head),
                                        p.q_st.s, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
@@ -261,8 +280,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
       uint32_t p_frag[MT][Bc / 16][4];
       accum_to_a<T, MT, Bc>(p_frag, s);
       gemm_rn<T, MT, Bc, D, Tile::kPrefetchPV>(o_acc, p_frag, sVb, 0, d_v);
+      if constexpr (Fold)
+        if (outer.slot != nullptr && ++blocks_done % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
     }
   }
+  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
 
   // epilogue: O /= l; LSE
   store_o_lse<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
@@ -271,9 +293,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
 template <class T, int D>
 cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
   using Tile = ForwardTile<D>;
-  constexpr int smem = (Tile::kBr + 4 * Tile::kStage) * D * 2;  // Q + two stages of K and V
+  constexpr int smem = kForwardSmemBytes<D>;
+  // Long key ranges run the guarded instantiation with the outer accumulator (its registers
+  // would make the unguarded one spill); the others run without it.
   const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
-  auto kernel_fn = full_d ? forward_kernel<T, D, true> : forward_kernel<T, D, false>;
+  auto kernel_fn = kp.outer_count > 0 ? forward_kernel<T, D, false, true>
+                   : full_d           ? forward_kernel<T, D, true, false>
+                                      : forward_kernel<T, D, false, false>;
   return launch_kernel(kernel_fn, query_block_grid(kp, Tile::kBr), kThreads, smem, kp, stream);
 }
 

@@ -16,7 +16,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D>
+template <class T, int D, bool Fold>
 __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   using Tile = ForwardWgmmaTile<D>;
@@ -74,6 +74,12 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   // columns [n0, n0 + 128) of it, as one m64n128 accumulator
   auto o_slice = [&](int n0) -> float(&)[16][4] { return *reinterpret_cast<float(*)[16][4]>(&o_acc[0][n0 / 8]); };
 
+  // Fold: more than kFoldKeys keys, O is summed in blocks of them (outer_accumulator.cuh)
+  constexpr int kFoldBlocks = int(kFoldKeys / Bc);
+  OuterAccumulator<1, D> outer;
+  if constexpr (Fold)
+    outer.claim(kp, keys.end - keys.begin, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kKvWarps + warp);
+
   if (n_blocks > 0) {
     load_tile<kKvThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) +
                                              kernel::row_offset(q_span, p.q_st, r0, head),
@@ -123,7 +129,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o_acc[0]);
+    if constexpr (Fold)
+      if (outer.slot != nullptr && (it + 1) % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
   }
+  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
 
   store_o_lse<T, 1, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
 #endif
@@ -131,7 +140,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 
 template <class T, int D>
 cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  return launch_kernel(forward_wgmma_kernel<T, D>, query_block_grid(kp, ForwardWgmmaTile<D>::kBr), kKvThreads,
+  auto kernel_fn = kp.outer_count > 0 ? forward_wgmma_kernel<T, D, true> : forward_wgmma_kernel<T, D, false>;
+  return launch_kernel(kernel_fn, query_block_grid(kp, ForwardWgmmaTile<D>::kBr), kKvThreads,
                        ForwardWgmmaTile<D>::kSmemBytes, kp, stream);
 }
 

@@ -64,7 +64,17 @@ struct KernelParams {
   // block's dS K in shared memory (BackwardKv8Tile::kDqStageBytes more) and adds it with bulk
   // reductions instead of atomics. The host sets it; an sm_80 build ignores it.
   bool dq_stage = false;
+  // Forward over long key ranges (outer_accumulator.cuh): `outer_count` warp slots of
+  // 16 * MT * D fp32 each (MT, D: the forward kernel's) and one int flag per slot (0 free, 1
+  // claimed), zeroed before the launch. outer_count == 0: no sequence has more than
+  // kFoldKeys keys, every row block accumulates in registers alone.
+  float* outer_slots = nullptr;
+  int* outer_flags = nullptr;
+  int outer_count = 0;
 };
+
+// Keys a forward warp accumulates in registers before folding them into its outer slot.
+inline constexpr std::int64_t kFoldKeys = 8192;
 
 // Row of the delta workspace for (sequence `batch`, head, token).
 SA_HD std::int64_t delta_index(const KernelParams& kp, std::int64_t batch, std::int64_t head,

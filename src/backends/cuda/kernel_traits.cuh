@@ -83,6 +83,17 @@ struct ForwardWgmmaTile {
   static constexpr int kSmemBytes = 1024 + (kBr + 4 * kBc) * D * 2;
 };
 inline constexpr bool has_forward_wgmma(int bucket) { return bucket == 128 || bucket == 256; }
+
+// Shared memory of forward_kernel (Q and two stages of K and V) and the rows of O one warp
+// of either forward owns (the size of its outer_accumulator.cuh slot: rows x bucket fp32).
+// Host and device agree: kBr, kStage and kMT are the same on every architecture.
+template <int D> inline constexpr int kForwardSmemBytes = (ForwardTile<D>::kBr + 4 * ForwardTile<D>::kStage) * D * 2;
+inline constexpr int forward_smem_bytes(int bucket) {
+  return bucket == 64 ? kForwardSmemBytes<64> : bucket == 128 ? kForwardSmemBytes<128> : kForwardSmemBytes<256>;
+}
+inline constexpr int forward_rows_per_warp(int bucket, bool wgmma) {
+  return wgmma ? 16 : 16 * (bucket == 64 ? ForwardTile<64>::kMT : bucket == 128 ? ForwardTile<128>::kMT : ForwardTile<256>::kMT);
+}
 inline constexpr int forward_wgmma_smem_bytes(int bucket) {
   return bucket == 256 ? ForwardWgmmaTile<256>::kSmemBytes : ForwardWgmmaTile<128>::kSmemBytes;
 }

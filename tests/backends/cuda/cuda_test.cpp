@@ -110,6 +110,21 @@ TEST(CudaBackend, GroupSplitsOfTheDkDvPass) {
   unsetenv("STRIDEATTN_CUDA_GROUP_SPLITS");
 }
 
+// Rows that see more than kFoldKeys keys fold their fp32 accumulator into a global slot
+// (outer_accumulator.cuh): random inputs over 20,000 keys in every head-dim bucket and dtype,
+// GQA, masks whose rows see from a few keys to all of them, a window that keeps every row
+// short, and varlen with one long and one short sequence, against the fp64 reference.
+TEST(CudaBackend, LongKeyRangesFoldTheirAccumulator) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    expect_cuda_ok(dense(DType::bf16, 1, 70, 20000, 4, 2, d, d, MaskKind::causal_bottom_right, -1, -1, false));
+    expect_cuda_ok(dense(DType::f16, 1, 40, 17000, 2, 1, d, d, MaskKind::none, -1, -1, false));
+  }
+  expect_cuda_ok(dense(DType::bf16, 1, 40, 20000, 2, 1, 128, 128, MaskKind::none, 9000, 0, false));
+  expect_cuda_ok(varlen(DType::bf16, {30, 50}, {12000, 300}, {}, {}, MaskKind::causal_bottom_right));
+}
+
 TEST(CudaBackend, DifferentQkAndVHeadDims) {
   SKIP_WITHOUT_GPU();
   expect_cuda_ok(dense(DType::bf16, 1, 150, 150, 2, 1, 192, 128, MaskKind::causal));
