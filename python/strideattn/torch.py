@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from . import _core, _ext
+from ._util import canonical_mask, describe, dim_order, int_list, raise_for, window_pair
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -30,7 +31,7 @@ def _alloc(shape: Sequence[int], dtype: torch.dtype, device: torch.device, like:
            zero: bool) -> Tensor:
     """A tensor of logical `shape` laid out in `like`'s dimension order (head dim innermost);
     the real and the fake implementations share this, so their strides agree."""
-    order = _core._dim_order(tuple(like.shape), tuple(like.stride()))
+    order = dim_order(tuple(like.shape), tuple(like.stride()))
     phys = [shape[i] for i in order]
     inverse = [0] * len(order)
     for pos, dim in enumerate(order):
@@ -84,7 +85,7 @@ def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens_q: Optional[Tensor],
         opts = _options(mask, window_left, window_right, scale, backend, deterministic,
                         seqlens_q, seqlens_kv, offsets_q, offsets_kv, _stream(q))
         code, msg = _ext.forward(q, k, v, out, lse, **opts)
-    _core._raise_for(code, msg)
+    raise_for(code, msg)
     return out, lse
 
 
@@ -110,7 +111,7 @@ def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         opts = _options(mask, window_left, window_right, scale, backend, deterministic,
                         seqlens_q, seqlens_kv, offsets_q, offsets_kv, _stream(q))
         code, msg = _ext.backward(q, k, v, out, _head_dim_dense(dout), lse, dq, dk, dv, **opts)
-    _core._raise_for(code, msg)
+    raise_for(code, msg)
     return dq, dk, dv
 
 
@@ -151,7 +152,7 @@ def _as_index_tensor(x, name: str) -> Optional[Tensor]:
             raise ValueError(f"{name} must be a 1-D integer tensor, got shape {tuple(x.shape)} "
                              f"dtype {x.dtype}")
         return x
-    return torch.tensor(_core._int_list(x, name), dtype=torch.int64)
+    return torch.tensor(int_list(x, name), dtype=torch.int64)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: str = "none", window=None,
@@ -163,10 +164,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: str = "none", window=Non
     integer tensors). Returns O (and the fp32, non-differentiable LSE)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(mask, str) or not isinstance(backend, str):
-        raise ValueError(f"mask and backend must be strings; got mask={mask!r}, backend={backend!r}")
-    left, right = _core._window(window)
+            raise ValueError(f"{name} must be a torch.Tensor, got {describe(x)}")
+    mask = canonical_mask(mask)
+    if not isinstance(backend, str):
+        raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); "
+                         f"got {describe(backend)}")
+    left, right = window_pair(window)
     if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(f"q, k, v must all have 4 dimensions [b, s, h, d] (or 3 for varlen "
                          f"[tokens, h, d]); got {q.dim()}, {k.dim()}, {v.dim()}")
@@ -186,6 +189,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: str = "none", window=Non
     if sq is not None:
         lse = lse.squeeze(0)  # [h, tokens]
     return (out, lse) if return_lse else out
+
+
+def _wants_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v))
+
+
+# strideattn.attention() on tensors that need gradients comes here (it does not import us).
+_core.register_autograd("torch", _wants_grad, attention)
 
 
 # ----------------------------------------------------------------------------- module
