@@ -16,11 +16,10 @@ from ._util import (
     BackendError,
     UnsupportedError,
     canonical_mask,
-    cu_seqlens_hint,
     describe,
     dim_order,
     int_list,
-    raise_for,
+    raise_status,
     window_pair,
 )
 
@@ -286,24 +285,6 @@ def _begin(q, v, mask, window, scale, deterministic, seqlens_q, seqlens_kv, offs
     return ctx, opts, varlen, qs, vs
 
 
-# Appended to shape errors of dense calls: the mistake they most often come from.
-LAYOUT_NOTE = (" (strideattn.attention reads q, k, v as [batch, seq, heads, head_dim]; "
-               "PyTorch SDPA's [batch, heads, seq, head_dim] tensors go to strideattn.sdpa)")
-_SHAPE_WORDS = ("head", "seq", "shape", "extent", "dimension")
-
-
-def _check_status(code: str, message: str, opts: dict, varlen: bool) -> None:
-    """raise_for() with hints: a cu_seqlens look-alike passed as lengths (varlen), or the
-    [b, h, s, d] layout of SDPA read as [b, s, h, d] (dense shape errors)."""
-    if code == "invalid_argument":
-        if varlen:
-            message += cu_seqlens_hint({"seqlens_q": opts["seqlens_q"],
-                                        "seqlens_kv": opts["seqlens_kv"]})
-        elif any(w in message.lower() for w in _SHAPE_WORDS):
-            message += LAYOUT_NOTE
-    raise_for(code, message)
-
-
 def _call(fn, *tensors, **opts):
     try:
         return fn(*tensors, **opts)
@@ -365,7 +346,7 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
             lse = ctx.empty(lse_shape, "float32", lse_order, zero=varlen)
         code, msg = _call(_ext.forward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
                           ctx.as_ext(o), None if lse is None else ctx.as_ext(lse), **opts)
-        _check_status(code, msg, opts, varlen)
+        raise_status(code, msg, opts, varlen)
         o = ctx.finish(o) if out is None else out
         if lse is not None:
             lse = ctx.finish(lse)
@@ -400,7 +381,7 @@ def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=No
         code, msg = _call(_ext.backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
                           ctx.prepare(out), ctx.prepare(dout), ctx.prepare(lse),
                           *[ctx.as_ext(g) for g in grads], **opts)
-        _check_status(code, msg, opts, varlen)
+        raise_status(code, msg, opts, varlen)
         result = tuple(g if g0 is not None else ctx.finish(g) for g, g0 in zip(grads, given))
     return result
 

@@ -124,6 +124,10 @@ def window_pair(window: Any) -> Tuple[int, int]:
     """(left, right) with -1 for unbounded; None (either side or both) means unbounded."""
     if window is None:
         return (-1, -1)
+    shape = getattr(window, "shape", None)
+    if shape is not None and tuple(shape) != (2,):
+        raise ValueError(f"window must be (left, right) with -1 or None for unbounded, "
+                         f"got {describe(window)}")
     try:
         left, right = window
     except (TypeError, ValueError):
@@ -147,7 +151,27 @@ def cu_seqlens_hint(seqlens: dict) -> str:
         return ""
     return (f" (hint: {' and '.join(names)} start at 0 and never decrease, like cumulative "
             f"cu_seqlens of length batch + 1; seqlens_* are per-sequence lengths "
-            f"(cu_seqlens[1:] - cu_seqlens[:-1]); flash_attn_varlen_func takes cu_seqlens)")
+            f"(cu_seqlens[1:] - cu_seqlens[:-1]); strideattn.flash_attn_varlen_func takes "
+            f"cu_seqlens)")
+
+
+# Appended to shape errors of dense calls: the mistake they most often come from.
+LAYOUT_NOTE = (" (strideattn.attention reads q, k, v as [batch, seq, heads, head_dim]; "
+               "PyTorch SDPA's [batch, heads, seq, head_dim] tensors go to strideattn.sdpa)")
+_SHAPE_WORDS = ("head", "seq", "shape", "extent", "dimension")
+
+
+def raise_status(code: str, message: str, opts: dict, varlen: bool) -> None:
+    """raise_for() with hints: a cu_seqlens look-alike passed as lengths (varlen), or SDPA's
+    [b, h, s, d] layout read as [b, s, h, d] (shape errors of dense calls). opts holds the
+    seqlens_q / seqlens_kv lists the call passed."""
+    if code == "invalid_argument":
+        if varlen:
+            message += cu_seqlens_hint({"seqlens_q": opts.get("seqlens_q") or [],
+                                        "seqlens_kv": opts.get("seqlens_kv") or []})
+        elif any(w in message.lower() for w in _SHAPE_WORDS):
+            message += LAYOUT_NOTE
+    raise_for(code, message)
 
 
 # ----------------------------------------------------------------------------- dimension orders

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from . import _core, _ext
-from ._util import canonical_mask, describe, dim_order, int_list, raise_for, window_pair
+from ._util import canonical_mask, describe, dim_order, int_list, raise_status, window_pair
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -85,7 +85,7 @@ def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens_q: Optional[Tensor],
         opts = _options(mask, window_left, window_right, scale, backend, deterministic,
                         seqlens_q, seqlens_kv, offsets_q, offsets_kv, _stream(q))
         code, msg = _ext.forward(q, k, v, out, lse, **opts)
-    raise_for(code, msg)
+    raise_status(code, msg, opts, varlen)
     return out, lse
 
 
@@ -111,7 +111,7 @@ def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         opts = _options(mask, window_left, window_right, scale, backend, deterministic,
                         seqlens_q, seqlens_kv, offsets_q, offsets_kv, _stream(q))
         code, msg = _ext.backward(q, k, v, out, _head_dim_dense(dout), lse, dq, dk, dv, **opts)
-    raise_for(code, msg)
+    raise_status(code, msg, opts, varlen)
     return dq, dk, dv
 
 
