@@ -16,6 +16,7 @@ from ._core import (
     explain,
     version,
 )
+from ._dropin import flash_attn_func, flash_attn_varlen_func, sdpa
 from ._util import MASK_ALIASES
 
 __version__ = version()
@@ -29,6 +30,9 @@ __all__ = [
     "attention_backward",
     "compiled_backends",
     "explain",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "sdpa",
     "version",
     "torch",
 ]

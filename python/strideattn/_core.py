@@ -18,6 +18,7 @@ from ._util import (
     canonical_mask,
     describe,
     dim_order,
+    framework,
     int_list,
     raise_status,
     window_pair,
@@ -33,22 +34,13 @@ __all__ = ["MASKS", "BackendError", "UnsupportedError", "attention", "attention_
 _AUTOGRAD: Dict[str, Any] = {}
 
 
-def register_autograd(framework: str, wants: Callable[..., bool], fn: Callable[..., Any]) -> None:
-    """Routes attention() calls on `framework`'s tensors for which wants(q, k, v) is true
-    (and no out= is given) to the differentiable `fn`."""
-    _AUTOGRAD[framework] = (wants, fn)
+def register_autograd(name: str, wants: Callable[..., bool], fn: Callable[..., Any]) -> None:
+    """Routes attention() calls on framework `name`'s tensors (torch, ...) for which
+    wants(q, k, v) is true (and no out= is given) to the differentiable `fn`."""
+    _AUTOGRAD[name] = (wants, fn)
 
 
 # ----------------------------------------------------------------------------- frameworks
-
-
-def _framework(x: Any) -> str:
-    mod = type(x).__module__.split(".")[0]
-    if mod in ("numpy", "torch", "cupy"):
-        return mod
-    if mod in ("jax", "jaxlib"):
-        return "jax"
-    return "other"
 
 
 def _np():
@@ -88,7 +80,7 @@ class _Context:
     input), its device, the stream to use, and allocation in that framework."""
 
     def __init__(self, like: Any):
-        self.fw = _framework(like)
+        self.fw = framework(like)
         self.like = like
         self.cuda = _is_cuda(like, self.fw)
         self.stream = 0
@@ -124,7 +116,7 @@ class _Context:
 
     def prepare(self, x: Any) -> Any:
         """What is handed to the extension for tensor x (no copies)."""
-        fw = _framework(x)
+        fw = framework(x)
         if fw == "torch":
             return x.detach()
         if fw == "jax":
@@ -252,7 +244,7 @@ def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_
 def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
     if x is None:
         raise ValueError(f"{name} is required")
-    fw = _framework(x)
+    fw = framework(x)
     if not (hasattr(x, "__dlpack__") or fw == "numpy"):
         raise ValueError(f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), "
                          f"got {describe(x)}")
@@ -324,7 +316,7 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
         _check_tensor(x, name)
     if out is not None:
         _check_tensor(out, "out", writable=True)
-    hook = _AUTOGRAD.get(_framework(q))
+    hook = _AUTOGRAD.get(framework(q))
     if hook is not None and out is None and hook[0](q, k, v):
         return hook[1](q, k, v, mask=mask, window=window, scale=scale, seqlens_q=seqlens_q,
                        seqlens_kv=seqlens_kv, offsets_q=offsets_q, offsets_kv=offsets_kv,
@@ -375,7 +367,7 @@ def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=No
         for g, like in zip(given, (q, k, v)):
             if g is None:
                 s = _shape(like)
-                g = ctx.empty(s, _dtype_of(like), dim_order(s, _element_strides(like, _framework(like))),
+                g = ctx.empty(s, _dtype_of(like), dim_order(s, _element_strides(like, framework(like))),
                               zero=varlen)
             grads.append(g)
         code, msg = _call(_ext.backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
@@ -410,7 +402,7 @@ def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] 
         if lse is None:
             lse = (ctx.empty((qs[-2], qs[-3]), "float32", [0, 1], False) if varlen else
                    ctx.empty((qs[0], qs[2], qs[1]), "float32", [0, 1, 2], False))
-        grads = [ctx.empty(_shape(x), _dtype_of(x), dim_order(_shape(x), _element_strides(x, _framework(x))), False)
+        grads = [ctx.empty(_shape(x), _dtype_of(x), dim_order(_shape(x), _element_strides(x, framework(x))), False)
                  for x in (q, k, v)]
         return _call(_ext.explain_backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
                      ctx.as_ext(o), ctx.as_ext(d_o), ctx.as_ext(lse),

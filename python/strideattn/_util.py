@@ -31,6 +31,16 @@ def raise_for(code: str, message: str) -> None:
     raise BackendError(f"{message} [{code}]")
 
 
+def framework(x: Any) -> str:
+    """numpy, torch, cupy, jax or other: the framework a tensor belongs to."""
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("numpy", "torch", "cupy"):
+        return mod
+    if mod in ("jax", "jaxlib"):
+        return "jax"
+    return "other"
+
+
 # ----------------------------------------------------------------------------- describing values
 
 
