@@ -40,8 +40,9 @@ def test_core_never_imports_the_torch_layer():
 
 def test_torch_layer_uses_no_private_core_helpers():
     # torch.py called _core._dim_order, _core._raise_for, ...: shared helpers live in _util.
-    text = (SRC / "python/strideattn/torch.py").read_text()
-    assert not re.findall(r"_core\._\w+", text)
+    for name in ("torch.py", "_torch_ops.py", "_torch_module.py", "_dropin.py"):
+        text = (SRC / "python/strideattn" / name).read_text()
+        assert not re.findall(r"_core\._\w+", text), name
 
 
 def test_core_import_alone_does_not_load_the_torch_layer():
