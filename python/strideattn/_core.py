@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _ext
 from ._util import (
@@ -26,6 +26,11 @@ from ._util import (
 
 __all__ = ["MASKS", "BackendError", "UnsupportedError", "attention", "attention_backward",
            "explain", "version", "compiled_backends", "register_autograd"]
+
+# Argument types: a (left, right) window with -1 or None for unbounded; integer sequences
+# (lists, tuples or 1-D integer arrays of any framework).
+Window = Optional[Tuple[Optional[int], Optional[int]]]
+Ints = Optional[Sequence[int]]
 
 # Framework name -> (wants(q, k, v): whether this call needs gradients, differentiable
 # attention(q, k, v, **options)). A framework's layer registers itself here when imported
@@ -288,10 +293,11 @@ def _call(fn, *tensors, **opts):
 # ----------------------------------------------------------------------------- public API
 
 
-def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] = None,
-              seqlens_q=None, seqlens_kv=None, offsets_q=None, offsets_kv=None,
-              backend: str = "auto", deterministic: bool = False, return_lse: bool = False,
-              out=None):
+def attention(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None,
+              scale: Optional[float] = None, seqlens_q: Ints = None, seqlens_kv: Ints = None,
+              offsets_q: Ints = None, offsets_kv: Ints = None, backend: str = "auto",
+              deterministic: bool = False, return_lse: bool = False,
+              out: Any = None) -> Union[Any, Tuple[Any, Any]]:
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V.
 
     Shapes (logical; any strides with a unit stride on the head dim): q [b, s_q, h, d_qk],
@@ -345,10 +351,12 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
     return (o, lse) if return_lse else o
 
 
-def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=None,
-                       scale: Optional[float] = None, seqlens_q=None, seqlens_kv=None,
-                       offsets_q=None, offsets_kv=None, backend: str = "auto",
-                       deterministic: bool = False, dq=None, dk=None, dv=None):
+def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
+                       mask: str = "none", window: Window = None,
+                       scale: Optional[float] = None, seqlens_q: Ints = None,
+                       seqlens_kv: Ints = None, offsets_q: Ints = None, offsets_kv: Ints = None,
+                       backend: str = "auto", deterministic: bool = False, dq: Any = None,
+                       dk: Any = None, dv: Any = None) -> Tuple[Any, Any, Any]:
     """Gradients of attention(): returns (dq, dk, dv) for the forward output `out`, its
     gradient `dout` and the forward's LSE (return_lse=True). dk/dv are summed over each GQA
     group. dq/dk/dv may be given as (strided) views to write into, e.g. slices of the
@@ -378,10 +386,11 @@ def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=No
     return result
 
 
-def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] = None,
-            seqlens_q=None, seqlens_kv=None, offsets_q=None, offsets_kv=None,
-            backend: str = "auto", deterministic: bool = False, grad: bool = False,
-            out=None, dout=None, lse=None) -> dict:
+def explain(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None,
+            scale: Optional[float] = None, seqlens_q: Ints = None, seqlens_kv: Ints = None,
+            offsets_q: Ints = None, offsets_kv: Ints = None, backend: str = "auto",
+            deterministic: bool = False, grad: bool = False, out: Any = None,
+            dout: Any = None, lse: Any = None) -> Dict[str, Any]:
     """What the library would do with these tensors, without running anything.
 
     Returns {"valid": bool, "code": str, "error": message or None, "layout": str,
@@ -414,6 +423,6 @@ def version() -> str:
     return _ext.version()
 
 
-def compiled_backends() -> list:
+def compiled_backends() -> List[str]:
     """Backends this build contains (reference and cpu always; cuda/cudnn with CUDA)."""
     return list(_ext.compiled_backends())
