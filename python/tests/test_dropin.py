@@ -219,3 +219,26 @@ def test_varlen_argument_errors(rng):
         sa.flash_attn_varlen_func(t, t, t, [0, 6, 10], [0, 10], 6, 10)
     with pytest.raises(ValueError, match=r"3 dimensions \[total_tokens, heads, head_dim\]"):
         sa.flash_attn_varlen_func(t[None], t[None], t[None], [0, 10], [0, 10], 10, 10)
+
+
+def test_readme_coming_from_section_holds(rng):
+    # The README section exists, names the entry points, and what it says about the causal
+    # alignment is what the functions do.
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    m = re.search(r"## Coming from SDPA / FlashAttention / TransformerEngine\n(.*?)\n## ", text, re.S)
+    assert m, "README.md has no 'Coming from SDPA / FlashAttention / TransformerEngine' section"
+    section = m.group(1)
+    for name in ("strideattn.sdpa", "strideattn.flash_attn_func", "flash_attn_varlen_func",
+                 "strideattn.torch.DotProductAttention", "cu_seqlens", "[b, h, s, d]"):
+        assert name in section, name
+    assert re.search(r"FlashAttention's `causal=True` is our `causal_bottom_right`", section)
+    assert re.search(r"Our `causal` is top-left, like SDPA's `is_causal`", section)
+    q, k, v = randn(rng, 1, 4, 2, 16), randn(rng, 1, 9, 2, 16), randn(rng, 1, 9, 2, 16)
+    np.testing.assert_array_equal(sa.flash_attn_func(q, k, v, causal=True),
+                                  sa.attention(q, k, v, mask="causal_bottom_right"))
+    bhsd = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]
+    np.testing.assert_array_equal(sa.sdpa(*bhsd, is_causal=True).transpose(0, 2, 1, 3),
+                                  sa.attention(q, k, v, mask="causal"))
