@@ -305,7 +305,7 @@ def attention(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = No
     [tokens, h, d] (or [1, tokens, h, d]) and seqlens_q/seqlens_kv give each sequence's token
     count, offsets_q/offsets_kv its first token (default: packed back to back).
 
-    mask: "none", "causal" (top-left, j <= i) or "causal-bottom-right" (j <= i + s_kv - s_q);
+    mask: "none", "causal" (top-left, j <= i) or "causal_bottom_right" (j <= i + s_kv - s_q);
     window=(left, right) around the bottom-right diagonal, -1/None unbounded.
     Returns O (in q's framework, dtype and device; laid out in q's dimension order), and the
     fp32 LSE [b, h, s_q] (varlen: [h, tokens]) when return_lse. `out` receives O in place.

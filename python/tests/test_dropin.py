@@ -242,3 +242,30 @@ def test_readme_coming_from_section_holds(rng):
     bhsd = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]
     np.testing.assert_array_equal(sa.sdpa(*bhsd, is_causal=True).transpose(0, 2, 1, 3),
                                   sa.attention(q, k, v, mask="causal"))
+
+
+def test_dropins_on_cuda_torch(rng, seed):
+    # the GPU path: torch fp16 CUDA tensors in and out, cu_seqlens as int32 CUDA tensors
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from npref import attention_ref, check
+
+    h, h_kv, d, s_q, s_kv = 8, 2, 64, 48, 80
+    host = [rng.standard_normal(sh).astype(np.float16)
+            for sh in ((2, s_q, h, d), (2, s_kv, h_kv, d), (2, s_kv, h_kv, d))]
+    q, k, v = (torch.from_numpy(x).cuda() for x in host)
+    o = sa.flash_attn_func(q, k, v, causal=True, window_size=(16, -1))
+    assert o.is_cuda and o.dtype == torch.float16
+    opts = dict(mask="causal_bottom_right", window=(16, -1))
+    check("flash", o.float().cpu().numpy(), attention_ref(*host, **opts)["o"],
+          attention_ref(*host, lowp=np.float16, **opts)["o"], np.float16, seed)
+    o = sa.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+    check("sdpa", o.transpose(1, 2).float().cpu().numpy(), attention_ref(*host, mask="causal")["o"],
+          attention_ref(*host, mask="causal", lowp=np.float16)["o"], np.float16, seed)
+    cu_q = torch.tensor([0, 30, 48], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 50, 80], dtype=torch.int32, device="cuda")
+    o = sa.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 30, 50, causal=True)
+    opts = dict(mask="causal_bottom_right", seqlens_q=[30, 18], seqlens_kv=[50, 30])
+    check("varlen", o.float().cpu().numpy(), attention_ref(*(x[0] for x in host), **opts)["o"],
+          attention_ref(*(x[0] for x in host), lowp=np.float16, **opts)["o"], np.float16, seed)

@@ -13,10 +13,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import strideattn.torch as sat  # noqa: E402
-from npref import attention_ref, check  # noqa: E402
+from npref import attention_ref, backward_targets, check, grad_magnitude  # noqa: E402
 
 DPA = sat.DotProductAttention
-F32 = torch.float32
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 # TE 2.x DotProductAttention.__init__ / forward parameters, in order (from the TE source,
 # transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py).
@@ -41,7 +42,7 @@ def t(rng, *shape):
 
 
 def np64(x):
-    return x.detach().double().numpy()
+    return x.detach().double().cpu().numpy()
 
 
 def ref_check(name, got, q, k, v, seed, **opts):
@@ -142,18 +143,22 @@ def test_bad_mask_types():
         DPA(2, 8, attn_mask_type="arbitrary")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
-def test_padding_with_split_views_and_grads(rng, seed, fmt):
+def test_padding_with_split_views_and_grads(rng, seed, fmt, device):
     # the seed layout: q, k, v split from one fused buffer; sbhd used to raise
     # NotImplementedError with padding (its batch and seq dims do not merge)
     b, s, h, hg, d = 3, 10, 4, 1, 16
     shape = (s, b, h + 2 * hg, d) if fmt == "sbhd" else (b, s, h + 2 * hg, d)
-    qkv = t(rng, *shape).requires_grad_()
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    lowp = np.float16 if device == "cuda" else np.float32
+    qkv = t(rng, *shape).to(device=device, dtype=dtype).requires_grad_()
     q, k, v = qkv.split([h, hg, hg], dim=2)
     lens = [10, 4, 0]
     o = DPA(h, d, num_gqa_groups=hg, qkv_format=fmt, attn_mask_type="padding_causal")(
-        q, k, v, cu_seqlens_q=cu(lens), cu_seqlens_kv=cu(lens))
-    g = t(rng, *o.shape)
+        q, k, v, cu_seqlens_q=cu(lens).to(device), cu_seqlens_kv=cu(lens).to(device))
+    assert o.device.type == device and o.dtype == dtype
+    g = t(rng, *o.shape).to(device=device, dtype=dtype)
     o.backward(g)
     bshd = (lambda x: x.transpose(0, 1)) if fmt == "sbhd" else (lambda x: x)
     ob, gb = bshd(o.view(*shape[:2], h, d)), bshd(g.view(*shape[:2], h, d))
@@ -166,11 +171,14 @@ def test_padding_with_split_views_and_grads(rng, seed, fmt):
         if n == 0:
             continue
         args = [np64(x[i:i + 1, :n]) for x in (qb, kb, vb)]
-        exact = attention_ref(*args, mask="causal", do=np64(gb[i:i + 1, :n]))
-        naive = attention_ref(*args, mask="causal", do=np64(gb[i:i + 1, :n]), lowp=np.float32)
-        check(f"o[{i}]", np64(ob[i:i + 1, :n]), exact["o"], naive["o"], np.float32, seed)
+        exact = attention_ref(*args, mask="causal")
+        naive = attention_ref(*args, mask="causal", lowp=lowp)
+        check(f"o[{i}]", np64(ob[i:i + 1, :n]), exact["o"], naive["o"], lowp, seed)
+        gexact, gnaive = backward_targets(*args, np64(ob[i:i + 1, :n]), np64(gb[i:i + 1, :n]),
+                                          lowp, mask="causal")
         for name, gr in zip(("dq", "dk", "dv"), grads):
-            check(f"{name}[{i}]", np64(gr[i:i + 1, :n]), exact[name], naive[name], np.float32, seed)
+            check(f"{name}[{i}]", np64(gr[i:i + 1, :n]), gexact[name], gnaive[name], lowp, seed,
+                  magnitude=grad_magnitude(gexact))
 
 
 def test_padding_from_attention_mask(rng, seed):
