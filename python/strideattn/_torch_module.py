@@ -288,11 +288,18 @@ class DotProductAttention(torch.nn.Module):
             raise ValueError(f"qkv_format '{fmt}' needs {3 if fmt == 'thd' else 4}-D query/key/value; "
                              f"got {q.dim()}, {k.dim()}, {v.dim()}")
         self._check_shapes(q, k, v)
-        # TE's windows: causal kinds end at the diagonal (the mask is that edge here); the
-        # window is aligned top-left for 'causal' and where bottom_right_diagonal=False.
+        # TE's windows (its check_set_window_size): causal kinds end at the diagonal (the mask
+        # is that edge here); other kinds take (-1, -1) or (>= 0, >= 0), (-1, 0) meaning no
+        # window. The window is aligned top-left for 'causal' and bottom_right_diagonal=False.
         left, right = window_pair(window_size if window_size is not None else self.window_size)
         if mask != "none":
             right = -1
+        elif (left, right) == (-1, 0):
+            left, right = -1, -1
+        elif (left, right) != (-1, -1) and (left < 0 or right < 0):
+            raise ValueError(f"window_size={(left, right)} with attn_mask_type "
+                             f"'{attn_mask_type or self.attn_mask_type}'; supported (as in TE): "
+                             "(-1, -1) or both sides >= 0")
         brd = bottom_right_diagonal if bottom_right_diagonal is not None else self.bottom_right_diagonal
         top_left = mask == "causal" or (mask == "none" and brd is False)
         why = f"attn_mask_type '{attn_mask_type or self.attn_mask_type}'" if mask == "causal" \
@@ -324,7 +331,8 @@ class DotProductAttention(torch.nn.Module):
         else:
             lens_q, lens_kv = self._padding_lengths(b, s_q, s_kv, attention_mask, cu_seqlens_q,
                                                     cu_seqlens_kv, cu_seqlens_q_padded,
-                                                    cu_seqlens_kv_padded, fmt)
+                                                    cu_seqlens_kv_padded, fmt,
+                                                    attn_mask_type or self.attn_mask_type)
             o = self._padded(q, k, v, lens_q, lens_kv, window, opts)
         if fmt == "sbhd":
             o = o.transpose(0, 1)
@@ -354,7 +362,9 @@ class DotProductAttention(torch.nn.Module):
                       **opts)
         return o.reshape(o.shape[0], -1)
 
-    def _padding_lengths(self, b, s_q, s_kv, attention_mask, cu_q, cu_kv, pad_q, pad_kv, fmt):
+    @staticmethod
+    def _padding_lengths(b, s_q, s_kv, attention_mask, cu_q, cu_kv, pad_q, pad_kv, fmt,
+                         mask_type_name):
         """Per-sequence lengths of a padded sbhd/bshd batch (padding at the end of each)."""
         for name, pad, s in (("cu_seqlens_q_padded", pad_q, s_q), ("cu_seqlens_kv_padded", pad_kv, s_kv)):
             if pad is not None and int_list(pad, name) != [i * s for i in range(b + 1)]:
@@ -377,7 +387,7 @@ class DotProductAttention(torch.nn.Module):
                                      "(q mask, kv mask) for cross-attention")
                 lens_q = lens_kv = _mask_lengths(attention_mask, s_q, "attention_mask")
         else:
-            raise ValueError(f"attn_mask_type '{self.attn_mask_type}' has padding but nothing "
+            raise ValueError(f"attn_mask_type '{mask_type_name}' has padding but nothing "
                              "says where: pass cu_seqlens_q and cu_seqlens_kv, or a boolean "
                              "attention_mask [b, 1, 1, s] (True = padding); without padding use a "
                              "mask type without 'padding'")

@@ -204,6 +204,8 @@ def test_padding_mask_type_without_padding_information_is_refused(rng):
     for fmt in ("bshd", "sbhd"):
         with pytest.raises(ValueError, match="has padding but nothing says where"):
             DPA(2, 8, qkv_format=fmt, attn_mask_type="padding")(q, q, q)
+        with pytest.raises(ValueError, match="attn_mask_type .causal,padding. has padding"):
+            DPA(2, 8, qkv_format=fmt)(q, q, q, attn_mask_type="causal,padding")
 
 
 def test_attention_mask_is_ignored_for_non_padding_types(rng, seed):
@@ -262,6 +264,11 @@ def test_te_top_left_windows(rng):
         want = window_ref(q, k, v, allowed, d ** -0.5)
         err = np.abs(np64(o) - want).max()
         assert err < 2e-5, f"{mt} {window} brd={brd}: max error {err:.3e}"
+    # TE's rules for windows of non-causal types: (-1, 0) is no window, one open side an error
+    mod = DPA(h, d, qkv_format="bshd", attn_mask_type="no_mask")
+    torch.testing.assert_close(mod(q, k, v, window_size=(-1, 0)), mod(q, k, v), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"window_size=\(3, -1\) with attn_mask_type 'no_mask'"):
+        mod(q, k, v, window_size=(3, -1))
     # a top-left window that no bottom-right window equals: refused, not computed wrongly
     with pytest.raises(NotImplementedError, match="top-left"):
         DPA(h, d, qkv_format="bshd", attn_mask_type="causal", window_size=(2, 0))(k, q, q)
