@@ -59,7 +59,7 @@ std::optional<Backend> backend_from_string(std::string_view name) {
   return std::nullopt;
 }
 
-std::string_view version() { return "0.1.0"; }
+std::string_view version() { return STRIDEATTN_VERSION_STRING; }
 
 bool backend_compiled(Backend backend) { return detail::backend_impl(backend) != nullptr; }
 

@@ -1,8 +1,11 @@
 """strideattn: fused scaled dot-product attention that reads every tensor through its real
 strides. Works on any DLPack-capable tensor (numpy on the CPU; PyTorch, CuPy, JAX on the
 GPU); `strideattn.torch` adds a PyTorch autograd custom op and a TransformerEngine-style
-DotProductAttention module (imported on first use, so torch is not required here)."""
+DotProductAttention module (imported on first use, so torch is not required here).
+`sdpa`, `flash_attn_func` and `flash_attn_varlen_func` take PyTorch SDPA's and
+FlashAttention's arguments with their meanings."""
 
+from . import _core
 from ._core import (
     MASKS,
     BackendError,
@@ -13,20 +16,45 @@ from ._core import (
     explain,
     version,
 )
+from ._dropin import flash_attn_func, flash_attn_varlen_func, sdpa
+from ._util import MASK_ALIASES
 
 __version__ = version()
 
 __all__ = [
     "MASKS",
+    "MASK_ALIASES",
     "BackendError",
     "UnsupportedError",
     "attention",
     "attention_backward",
     "compiled_backends",
     "explain",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "sdpa",
     "version",
     "torch",
 ]
+
+
+def _torch_wants_grad(q, k, v) -> bool:
+    if not any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def _torch_attention(*args, **kwargs):
+    # Importing strideattn.torch registers its autograd attention in place of this loader.
+    import importlib
+
+    return importlib.import_module(".torch", __name__).attention(*args, **kwargs)
+
+
+# PyTorch tensors that require grad go to strideattn.torch's autograd op, loaded on first use.
+_core.register_autograd("torch", _torch_wants_grad, _torch_attention)
 
 
 def __getattr__(name):

@@ -8,44 +8,44 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _ext
+from ._util import (
+    MASKS,
+    BackendError,
+    UnsupportedError,
+    canonical_mask,
+    describe,
+    dim_order,
+    framework,
+    int_list,
+    raise_status,
+    window_pair,
+)
 
-MASKS = ("none", "causal", "causal-bottom-right")
+__all__ = ["MASKS", "BackendError", "UnsupportedError", "attention", "attention_backward",
+           "explain", "version", "compiled_backends", "register_autograd"]
+
+# Argument types: a (left, right) window with -1 or None for unbounded; integer sequences
+# (lists, tuples or 1-D integer arrays of any framework).
+Window = Optional[Tuple[Optional[int], Optional[int]]]
+Ints = Optional[Sequence[int]]
+
+# Framework name -> (wants(q, k, v): whether this call needs gradients, differentiable
+# attention(q, k, v, **options)). A framework's layer registers itself here when imported
+# (strideattn.torch does; the package registers a loader for it), so this module never
+# imports it.
+_AUTOGRAD: Dict[str, Any] = {}
 
 
-class UnsupportedError(NotImplementedError):
-    """Valid input that the requested backend (or every backend, for ``auto``) cannot run.
-    The message names the first failing support rule, the value found and what is
-    supported."""
-
-
-class BackendError(RuntimeError):
-    """A backend failed at run time (CUDA or cuDNN error, out of memory, internal error)."""
-
-
-def _raise_for(code: str, message: str) -> None:
-    if code == "ok":
-        return
-    if code == "invalid_argument":
-        raise ValueError(message)
-    if code == "unsupported":
-        raise UnsupportedError(message)
-    raise BackendError(f"{message} [{code}]")
+def register_autograd(name: str, wants: Callable[..., bool], fn: Callable[..., Any]) -> None:
+    """Routes attention() calls on framework `name`'s tensors (torch, ...) for which
+    wants(q, k, v) is true (and no out= is given) to the differentiable `fn`."""
+    _AUTOGRAD[name] = (wants, fn)
 
 
 # ----------------------------------------------------------------------------- frameworks
-
-
-def _framework(x: Any) -> str:
-    mod = type(x).__module__.split(".")[0]
-    if mod in ("numpy", "torch", "cupy"):
-        return mod
-    if mod in ("jax", "jaxlib"):
-        return "jax"
-    return "other"
 
 
 def _np():
@@ -68,17 +68,6 @@ def _element_strides(x: Any, fw: str) -> Optional[Sequence[int]]:
     return None
 
 
-def _dim_order(shape: Sequence[int], strides: Optional[Sequence[int]]) -> list:
-    """Dimensions from outermost to innermost by the input's strides (ties: logical order)."""
-    n = len(shape)
-    if strides is None:
-        return list(range(n))
-    # extent-1 and broadcast (zero-stride) dims outermost; the head dim always innermost
-    outer = sorted(range(n - 1), key=lambda i: (0 if shape[i] == 1 or strides[i] == 0 else 1,
-                                                -abs(strides[i]), i))
-    return outer + [n - 1]
-
-
 def _is_cuda(x: Any, fw: str) -> bool:
     if fw == "torch":
         return x.device.type == "cuda"
@@ -96,7 +85,7 @@ class _Context:
     input), its device, the stream to use, and allocation in that framework."""
 
     def __init__(self, like: Any):
-        self.fw = _framework(like)
+        self.fw = framework(like)
         self.like = like
         self.cuda = _is_cuda(like, self.fw)
         self.stream = 0
@@ -132,7 +121,7 @@ class _Context:
 
     def prepare(self, x: Any) -> Any:
         """What is handed to the extension for tensor x (no copies)."""
-        fw = _framework(x)
+        fw = framework(x)
         if fw == "torch":
             return x.detach()
         if fw == "jax":
@@ -234,81 +223,36 @@ def _dtype_of(x: Any) -> Any:
 # ----------------------------------------------------------------------------- arguments
 
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _int64(v: Any, what: str) -> int:
-    # An integer (Python or numpy) that fits the library's int64; floats are not truncated
-    # and out-of-range values are refused here (nanobind would raise a misleading TypeError).
-    if isinstance(v, bool):
-        raise ValueError(f"{what} must be an integer, got {v!r}")
-    try:
-        i = operator.index(v)
-    except TypeError:
-        raise ValueError(f"{what} must be an integer, got {v!r}") from None
-    if not _INT64_MIN <= i <= _INT64_MAX:
-        raise ValueError(f"{what} is {i}; supported: a value that fits in int64")
-    return int(i)
-
-
-def _int_list(x: Any, name: str) -> list:
-    if x is None:
-        return []
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    if isinstance(x, (str, bytes)):
-        raise ValueError(f"{name} must be a sequence of integers, got {x!r}")
-    try:
-        items = list(x)
-    except TypeError:
-        raise ValueError(f"{name} must be a sequence of integers, got {x!r}") from None
-    if any(isinstance(v, (list, tuple)) for v in items):
-        raise ValueError(f"{name} must be one-dimensional, got {x!r}")
-    return [_int64(v, f"{name}[{i}]") for i, v in enumerate(items)]
-
-
-def _window(window: Any) -> tuple:
-    if window is None:
-        return (-1, -1)
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise ValueError(f"window must be (left, right) with -1 or None for unbounded, got {window!r}") from None
-    left = -1 if left is None else left
-    right = -1 if right is None else right
-    return (_int64(left, "window left"), _int64(right, "window right"))
-
-
 def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q, offsets_kv,
              backend, stream) -> dict:
-    if not isinstance(mask, str):
-        raise ValueError(f"mask must be one of {', '.join(MASKS)}; got {mask!r}")
+    mask = canonical_mask(mask)
     if not isinstance(backend, str):
-        raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {backend!r}")
-    left, right = _window(window)
+        raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); "
+                         f"got {describe(backend)}")
+    left, right = window_pair(window)
     if scale is not None:
         try:
             scale = float(scale)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"scale must be a finite number, got {scale!r}") from None
+            raise ValueError(f"scale must be a finite number, got {describe(scale)}") from None
         if not math.isfinite(scale):
             raise ValueError(f"scale must be finite, got {scale}")
     return dict(mask=mask, window_left=left, window_right=right, scale=scale,
                 deterministic=bool(deterministic),
-                seqlens_q=_int_list(seqlens_q, "seqlens_q"),
-                seqlens_kv=_int_list(seqlens_kv, "seqlens_kv"),
-                offsets_q=_int_list(offsets_q, "offsets_q"),
-                offsets_kv=_int_list(offsets_kv, "offsets_kv"),
+                seqlens_q=int_list(seqlens_q, "seqlens_q"),
+                seqlens_kv=int_list(seqlens_kv, "seqlens_kv"),
+                offsets_q=int_list(offsets_q, "offsets_q"),
+                offsets_kv=int_list(offsets_kv, "offsets_kv"),
                 backend=backend, stream=int(stream))
 
 
 def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
     if x is None:
         raise ValueError(f"{name} is required")
-    fw = _framework(x)
+    fw = framework(x)
     if not (hasattr(x, "__dlpack__") or fw == "numpy"):
         raise ValueError(f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), "
-                         f"got {type(x).__name__}")
+                         f"got {describe(x)}")
     if fw in ("numpy", "cupy"):
         _element_strides(x, fw)
     if writable:
@@ -349,10 +293,11 @@ def _call(fn, *tensors, **opts):
 # ----------------------------------------------------------------------------- public API
 
 
-def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] = None,
-              seqlens_q=None, seqlens_kv=None, offsets_q=None, offsets_kv=None,
-              backend: str = "auto", deterministic: bool = False, return_lse: bool = False,
-              out=None):
+def attention(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None,
+              scale: Optional[float] = None, seqlens_q: Ints = None, seqlens_kv: Ints = None,
+              offsets_q: Ints = None, offsets_kv: Ints = None, backend: str = "auto",
+              deterministic: bool = False, return_lse: bool = False,
+              out: Any = None) -> Union[Any, Tuple[Any, Any]]:
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V.
 
     Shapes (logical; any strides with a unit stride on the head dim): q [b, s_q, h, d_qk],
@@ -360,10 +305,14 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
     [tokens, h, d] (or [1, tokens, h, d]) and seqlens_q/seqlens_kv give each sequence's token
     count, offsets_q/offsets_kv its first token (default: packed back to back).
 
-    mask: "none", "causal" (top-left, j <= i) or "causal-bottom-right" (j <= i + s_kv - s_q);
+    mask: "none", "causal" (top-left, j <= i) or "causal_bottom_right" (j <= i + s_kv - s_q);
     window=(left, right) around the bottom-right diagonal, -1/None unbounded.
     Returns O (in q's framework, dtype and device; laid out in q's dimension order), and the
     fp32 LSE [b, h, s_q] (varlen: [h, tokens]) when return_lse. `out` receives O in place.
+
+    q, k, v are [batch, seq, heads, head_dim]: PyTorch SDPA's [batch, heads, seq, head_dim]
+    tensors have the same rank and are not told apart here; pass those to strideattn.sdpa.
+    mask also accepts the aliases no_mask, top_left / causal_top_left and bottom_right.
 
     PyTorch tensors that require grad go through the autograd op of strideattn.torch.
     Raises ValueError (bad input), UnsupportedError (a NotImplementedError) and
@@ -373,17 +322,11 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
         _check_tensor(x, name)
     if out is not None:
         _check_tensor(out, "out", writable=True)
-    if _framework(q) == "torch" and out is None and any(
-            getattr(x, "requires_grad", False) for x in (q, k, v)):
-        import torch
-
-        if torch.is_grad_enabled():
-            from . import torch as sa_torch
-
-            return sa_torch.attention(
-                q, k, v, mask=mask, window=window, scale=scale, seqlens_q=seqlens_q,
-                seqlens_kv=seqlens_kv, offsets_q=offsets_q, offsets_kv=offsets_kv,
-                backend=backend, deterministic=deterministic, return_lse=return_lse)
+    hook = _AUTOGRAD.get(framework(q))
+    if hook is not None and out is None and hook[0](q, k, v):
+        return hook[1](q, k, v, mask=mask, window=window, scale=scale, seqlens_q=seqlens_q,
+                       seqlens_kv=seqlens_kv, offsets_q=offsets_q, offsets_kv=offsets_kv,
+                       backend=backend, deterministic=deterministic, return_lse=return_lse)
 
     ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
                                        seqlens_kv, offsets_q, offsets_kv, backend)
@@ -391,7 +334,7 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
         o = out
         if o is None:
             o = ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q),
-                          _dim_order(qs, _element_strides(q, ctx.fw)), zero=varlen)
+                          dim_order(qs, _element_strides(q, ctx.fw)), zero=varlen)
         lse = None
         if return_lse:
             if varlen:
@@ -401,17 +344,19 @@ def attention(q, k, v, *, mask: str = "none", window=None, scale: Optional[float
             lse = ctx.empty(lse_shape, "float32", lse_order, zero=varlen)
         code, msg = _call(_ext.forward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
                           ctx.as_ext(o), None if lse is None else ctx.as_ext(lse), **opts)
-        _raise_for(code, msg)
+        raise_status(code, msg, opts, varlen)
         o = ctx.finish(o) if out is None else out
         if lse is not None:
             lse = ctx.finish(lse)
     return (o, lse) if return_lse else o
 
 
-def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=None,
-                       scale: Optional[float] = None, seqlens_q=None, seqlens_kv=None,
-                       offsets_q=None, offsets_kv=None, backend: str = "auto",
-                       deterministic: bool = False, dq=None, dk=None, dv=None):
+def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
+                       mask: str = "none", window: Window = None,
+                       scale: Optional[float] = None, seqlens_q: Ints = None,
+                       seqlens_kv: Ints = None, offsets_q: Ints = None, offsets_kv: Ints = None,
+                       backend: str = "auto", deterministic: bool = False, dq: Any = None,
+                       dk: Any = None, dv: Any = None) -> Tuple[Any, Any, Any]:
     """Gradients of attention(): returns (dq, dk, dv) for the forward output `out`, its
     gradient `dout` and the forward's LSE (return_lse=True). dk/dv are summed over each GQA
     group. dq/dk/dv may be given as (strided) views to write into, e.g. slices of the
@@ -430,21 +375,22 @@ def attention_backward(q, k, v, out, dout, lse, *, mask: str = "none", window=No
         for g, like in zip(given, (q, k, v)):
             if g is None:
                 s = _shape(like)
-                g = ctx.empty(s, _dtype_of(like), _dim_order(s, _element_strides(like, _framework(like))),
+                g = ctx.empty(s, _dtype_of(like), dim_order(s, _element_strides(like, framework(like))),
                               zero=varlen)
             grads.append(g)
         code, msg = _call(_ext.backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
                           ctx.prepare(out), ctx.prepare(dout), ctx.prepare(lse),
                           *[ctx.as_ext(g) for g in grads], **opts)
-        _raise_for(code, msg)
+        raise_status(code, msg, opts, varlen)
         result = tuple(g if g0 is not None else ctx.finish(g) for g, g0 in zip(grads, given))
     return result
 
 
-def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] = None,
-            seqlens_q=None, seqlens_kv=None, offsets_q=None, offsets_kv=None,
-            backend: str = "auto", deterministic: bool = False, grad: bool = False,
-            out=None, dout=None, lse=None) -> dict:
+def explain(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None,
+            scale: Optional[float] = None, seqlens_q: Ints = None, seqlens_kv: Ints = None,
+            offsets_q: Ints = None, offsets_kv: Ints = None, backend: str = "auto",
+            deterministic: bool = False, grad: bool = False, out: Any = None,
+            dout: Any = None, lse: Any = None) -> Dict[str, Any]:
     """What the library would do with these tensors, without running anything.
 
     Returns {"valid": bool, "code": str, "error": message or None, "layout": str,
@@ -456,7 +402,7 @@ def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] 
     ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
                                        seqlens_kv, offsets_q, offsets_kv, backend)
     with ctx.device_scope():
-        order = _dim_order(qs, _element_strides(q, ctx.fw))
+        order = dim_order(qs, _element_strides(q, ctx.fw))
         o = out if out is not None else ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q), order, False)
         if not grad:
             return _call(_ext.explain_forward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
@@ -465,7 +411,7 @@ def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] 
         if lse is None:
             lse = (ctx.empty((qs[-2], qs[-3]), "float32", [0, 1], False) if varlen else
                    ctx.empty((qs[0], qs[2], qs[1]), "float32", [0, 1, 2], False))
-        grads = [ctx.empty(_shape(x), _dtype_of(x), _dim_order(_shape(x), _element_strides(x, _framework(x))), False)
+        grads = [ctx.empty(_shape(x), _dtype_of(x), dim_order(_shape(x), _element_strides(x, framework(x))), False)
                  for x in (q, k, v)]
         return _call(_ext.explain_backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
                      ctx.as_ext(o), ctx.as_ext(d_o), ctx.as_ext(lse),
@@ -477,6 +423,6 @@ def version() -> str:
     return _ext.version()
 
 
-def compiled_backends() -> list:
+def compiled_backends() -> List[str]:
     """Backends this build contains (reference and cpu always; cuda/cudnn with CUDA)."""
     return list(_ext.compiled_backends())

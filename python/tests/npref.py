@@ -38,7 +38,7 @@ def visible(s_q: int, s_kv: int, mask: str, window) -> np.ndarray:
     m = np.ones((s_q, s_kv), bool)
     if mask == "causal":
         m &= j <= i
-    elif mask == "causal-bottom-right":
+    elif mask.replace("_", "-") == "causal-bottom-right":
         m &= j <= i + s_kv - s_q
     left, right = (-1, -1) if window is None else window
     diag = i + s_kv - s_q

@@ -328,3 +328,16 @@ def test_readme_gpu_quick_start():
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) >= 2, "README.md lost its quick-start blocks"
     exec(compile(blocks[1], "README.md (PyTorch quick start)", "exec"), {})
+
+
+def test_attention_needing_grad_loads_the_torch_layer_on_first_use():
+    # _core no longer imports strideattn.torch: the package registers a loader instead.
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, strideattn as sa\n"
+            "q = torch.randn(1, 6, 2, 16, requires_grad=True)\n"
+            "o = sa.attention(q, q.detach(), q.detach(), mask='top_left')\n"
+            "assert 'strideattn.torch' in sys.modules and o.requires_grad\n"
+            "o.sum().backward(); assert q.grad is not None and q.grad.abs().sum() > 0\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,7 +13,14 @@ add_test(NAME packaging_add_subdirectory
     "set -e; rm -rf '${_work}/as'; \
      '${CMAKE_COMMAND}' -S '${_consumer}' -B '${_work}/as' -G Ninja -DSTRIDEATTN_SOURCE='${PROJECT_SOURCE_DIR}' -DSTRIDEATTN_CUDA=OFF >/dev/null; \
      '${CMAKE_COMMAND}' --build '${_work}/as' >/dev/null; '${_work}/as/consumer'")
-set_tests_properties(packaging_find_package packaging_add_subdirectory PROPERTIES LABELS cpu TIMEOUT 900)
+# The Apache-2.0 license text travels with the installed library.
+add_test(NAME packaging_installs_license
+  COMMAND ${CMAKE_COMMAND} -E env bash -c
+    "set -e; rm -rf '${_work}/lic'; \
+     '${CMAKE_COMMAND}' --install '${CMAKE_BINARY_DIR}' --prefix '${_work}/lic' >/dev/null; \
+     cmp '${PROJECT_SOURCE_DIR}/LICENSE' '${_work}/lic/${CMAKE_INSTALL_DOCDIR}/LICENSE'")
+set_tests_properties(packaging_find_package packaging_add_subdirectory packaging_installs_license
+                     PROPERTIES LABELS cpu TIMEOUT 900)
 set_tests_properties(packaging_add_subdirectory PROPERTIES RUN_SERIAL TRUE)
 
 # STRIDEATTN_REQUIRE_CUDNN (what scripts/gpu-check sets): a configure that cannot build the

@@ -1,0 +1,271 @@
+"""strideattn.sdpa, flash_attn_func and flash_attn_varlen_func against the documented
+semantics of the originals, written out here in numpy fp64 (independent of the library and
+of npref.py): PyTorch SDPA's [b, h, s, d] tensors with a top-left causal mask
+(tril(diagonal=0)) and repeat_interleave GQA; FlashAttention 2's [b, s, h, d] tensors with a
+bottom-right causal mask and window [i + s_k - s_q - left, i + s_k - s_q + right], rows that
+see no key giving 0, cu_seqlens cumulative. s_q != s_kv throughout, so the alignment of the
+causal mask changes the answer (checked: the other alignment fails the comparison)."""
+
+import math
+
+import numpy as np
+import pytest
+
+import strideattn as sa
+
+TOL_F32 = 2e-5  # fp32 inputs: the library's fp32 error is far below this on these sizes
+
+
+def softmax_attention(q, k, v, allowed, scale):
+    """q [s_q, d], k [s_k, d], v [s_k, dv], allowed [s_q, s_k] bool; rows with nothing
+    allowed give 0 (FlashAttention's documented behaviour; SDPA never has them here)."""
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+    s = np.where(allowed, s, -np.inf)
+    out = np.zeros((q.shape[0], v.shape[1]))
+    for i in range(q.shape[0]):
+        if allowed[i].any():
+            p = np.exp(s[i] - s[i][allowed[i]].max())
+            p[~allowed[i]] = 0
+            out[i] = (p / p.sum()) @ v.astype(np.float64)
+    return out
+
+
+def sdpa_ref(query, key, value, is_causal=False, scale=None, enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention's documented reference code."""
+    b, h, L, e = query.shape
+    S = key.shape[-2]
+    scale = 1 / math.sqrt(e) if scale is None else scale
+    allowed = np.tril(np.ones((L, S), bool), k=0) if is_causal else np.ones((L, S), bool)
+    if enable_gqa:
+        key = np.repeat(key, h // key.shape[1], axis=1)
+        value = np.repeat(value, h // value.shape[1], axis=1)
+    out = np.zeros((b, h, L, value.shape[-1]))
+    for bi in range(b):
+        for hi in range(h):
+            out[bi, hi] = softmax_attention(query[bi, hi], key[bi, hi], value[bi, hi], allowed, scale)
+    return out
+
+
+def flash_allowed(s_q, s_k, causal, window_size):
+    """FlashAttention 2's mask: causal aligned bottom-right; window around i + s_k - s_q."""
+    i = np.arange(s_q)[:, None]
+    j = np.arange(s_k)[None, :]
+    diag = i + s_k - s_q
+    allowed = np.ones((s_q, s_k), bool)
+    left, right = window_size
+    if causal:
+        right = 0
+    if left >= 0:
+        allowed &= j >= diag - left
+    if right >= 0:
+        allowed &= j <= diag + right
+    return allowed
+
+
+def flash_ref(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None):
+    """flash_attn_func: q [b, s_q, h, d], k/v [b, s_k, h_k, d]; head i reads KV head i // (h / h_k)."""
+    b, s_q, h, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    allowed = flash_allowed(s_q, s_k, causal, window_size)
+    out = np.zeros((b, s_q, h, v.shape[-1]))
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // (h // h_k)
+            out[bi, :, hi] = softmax_attention(q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], allowed, scale)
+    return out
+
+
+def assert_close(got, want, what):
+    got = np.asarray(got, np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert not np.isnan(got).any(), f"{what}: NaN"
+    err = np.abs(got - want).max()
+    assert err <= TOL_F32 + 4e-6 * np.abs(want).max(), f"{what}: max error {err:.3e}"
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- sdpa
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("s_q,s_kv", [(5, 11), (11, 5)])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_sdpa_matches_its_definition(rng, is_causal, s_q, s_kv, scale):
+    b, h, h_kv, d, dv = 2, 4, 2, 16, 8
+    q, k, v = randn(rng, b, h, s_q, d), randn(rng, b, h_kv, s_kv, d), randn(rng, b, h_kv, s_kv, dv)
+    o = sa.sdpa(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+    want = sdpa_ref(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+    assert_close(o, want, "sdpa")
+    assert o.flags.c_contiguous, "output laid out like the [b, h, s, d] inputs"
+    if is_causal:  # bottom-right alignment would be a different answer
+        with pytest.raises(AssertionError):
+            assert_close(o, flash_ref(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), causal=True,
+                                      softmax_scale=scale).transpose(0, 2, 1, 3), "bottom-right")
+
+
+def test_sdpa_reads_strided_views(rng):
+    # q, k, v as [b, h, s, d] views of one fused [b, s, h + 2, d] projection buffer
+    b, s, h, d = 2, 9, 4, 32
+    buf = randn(rng, b, s, h + 2, d)
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (buf[:, :, :h], buf[:, :, h:h + 1], buf[:, :, h + 1:]))
+    o = sa.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    assert_close(o, sdpa_ref(q, k, v, is_causal=True, enable_gqa=True), "sdpa views")
+
+
+def test_sdpa_refusals(rng):
+    q, k = randn(rng, 1, 4, 6, 16), randn(rng, 1, 2, 6, 16)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        sa.sdpa(q, k, k)
+    with pytest.raises(NotImplementedError, match=r"attn_mask=a numpy.ndarray of shape \(6, 6\)"):
+        sa.sdpa(q, q, q, attn_mask=np.ones((6, 6), bool))
+    with pytest.raises(NotImplementedError, match="dropout_p=0.1"):
+        sa.sdpa(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"4 dimensions \[batch, heads, seq, head_dim\]"):
+        sa.sdpa(q[0], q[0], q[0])
+
+
+def test_sdpa_torch_forward_and_grad(rng):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import torch.nn.functional as F
+
+    b, h, h_kv, s_q, s_kv, d = 2, 4, 2, 6, 10, 16
+    q0, k0, v0 = randn(rng, b, h, s_q, d), randn(rng, b, h_kv, s_kv, d), randn(rng, b, h_kv, s_kv, d)
+    q, k, v = (torch.tensor(x, requires_grad=True) for x in (q0, k0, v0))
+    o = sa.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    assert o.shape == (b, h, s_q, d)
+    g = torch.tensor(randn(rng, b, h, s_q, d))
+    o.backward(g)
+    rq, rk, rv = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q0, k0, v0))
+    ro = F.scaled_dot_product_attention(rq, rk, rv, is_causal=True, enable_gqa=True)
+    ro.backward(g.double())
+    assert_close(o.detach().numpy(), ro.detach().numpy(), "o vs torch SDPA fp64")
+    for name, got, want in (("dq", q.grad, rq.grad), ("dk", k.grad, rk.grad), ("dv", v.grad, rv.grad)):
+        assert_close(got.numpy(), want.numpy(), f"{name} vs torch SDPA fp64")
+
+
+# ----------------------------------------------------------------------------- flash_attn_func
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_size", [(-1, -1), (2, 1), (3, -1), (-1, 0)])
+@pytest.mark.parametrize("s_q,s_kv", [(5, 11), (11, 5)])
+def test_flash_attn_func_matches_its_definition(rng, causal, window_size, s_q, s_kv):
+    b, h, h_kv, d, dv = 2, 4, 2, 16, 8
+    q, k, v = randn(rng, b, s_q, h, d), randn(rng, b, s_kv, h_kv, d), randn(rng, b, s_kv, h_kv, dv)
+    o = sa.flash_attn_func(q, k, v, causal=causal, window_size=window_size, softmax_scale=0.4)
+    assert_close(o, flash_ref(q, k, v, causal=causal, window_size=window_size, softmax_scale=0.4),
+                 "flash_attn_func")
+
+
+def test_flash_causal_is_bottom_right(rng):
+    b, h, d, s_q, s_kv = 1, 2, 16, 4, 10
+    q, k, v = randn(rng, b, s_q, h, d), randn(rng, b, s_kv, h, d), randn(rng, b, s_kv, h, d)
+    o = sa.flash_attn_func(q, k, v, causal=True)
+    top_left = sdpa_ref(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), is_causal=True).transpose(0, 2, 1, 3)
+    assert np.abs(o - top_left).max() > 1e-2, "FlashAttention's causal=True read as top-left"
+    # s_q > s_kv: the first s_q - s_kv queries see no key and give 0 (not NaN)
+    o = sa.flash_attn_func(k, q, q, causal=True)
+    assert (o[:, :s_kv - s_q] == 0).all()
+    assert_close(o, flash_ref(k, q, q, causal=True), "s_q > s_kv")
+
+
+def test_flash_refusals(rng):
+    q = randn(rng, 1, 6, 2, 16)
+    for kwargs, name in ((dict(dropout_p=0.1), "dropout_p"), (dict(softcap=30.0), "softcap"),
+                         (dict(alibi_slopes=np.ones(2, np.float32)), "alibi_slopes"),
+                         (dict(return_attn_probs=True), "return_attn_probs")):
+        with pytest.raises(NotImplementedError, match=name):
+            sa.flash_attn_func(q, q, q, **kwargs)
+        with pytest.raises(NotImplementedError, match=name):
+            sa.flash_attn_varlen_func(q[0], q[0], q[0], [0, 6], [0, 6], 6, 6, **kwargs)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        sa.flash_attn_varlen_func(q[0], q[0], q[0], [0, 6], [0, 6], 6, 6, block_table=np.zeros((1, 1), np.int32))
+    with pytest.raises(ValueError, match=r"window_size\[0\] is -2"):
+        sa.flash_attn_func(q, q, q, window_size=(-2, 0))
+
+
+# ----------------------------------------------------------------------------- varlen
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_size", [(-1, -1), (2, 0)])
+def test_flash_attn_varlen_func_matches_its_definition(rng, causal, window_size):
+    # sequences with s_q < s_k, s_q > s_k, an empty query side, and two tokens after the last
+    cu_q = np.array([0, 3, 3, 10, 14], np.int32)
+    cu_k = np.array([0, 6, 8, 9, 17], np.int32)
+    t_q, t_k, h, h_kv, d = 16, 17, 4, 1, 16
+    q, k, v = randn(rng, t_q, h, d), randn(rng, t_k, h_kv, d), randn(rng, t_k, h_kv, d)
+    o = sa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 8, causal=causal, window_size=window_size)
+    want = np.zeros((t_q, h, d))
+    for i in range(len(cu_q) - 1):
+        sq, sk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        want[sq] = flash_ref(q[None, sq], k[None, sk], v[None, sk], causal=causal,
+                             window_size=window_size)[0]
+    assert_close(o, want, "flash_attn_varlen_func")
+    assert (o[14:] == 0).all(), "tokens after the last sequence are 0"
+
+
+def test_varlen_argument_errors(rng):
+    t = randn(rng, 10, 2, 16)
+    with pytest.raises(ValueError, match="max_seqlen_q is 4 but the longest sequence has 6"):
+        sa.flash_attn_varlen_func(t, t, t, [0, 6, 10], [0, 6, 10], 4, 6)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k decreases at index 2 \(6 -> 5\)"):
+        sa.flash_attn_varlen_func(t, t, t, [0, 6, 10], [0, 6, 5], 6, 6)
+    with pytest.raises(ValueError, match="cu_seqlens_q has 3 entries but cu_seqlens_k has 2"):
+        sa.flash_attn_varlen_func(t, t, t, [0, 6, 10], [0, 10], 6, 10)
+    with pytest.raises(ValueError, match=r"3 dimensions \[total_tokens, heads, head_dim\]"):
+        sa.flash_attn_varlen_func(t[None], t[None], t[None], [0, 10], [0, 10], 10, 10)
+
+
+def test_readme_coming_from_section_holds(rng):
+    # The README section exists, names the entry points, and what it says about the causal
+    # alignment is what the functions do.
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    m = re.search(r"## Coming from SDPA / FlashAttention / TransformerEngine\n(.*?)\n## ", text, re.S)
+    assert m, "README.md has no 'Coming from SDPA / FlashAttention / TransformerEngine' section"
+    section = m.group(1)
+    for name in ("strideattn.sdpa", "strideattn.flash_attn_func", "flash_attn_varlen_func",
+                 "strideattn.torch.DotProductAttention", "cu_seqlens", "[b, h, s, d]"):
+        assert name in section, name
+    assert re.search(r"FlashAttention's `causal=True` is our `causal_bottom_right`", section)
+    assert re.search(r"Our `causal` is top-left, like SDPA's `is_causal`", section)
+    q, k, v = randn(rng, 1, 4, 2, 16), randn(rng, 1, 9, 2, 16), randn(rng, 1, 9, 2, 16)
+    np.testing.assert_array_equal(sa.flash_attn_func(q, k, v, causal=True),
+                                  sa.attention(q, k, v, mask="causal_bottom_right"))
+    bhsd = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]
+    np.testing.assert_array_equal(sa.sdpa(*bhsd, is_causal=True).transpose(0, 2, 1, 3),
+                                  sa.attention(q, k, v, mask="causal"))
+
+
+def test_dropins_on_cuda_torch(rng, seed):
+    # the GPU path: torch fp16 CUDA tensors in and out, cu_seqlens as int32 CUDA tensors
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from npref import attention_ref, check
+
+    h, h_kv, d, s_q, s_kv = 8, 2, 64, 48, 80
+    host = [rng.standard_normal(sh).astype(np.float16)
+            for sh in ((2, s_q, h, d), (2, s_kv, h_kv, d), (2, s_kv, h_kv, d))]
+    q, k, v = (torch.from_numpy(x).cuda() for x in host)
+    o = sa.flash_attn_func(q, k, v, causal=True, window_size=(16, -1))
+    assert o.is_cuda and o.dtype == torch.float16
+    opts = dict(mask="causal_bottom_right", window=(16, -1))
+    check("flash", o.float().cpu().numpy(), attention_ref(*host, **opts)["o"],
+          attention_ref(*host, lowp=np.float16, **opts)["o"], np.float16, seed)
+    o = sa.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+    check("sdpa", o.transpose(1, 2).float().cpu().numpy(), attention_ref(*host, mask="causal")["o"],
+          attention_ref(*host, mask="causal", lowp=np.float16)["o"], np.float16, seed)
+    cu_q = torch.tensor([0, 30, 48], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 50, 80], dtype=torch.int32, device="cuda")
+    o = sa.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 30, 50, causal=True)
+    opts = dict(mask="causal_bottom_right", seqlens_q=[30, 18], seqlens_kv=[50, 30])
+    check("varlen", o.float().cpu().numpy(), attention_ref(*(x[0] for x in host), **opts)["o"],
+          attention_ref(*(x[0] for x in host), lowp=np.float16, **opts)["o"], np.float16, seed)
