@@ -1,10 +1,11 @@
-// DESIGN's correctness rule (see compare.hpp and docs/semantics.md "Correctness rule"):
+// The correctness rule (see compare.hpp and docs/semantics.md "Correctness rule"):
 // elementwise error statistics against the fp64 reference, and the tolerances
 // 2 * naive_err + floor(dtype) + fp32 and output-rounding terms (compare.hpp).
 #include "harness/compare.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace strideattn::harness {
 
@@ -23,21 +24,31 @@ double floor_of(DType dtype) {
   return 1e-3;
 }
 
+// Whether a pair with at least one non-finite side agrees under `policy` (see compare.hpp).
+bool non_finite_agrees(double x, double e, bool naive_overflowed, const NonFinitePolicy& policy) {
+  if (x == e) return !std::isnan(x) && (std::isinf(x) ? x < 0 || policy.inputs_non_finite : true);
+  if (std::isfinite(e)) {  // the output is the non-finite side
+    if (x == -std::numeric_limits<double>::infinity() && !policy.inputs_non_finite) return false;
+    return policy.inputs_non_finite || naive_overflowed;
+  }
+  if (!policy.inputs_non_finite) return false;  // a non-finite reference on finite inputs
+  if (std::isnan(e)) return std::isnan(x);
+  return std::isnan(x);  // reference +-inf: that inf (x == e above) or NaN (0 * inf)
+}
+
 }  // namespace
 
-ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact) {
+ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact,
+                   const NonFinitePolicy& policy) {
   ErrorStats st;
   const std::size_t n = std::min(out.size(), exact.size());
   std::int64_t first_bad = -1;  // first non-finite disagreement, reported as the worst
   for (std::size_t i = 0; i < n; ++i) {
     const double x = out[i], e = exact[i];
-    if (std::isnan(x) || std::isnan(e)) {  // NaN never passes, not even against NaN
-      ++st.non_finite;
-      if (first_bad < 0) first_bad = std::int64_t(i);
-      continue;
-    }
-    if (std::isinf(x) || std::isinf(e)) {
-      if (x == e) continue;  // -inf vs -inf (LSE of a row that sees no key) agrees
+    if (!std::isfinite(x) || !std::isfinite(e)) {
+      const bool overflow = policy.naive != nullptr && i < policy.naive->size() &&
+                            !std::isfinite((*policy.naive)[i]);
+      if (non_finite_agrees(x, e, overflow, policy)) continue;
       ++st.non_finite;
       if (first_bad < 0) first_bad = std::int64_t(i);
       continue;
@@ -85,14 +96,14 @@ double max_abs_finite(const std::vector<double>& values) {
 
 TensorCheck check_tensor(std::string name, DType dtype, const std::vector<double>& out,
                          const std::vector<double>& naive, const std::vector<double>& exact,
-                         double magnitude) {
+                         double magnitude, bool inputs_non_finite) {
   TensorCheck c;
   c.name = std::move(name);
   const double largest = max_abs_finite(exact);
   c.tol = tolerance(dtype, {.naive_err = compare(naive, exact).max_abs_err,
                             .magnitude = magnitude >= 0 ? magnitude : largest,
                             .largest = largest});
-  c.err = compare(out, exact);
+  c.err = compare(out, exact, {.inputs_non_finite = inputs_non_finite, .naive = &naive});
   return c;
 }
 

@@ -19,9 +19,24 @@ struct ErrorStats {
   std::int64_t non_finite = 0;    // NaN/inf where the reference is finite (or vice versa)
 };
 
-// Compare `out` with `exact` elementwise (both logical row-major, same length). Elements
-// where both are -inf (LSE of empty rows) agree.
-[[nodiscard]] ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact);
+// Which non-finite outputs agree with the reference (docs/semantics.md, "Non-finite values,
+// overflow and the scale"). By default none but -inf against -inf (LSE of rows that see no
+// key): on finite inputs a NaN is always a failure, even against a NaN reference.
+struct NonFinitePolicy {
+  // The inputs hold NaN or Inf: the reference's NaN must be NaN, its +-inf must be that inf
+  // or NaN (0 * inf), and where it is finite a non-finite output may come from a non-finite
+  // input the row does not see but shares a tile with (finite outputs are still checked).
+  bool inputs_non_finite = false;
+  // The naive fp32 model (same length as `exact`): where it is non-finite and the reference
+  // finite, fp32 overflowed, and a non-finite output agrees (but never an LSE of -inf, the
+  // "no key" answer).
+  const std::vector<double>* naive = nullptr;
+};
+
+// Compare `out` with `exact` elementwise (both logical row-major, same length) under
+// `policy`. A -inf output where the reference is finite never agrees.
+[[nodiscard]] ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact,
+                                 const NonFinitePolicy& policy = {});
 
 // Tolerance of one output tensor stored in `dtype` (LSE: DType::f32):
 //   2 * naive_err + floor(dtype) + 4e-6 * magnitude + half_ulp(dtype, largest)
@@ -58,10 +73,12 @@ struct TensorCheck {
 // largest |value| over dQ, dK and dV, which share the dS intermediate - a gradient that is
 // exactly 0 by cancellation (dK when each sequence has one key) still carries fp32 rounding
 // of the dP - D difference at the backward's own scale.
+// `inputs_non_finite`: the case planted NaN or Inf in its inputs (NonFinitePolicy); the
+// naive model's non-finite elements always count as fp32 overflow.
 [[nodiscard]] TensorCheck check_tensor(std::string name, DType dtype,
                                        const std::vector<double>& out,
                                        const std::vector<double>& naive,
                                        const std::vector<double>& exact,
-                                       double magnitude = -1.0);
+                                       double magnitude = -1.0, bool inputs_non_finite = false);
 
 }  // namespace strideattn::harness
