@@ -296,13 +296,14 @@ std::string describe_failure(const TensorCheck& c, const ViewSpec& v, bool varle
 }
 
 // Compares the written outputs with the reference; appends to r.checks and r.reason.
+// `inputs_non_finite`: the case planted NaN or Inf in its inputs (compare.hpp NonFinitePolicy).
 void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen,
-                   BackendResult* r, std::vector<std::string>* failures) {
+                   bool inputs_non_finite, BackendResult* r, std::vector<std::string>* failures) {
   for (const Expected& e : expected) {
     const DType stored = e.name == "lse" ? DType::f32 : bufs.at(e.view->buffer).dtype();
     TensorCheck c =
         check_tensor(e.name, stored, read_view(bufs.at(e.view->buffer), *e.view), *e.naive, *e.exact,
-                     e.magnitude);
+                     e.magnitude, inputs_non_finite);
     if (!c.pass()) failures->push_back(describe_failure(c, *e.view, varlen));
     r->checks.push_back(std::move(c));
   }
@@ -325,6 +326,11 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+bool inputs_non_finite(const CaseSpec& spec) {
+  return std::any_of(spec.input_plants.begin(), spec.input_plants.end(),
+                     [](const CaseSpec::InputPlant& pl) { return !std::isfinite(pl.value); });
 }
 
 // Everything one case shares between its backends.
@@ -363,6 +369,37 @@ Status check_host_memory(const std::vector<const ViewSpec*>& views) {
                     "machine has " + gib(have) + " (at most 75% is used)");
 }
 
+// CaseSpec::input_scale and input_plants on the freshly drawn buffers. Scaling is per
+// buffer (views of one fused buffer scale together); outputs are poisoned later anyway.
+Status apply_input_draws(const CaseSpec& spec, Prepared* p) {
+  if (!(spec.input_scale > 0) || !std::isfinite(spec.input_scale))
+    return Status(StatusCode::invalid_argument,
+                  "input scale " + fmt(spec.input_scale) + ": expected a finite value > 0");
+  if (spec.input_scale != 1.0)
+    for (auto& [name, buf] : p->bufs.all()) {
+      if (name == kLseBuffer) continue;
+      for (std::int64_t i = 0; i < buf.extent(); ++i) {
+        const float x = detail::load_as_float(buf.data(), buf.dtype(), i);
+        detail::store_from_float(buf.data(), buf.dtype(), i, float(double(x) * spec.input_scale));
+      }
+    }
+  for (const CaseSpec::InputPlant& pl : spec.input_plants) {
+    const ViewSpec* v = pl.tensor == "q"   ? p->cv.q
+                        : pl.tensor == "k" ? p->cv.k
+                        : pl.tensor == "v" ? p->cv.v
+                        : pl.tensor == "do" && spec.grad ? p->cv.d_o
+                                                         : nullptr;
+    if (v == nullptr)
+      return Status(StatusCode::invalid_argument,
+                    "input plant '" + pl.tensor + "': expected q, k, v, or do (with --grad)");
+    const std::vector<std::int64_t> offs = view_offsets(*v);
+    if (offs.empty()) continue;
+    const std::int64_t at = offs[std::size_t(std::clamp<std::int64_t>(pl.index, 0, std::int64_t(offs.size()) - 1))];
+    detail::store_from_float(p->bufs.at(v->buffer).data(), p->bufs.at(v->buffer).dtype(), at, float(pl.value));
+  }
+  return Status::Ok();
+}
+
 Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd) {
   p->cv = case_views(spec);
   const char* names[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
@@ -373,6 +410,7 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
   p->bufs.allocate(views, spec.dtype);
   p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(p->cv.lse));
   p->bufs.fill_random(spec.seed);
+  if (Status s = apply_input_draws(spec, p); !s.ok()) return s;
   p->pristine = p->bufs.save();
   const Bases hb = host_bases(p->bufs);
   if (Status s = detail::make_problem(
@@ -465,7 +503,7 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
   apply_run_check(p.bufs.check_after_run(), "forward", &r, &failures);
   check_outputs(p.bufs,
                 {{"o", cv.o, &t.exact.o, &t.naive.o}, {"lse", &cv.lse, &t.exact.lse, &t.naive.lse}},
-                varlen, &r, &failures);
+                varlen, inputs_non_finite(spec), &r, &failures);
 
   if (spec.grad) {
     // The answer key for the backward: from this backend's O where the rule says so.
@@ -507,7 +545,7 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
                     {{"dq", cv.dq, &bexact->dq, &bnaive->dq, grad_scale},
                      {"dk", cv.dk, &bexact->dk, &bnaive->dk, grad_scale},
                      {"dv", cv.dv, &bexact->dv, &bnaive->dv, grad_scale}},
-                    varlen, &r, &failures);
+                    varlen, inputs_non_finite(spec), &r, &failures);
     }
   }
   r.time_ms = elapsed;
@@ -775,6 +813,16 @@ std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backend
   if (spec.options.deterministic) os << " --deterministic";
   if (spec.grad) os << " --grad";
   os << " --seed " << spec.seed;
+  if (spec.input_scale != 1.0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", spec.input_scale);
+    os << " --input-scale " << buf;
+  }
+  for (std::size_t i = 0; i < spec.input_plants.size(); ++i) {
+    const CaseSpec::InputPlant& pl = spec.input_plants[i];
+    os << (i ? "," : " --plant-input ") << pl.tensor << ":" << pl.index << ":"
+       << (std::isnan(pl.value) ? "nan" : pl.value > 0 ? "inf" : "-inf");
+  }
   if (!backends.empty()) os << " --backends " << join_backends(backends);
   return os.str();
 }

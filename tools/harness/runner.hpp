@@ -24,6 +24,18 @@ struct CaseSpec {
   AttentionOptions options;
   bool grad = false;         // also run and check the backward
   std::uint64_t seed = 1;    // random inputs are drawn from this seed
+  // Every input buffer's normal(0, 1) draws are multiplied by this before rounding to the
+  // dtype (large values reach fp32 overflow; docs/semantics.md, "Non-finite values").
+  double input_scale = 1.0;
+  // Non-finite values planted in the inputs after the draw: logical element `index` (row-
+  // major over the view's shape, clamped to it) of `tensor` (q, k, v or do) set to `value`
+  // (NaN or +-inf: what the CLI's --plant-input reproduces).
+  struct InputPlant {
+    std::string tensor;
+    std::int64_t index = 0;
+    double value = 0;
+  };
+  std::vector<InputPlant> input_plants;
 
   // Test hook (tests only; the CLI never sets it): corrupt one result of every backend run
   // after the run and before the checks, to prove the checks catch it. kind "value" adds

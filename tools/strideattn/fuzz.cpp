@@ -3,10 +3,12 @@
 // steps of 8 with d_v != d_qk, every mask and (asymmetric) window, varlen with empty
 // sequences and gaps; views from every layout name or random: permuted stride orders, gaps
 // between heads and rows, sliced last dims, shared and interleaved buffers, garbage strides
-// on size-1 dims, tensors at offsets inside larger buffers.
+// on size-1 dims, tensors at offsets inside larger buffers; input magnitudes up to the dtype's
+// range, extreme scales and planted NaN / Inf.
 #include "fuzz.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -203,6 +205,29 @@ void random_views(Rng& r, const ProblemSizes& z, bool grad, harness::LayoutViews
   if (grad) lv->d_o = place("do", os);
 }
 
+// The numerical edges (docs/semantics.md, "Non-finite values, overflow and the scale"):
+// inputs scaled up to the dtype's range (forward-only cases reach fp32 overflow; with the
+// backward, logits stay where an fp32 LSE still determines P), extreme scales, and NaN or
+// Inf planted in Q, K, V or dO.
+void draw_numerical_edges(Rng& r, CaseSpec* spec) {
+  const double range = spec->dtype == DType::f16 ? 8e3 : 4e37;  // the dtype's largest / 8
+  const double top = spec->grad ? (spec->dtype == DType::f16 ? 30.0 : 100.0) : range;
+  if (r.chance(0.2)) {
+    const double hi = r.chance(0.5) ? std::min(top, 1e4) : top;
+    spec->input_scale = std::exp(std::uniform_real_distribution<double>(0, std::log(hi))(r.g));
+  }
+  if (r.chance(0.08))
+    spec->options.scale = spec->grad ? r.pick(std::vector<double>{1e-30, 1e-8, 10.0, 30.0})
+                                     : r.pick(std::vector<double>{1e-30, 1e-8, 1e4, 1e10, 1e30});
+  if (r.chance(0.1)) {
+    std::vector<std::string> tensors = {"q", "k", "v"};
+    if (spec->grad) tensors.push_back("do");
+    const double values[] = {std::nan(""), HUGE_VAL, -HUGE_VAL};
+    for (std::int64_t n = r.uniform(1, 3); n > 0; --n)
+      spec->input_plants.push_back({r.pick(tensors), r.uniform(0, 1 << 20), values[r.uniform(0, 2)]});
+  }
+}
+
 }  // namespace
 
 CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad) {
@@ -255,6 +280,7 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad) {
     spec.layout_name.clear();
     random_views(r, z, grad, &spec.views);
   }
+  draw_numerical_edges(r, &spec);
   return spec;
 }
 

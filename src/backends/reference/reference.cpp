@@ -238,7 +238,9 @@ class Engine {
       const Acc delta = dot(d_o.data(), o.data(), dv);  // rowsum(dO * O)
       std::fill(dq.begin(), dq.end(), Acc(0));
       for (std::int64_t j = j0; j < j1; ++j) {
-        const Acc pj = prob[std::size_t(j)];
+        // naive: P from the fp32 LSE, as any backward must that takes LSE as its input (at
+        // large logits the LSE's rounding is most of this model's error, and of a backend's)
+        const Acc pj = std::is_same_v<Acc, float> ? std::exp(s[std::size_t(j)] - lse) : prob[std::size_t(j)];
         axpy(round(pj), d_o.data(), &part->dv[std::size_t(j * dv)], dv);    // dV += P^T dO
         const Acc dp = dot(d_o.data(), &v[std::size_t(j * dv)], dv);        // dP = dO V^T
         const Acc ds = round(pj * (dp - delta));                            // dS
