@@ -1,4 +1,4 @@
-// DESIGN's correctness rule (see compare.hpp and docs/semantics.md "Correctness rule"):
+// The correctness rule (see compare.hpp and docs/semantics.md "Correctness rule"):
 // elementwise error statistics against the fp64 reference, and the tolerances
 // 2 * naive_err + floor(dtype) + fp32 and output-rounding terms (compare.hpp).
 #include "harness/compare.hpp"
