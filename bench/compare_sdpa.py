@@ -2,138 +2,109 @@
 """strideattn against PyTorch SDPA, in one process, on the same tensors.
 
 Runs PyTorch SDPA with its flash and cuDNN backends (torch.nn.attention.sdpa_kernel) and
-strideattn's cuda and cudnn backends (libstrideattn_c.so through ctypes, called with the torch
-tensors' data pointers and real strides on torch's current stream) on DESIGN.md's shapes, and
-prints TFLOP/s and the ratios ours / SDPA flash and ours / SDPA cudnn.
+strideattn's cuda and cudnn backends (libstrideattn_c.so through the generated ctypes
+description bench/sa_abi.py, called with the torch tensors' data pointers and real strides
+on torch's current stream) on the shapes of docs/design.md, and prints TFLOP/s and the
+ratios ours / SDPA flash and ours / SDPA cudnn. Each run also writes its results as one data
+file, RESULTS_DIR/<date>-<gpu>-<commit>.json (bench/render.py renders them into
+bench/README.md).
 
-Protocol (DESIGN.md): CUDA events around each run, warm-up first, the median of >= 20 runs;
-fwd+bwd times the forward and the whole backward (every kernel); FLOPs: forward
-2 * visible_pairs * (d_qk + d_v) summed over batch and query heads, backward 2.5x forward;
-bf16 unless a row says otherwise.
+Protocol (docs/design.md, "Benchmark protocol"): CUDA events around each run, warm-up first,
+the median of >= 20 runs; fwd+bwd times the forward and the whole backward (every kernel);
+FLOPs: forward 2 * visible_pairs * (d_qk + d_v) summed over batch and query heads, backward
+2.5x forward; bf16 unless a row says otherwise.
 
-  python3 bench/compare_sdpa.py [--quick | --only NAME-PART] [--out bench.md] [--append-results]
+  python3 bench/compare_sdpa.py [--quick | --only NAME-PART] [--out bench.md]
+                                [--results-dir DIR] [--append-results]
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import datetime
-import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+import render  # noqa: E402  (bench/render.py: the table, the data file format)
+import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+torch = F = SDPBackend = sdpa_kernel = None  # imported by main(): --help works without torch
+
+
+def import_torch() -> None:
+    global torch, F, SDPBackend, sdpa_kernel
+    import torch as _torch
+    import torch.nn.functional as _F
+    from torch.nn.attention import SDPBackend as _SDPBackend, sdpa_kernel as _sdpa_kernel
+    torch, F, SDPBackend, sdpa_kernel = _torch, _F, _SDPBackend, _sdpa_kernel
+
 
 # ------------------------------------------------------------------ C ABI (strideattn.h)
 
-SA_F16, SA_BF16 = 0, 1
-SA_MASK_NONE, SA_MASK_CAUSAL = 0, 1
-SA_BACKEND = {"cuda": 3, "cudnn": 4}
-SA_MEMORY_DEVICE = 1
+SA_BACKEND = {"cuda": sa_abi.SA_BACKEND_CUDA, "cudnn": sa_abi.SA_BACKEND_CUDNN}
 
 
-class TensorView(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32),
-                ("shape", ctypes.c_int64 * 4), ("stride", ctypes.c_int64 * 4)]
-
-
-class LseView(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int64 * 3),
-                ("stride", ctypes.c_int64 * 3)]
-
-
-class Varlen(ctypes.Structure):
-    _fields_ = [("count", ctypes.c_int64), ("seqlens_q", ctypes.c_void_p),
-                ("seqlens_kv", ctypes.c_void_p), ("offsets_q", ctypes.c_void_p),
-                ("offsets_kv", ctypes.c_void_p)]
-
-
-class Options(ctypes.Structure):
-    _fields_ = [("mask", ctypes.c_int32), ("has_window", ctypes.c_int32),
-                ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
-                ("scale", ctypes.c_double), ("deterministic", ctypes.c_int32)]
-
-
-class ForwardArgs(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("q", TensorView), ("k", TensorView),
-                ("v", TensorView), ("o", TensorView), ("lse", LseView), ("options", Options),
-                ("varlen", Varlen), ("backend", ctypes.c_int32), ("memory", ctypes.c_int32),
-                ("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
-                ("workspace_bytes", ctypes.c_size_t)]
-
-
-class BackwardArgs(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("q", TensorView), ("k", TensorView),
-                ("v", TensorView), ("o", TensorView), ("d_o", TensorView), ("lse", LseView),
-                ("dq", TensorView), ("dk", TensorView), ("dv", TensorView),
-                ("options", Options), ("varlen", Varlen), ("backend", ctypes.c_int32),
-                ("memory", ctypes.c_int32), ("stream", ctypes.c_void_p),
-                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
-
-
-def view_of(t: torch.Tensor) -> TensorView:
+def view_of(t) -> sa_abi.sa_tensor_view:
     """A [b, s, h, d] torch tensor (any strides) as an sa_tensor_view: its real strides."""
     assert t.dim() == 4
-    return TensorView(t.data_ptr(), SA_BF16 if t.dtype == torch.bfloat16 else SA_F16,
-                      (ctypes.c_int64 * 4)(*t.shape), (ctypes.c_int64 * 4)(*t.stride()))
+    return sa_abi.sa_tensor_view(t.data_ptr(),
+                                 sa_abi.SA_BF16 if t.dtype == torch.bfloat16 else sa_abi.SA_F16,
+                                 (ctypes.c_int64 * 4)(*t.shape), (ctypes.c_int64 * 4)(*t.stride()))
 
 
-def lse_of(t: torch.Tensor) -> LseView:
-    return LseView(t.data_ptr(), (ctypes.c_int64 * 3)(*t.shape), (ctypes.c_int64 * 3)(*t.stride()))
+def lse_of(t) -> sa_abi.sa_lse_view:
+    return sa_abi.sa_lse_view(t.data_ptr(), (ctypes.c_int64 * 3)(*t.shape),
+                              (ctypes.c_int64 * 3)(*t.stride()))
 
 
 class Strideattn:
     def __init__(self, path: str):
-        self.lib = ctypes.CDLL(path)
-        for fn, argt in (("sa_forward", ForwardArgs), ("sa_backward", BackwardArgs)):
-            f = getattr(self.lib, fn)
-            f.argtypes = [ctypes.POINTER(argt), ctypes.c_char_p, ctypes.c_size_t]
-            f.restype = ctypes.c_int
-        self.lib.sa_backend_compiled.argtypes = [ctypes.c_int32]
-        self.lib.sa_backend_compiled.restype = ctypes.c_int
+        self.lib = sa_abi.load(path)
         self.msg = ctypes.create_string_buffer(4096)
 
     def compiled(self, backend: str) -> bool:
         return bool(self.lib.sa_backend_compiled(SA_BACKEND[backend]))
 
+    def version(self) -> str:
+        return self.lib.sa_version().decode()
+
     def _check(self, rc: int):
-        if rc != 0:
+        if rc != sa_abi.SA_OK:
             raise RuntimeError(self.msg.value.decode(errors="replace"))
 
-    def forward_args(self, backend, q, k, v, o, lse, causal) -> ForwardArgs:
-        a = ForwardArgs()
-        a.struct_size = ctypes.sizeof(ForwardArgs)
-        a.q, a.k, a.v, a.o = view_of(q), view_of(k), view_of(v), view_of(o)
-        a.lse = lse_of(lse)
-        a.options.mask = SA_MASK_CAUSAL if causal else SA_MASK_NONE
+    def _common(self, a, backend, causal):
+        a.options.mask = sa_abi.SA_MASK_CAUSAL if causal else sa_abi.SA_MASK_NONE
         a.backend = SA_BACKEND[backend]
-        a.memory = SA_MEMORY_DEVICE
+        a.memory = sa_abi.SA_MEMORY_DEVICE
         a.stream = torch.cuda.current_stream().cuda_stream
         return a
 
-    def backward_args(self, backend, q, k, v, o, do, lse, dq, dk, dv, causal) -> BackwardArgs:
-        a = BackwardArgs()
-        a.struct_size = ctypes.sizeof(BackwardArgs)
+    def forward_args(self, backend, q, k, v, o, lse, causal) -> sa_abi.sa_forward_args:
+        a = sa_abi.sa_forward_args()
+        a.struct_size = ctypes.sizeof(sa_abi.sa_forward_args)
+        a.q, a.k, a.v, a.o = view_of(q), view_of(k), view_of(v), view_of(o)
+        a.lse = lse_of(lse)
+        return self._common(a, backend, causal)
+
+    def backward_args(self, backend, q, k, v, o, do, lse, dq, dk, dv, causal) -> sa_abi.sa_backward_args:
+        a = sa_abi.sa_backward_args()
+        a.struct_size = ctypes.sizeof(sa_abi.sa_backward_args)
         a.q, a.k, a.v, a.o, a.d_o = view_of(q), view_of(k), view_of(v), view_of(o), view_of(do)
         a.lse = lse_of(lse)
         a.dq, a.dk, a.dv = view_of(dq), view_of(dk), view_of(dv)
-        a.options.mask = SA_MASK_CAUSAL if causal else SA_MASK_NONE
-        a.backend = SA_BACKEND[backend]
-        a.memory = SA_MEMORY_DEVICE
-        a.stream = torch.cuda.current_stream().cuda_stream
-        return a
+        return self._common(a, backend, causal)
 
-    def forward(self, args: ForwardArgs):
+    def forward(self, args: sa_abi.sa_forward_args):
         self._check(self.lib.sa_forward(ctypes.byref(args), self.msg, len(self.msg)))
 
-    def backward(self, args: BackwardArgs):
+    def backward(self, args: sa_abi.sa_backward_args):
         self._check(self.lib.sa_backward(ctypes.byref(args), self.msg, len(self.msg)))
 
 
@@ -148,12 +119,15 @@ class Shape:
     hg: int
     d: int
     causal: bool
-    dtype: torch.dtype = torch.bfloat16
+    dtype: str = "bf16"   # "bf16" or "fp16"
     layout: str = "bshd"  # "bshd" (contiguous) or "seed" (split views of sb(h+2hg)d)
 
     def flops_fwd(self) -> float:
         pairs = self.s * (self.s + 1) / 2 if self.causal else float(self.s) * self.s
         return 2.0 * pairs * self.b * self.h * (2 * self.d)
+
+    def torch_dtype(self):
+        return torch.float16 if self.dtype == "fp16" else torch.bfloat16
 
 
 def design_shapes(quick: bool) -> list[Shape]:
@@ -173,20 +147,20 @@ def design_shapes(quick: bool) -> list[Shape]:
     # buffer, beside the same problem with contiguous inputs.
     for layout in ("seed", "bshd"):
         shapes.append(Shape(f"seed {'strided' if layout == 'seed' else 'contiguous'}", 8, 2048,
-                            16, 1, 64, True, torch.float16, layout))
+                            16, 1, 64, True, "fp16", layout))
     return shapes
 
 
 def make_inputs(sh: Shape):
     """q, k, v as [b, s, h, d] torch views with the shape's real memory layout."""
-    dev = "cuda"
+    dev, dt = "cuda", sh.torch_dtype()
     if sh.layout == "seed":
-        fused = torch.randn(sh.s, sh.b, sh.h + 2 * sh.hg, sh.d, device=dev, dtype=sh.dtype)
+        fused = torch.randn(sh.s, sh.b, sh.h + 2 * sh.hg, sh.d, device=dev, dtype=dt)
         q, k, v = fused.split([sh.h, sh.hg, sh.hg], dim=2)  # [s, b, ., d] views
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    q = torch.randn(sh.b, sh.s, sh.h, sh.d, device=dev, dtype=sh.dtype)
-    k = torch.randn(sh.b, sh.s, sh.hg, sh.d, device=dev, dtype=sh.dtype)
-    v = torch.randn(sh.b, sh.s, sh.hg, sh.d, device=dev, dtype=sh.dtype)
+    q = torch.randn(sh.b, sh.s, sh.h, sh.d, device=dev, dtype=dt)
+    k = torch.randn(sh.b, sh.s, sh.hg, sh.d, device=dev, dtype=dt)
+    v = torch.randn(sh.b, sh.s, sh.hg, sh.d, device=dev, dtype=dt)
     return q, k, v
 
 
@@ -226,7 +200,7 @@ def sdpa_fns(sh: Shape, q, k, v, backend):
 
 
 def ours_fns(sa: Strideattn, backend: str, sh: Shape, q, k, v):
-    o = torch.empty(sh.b, sh.s, sh.h, sh.d, device="cuda", dtype=sh.dtype)
+    o = torch.empty(sh.b, sh.s, sh.h, sh.d, device="cuda", dtype=sh.torch_dtype())
     lse = torch.empty(sh.b, sh.h, sh.s, device="cuda", dtype=torch.float32)
     do = torch.randn_like(o)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -280,38 +254,27 @@ def run_shape(sh: Shape, sa: Strideattn | None, backends: list[str], runs: int, 
     return row
 
 
-def fmt(x) -> str:
-    return f"{x:.0f}" if isinstance(x, float) else "—"
-
-
-def ratio(a, b) -> str:
-    return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) and b > 0 else "—"
-
-
-def table(rows: list[Row], backends: list[str], modes: list[str]) -> str:
-    head = ["shape (b, h/hg, s, d)", "mask", "dtype", "mode", "SDPA flash", "SDPA cuDNN"]
-    for be in backends:
-        head += [f"ours {be}", f"{be}/flash", f"{be}/sdpa-cudnn"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    notes = []
+def data_rows(rows: list[Row], backends: list[str], modes: list[str]) -> list[dict]:
+    """The measured rows in the data file's form (bench/render.py): one per shape and mode,
+    every table column (TFLOP/s of each column, each ratio) and why a column has no number."""
+    out = []
     for r in rows:
         sh = r.shape
-        hh = f"{sh.h}" if sh.h == sh.hg else f"{sh.h}/{sh.hg}"
         for m in modes:
-            fl, cu = r.tflops.get(("sdpa-flash", m)), r.tflops.get(("sdpa-cudnn", m))
-            cells = [f"{sh.name}: {sh.b}, {hh}, {sh.s}, {sh.d}", "causal" if sh.causal else "none",
-                     "fp16" if sh.dtype == torch.float16 else "bf16", m, fmt(fl), fmt(cu)]
-            for be in backends:
-                ours = r.tflops.get((be, m))
-                cells += [fmt(ours), ratio(ours, fl), ratio(ours, cu)]
-            lines.append("| " + " | ".join(cells) + " |")
-            for col in COLUMNS:
+            tflops, ratios, missing = {}, {}, {}
+            for col in COLUMNS[:2] + backends:
                 val = r.tflops.get((col, m))
+                tflops[col] = val if isinstance(val, float) else None
                 if isinstance(val, str):
-                    notes.append(f"- {sh.name} {m} {col}: {val}")
-    out = "\n".join(lines)
-    if notes:
-        out += "\n\nNot measured:\n" + "\n".join(sorted(set(notes)))
+                    missing[col] = val
+            for be in backends:
+                for peer, key in (("sdpa-flash", f"{be}/flash"), ("sdpa-cudnn", f"{be}/sdpa-cudnn")):
+                    a, b = tflops[be], tflops[peer]
+                    ratios[key] = a / b if a is not None and b else None
+            out.append({"shape": sh.name, "b": sh.b, "h": sh.h, "hg": sh.hg, "s": sh.s, "d": sh.d,
+                        "mask": "causal" if sh.causal else "none", "dtype": sh.dtype,
+                        "layout": sh.layout, "mode": m, "tflops": tflops, "ratios": ratios,
+                        "not_measured": missing})
     return out
 
 
@@ -323,7 +286,13 @@ def git_commit() -> str:
         return os.environ.get("STRIDEATTN_COMMIT", "unknown")
 
 
-def main() -> int:
+def data_file_name(date: str, gpu: str, commit: str) -> str:
+    """<date>-<gpu>-<commit>.json with the GPU name as a lower-case slug."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
+    return f"{date}-{slug}-{re.sub(r'[^A-Za-z0-9]+', '-', commit)}.json"
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=os.path.join(REPO, "build-gpu/src/libstrideattn_c.so"),
                     help="libstrideattn_c.so (C ABI)")
@@ -335,15 +304,27 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument("--out", help="write the table (markdown) here")
+    ap.add_argument("--results-dir", default=os.path.join(BENCH, "results"),
+                    help="where the run's data file goes (default bench/results)")
     ap.add_argument("--append-results", action="store_true",
-                    help="append date, commit, GPU, command and table to bench/RESULTS.md")
-    args = ap.parse_args()
+                    help="also re-render the summary in bench/README.md from bench/results")
+    args = ap.parse_args(argv)
     if args.runs < 20:
-        ap.error("--runs must be >= 20 (DESIGN's protocol)")
+        ap.error("--runs must be >= 20 (the protocol of docs/design.md)")
     shapes = [sh for sh in design_shapes(args.quick and not args.only) if not args.only or args.only in sh.name]
     if not shapes:
         names = sorted({sh.name for sh in design_shapes(False)})
         ap.error(f"--only {args.only!r} matches no shape; the names: {', '.join(names)}")
+    return args, shapes
+
+
+def main(argv=None) -> int:
+    args, shapes = parse_args(argv)
+    try:
+        import_torch()
+    except ImportError as e:
+        print(f"compare_sdpa: PyTorch is not installed ({e}); nothing to measure", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("compare_sdpa: no CUDA device", file=sys.stderr)
         return 2
@@ -366,26 +347,45 @@ def main() -> int:
     for sh in shapes:
         row = run_shape(sh, sa, backends, args.runs, args.warmup, modes)
         rows.append(row)
-        summary = ", ".join(f"{c} {m} {fmt(row.tflops.get((c, m)))}"
+        summary = ", ".join(f"{c} {render.fmt(row.tflops.get((c, m)))}"
                             for m in modes for c in COLUMNS[:2] + backends)
         print(f"{sh.name} {'causal' if sh.causal else 'none'}: {summary}", flush=True)
 
     gpu = torch.cuda.get_device_name()
-    text = table(rows, backends, modes)
-    header = (f"GPU {gpu}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
-              f"TFLOP/s (DESIGN FLOPs; fwd+bwd counts 3.5x forward FLOPs), median of "
-              f"{args.runs} runs after {args.warmup} warm-ups, CUDA events")
+    date, commit = datetime.date.today().isoformat(), git_commit()
+    data = {
+        "format": render.FORMAT,
+        "date": date,
+        "commit": commit,
+        "gpu": gpu,
+        "command": "python3 bench/compare_sdpa.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "versions": {"torch": torch.__version__, "cudnn": str(torch.backends.cudnn.version()),
+                     "cuda": torch.version.cuda, "strideattn": sa.version() if sa else None,
+                     "python": sys.version.split()[0]},
+        "protocol": {"runs": args.runs, "warmup": args.warmup, "timer": "CUDA events",
+                     "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs"},
+        "backends": backends,
+        "modes": modes,
+        "rows": data_rows(rows, backends, modes),
+    }
+    header = render.header(data)
+    text = render.table(data["rows"], backends)
     print()
     print(header)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(header + "\n\n" + text + "\n")
+    os.makedirs(args.results_dir, exist_ok=True)
+    path = os.path.join(args.results_dir, data_file_name(date, gpu, commit))
+    with open(path, "w") as f:
+        f.write(render.dumps(data))
+    print(f"\ncompare_sdpa: data file {path}")
     if args.append_results:
-        cmd = "python3 bench/compare_sdpa.py " + " ".join(sys.argv[1:])
-        with open(os.path.join(REPO, "bench/RESULTS.md"), "a") as f:
-            f.write(f"\n## {datetime.date.today().isoformat()} — commit {git_commit()} — {gpu}\n\n"
-                    f"`{cmd}`\n\n{header}\n\n{text}\n")
+        with open(render.README) as f:
+            readme = f.read()
+        with open(render.README, "w") as f:
+            f.write(render.render_readme(readme, render.RESULTS))
     return 0
 
 

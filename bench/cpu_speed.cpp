@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     }
   }
   buf.init(42);
-  // Causal FLOPs by DESIGN's convention: 2 * pairs * (d_qk + d_v); backward 2.5x forward.
+  // Causal FLOPs by docs/design.md's convention: 2 * pairs * (d_qk + d_v); backward 2.5x forward.
   const double pairs = double(buf.b * buf.h) * double(buf.s) * double(buf.s + 1) / 2.0;
   const double fwd_flops = 2.0 * pairs * double(2 * buf.d);
   std::printf("bench_cpu: b=%lld h=%lld s=%lld d=%lld causal bf16, median of %d runs\n",

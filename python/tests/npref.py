@@ -1,7 +1,7 @@
 """Test-only numpy reference for attention, independent of the library: an exact fp64
-forward/backward and DESIGN's "naive low-precision" model (inputs in the dtype, S and softmax
-in fp32, P (and dS) rounded to the dtype before the second GEMMs, outputs rounded), whose
-error against fp64 sets the tolerance: 2 * naive_err + floor(dtype)."""
+forward/backward and the "naive low-precision" model of docs/semantics.md (inputs in the dtype,
+S and softmax in fp32, P (and dS) rounded to the dtype before the second GEMMs, outputs
+rounded), whose error against fp64 sets the tolerance: 2 * naive_err + floor(dtype)."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def half_ulp(dtype_name_, x):
 
 
 def check(name, got, exact, naive, dtype, seed, lse=False, magnitude=None):
-    """DESIGN's rule as docs/semantics.md states it (tools/harness/compare.hpp):
+    """The correctness rule as docs/semantics.md states it (tools/harness/compare.hpp):
     max|got - exact| <= 2 * max|naive - exact| + floor(dtype) + 4e-6 * magnitude
                         + half_ulp(dtype, max|exact|),
     magnitude being max|exact| (for gradients pass the largest over dq, dk, dv:

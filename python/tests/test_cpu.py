@@ -1,7 +1,8 @@
 """CPU tests of the Python package on numpy arrays (run in CI by scripts/test): the seed case
 as views of one fused buffer, odd views, GQA, masks and windows, varlen, backward, bad input.
 Every result is compared with the fp64 numpy reference in npref.py (independent of the
-library) under DESIGN's tolerance rule; outputs are poisoned views inside guard bands."""
+library) under the correctness rule of docs/semantics.md; outputs are poisoned views inside
+guard bands."""
 
 import subprocess
 import sys

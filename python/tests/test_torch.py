@@ -2,7 +2,7 @@
 (`q, k, v = qkv.split(...)` passed straight in) against PyTorch's math SDPA in fp64, forward
 and gradients (into qkv.grad); GQA, windows, varlen, torch.compile, opcheck; CuPy and JAX
 arrays in and out. Runs on CUDA when present (the GPU suite) and on CPU tensors otherwise;
-skips, with the reason, without torch / CUDA / CuPy / JAX. Tolerance: DESIGN's rule, with
+skips, with the reason, without torch / CUDA / CuPy / JAX. Tolerance: docs/semantics.md's rule, with
 the naive low-precision error from npref.py."""
 
 import pathlib

@@ -13,11 +13,11 @@ namespace strideattn::detail {
 namespace {
 
 constexpr const char* kHopperSource =
-    "FIELD.md anchors, H200, bf16: SDPA cuDNN 443-639 TFLOP/s fwd and 430-537 fwd+bwd vs "
-    "FlashAttention-2-class kernels 304-353 and 256-320; bench/RESULTS.md holds our own runs";
+    "docs/design.md anchors, H200, bf16: SDPA cuDNN 443-639 TFLOP/s fwd and 430-537 fwd+bwd vs "
+    "FlashAttention-2-class kernels 304-353 and 256-320; bench/README.md holds our own runs";
 constexpr const char* kAmpereSource =
-    "no sm80 measurement yet; same order as sm90 (FIELD.md: FlashAttention-2 about 225 TFLOP/s "
-    "fwd on A100, cuDNN comparable)";
+    "no sm80 measurement yet; same order as sm90 (docs/design.md: FlashAttention-2 about 225 "
+    "TFLOP/s fwd on A100, cuDNN comparable)";
 
 std::string order_text(const std::vector<Backend>& order) {
   std::string s;

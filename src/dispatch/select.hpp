@@ -15,7 +15,7 @@ namespace strideattn::detail {
 struct SpeedClass {
   std::string name;            // e.g. "sm90 device"
   std::vector<Backend> order;  // fastest first; every concrete backend appears once
-  std::string source;          // where the order comes from (measurement, FIELD.md anchor)
+  std::string source;          // where the order comes from (measurement, docs/design.md anchor)
 };
 
 [[nodiscard]] SpeedClass speed_class(const Problem& problem);
@@ -42,7 +42,7 @@ enum class VerdictScope { all, until_chosen };
 // Common support rules every backend starts with.
 [[nodiscard]] SupportRule memory_rule(Memory required);
 // Host backends: refuse a problem whose dense work bound (every query against every key,
-// DESIGN's FLOP convention) exceeds `max_flops`, so that an absurd but valid problem (a
+// docs/design.md's FLOP convention) exceeds `max_flops`, so that an absurd but valid problem (a
 // stride-0 K of extent 2^62) is refused with its size instead of running for years.
 // `typical_rate` (FLOP/s on the 2-core CI machine) only words the message.
 [[nodiscard]] SupportRule work_rule(double max_flops, double typical_rate);

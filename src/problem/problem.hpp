@@ -52,7 +52,7 @@ struct Problem {
   [[nodiscard]] std::int64_t kv_tokens() const { return k.shape[kSeq]; }
   // (query, key) pairs the mask leaves visible, summed over sequences and query heads.
   [[nodiscard]] double visible_pairs() const;
-  // FLOPs by DESIGN's convention: forward 2 * pairs * (d_qk + d_v); backward 2.5x that.
+  // FLOPs by docs/design.md's convention: forward 2 * pairs * (d_qk + d_v); backward 2.5x that.
   [[nodiscard]] double flops() const;
 };
 

@@ -1,4 +1,4 @@
-// Validation rules of the contract (DESIGN.md; issue "Foundation" item 3) and the exact
+// Validation rules of the contract (docs/semantics.md "What is rejected") and the exact
 // memory-overlap test behind the "outputs must not overlap" rules.
 //
 // Every failure is one line naming the tensor, the value found and what is supported. The

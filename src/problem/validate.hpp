@@ -1,4 +1,4 @@
-// Validation rules of the contract (DESIGN.md, issue "Foundation" item 3). Each failure is
+// Validation rules of the contract (docs/semantics.md "What is rejected"). Each failure is
 // one message naming the tensor, the value found and what is supported.
 #pragma once
 

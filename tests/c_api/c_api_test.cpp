@@ -2,8 +2,8 @@
 // C++; errors come back as codes with one-line messages (null args, struct_size, unknown
 // enums, validation failures, truncation); and a forward + backward round trip through
 // sa_forward / sa_backward on strided views of one fused buffer (the seed's split) matches
-// the fp64 reference under DESIGN's tolerance rule, writes every output element and
-// nothing outside the output views.
+// the fp64 reference under the correctness rule (docs/semantics.md), writes every output
+// element and nothing outside the output views.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -231,7 +231,7 @@ TEST_F(SelectTest, DebugListsTheClassAndEveryVerdict) {
   ASSERT_TRUE(sel.chosen.has_value());
   ASSERT_EQ(g_lines.size(), 6u);  // class line, four verdicts, the info line
   EXPECT_NE(g_lines[0].find("class 'sm90 device'"), std::string::npos) << g_lines[0];
-  EXPECT_NE(g_lines[0].find("FIELD.md"), std::string::npos) << "source of the order: " << g_lines[0];
+  EXPECT_NE(g_lines[0].find("docs/design.md"), std::string::npos) << "source of the order: " << g_lines[0];
   EXPECT_NE(g_lines[1].find("verdict 1/4 cudnn: alignment: q seq stride 1155"), std::string::npos) << g_lines[1];
   EXPECT_NE(g_lines[2].find("verdict 2/4 cuda: supported"), std::string::npos) << g_lines[2];
   EXPECT_NE(g_lines[3].find("verdict 3/4 cpu: memory: m"), std::string::npos) << g_lines[3];

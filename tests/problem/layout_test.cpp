@@ -1,6 +1,6 @@
 // Layout views (tools/harness/views.cpp) and layout description (src/problem/layout.cpp):
 // every named layout the harness makes is named back correctly by describe_layout (forward
-// and backward problems built by make_problem from host buffers), the odd views of FIELD.md
+// and backward problems built by make_problem from host buffers), the odd views of docs/design.md
 // are not given a wrong name, size-1 dims with garbage strides keep their name, and
 // make_layout_views rejects what a packed layout cannot hold.
 #include <gtest/gtest.h>
@@ -152,7 +152,7 @@ TEST(LayoutNames, SplitOfFusedBufferIsDescribedAsSplit) {
 }
 
 TEST(LayoutNames, SeedSplitIsNotSbhd) {
-  // FIELD.md's seed: [s, b, h + 2hg, d] with h = 16, hg = 1, d = 64, s = 2048, b = 1.
+  // The seed case (docs/design.md): [s, b, h + 2hg, d], h = 16, hg = 1, d = 64, s = 2048, b = 1.
   ProblemSizes z;
   z.batch = 1;
   z.s_q = z.s_kv = 2048;

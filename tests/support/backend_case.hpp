@@ -1,7 +1,7 @@
 // Shared by the backend tests (cpu, cuda, cudnn): case builders for dense and varlen
 // problems, explicit per-tensor views, and the one "this backend runs the case and passes"
 // check through the harness runner (fresh random inputs, poisoned outputs, guard bands,
-// written checks, fp64 reference under DESIGN's tolerance). Each test file keeps its own
+// written checks, fp64 reference under docs/semantics.md's tolerance). Each test file keeps its own
 // seed offsets so its drawn inputs do not depend on another file's.
 #pragma once
 

@@ -1,5 +1,6 @@
-# Tests of the harness runner and the `strideattn` CLI.
+# Tests of the harness (runner, correctness rule) and the `strideattn` CLI.
 strideattn_test(tools_runner_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/runner_test.cpp)
+strideattn_test(compare_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/compare_test.cpp)
 
 strideattn_test(tools_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/cli_test.cpp)
 target_link_libraries(tools_cli_test PRIVATE strideattn_cli_lib)

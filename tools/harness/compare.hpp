@@ -1,4 +1,4 @@
-// DESIGN's correctness rule: a backend passes when its max error against the fp64 reference
+// The correctness rule: a backend passes when its max error against the fp64 reference
 // is at most twice the error of the naive low-precision implementation plus a small floor.
 // Shared by the CLI, the fuzzer and the tests; docs/semantics.md "Correctness rule".
 #pragma once

@@ -1,6 +1,6 @@
 // One attention case end to end (runner.hpp): buffers with guard bands and fresh random
 // inputs, poisoned outputs, each backend run on host memory or a device mirror, the
-// written/guard checks, and DESIGN's correctness rule against the fp64 reference. Also the
+// written/guard checks, and the correctness rule against the fp64 reference. Also the
 // benchmark protocol and the one-line reproducer.
 #include "harness/runner.hpp"
 

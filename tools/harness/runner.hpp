@@ -2,7 +2,7 @@
 // allocate the named buffers (host, and a device mirror for GPU backends), fill them with
 // fresh random values, poison the outputs, run each backend, check that every element of
 // each output view was written and nothing outside the output views changed (guard
-// bands), and compare with the fp64 reference under DESIGN's correctness rule.
+// bands), and compare with the fp64 reference under the correctness rule (docs/semantics.md).
 #pragma once
 
 #include <cstdint>
@@ -81,8 +81,8 @@ struct BenchResult {
   double median_ms = 0, tflops = 0;
   int runs = 0;
 };
-// DESIGN's protocol: warm up, then the median of at least `runs` timed runs (CUDA events on
-// GPU backends); with spec.grad, forward + backward.
+// The benchmark protocol (docs/design.md): warm up, then the median of at least `runs` timed
+// runs (CUDA events on GPU backends); with spec.grad, forward + backward.
 [[nodiscard]] Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends,
                                 int runs, std::vector<BenchResult>* results);
 

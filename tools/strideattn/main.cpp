@@ -1,4 +1,4 @@
-// The `strideattn` CLI (DESIGN "CLI contract"): the demo, check, explain, bench and fuzz,
+// The `strideattn` CLI (docs/design.md "CLI"): the demo, check, explain, bench and fuzz,
 // text or --json output, and the exit codes 0 (agree) / 1 (disagree) / 2 (invalid input).
 #include <cstdio>
 #include <exception>

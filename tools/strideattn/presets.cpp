@@ -24,9 +24,9 @@ AttentionOptions mask(MaskKind m, Window w = {}) {
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> kPresets = [] {
     std::vector<Preset> p;
-    // DESIGN's seed: Q, K, V split from one fused [s, b, h + 2hg, d] fp16 buffer, MQA 16/1,
-    // d = 64, s = 2048, causal. Batch 1 (the original had more) so that the fp64 reference
-    // on a 2-core CPU keeps the demo and `check --preset seed --grad` short.
+    // The seed case (docs/design.md): Q, K, V split from one fused [s, b, h + 2hg, d] fp16
+    // buffer, MQA 16/1, d = 64, s = 2048, causal. Batch 1 (the original had more) so that the
+    // fp64 reference on a 2-core CPU keeps the demo and `check --preset seed --grad` short.
     p.push_back({"seed", "DESIGN's seed case: split views of a fused sb(h+2hg)d fp16 buffer",
                  dense(1, 2048, 2048, 16, 1, 64, 64), DType::f16, "sb(h+2hg)d",
                  mask(MaskKind::causal)});

@@ -69,7 +69,7 @@ namespace {
 
 class CpuBackend final : public BackendImpl {
  public:
-  // ~90 GFLOP/s forward on the 2-core CI machine (bench/RESULTS.md): 1e15 is about 3 hours.
+  // ~90 GFLOP/s forward on the 2-core CI machine (bench/README.md): 1e15 is about 3 hours.
   CpuBackend() : rules_{memory_rule(Memory::host), work_rule(1e15, 9e10)} {}
   [[nodiscard]] Backend id() const override { return Backend::cpu; }
   [[nodiscard]] Verdict supports(const Problem& problem) const override {

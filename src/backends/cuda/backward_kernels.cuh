@@ -1,4 +1,5 @@
-// Backward kernels (FlashAttention-2 recomputation; the two-pass form, no atomics):
+// Backward kernels (FlashAttention-2 recomputation) in the two-pass form, whose kernels use no
+// atomics, and atomic_add_pair, with which the single-pass kernels add dQ:
 //   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
 //   dK/dV pass (the 4-warp kernel here: the d <= 256 bucket except on sm_90a, and d <= 64 /
 //     d <= 128 with STRIDEATTN_CUDA_KV8=0 or too little shared memory; the default there is

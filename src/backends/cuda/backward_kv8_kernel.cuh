@@ -25,7 +25,7 @@
 //     bulk reduction per row, issued after the next barrier: atomics hold their data
 //     registers until the memory system takes them, and the ncu profile showed the next
 //     iteration's first writes to those registers stalling (~13% of the samples;
-//     bench/cuda-notes.md, item 16)
+//     bench/cuda-notes.md, step 14)
 // dK and dV are deterministic, no atomics: every dK / dV element sums over the query blocks
 // in loop order and over a block's queries in increasing k-steps, in one thread's registers.
 // The values and the order are those of the 4-warp kernel, so with the same group splits the

@@ -105,10 +105,9 @@ const std::vector<SupportRule>& rules() {
 // CTAs brings the grid to about target_ctas_per_sm x SMs CTAs, at the price of fp32 partials
 // and one reduction pass: several waves, so that the causal imbalance between key blocks
 // evens out. 4-warp kernel: 4 CTAs per SM (two waves of the two resident). 8-warp kernel
-// (one resident per SM): 16, measured on the seed's fwd+bwd (H200, bench/RESULTS.md
-// 2026-11-30): 3 splits (the former target of 2 per SM) 133 TFLOP/s, 4: 139, 8: 148, 16: 151.
-// sm_90a wgmma pass (also one per SM, each about 1.5x faster): 8, measured on the same case
-// (sixth session, call 2): 8 splits 230 TFLOP/s, 16: 204.
+// (one resident per SM): 16, the fastest of 1-16 forced splits on the seed's fwd+bwd.
+// sm_90a wgmma pass (also one per SM, each about 1.5x faster): 8, faster than 16 on the same
+// case (bench/cuda-notes.md, steps 15 and 16).
 std::int64_t target_ctas_per_sm(bool kv8, bool wgmma) { return wgmma ? 8 : kv8 ? 16 : 4; }
 
 // What the kernel choices below need to know of the current GPU, queried once per call
@@ -158,7 +157,7 @@ std::int64_t forced_group_splits(std::int64_t group) {
 
 // The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel (128 keys per CTA,
 // the default) or the 4-warp one, which runs with STRIDEATTN_CUDA_KV8=0 (bench A/B runs,
-// tests; kept for one release) and on GPUs whose opt-in shared memory per block is below
+// tests) and on GPUs whose opt-in shared memory per block is below
 // the 8-warp kernel's (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB).
 bool kv_pass_8warps(int bucket, const DeviceCaps& gpu) {
   if (!cuda_impl::has_kv8_pass(bucket) || env_switch("STRIDEATTN_CUDA_KV8") == 0) return false;

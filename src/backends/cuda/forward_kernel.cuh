@@ -10,7 +10,7 @@
 // FullD: d_qk == d_v == D (the head dims fill the bucket), known at compile time, so the GEMMs
 // run every k-step and column tile without the runtime guards that skip a smaller head dim's
 // zero padding; those guards are branches between k-steps, across which ptxas does not move
-// the next step's ldmatrix above this step's MMAs (bench/cuda-notes.md, item 16).
+// the next step's ldmatrix above this step's MMAs (bench/cuda-notes.md, step 13).
 #pragma once
 
 #include <cmath>

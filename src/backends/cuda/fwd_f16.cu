@@ -1,6 +1,6 @@
-// Forward kernel instantiations for f16: one per head-dim bucket (64, 128, 256), plus the sm_90a
-// wgmma kernel at d <= 128. Kept in their own translation unit so the two build cores compile
-// them in parallel.
+// Forward kernel instantiations for f16: one per head-dim bucket (64, 128, 256), plus the
+// sm_90a wgmma kernel at d <= 128 and d <= 256. Kept in their own translation unit so the
+// two build cores compile them in parallel.
 #include "backends/cuda/forward_wgmma_kernel.cuh"
 
 namespace strideattn::cuda_impl {

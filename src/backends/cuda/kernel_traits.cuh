@@ -20,11 +20,9 @@ inline constexpr int kThreads = kWarps * 32;
 template <int D> struct ForwardTile;
 // d <= 64: two m16 tiles per warp (Br 128) double the reuse of every K/V fragment loaded
 // from shared memory. sm_90a: 128 x 128 register tiles (O 2 x 32 floats, S 2 x 64), the
-// shape FlashAttention-2 uses at this width: per 16 columns of S = Q K^T a warp loads 2 Q and
-// 8 K fragments for 32 MMAs, and the softmax bookkeeping runs once per 128 keys; 255
-// registers, no spill with the single-buffered P V (492 bytes spilled with the prefetch).
-// Measured against Bc 64 (H200, same device call): 265 -> 300 TFLOP/s (no mask), 235 -> 267
-// (causal). sm_80's ptxas spills 188 bytes at Bc 128, so sm_80 keeps Bc 64.
+// shape FlashAttention-2 uses at this width: fewer K fragment loads per MMA and the softmax
+// bookkeeping once per 128 keys. It fits in 255 registers only with the single-buffered P V;
+// sm_80's ptxas spills at Bc 128, so sm_80 keeps Bc 64 (bench/cuda-notes.md, step 8).
 // smem Q 16K + 2 x (K 16K + V 16K) = 80 KiB (two CTAs per SM).
 template <> struct ForwardTile<64> {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -39,9 +37,8 @@ template <> struct ForwardTile<64> {
 // floats), FlashAttention-2's shape: per 16 head-dim columns of S = Q K^T a warp loads 2 Q and
 // 4 K fragments for 16 MMAs (2 + 2 for 8 at Bc 32), and the softmax's max/sum shuffles and
 // rescale decision run once per 64 keys. It fits in 255 registers with no spill only with
-// the single-buffered P V (ptxas -v, CUDA 13.0: 104 bytes spilled with the prefetch). sm_80's
-// ptxas spills 128 bytes even then, so sm_80 keeps 128 x 32 with the prefetch. Measured
-// against Bc 32 (H200): 271 -> 294-310 TFLOP/s (no mask), 243 -> 271 (causal).
+// the single-buffered P V; sm_80's ptxas spills even then, so sm_80 keeps 128 x 32 with the
+// prefetch (bench/cuda-notes.md, step 8).
 // smem Q 32K + 2 x (K 16K + V 16K) = 96 KiB (two CTAs per SM).
 template <> struct ForwardTile<128> {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -64,16 +61,15 @@ template <> struct ForwardTile<256> {
 // runs forward_kernel above), d <= 128 and d <= 256 buckets: two warpgroups of 64 query rows
 // each (Br 128), S = Q K^T and O += P V as warpgroup MMAs (P from registers, the FA2
 // register reuse), K and V double-buffered as forward_kernel's. One CTA of 8 warps per SM.
+// Faster than forward_kernel at d 128 (bench/cuda-notes.md, step 17).
 //   d <= 128: 128 keys per block: O 64 and S 64 floats per thread (186 registers, no spill).
 //     Shared memory: Q 128 x 128, two stages of K and V 128 x 128, 1 KiB to align: 164,864
-//     bytes. Measured against forward_kernel (H200, sixth session, call 6): d 128 323-330 ->
-//     366 TFLOP/s (no mask), 298-317 -> 340 (causal), GQA 356-360 -> 416.
+//     bytes.
 //   d <= 256: O is 128 floats per thread, so 64 keys per block (S 32 floats); O += P V is
 //     two m64n128 products per k-step. Shared memory: Q 128 x 256, two stages of K and V
 //     64 x 256, 1 KiB: 197,632 bytes.
-// The same kernel at d 64 (also correct on every GPU test) was slower than forward_kernel's
-// 128 x 128 mma.sync tiles: 313 -> 268 (no mask), 283-292 -> 246 (causal), the seed 230 ->
-// 213; there each S = Q K^T is only 4 k-steps, and the synchronous wgmma waits and softmax
+// At d 64 the same kernel is correct but slower than forward_kernel's 128 x 128 mma.sync
+// tiles: each S = Q K^T is only 4 k-steps, and the synchronous wgmma waits and softmax
 // between them are not hidden. So the d <= 64 bucket keeps forward_kernel.
 template <int D>
 struct ForwardWgmmaTile {
@@ -99,23 +95,18 @@ inline constexpr int forward_wgmma_smem_bytes(int bucket) {
 }
 
 // Whether a FullD instantiation (head dims equal to the bucket, compile-time dims) really
-// compiles the unguarded code on this architecture. sm_80 at d = 128 (ptxas -v, CUDA 13.0):
-// the unguarded forward spills 64 / 160 bytes and the unguarded 8-warp pass 56 / 60, the
-// guarded ones 0 and 12 / 16, so the sm_80 build compiles the guarded code in both
-// instantiations there (chosen by ptxas alone: no sm_80 GPU has been lent to time it).
+// compiles the unguarded code on this architecture. At d = 128 sm_80's ptxas spills in the
+// unguarded forward and 8-warp pass and not (or less) in the guarded ones, so the sm_80 build
+// compiles the guarded code in both instantiations there (chosen by ptxas -v alone, untimed).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 template <int D> inline constexpr bool kUnguardedFullD = D != 128;
 #else
 template <int D> inline constexpr bool kUnguardedFullD = true;
 #endif
 
-// Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh). sm_90a's ptxas
-// fits it with no spill inside the d <= 128 loops; sm_80's spilled 68-120 bytes inside the
-// d = 128 loops, and sm_90a's 16 bytes inside the d = 256 dK/dV loop (ptxas -v and SASS,
-// CUDA 13.0), so those keep the plain GEMMs. Remaining (ptxas -v and SASS, CUDA 13.0, since
-// the check-free load_tile path): the sm_80 d = 128 dK/dV pass reloads one 4-byte value per
-// query block (256 MMAs per warp), and the sm_90a f16 d = 128 dQ pass spills 4 bytes outside
-// its loop.
+// Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh): on wherever ptxas
+// fits it without a spill inside the loop, which is sm_90a at d <= 128; sm_80 at d = 128 and
+// sm_90a's d = 256 dK/dV loop spill with it, so they keep the plain GEMMs.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 template <int D> inline constexpr bool kBackwardPrefetch = false;
 #else
@@ -138,21 +129,18 @@ template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64,
 
 // dK/dV pass, d <= 64 and d <= 128 buckets, 8 warps (backward_kv8_kernel.cuh; the default
 // except on sm_90a, BackwardWgmmaTile below; the 4-warp BackwardKvTile<64/128> above stay
-// behind STRIDEATTN_CUDA_KV8=0 for one release).
+// behind STRIDEATTN_CUDA_KV8=0).
 // FA2's layout: Bc = 128 keys per CTA, Br = 64 queries per iteration.
 //   S^T, dP^T [128 x 64]: warps 4 (keys, 32 = 2 m-tiles each) x 2 (queries, 32 each), so
 //     each warp computes a 32 x 32 block (32 floats each) once, and P^T / dS^T go to shared
-//     memory for every warp of the key slice. The 4-warp kernel had each warp recompute
+//     memory for every warp of the key slice. The 4-warp kernel has each warp recompute
 //     against all 64 queries and re-read all of Q and dO from shared memory in each of its
-//     four GEMMs (ncu: L1/TEX 62%, bench/cuda-notes.md item 10); here a Q / dO fragment
-//     feeds two m-tiles.
+//     four GEMMs (bench/cuda-notes.md, step 6); here a Q / dO fragment feeds two m-tiles.
 //   dV += P^T dO, dK += dS^T Q [128 x D]: warps 4 (keys, 32 each) x 2 (head-dim halves,
 //     D/2 each): dV + dK 2 x (2 x D/16 x 4) fp32 accumulators per thread (128 at D = 128).
-// Shared-memory reads per warp and query block at D = 128: 2 x 32 + 2 x 24 ldmatrix.x4 for
-// 256 MMAs (plus 32 4-byte stores of P^T / dS^T), against the 4-warp kernel's 2 x 40 + 2 x 32:
-// 0.44 instead of 0.56 per MMA (bytes: 0.83x). Each CTA also loads each query block's Q and
-// dO once per 128 keys instead of per 64 (half the L2 -> shared traffic per key), and pays
-// its two barriers, LSE / delta loads and loop overhead once per 128 keys.
+// That is 0.44 ldmatrix.x4 per MMA instead of the 4-warp kernel's 0.56, Q and dO loaded once
+// per 128 keys instead of per 64, and the barriers, LSE / delta loads and loop overhead paid
+// once per 128 keys.
 // Registers: at D = 128 the 128 accumulators that live across the whole loop plus S^T and
 // dP^T (64) leave no way to 128 registers per thread (two CTAs of 8 warps), so this is one
 // CTA of 8 warps per SM (__launch_bounds__(256, 1), up to 255 registers): the same 8 warps
@@ -193,9 +181,9 @@ struct BackwardKv8Tile {
   // D + 8 puts the 8 rows of one 2-float store 32 bytes apart in the banks, so the 32 lanes'
   // 256 bytes take the minimum 2 wavefronts (with D they would all share 8 banks). D = 128:
   // 34,816 more bytes (199,680 in all, within sm_90's 227 KiB).
-  // Only at D = 128: at D = 64 the same staging measured slower than the atomics (H200,
-  // fwd+bwd 226 -> 203 TFLOP/s; d 128: 278 -> 283): phase 1 is half as long there, too short
-  // to hide the 64 row reductions, which the barrier before phase 3's next stores waits for.
+  // Only at D = 128: at D = 64 the same staging is slower than the atomics, because phase 1
+  // is half as long there, too short to hide the 64 row reductions, which the barrier before
+  // phase 3's next stores waits for (bench/cuda-notes.md, step 14).
   static constexpr bool kDqBulk = kD == 128;
   static constexpr int kDqStageStride = kD + 8;
   static constexpr int kDqStageBytes = kBr * kDqStageStride * 4;
@@ -210,17 +198,11 @@ inline constexpr int kv8_dq_stage_bytes(int bucket) {
   return bucket == 128 && BackwardKv8Tile<128>::kDqBulk ? BackwardKv8Tile<128>::kDqStageBytes : 0;
 }
 // Fragment prefetch in the 8-warp pass's GEMMs (as kBackwardPrefetch above), phase 1
-// (S^T, dP^T: gemm_nt) and phase 2 (dV, dK: gemm_sn). ptxas -v, CUDA 13.0, bf16 and f16 alike,
-// after the loop counters went to 32 bits (with int64 ones every variant spilled):
-//   sm_90a: none 242 regs, phase 2 only 237, phase 1 only 255, both 255 + 12 bytes reloaded
-//           inside the loop; sm_80: none 255 regs, phase 2 only 4 bytes reloaded in the loop,
-//           phase 1 or both 22-34.
-// So phase 2 only on sm_90a (its gemm_sn waits on a B fragment before every 4 MMAs without
-// prefetch, gemm_nt only before every 8), none on sm_80: no spills then. Since the single
-// pass's dQ step (phase 3, gemm_sn with the same flag): sm_90a 247 registers at d = 128, 229
-// at d = 64, no spill; sm_80 reloads one 4-byte value per query block at d = 128 (next to
-// 320 MMAs per warp), none at d = 64. (Phase 1 prefetch on sm_90a, 255 registers and a
-// 4-byte spill, was no faster: bench/RESULTS.md, 2026-11-30, calls 4 and 6.)
+// (S^T, dP^T: gemm_nt) and phase 2 (dV, dK, and the single pass's dQ: gemm_sn). Phase 2 only,
+// and only on sm_90a: gemm_sn waits on a B fragment before every 4 MMAs without prefetch,
+// gemm_nt only before every 8; with phase 1 prefetch too sm_90a's ptxas spills and the pass
+// is no faster, and sm_80's spills with any prefetch (ptxas -v; the loop counters are 32-bit
+// because with int64 ones every variant spilled).
 inline constexpr bool kKv8PrefetchScores = false;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr bool kKv8PrefetchUpdate = false;
@@ -232,10 +214,10 @@ inline constexpr bool kKv8PrefetchUpdate = true;
 // runs the 8-warp mma.sync pass above, or at d <= 256 the 4-warp one, instead): the 8-warp
 // pass's loop over query blocks and GQA heads (Q / dO double-buffered, same group splits)
 // with every GEMM a warpgroup MMA that reads both operands from shared memory. Two
-// warpgroups of 4 warps (m64 is the instruction's row count). Why: the profile of the
-// mma.sync pass (bench/cuda-notes.md, items 15-17) is latency-bound on dependent ldmatrix ->
-// HMMA chains with 8 warps per SM, and a wgmma issues a 64 x N x 16 product from one
-// instruction with no operand fragments in registers. One CTA of 256 threads per SM.
+// warpgroups of 4 warps (m64 is the instruction's row count). Why: the mma.sync pass is
+// latency-bound on dependent ldmatrix -> HMMA chains with 8 warps per SM (bench/cuda-notes.md,
+// steps 11-16), and a wgmma issues a 64 x N x 16 product from one instruction with no operand
+// fragments in registers. One CTA of 256 threads per SM.
 // How the two groups share a block:
 //   d <= 64 / d <= 128 (kGroupsSplitKeys): 128 keys per CTA, group wg owns keys [64 wg,
 //     64 wg + 64) in S^T, dP^T, dK and dV, and half of dQ (below). Registers at D = 128:
@@ -257,9 +239,8 @@ struct BackwardWgmmaTile {
   static constexpr int kBc = kGroupsSplitKeys ? 128 : 64;  // keys per CTA (at D <= 128 the 8-warp pass's)
   // Queries per iteration. D = 64: 128, FlashAttention-2's choice at this width: S^T and dP^T
   // are 64 x 128 per group (64 floats each) next to dK + dV 2 x 32, and every barrier, wgmma
-  // wait and LSE / delta load serves twice the FLOPs of Br 64 (at Br 64 the d = 64 pass ran
-  // 0.96-1.00x SDPA flash fwd+bwd, d = 128 1.07-1.11x). D = 128 and 256: 64, as dK + dV alone
-  // are 2 x 64 floats.
+  // wait and LSE / delta load serves twice the FLOPs of Br 64. D = 128 and 256: 64, as dK + dV
+  // alone are 2 x 64 floats.
   static constexpr int kBr = D == 64 ? 128 : 64;
   static constexpr int kKeyRowsPerGroup = 64;                            // m64
   static constexpr int kGroupQueries = kGroupsSplitKeys ? kBr : kBr / 2;  // columns of a group's S^T

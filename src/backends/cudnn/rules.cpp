@@ -65,10 +65,10 @@ Check check_known_bad(const DeviceInfo& d, const Problem&) {
   return std::nullopt;
 }
 
-// Seen on an H200 with cuDNN 9.19 (fuzz seed 3, 2026-11-29): the deterministic backward
-// with d_qk != d_v returned wrong dQ (176/112: 0.17 vs 0.42; 192/80: 0 vs -1.13). Until a
-// GPU run shows it right, refuse it rather than risk a silently wrong gradient; the cuda
-// backend runs these problems, deterministically.
+// Seen on an H200 with cuDNN 9.19 (fuzz seed 3): the deterministic backward with d_qk != d_v
+// returned wrong dQ (176/112: 0.17 vs 0.42; 192/80: 0 vs -1.13). Until a GPU run shows it
+// right, refuse it rather than risk a silently wrong gradient; the cuda backend runs these
+// problems, deterministically.
 Check check_deterministic_mla(const DeviceInfo& d, const Problem& p) {
   if (!p.is_backward() || !p.deterministic || p.d_qk == p.d_v) return std::nullopt;
   return "deterministic backward with d_qk " + str(p.d_qk) + " != d_v " + str(p.d_v) +
@@ -76,11 +76,11 @@ Check check_deterministic_mla(const DeviceInfo& d, const Problem& p) {
          " in our tests; supported: d_qk == d_v, or deterministic = false";
 }
 
-// Seen on an H200 with cuDNN 9.19 (scripts/probe-cudnn, 2026-11-29): varlen (ragged)
-// problems with d_qk 224 or 256 and d_v 72 or 128 gave a wrong O, and in the backward dK
-// left columns 128 .. d_qk-1 unwritten and dQ zero there; the same head dims on dense
-// tensors, d_qk <= 192 with any d_v, and d_v >= 192 were right. Refused over the whole band
-// d_qk > 192, d_v < 192 (the pairs between were not probed); the cuda backend runs them.
+// Seen on an H200 with cuDNN 9.19 (scripts/probe-cudnn): varlen (ragged) problems with d_qk 224
+// or 256 and d_v 72 or 128 gave a wrong O, and in the backward dK left columns 128 .. d_qk-1
+// unwritten and dQ zero there; the same head dims on dense tensors, d_qk <= 192 with any d_v,
+// and d_v >= 192 were right. Refused over the whole band d_qk > 192, d_v < 192 (the pairs
+// between were not probed); the cuda backend runs them.
 Check check_varlen_wide_qk(const DeviceInfo& d, const Problem& p) {
   if (!p.varlen || p.d_qk <= 192 || p.d_v >= 192) return std::nullopt;
   return "varlen with d_qk " + str(p.d_qk) + " > 192 and d_v " + str(p.d_v) +

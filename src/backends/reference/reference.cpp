@@ -2,8 +2,8 @@
 // docs/semantics.md. Plain loops over (sequence, query head), reading every tensor through
 // its real strides (make_params + the shared MaskRule / SequenceTable / row_offset /
 // kv_head_of of common/attention_math.hpp). Two precisions share one engine, templated on
-// the accumulation type: double (exact) and float (DESIGN's naive low-precision
-// implementation, with the dtype roundings at the points the design names).
+// the accumulation type: double (exact) and float (the naive low-precision model of
+// docs/semantics.md, with the dtype roundings at the points it names).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -163,7 +163,7 @@ class Engine {
 
   static std::vector<Acc> zeros(std::int64_t n) { return std::vector<Acc>(std::size_t(n), Acc(0)); }
 
-  // The naive model rounds to the dtype at the points DESIGN names; exact never does.
+  // The naive model rounds to the dtype at the points docs/semantics.md names; exact never does.
   [[nodiscard]] Acc round(Acc x) const {
     if constexpr (std::is_same_v<Acc, float>) return round_to(p_.dtype, x);
     return x;
@@ -325,7 +325,7 @@ class ReferenceBackend final : public BackendImpl {
   [[nodiscard]] Backend id() const override { return Backend::reference; }
 
   [[nodiscard]] Verdict supports(const Problem& problem) const override {
-    // fp64 loops, ~13 GFLOP/s on the 2-core CI machine (bench/RESULTS.md): 1e14 is ~2 hours.
+    // fp64 loops, ~13 GFLOP/s on the 2-core CI machine (bench/README.md): 1e14 is ~2 hours.
     static const std::vector<SupportRule> rules{memory_rule(Memory::host), work_rule(1e14, 1.3e10)};
     return evaluate_rules(Backend::reference, rules, problem);
   }

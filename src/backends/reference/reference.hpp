@@ -1,8 +1,8 @@
 // The executable specification (docs/semantics.md): plain loops over a validated problem,
 // reading every tensor through its real strides. Two precisions:
 //   exact      - fp64 everywhere (the truth every backend is compared with);
-//   naive_lowp - DESIGN's "naive implementation in the same low precision": inputs in the
-//                dtype, S and softmax in fp32, P rounded to the dtype before P.V, outputs
+//   naive_lowp - docs/semantics.md's "naive implementation in the same low precision": inputs in
+//                the dtype, S and softmax in fp32, P rounded to the dtype before P.V, outputs
 //                rounded (backward likewise: dS rounded to the dtype before the dQ/dK GEMMs).
 // The error of naive_lowp against exact sets each backend's tolerance.
 #pragma once

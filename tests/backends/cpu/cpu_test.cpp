@@ -1,4 +1,4 @@
-// The `cpu` backend against the fp64 reference under DESIGN's correctness rule, through the
+// The `cpu` backend against the fp64 reference under the correctness rule, through the
 // harness runner (fresh random inputs, poisoned outputs, guard bands, written checks):
 // named edge cases (every mask, windows, s_q != s_kv both ways, s = 1, s not a multiple of
 // the 64-row/64-key tiles, GQA/MQA, d_qk != d_v, head dims 8..256, every dtype, varlen with
@@ -128,7 +128,7 @@ TEST(CpuBackend, NamedLayouts) {
   }
 }
 
-// Explicit odd views from FIELD.md: transposed sbhd memory passed as bshd (sequence stride
+// Explicit odd views (docs/design.md "Why"): transposed sbhd memory passed as bshd (sequence stride
 // b*h*d, batch stride h*d), bhsd.transpose(1,2), and x[..., :d] of a buffer padded to d+64.
 TEST(CpuBackend, TransposedAndPaddedViews) {
   const std::int64_t b = 2, s = 70, h = 2, d = 32;

@@ -1,4 +1,4 @@
-// The `cuda` backend against the fp64 reference under DESIGN's correctness rule, through the
+// The `cuda` backend against the fp64 reference under the correctness rule, through the
 // harness runner (device buffers, fresh random inputs, poisoned outputs, guard bands,
 // written checks), forward and backward: every mask, windows, s_q != s_kv both ways, s = 1,
 // sizes off the tiles, GQA/MQA, d_qk != d_v (192/128), head dims 8..256, f16 and bf16,
@@ -207,8 +207,9 @@ TEST(CudaBackend, EveryNamedLayout) {
   }
 }
 
-// FIELD.md's odd views: transposed sbhd memory passed as bshd, bhsd.transpose(1,2),
-// x[..., :d] of rows padded to d + 64 at an odd offset (element-wise path), head stride 65.
+// The odd views of docs/design.md "Why": transposed sbhd memory passed as bshd,
+// bhsd.transpose(1,2), x[..., :d] of rows padded to d + 64 at an odd offset (element-wise
+// path), head stride 65.
 TEST(CudaBackend, TransposedPaddedAndUnalignedViews) {
   SKIP_WITHOUT_GPU();
   const std::int64_t b = 2, s = 150, h = 4, hg = 2, d = 64;

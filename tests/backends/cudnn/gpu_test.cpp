@@ -1,7 +1,8 @@
 // `cudnn` on a GPU: every case of the option matrix runs through harness::run_case (fresh
-// random inputs, poisoned outputs, guard bands, fp64 reference, DESIGN's tolerance) and must
-// come back "ok"; cases cuDNN cannot run must come back "unsupported" naming the rule.
-// cuda and cudnn also run on the same inputs where the cuda backend is built.
+// random inputs, poisoned outputs, guard bands, fp64 reference, the tolerance of
+// docs/semantics.md) and must come back "ok"; cases cuDNN cannot run must come back
+// "unsupported" naming the rule. cuda and cudnn also run on the same inputs where the cuda
+// backend is built.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -138,7 +139,8 @@ Case transposed_case() {
 std::vector<Case> matrix() {
   using M = MaskKind;
   std::vector<Case> cs;
-  // DESIGN's seed: split views of one fused [s, b, h + 2hg, d] fp16 buffer (MQA 16/1, d 64).
+  // The seed case (docs/design.md): split views of one fused [s, b, h + 2hg, d] fp16
+  // buffer (MQA 16/1, d 64).
   cs.push_back(layout_case("seed_layout_mqa", "sb(h+2hg)d", dense(2, 256, 256, 16, 1, 64, 64),
                            M::causal, {}, DType::f16));
   cs.push_back(layout_case("fused_bs_gqa", "bs(h+2hg)d", dense(2, 128, 128, 8, 2, 128, 128), M::none));
@@ -273,9 +275,9 @@ TEST(CudnnGpu, RepeatedRunsReuseTheCachedGraphAndStayCorrect) {
 std::vector<std::string> g_log;
 void capture(std::string_view line) { g_log.emplace_back(line); }
 
-// DESIGN's "done when": with STRIDEATTN_LOG=info the seed case says which backend auto chose
-// and why. explain() on the seed's split views (device memory) must choose cudnn on an sm90
-// GPU and log one line naming it.
+// docs/design.md "Explain every decision": with STRIDEATTN_LOG=info the seed case says which
+// backend auto chose and why. explain() on the seed's split views (device memory) must choose
+// cudnn on an sm90 GPU and log one line naming it.
 TEST(CudnnGpu, AutoChoosesCudnnForTheSeedAndSaysSo) {
   if (!harness::gpu_available()) GTEST_SKIP() << "no GPU present";
   unsetenv("STRIDEATTN_BACKEND");

@@ -2,7 +2,7 @@
 // mask, window, GQA ratio, s_q != s_kv both ways, s = 1, head dims 8..512, varlen with
 // empty sequences and gaps, non-canonical strides. Each case runs forward then backward (on
 // the forward's own O and LSE) and must write every output element, leave the memory around
-// the views untouched, and pass DESIGN's correctness rule against reference_compute.
+// the views untouched, and pass the correctness rule (docs/semantics.md) against reference_compute.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// DESIGN's correctness rule (tools/harness/compare.hpp): error statistics, non-finite
-// handling, the worst element, and the tolerance floors.
+// The correctness rule (docs/semantics.md, tools/harness/compare.hpp): error statistics,
+// non-finite handling, the worst element, and the tolerance floors.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Benchmark results are data: this renders them.
+
+Each run of bench/compare_sdpa.py leaves one JSON file in bench/results/ (format below).
+This module turns such a file into the markdown table compare_sdpa.py prints, and renders
+the current summary, from the newest data files, into bench/README.md between the markers
+`<!-- results:begin -->` and `<!-- results:end -->`.
+
+  python3 bench/render.py            rewrite the summary in bench/README.md
+  python3 bench/render.py --check    exit 1 if bench/README.md is not what the data renders
+
+Data file (format "strideattn-bench/1"): date, commit, gpu, command, versions (torch,
+cudnn, ...), protocol (runs, warmup, timer, flops), backends (ours, in column order), modes,
+optional transcribed_from (where hand-copied numbers came from), and rows: shape name, b, h,
+hg, s, d, mask, dtype, layout, mode, tflops {column: TFLOP/s}, ratios {"be/flash",
+"be/sdpa-cudnn": ours over SDPA}, not_measured {column: reason}.
+
+The summary takes, for each GPU, every (shape, mode) row from the newest file that has it
+(newest by date, then file name), so a partial run (--quick, --only) updates its rows and
+leaves the others. Rendering depends on the files' contents alone: no clock, no machine.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(BENCH, "results")
+README = os.path.join(BENCH, "README.md")
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+FORMAT = "strideattn-bench/1"
+PEERS = ["sdpa-flash", "sdpa-cudnn"]
+
+
+def fmt(x) -> str:
+    return f"{x:.0f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "—"
+
+
+def ratio_cell(row: dict, key: str, ours, peer) -> str:
+    if key in row.get("ratios", {}):  # as measured (unrounded) or as recorded
+        r = row["ratios"][key]
+        return "—" if r is None else f"{r:.2f}"
+    ok = all(isinstance(x, (int, float)) for x in (ours, peer))
+    return f"{ours / peer:.2f}" if ok and peer > 0 else "—"
+
+
+def shape_cell(row: dict) -> str:
+    hh = f"{row['h']}" if row["h"] == row["hg"] else f"{row['h']}/{row['hg']}"
+    return f"{row['shape']}: {row['b']}, {hh}, {row['s']}, {row['d']}"
+
+
+def table(rows: list[dict], backends: list[str], run_column: bool = False) -> str:
+    """The markdown table of compare_sdpa.py for `rows`, then the "Not measured" notes.
+    run_column adds the commit each row was measured at (for merged summaries)."""
+    head = ["shape (b, h/hg, s, d)", "mask", "dtype", "mode", "SDPA flash", "SDPA cuDNN"]
+    for be in backends:
+        head += [f"ours {be}", f"{be}/flash", f"{be}/sdpa-cudnn"]
+    if run_column:
+        head.append("run")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    notes = []
+    for r in rows:
+        t = r["tflops"]
+        fl, cu = t.get("sdpa-flash"), t.get("sdpa-cudnn")
+        cells = [shape_cell(r), r["mask"], r["dtype"], r["mode"], fmt(fl), fmt(cu)]
+        for be in backends:
+            ours = t.get(be)
+            cells += [fmt(ours), ratio_cell(r, f"{be}/flash", ours, fl),
+                      ratio_cell(r, f"{be}/sdpa-cudnn", ours, cu)]
+        if run_column:
+            cells.append(r["_run"])
+        lines.append("| " + " | ".join(cells) + " |")
+        for col in PEERS + backends:
+            if col in r.get("not_measured", {}):
+                notes.append(f"- {r['shape']} {r['mode']} {col}: {r['not_measured'][col]}")
+    out = "\n".join(lines)
+    if notes:
+        out += "\n\nNot measured:\n" + "\n".join(sorted(set(notes)))
+    return out
+
+
+def header(data: dict) -> str:
+    """The line above the table: GPU, library versions, protocol."""
+    v, p = data.get("versions", {}), data.get("protocol", {})
+    return (f"GPU {data['gpu']}, torch {v.get('torch')}, cuDNN {v.get('cudnn')}; "
+            f"TFLOP/s ({p.get('flops')}), median of {p.get('runs')} runs after "
+            f"{p.get('warmup')} warm-ups, {p.get('timer')}")
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {data.get('format')!r}, expected {FORMAT!r}")
+    for key in ("date", "commit", "gpu", "command", "versions", "protocol", "backends", "rows"):
+        if key not in data:
+            raise ValueError(f"{path}: no {key!r}")
+    return data
+
+
+def dumps(data: dict) -> str:
+    """A data file's text: top-level keys one per line, each row on one line (diffable)."""
+    parts = []
+    for key, value in data.items():
+        if key == "rows":
+            rows = ",\n".join("  " + json.dumps(r, ensure_ascii=False) for r in value)
+            parts.append(f' "rows": [\n{rows}\n ]')
+        else:
+            parts.append(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def data_files(results_dir: str) -> list[tuple[str, dict]]:
+    """Every data file, oldest first (by date, then file name)."""
+    files = [(p, load(p)) for p in glob.glob(os.path.join(results_dir, "*.json"))]
+    return sorted(files, key=lambda f: (f[1]["date"], os.path.basename(f[0])))
+
+
+def summary(results_dir: str) -> str:
+    """The markdown between the README markers: per GPU, the newest row of each (shape,
+    mode), with the runs it came from."""
+    files = data_files(results_dir)
+    if not files:
+        return "No benchmark data in bench/results/ yet."
+    gpus: dict[str, list[tuple[str, dict]]] = {}
+    for path, data in reversed(files):  # newest first
+        gpus.setdefault(data["gpu"], []).append((path, data))
+    parts = []
+    for gpu in sorted(gpus):
+        rows, seen, used, backends = [], set(), [], []
+        for path, data in gpus[gpu]:
+            took = 0
+            for r in data["rows"]:
+                key = (r["shape"], r["mask"], r["dtype"], r["mode"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                rows.append(dict(r, _run=data["commit"]))
+                took += 1
+            if took:
+                used.append((path, data))
+                backends += [b for b in data["backends"] if b not in backends]
+        parts.append(f"### {gpu}")
+        for path, data in used:
+            src = f"; transcribed from {data['transcribed_from']}" if data.get("transcribed_from") else ""
+            parts.append(f"- `{os.path.basename(path)}`: {data['date']}, commit {data['commit']}, "
+                         f"`{data['command']}`{src}")
+        parts.append("")
+        parts.append(header(used[0][1]))
+        parts.append("")
+        parts.append(table(rows, backends, run_column=len(used) > 1))
+        parts.append("")
+    return "\n".join(parts).rstrip("\n")
+
+
+def render_readme(readme_text: str, results_dir: str) -> str:
+    """readme_text with the section between the markers replaced by the summary."""
+    b, e = readme_text.find(BEGIN), readme_text.find(END)
+    if b < 0 or e < b:
+        raise ValueError(f"bench/README.md lacks the markers {BEGIN} ... {END}")
+    return readme_text[:b + len(BEGIN)] + "\n" + summary(results_dir) + "\n" + readme_text[e:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if the README's summary differs from what the data renders")
+    ap.add_argument("--results", default=RESULTS, help="folder of data files")
+    ap.add_argument("--readme", default=README)
+    args = ap.parse_args()
+    with open(args.readme) as f:
+        current = f.read()
+    rendered = render_readme(current, args.results)
+    if args.check:
+        if rendered != current:
+            print(f"render: {args.readme} is out of date with {args.results}; "
+                  "run python3 bench/render.py", file=sys.stderr)
+            return 1
+        return 0
+    if rendered != current:
+        with open(args.readme, "w") as f:
+            f.write(rendered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
