@@ -31,3 +31,15 @@ target_compile_definitions(packaging_gpu_loader_test PRIVATE
   STRIDEATTN_TEST_C_LIBRARY="$<TARGET_FILE:strideattn_c>"
   STRIDEATTN_TEST_GPU_MODULE="$<IF:$<TARGET_EXISTS:strideattn_gpu>,$<TARGET_FILE_DIR:strideattn>/${STRIDEATTN_GPU_MODULE_FILE},>")
 
+# The GPU module carries the code CMake was asked for (SASS for each -real architecture, PTX
+# for each -virtual one), and the default list keeps a PTX entry, so a GPU newer than the
+# build JIT-compiles the kernels instead of failing with "no kernel image".
+if(STRIDEATTN_HAVE_CUDA)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  add_test(NAME packaging_cuda_archs
+    COMMAND bash -c "set -e; '${Python3_EXECUTABLE}' '${CMAKE_CURRENT_SOURCE_DIR}/packaging/fatbin_archs.py' \
+      '$<TARGET_FILE:strideattn_gpu>' --expect '${CMAKE_CUDA_ARCHITECTURES}'; \
+      case ';${STRIDEATTN_CUDA_ARCHS};' in *-virtual\\;*) echo 'default ${STRIDEATTN_CUDA_ARCHS}: has PTX';; \
+      *) echo 'FAIL: default STRIDEATTN_CUDA_ARCHS=${STRIDEATTN_CUDA_ARCHS} has no -virtual (PTX) entry'; exit 1;; esac")
+  set_tests_properties(packaging_cuda_archs PROPERTIES LABELS cpu TIMEOUT 120)
+endif()
