@@ -42,4 +42,12 @@ if(STRIDEATTN_HAVE_CUDA)
       case ';${STRIDEATTN_CUDA_ARCHS};' in *-virtual\\;*) echo 'default ${STRIDEATTN_CUDA_ARCHS}: has PTX';; \
       *) echo 'FAIL: default STRIDEATTN_CUDA_ARCHS=${STRIDEATTN_CUDA_ARCHS} has no -virtual (PTX) entry'; exit 1;; esac")
   set_tests_properties(packaging_cuda_archs PROPERTIES LABELS cpu TIMEOUT 120)
+
+  # pip install . finds a cuDNN wheel of the environment by itself and the wheel's module
+  # reaches it relative to $ORIGIN; a dropped cudnn backend is a WARNING and a summary line.
+  # (A configure with CUDA: the interpreter must have nanobind, as scripts/build's .venv.)
+  add_test(NAME packaging_python_deps
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/packaging/python_deps.sh ${PROJECT_SOURCE_DIR}
+            ${_work}/python_deps ${Python3_EXECUTABLE})
+  set_tests_properties(packaging_python_deps PROPERTIES LABELS cpu TIMEOUT 300)
 endif()
