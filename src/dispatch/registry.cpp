@@ -1,13 +1,13 @@
-// Backend registry: maps the public Backend enum to the implementations in this build, the
-// platform facts used by `auto`, and the ScopedBackendOverride test hook (registry.hpp).
+// Backend registry: maps the public Backend enum to the implementations in this build (the
+// GPU ones from the run-time loaded GPU module), the platform facts used by `auto`, and the
+// ScopedBackendOverride test hook (registry.hpp).
 #include "dispatch/registry.hpp"
 
 #include <array>
 #include <mutex>
 
-#if defined(STRIDEATTN_REGISTRY_CUDART)
-#include <cuda_runtime_api.h>
-#endif
+#include "dispatch/build_config.hpp"
+#include "dispatch/gpu_module.hpp"
 
 namespace strideattn::detail {
 
@@ -25,24 +25,9 @@ OverrideState g_state;
 std::size_t slot(Backend b) { return static_cast<std::size_t>(b); }
 
 Platform query_platform() {
-  Platform p;
-#if defined(STRIDEATTN_REGISTRY_CUDART)
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();  // clear the error so later CUDA calls are not confused by it
-    return p;
-  }
-  int dev = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return p;
-  }
-  p.gpu = true;
-  p.sm = prop.major * 10 + prop.minor;
-  p.gpu_name = prop.name;
-#endif
-  return p;
+  // No GPU module (CPU-only build, or it failed to load): no GPU this library can use.
+  const GpuModuleLoad& gpu = gpu_module();
+  return gpu.module != nullptr ? gpu.module->query_platform() : Platform{};
 }
 
 }  // namespace
@@ -86,11 +71,28 @@ BackendImpl* backend_impl(Backend backend) {
   switch (backend) {
     case Backend::reference: return reference_backend();
     case Backend::cpu: return cpu_backend();
-    case Backend::cuda: return cuda_backend();
-    case Backend::cudnn: return cudnn_backend();
+    case Backend::cuda: return gpu_module().module ? gpu_module().module->cuda : nullptr;
+    case Backend::cudnn: return gpu_module().module ? gpu_module().module->cudnn : nullptr;
     case Backend::automatic: return nullptr;
   }
   return nullptr;
+}
+
+std::string missing_backend_reason(Backend backend) {
+  const std::string name(to_string(backend));
+  if (backend != Backend::cuda && backend != Backend::cudnn)
+    return "backend '" + name + "' is not part of this build";
+  const GpuModuleLoad& gpu = gpu_module();
+  if (gpu.module == nullptr) {
+    if (std::string(STRIDEATTN_GPU_MODULE_FILE).empty())
+      return "backend '" + name + "' is not part of this build (built without CUDA: " +
+             STRIDEATTN_CUDA_NOTE + ")";
+    return "backend '" + name + "' is unavailable: " + gpu.error;
+  }
+  if (backend == Backend::cudnn && !std::string(STRIDEATTN_CUDNN_NOTE).empty())
+    return "backend 'cudnn' is not part of this build (the GPU module was built without it: " +
+           std::string(STRIDEATTN_CUDNN_NOTE) + ")";
+  return "backend '" + name + "' is not part of this build";
 }
 
 }  // namespace strideattn::detail

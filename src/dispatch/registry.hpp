@@ -26,6 +26,10 @@ struct Platform {
 // (nullptr means "not part of this build") and platform() returns `fake_platform` when set.
 // Overrides nest: destruction restores what was there before. Tests only; not thread-safe
 // against concurrent API calls.
+// Why backend_impl(backend) is nullptr: not built (the configure step's reason), or the GPU
+// module failed to load (naming the file and dlerror's text).
+[[nodiscard]] std::string missing_backend_reason(Backend backend);
+
 class ScopedBackendOverride {
  public:
   explicit ScopedBackendOverride(std::vector<std::pair<Backend, BackendImpl*>> impls,

@@ -37,9 +37,7 @@ Verdict verdict_for(Backend b, const Problem& problem) {
   Verdict v;
   v.backend = b;
   v.rule = "compiled";
-  v.reason = std::string("backend '") + std::string(to_string(b)) +
-             "' is not part of this build (built without CUDA" +
-             (b == Backend::cudnn ? " or without cuDNN and its frontend headers)" : ")");
+  v.reason = missing_backend_reason(b);
   return v;
 }
 

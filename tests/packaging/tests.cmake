@@ -2,12 +2,12 @@
 # add_subdirectory() of the source tree (CPU-only there, to keep CI's build time down).
 set(_consumer ${CMAKE_CURRENT_SOURCE_DIR}/packaging/consumer)
 set(_work ${CMAKE_BINARY_DIR}/packaging)
+# Installed to a fresh prefix: a find_package consumer builds and runs on cpu, nothing it or
+# the core needs is a CUDA library, SONAMEs are versioned, the GPU module loads or explains why
+# not (packaging/check_install.sh).
 add_test(NAME packaging_find_package
-  COMMAND ${CMAKE_COMMAND} -E env bash -c
-    "set -e; rm -rf '${_work}/fp'; \
-     '${CMAKE_COMMAND}' --install '${CMAKE_BINARY_DIR}' --prefix '${_work}/fp/prefix' >/dev/null; \
-     '${CMAKE_COMMAND}' -S '${_consumer}' -B '${_work}/fp/build' -G Ninja -DCMAKE_PREFIX_PATH='${_work}/fp/prefix' >/dev/null; \
-     '${CMAKE_COMMAND}' --build '${_work}/fp/build' >/dev/null; '${_work}/fp/build/consumer'")
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/packaging/check_install.sh ${CMAKE_BINARY_DIR}
+          ${_consumer} ${_work}/fp ${STRIDEATTN_HAVE_CUDA})
 add_test(NAME packaging_add_subdirectory
   COMMAND ${CMAKE_COMMAND} -E env bash -c
     "set -e; rm -rf '${_work}/as'; \
@@ -29,3 +29,32 @@ add_test(NAME packaging_require_cudnn_refuses
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/packaging/require_cudnn.sh ${PROJECT_SOURCE_DIR}
           ${_work}/require_cudnn ${STRIDEATTN_HAVE_CUDA})
 set_tests_properties(packaging_require_cudnn_refuses PROPERTIES LABELS cpu TIMEOUT 300)
+
+# The core's loader of the GPU module: failures become reasons (file, dlerror), the build's
+# own module loads.
+strideattn_test(packaging_gpu_loader_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_loader_test.cpp)
+target_include_directories(packaging_gpu_loader_test PRIVATE ${PROJECT_BINARY_DIR}/src)
+target_compile_definitions(packaging_gpu_loader_test PRIVATE
+  STRIDEATTN_TEST_C_LIBRARY="$<TARGET_FILE:strideattn_c>"
+  STRIDEATTN_TEST_GPU_MODULE="$<IF:$<TARGET_EXISTS:strideattn_gpu>,$<TARGET_FILE_DIR:strideattn>/${STRIDEATTN_GPU_MODULE_FILE},>")
+
+# The GPU module carries the code CMake was asked for (SASS for each -real architecture, PTX
+# for each -virtual one), and the default list keeps a PTX entry, so a GPU newer than the
+# build JIT-compiles the kernels instead of failing with "no kernel image".
+if(STRIDEATTN_HAVE_CUDA)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  add_test(NAME packaging_cuda_archs
+    COMMAND bash -c "set -e; '${Python3_EXECUTABLE}' '${CMAKE_CURRENT_SOURCE_DIR}/packaging/fatbin_archs.py' \
+      '$<TARGET_FILE:strideattn_gpu>' --expect '${CMAKE_CUDA_ARCHITECTURES}'; \
+      case ';${STRIDEATTN_CUDA_ARCHS};' in *-virtual\\;*) echo 'default ${STRIDEATTN_CUDA_ARCHS}: has PTX';; \
+      *) echo 'FAIL: default STRIDEATTN_CUDA_ARCHS=${STRIDEATTN_CUDA_ARCHS} has no -virtual (PTX) entry'; exit 1;; esac")
+  set_tests_properties(packaging_cuda_archs PROPERTIES LABELS cpu TIMEOUT 120)
+
+  # pip install . finds a cuDNN wheel of the environment by itself and the wheel's module
+  # reaches it relative to $ORIGIN; a dropped cudnn backend is a WARNING and a summary line.
+  # (A configure with CUDA: the interpreter must have nanobind, as scripts/build's .venv.)
+  add_test(NAME packaging_python_deps
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/packaging/python_deps.sh ${PROJECT_SOURCE_DIR}
+            ${_work}/python_deps ${Python3_EXECUTABLE})
+  set_tests_properties(packaging_python_deps PROPERTIES LABELS cpu TIMEOUT 300)
+endif()

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/kernel_image.hpp"
 #include "backends/cuda/kernel_params.hpp"
 #include "backends/cuda/kernel_traits.cuh"
 #include "common/log.hpp"
@@ -91,6 +92,12 @@ const std::vector<SupportRule>& rules() {
            return "device " + std::to_string(device) + " has compute capability " +
                   std::to_string(major) + "." + std::to_string(minor) +
                   "; supported: >= 8.0 (mma.sync bf16, cp.async)";
+         if (cudaError_t e = cuda_impl::kernel_image_status(device); e != cudaSuccess)
+           return "device " + std::to_string(device) + " (compute capability " +
+                  std::to_string(major) + "." + std::to_string(minor) +
+                  ") cannot run this build's kernels (" + cudaGetErrorString(e) +
+                  "); supported: the architectures built, " + cuda_impl::built_architectures() +
+                  " (PTX entries JIT-compile on newer GPUs)";
          return std::nullopt;
        }},
   };

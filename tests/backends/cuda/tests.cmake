@@ -3,9 +3,11 @@
 # The shared-memory swizzle arithmetic of the kernels: plain C++, checked in every build.
 strideattn_test(cuda_swizzle_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/swizzle_test.cpp)
 if(STRIDEATTN_HAVE_CUDA)
+  # These call into the backend directly: they link the GPU module (which the core also loads).
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
+  target_link_libraries(cuda_rules_test PRIVATE strideattn_gpu)
   strideattn_test(cuda_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cpp LABELS gpu)
-  target_link_libraries(cuda_test PRIVATE CUDA::cudart)
+  target_link_libraries(cuda_test PRIVATE strideattn_gpu CUDA::cudart)
   # (as the library: whether the build carries the sm_90a wgmma kernels)
   if("${CMAKE_CUDA_ARCHITECTURES}" MATCHES "90a")
     target_compile_definitions(cuda_test PRIVATE STRIDEATTN_CUDA_SM90A=1)

@@ -6,5 +6,6 @@
 get_property(_have_cudnn GLOBAL PROPERTY STRIDEATTN_HAVE_CUDNN)
 if(_have_cudnn)
   strideattn_test(cudnn_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/rules_test.cpp)
+  target_link_libraries(cudnn_rules_test PRIVATE strideattn_gpu)  # calls the rules directly
   strideattn_test(cudnn_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_test.cpp LABELS gpu)
 endif()

@@ -1,14 +1,17 @@
 // Downstream use of the installed / add_subdirectory'd library: the seed split of one fused
 // [s, b, h + 2hg, d] buffer on the `cpu` backend, O checked against a direct computation of
-// one row in double. Exit 0 on agreement; prints what went wrong otherwise.
+// one row in double. Exit 0 on agreement; prints what went wrong otherwise. With the argument
+// `explain` it also prints every backend's verdict for the problem, one "name: rule: reason"
+// line each (tests/packaging/check_install.sh reads the cuda and cudnn ones).
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <strideattn/strideattn.hpp>
 
-int main() {
+int main(int argc, char** argv) {
   using namespace strideattn;
   const std::int64_t s = 37, b = 2, h = 4, hg = 1, d = 16, row = (h + 2 * hg) * d;
   std::vector<float> qkv(std::size_t(s * b * row)), out(std::size_t(s * b * h * d), NAN);
@@ -23,6 +26,12 @@ int main() {
   args.o = {out.data(), DType::f32, {b, s, h, d}, {s * h * d, h * d, d, 1}};
   args.options.mask = MaskKind::causal;
   args.backend = Backend::cpu;
+  if (argc > 1 && std::string(argv[1]) == "explain") {
+    const Explanation e = explain(args);
+    for (const Verdict& v : e.verdicts)
+      std::printf("%s: %s: %s\n", std::string(to_string(v.backend)).c_str(),
+                  v.supported ? "supported" : v.rule.c_str(), v.reason.c_str());
+  }
   if (Status st = forward(args); !st.ok()) {
     std::fprintf(stderr, "forward failed: %s\n", st.message().c_str());
     return 1;
