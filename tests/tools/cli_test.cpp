@@ -1,6 +1,8 @@
 // Tests of the `strideattn` CLI: the built executable's exit codes, its one-line errors, its
 // --json output, and that a fuzz case's reproducer parses back into the same case.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -279,6 +281,14 @@ TEST(Reproducer, ParsesBackIntoTheSameCase) {
     EXPECT_EQ(got.options.window.right, spec.options.window.right) << line;
     EXPECT_EQ(got.options.scale, spec.options.scale) << line;
     EXPECT_EQ(got.options.deterministic, spec.options.deterministic) << line;
+    EXPECT_EQ(got.input_scale, spec.input_scale) << line;
+    ASSERT_EQ(got.input_plants.size(), spec.input_plants.size()) << line;
+    for (std::size_t j = 0; j < spec.input_plants.size(); ++j) {
+      EXPECT_EQ(got.input_plants[j].tensor, spec.input_plants[j].tensor) << line;
+      EXPECT_EQ(got.input_plants[j].index, spec.input_plants[j].index) << line;
+      EXPECT_EQ(std::isnan(got.input_plants[j].value), std::isnan(spec.input_plants[j].value)) << line;
+      if (!std::isnan(spec.input_plants[j].value)) EXPECT_EQ(got.input_plants[j].value, spec.input_plants[j].value) << line;
+    }
     EXPECT_TRUE(same(got.views.q, spec.views.q)) << line;
     EXPECT_TRUE(same(got.views.k, spec.views.k)) << line;
     EXPECT_TRUE(same(got.views.v, spec.views.v)) << line;

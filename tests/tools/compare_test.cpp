@@ -102,4 +102,30 @@ TEST(Tolerance, PassIsAtMostTolerance) {
   EXPECT_FALSE(c.pass());
 }
 
+// docs/semantics.md "Non-finite values": what a case with planted NaN/Inf inputs accepts.
+TEST(NonFinitePolicy, PlantedInputsDemandNanWhereTheReferenceIsNan) {
+  const strideattn::harness::NonFinitePolicy planted{.inputs_non_finite = true};
+  EXPECT_EQ(compare({kNan}, {kNan}, planted).non_finite, 0);
+  EXPECT_EQ(compare({1.0}, {kNan}, planted).non_finite, 1);    // a hidden NaN
+  EXPECT_EQ(compare({kInf}, {kNan}, planted).non_finite, 1);
+  EXPECT_EQ(compare({-kInf}, {kNan}, planted).non_finite, 1);  // the "no key" answer
+  EXPECT_EQ(compare({kInf}, {kInf}, planted).non_finite, 0);
+  EXPECT_EQ(compare({kNan}, {kInf}, planted).non_finite, 0);   // 0 * inf
+  EXPECT_EQ(compare({3.0}, {kInf}, planted).non_finite, 1);
+  EXPECT_EQ(compare({kNan}, {1.0}, planted).non_finite, 0);    // a leak through a shared tile
+  // finite outputs are still compared
+  EXPECT_DOUBLE_EQ(compare({kNan, 1.5}, {1.0, 1.0}, planted).max_abs_err, 0.5);
+}
+
+TEST(NonFinitePolicy, NaiveOverflowAllowsNonFiniteButNeverTheNoKeyAnswer) {
+  const std::vector<double> naive = {kNan, 2.0};
+  const strideattn::harness::NonFinitePolicy overflow{.naive = &naive};
+  EXPECT_EQ(compare({kNan, 2.0}, {5.0, 2.0}, overflow).non_finite, 0);
+  EXPECT_EQ(compare({kInf, 2.0}, {5.0, 2.0}, overflow).non_finite, 0);
+  EXPECT_EQ(compare({-kInf, 2.0}, {5.0, 2.0}, overflow).non_finite, 1);  // LSE of "no key"
+  EXPECT_EQ(compare({5.0, kNan}, {5.0, 2.0}, overflow).non_finite, 1);   // naive finite there
+  // without planted inputs a NaN reference never passes
+  EXPECT_EQ(compare({kNan, 2.0}, {kNan, 2.0}, overflow).non_finite, 1);
+}
+
 }  // namespace

@@ -47,7 +47,8 @@ Status parse_list(const std::string& opt, const std::string& text,
 const std::set<std::string> kProblemValued = {
     "preset", "dtype", "batch", "seqlen-q", "seqlen-kv", "heads", "kv-heads", "head-dim",
     "head-dim-v", "layout", "q", "k", "v", "o", "do", "dq", "dk", "dv", "seqlens-q",
-    "seqlens-kv", "offsets-q", "offsets-kv", "mask", "window", "scale"};
+    "seqlens-kv", "offsets-q", "offsets-kv", "mask", "window", "scale", "input-scale",
+    "plant-input"};
 const std::set<std::string> kProblemFlags = {"deterministic"};
 
 struct CommandOptions {
@@ -237,6 +238,36 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
     spec->options.scale = x;
   }
   if (raw.deterministic) spec->options.deterministic = true;
+  if (raw.has("input-scale")) {
+    const std::string& t = raw.values.at("input-scale");
+    char* end = nullptr;
+    const double x = std::strtod(t.c_str(), &end);
+    const bool decimal = !t.empty() && t.find_first_not_of("0123456789.eE+-") == std::string::npos;
+    if (!decimal || end != t.c_str() + t.size() || !std::isfinite(x) || !(x > 0))
+      return bad("--input-scale '" + t + "': expected a finite number > 0");
+    spec->input_scale = x;
+  }
+  spec->input_plants.clear();
+  if (raw.has("plant-input")) {
+    const std::string& t = raw.values.at("plant-input");
+    std::istringstream items(t);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      std::vector<std::string> parts;
+      std::istringstream fields(item);
+      for (std::string f; std::getline(fields, f, ':');) parts.push_back(f);
+      harness::CaseSpec::InputPlant pl;
+      const bool tensor_ok = parts.size() == 3 && (parts[0] == "q" || parts[0] == "k" ||
+                                                   parts[0] == "v" || parts[0] == "do");
+      const bool value_ok = parts.size() == 3 && (parts[2] == "nan" || parts[2] == "inf" || parts[2] == "-inf");
+      if (!tensor_ok || !value_ok || !parse_int("plant-input", parts[1], &pl.index).ok() || pl.index < 0)
+        return bad("--plant-input '" + t + "': expected TENSOR:INDEX:VALUE items separated by commas, "
+                   "TENSOR one of q, k, v, do, INDEX >= 0, VALUE one of nan, inf, -inf");
+      pl.tensor = parts[0];
+      pl.value = parts[2] == "nan" ? std::nan("") : parts[2] == "inf" ? HUGE_VAL : -HUGE_VAL;
+      spec->input_plants.push_back(pl);
+    }
+  }
 
   // Views: the layout's, overridden by explicit ones.
   spec->sizes = z;

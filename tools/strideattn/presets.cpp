@@ -90,6 +90,10 @@ PROBLEM:
   --seqlens-q L0,L1,...  --seqlens-kv L0,L1,...   varlen (THD) token counts
   --offsets-q O0,O1,...  --offsets-kv O0,O1,...   first token of each sequence (default packed)
   --mask none|causal|causal-bottom-right  --window LEFT,RIGHT  --scale X  --deterministic
+  --input-scale F                the random inputs times F (large F: logits up to fp32 overflow)
+  --plant-input T:I:V,...        set logical element I of input T (q, k, v, do) to V (nan, inf,
+                                 -inf) after the draw; non-finite inputs propagate as
+                                 docs/semantics.md says
 
 --backends: reference, cpu, cuda, cudnn, auto. Default: every backend this build has and this
   machine can run, except 'reference', which is the fp64 yardstick every backend is compared
