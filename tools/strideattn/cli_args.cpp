@@ -63,7 +63,7 @@ CommandOptions options_of(Command c) {
     case Command::explain: return {{}, {"grad", "json"}, true};
     case Command::bench: return {{"backends", "seed", "runs"}, {"grad", "json"}, true};
     case Command::fuzz:
-      return {{"cases", "seed", "backends", "min-ran"}, {"grad", "json", "require-gpu", "require-ran"}, false};
+      return {{"cases", "seed", "backends", "min-ran"}, {"grad", "json", "require-gpu", "require-ran", "finite-inputs"}, false};
     default: return {};
   }
 }
@@ -399,6 +399,7 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
       if (name == "json") inv.json = true;
       if (name == "require-gpu") inv.require_gpu = true;
       if (name == "require-ran") inv.require_ran = true;
+      if (name == "finite-inputs") inv.finite_inputs = true;
       continue;
     }
     if (!has_value) {

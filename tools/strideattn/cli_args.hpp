@@ -30,6 +30,7 @@ struct Invocation {
   bool cases_given = false;
   bool require_gpu = false;  // hidden: skip (exit 77) when no GPU is present
   bool require_ran = false;  // hidden: fail if a backend never ran a case
+  bool finite_inputs = false;  // fuzz --finite-inputs: plant no NaN/Inf in the inputs
   // fuzz --min-ran N: draw past --cases until every listed backend ran N cases (compared with
   // the reference, not refused); at most --cases + 50 N draws, failing if still short.
   std::int64_t min_ran = 0;

@@ -207,19 +207,19 @@ void random_views(Rng& r, const ProblemSizes& z, bool grad, harness::LayoutViews
 
 // The numerical edges (docs/semantics.md, "Non-finite values, overflow and the scale"):
 // inputs scaled up to the dtype's range (forward-only cases reach fp32 overflow; with the
-// backward, logits stay where an fp32 LSE still determines P), extreme scales, and NaN or
-// Inf planted in Q, K, V or dO.
-void draw_numerical_edges(Rng& r, CaseSpec* spec) {
+// backward, logits stay below about 1e3, where an fp32 LSE still determines P: see
+// docs/semantics.md), extreme scales, and NaN or Inf planted in Q, K, V or dO.
+void draw_numerical_edges(Rng& r, bool plant_non_finite, CaseSpec* spec) {
   const double range = spec->dtype == DType::f16 ? 8e3 : 4e37;  // the dtype's largest / 8
-  const double top = spec->grad ? (spec->dtype == DType::f16 ? 30.0 : 100.0) : range;
+  const double top = spec->grad ? (spec->dtype == DType::f16 ? 4.0 : 10.0) : range;
   if (r.chance(0.2)) {
     const double hi = r.chance(0.5) ? std::min(top, 1e4) : top;
     spec->input_scale = std::exp(std::uniform_real_distribution<double>(0, std::log(hi))(r.g));
   }
   if (r.chance(0.08))
-    spec->options.scale = spec->grad ? r.pick(std::vector<double>{1e-30, 1e-8, 10.0, 30.0})
+    spec->options.scale = spec->grad ? r.pick(std::vector<double>{1e-30, 1e-8})
                                      : r.pick(std::vector<double>{1e-30, 1e-8, 1e4, 1e10, 1e30});
-  if (r.chance(0.1)) {
+  if (r.chance(0.1) && plant_non_finite) {
     std::vector<std::string> tensors = {"q", "k", "v"};
     if (spec->grad) tensors.push_back("do");
     const double values[] = {std::nan(""), HUGE_VAL, -HUGE_VAL};
@@ -230,7 +230,7 @@ void draw_numerical_edges(Rng& r, CaseSpec* spec) {
 
 }  // namespace
 
-CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad) {
+CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool plant_non_finite) {
   Rng r{std::mt19937_64(seed * 0x9e3779b97f4a7c15ull + std::uint64_t(index) * 0xbf58476d1ce4e5b9ull + 1)};
   CaseSpec spec;
   spec.grad = grad;
@@ -280,7 +280,7 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad) {
     spec.layout_name.clear();
     random_views(r, z, grad, &spec.views);
   }
-  draw_numerical_edges(r, &spec);
+  draw_numerical_edges(r, plant_non_finite, &spec);
   return spec;
 }
 
@@ -303,7 +303,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   std::int64_t drawn = 0;
   for (std::int64_t i = 0; i < max_draws && (i < inv.cases || short_of_min_ran()); ++i) {
     drawn = i + 1;
-    const CaseSpec spec = random_case(inv.seed, i, inv.grad);
+    const CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs);
     harness::CaseReport rep;
     const Status s = harness::run_case(spec, backends, &rep);
     const std::string repro = harness::reproducer(spec, backends);

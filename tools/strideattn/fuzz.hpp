@@ -11,7 +11,9 @@
 namespace strideattn::cli {
 
 // Case `index` of the stream drawn from `seed` (deterministic).
-[[nodiscard]] harness::CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad);
+// `plant_non_finite`: some cases get NaN/Inf planted in their inputs (fuzz --finite-inputs: none).
+[[nodiscard]] harness::CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad,
+                                            bool plant_non_finite = true);
 
 // Runs inv.cases cases; returns the exit code (0 none failed, 1 some failed, 77 skipped
 // because --require-gpu found no GPU).

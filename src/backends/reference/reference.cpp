@@ -63,6 +63,13 @@ Acc dot(const Acc* a, const Acc* b, std::int64_t n) {
 }
 
 template <class Acc>
+Acc dot_reversed(const Acc* a, const Acc* b, std::int64_t n) {
+  Acc s = 0;
+  for (std::int64_t i = n - 1; i >= 0; --i) s += a[i] * b[i];
+  return s;
+}
+
+template <class Acc>
 void axpy(Acc alpha, const Acc* x, Acc* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
@@ -235,7 +242,12 @@ class Engine {
       if (source_ == BackwardSource::given_o)
         load_row(a_.o, dt, kernel::row_offset(a_.q_seq.span(a_.o_st, b), a_.o_st, i, h), dv, o.data());
       load_row(a_.d_o, dt, kernel::row_offset(a_.q_seq.span(a_.do_st, b), a_.do_st, i, h), dv, d_o.data());
-      const Acc delta = dot(d_o.data(), o.data(), dv);  // rowsum(dO * O)
+      // rowsum(dO * O); naive: summed last to first, because no backward computes it in the
+      // order of its dP = dO V^T (a separate pass and a GEMM): where O equals a V row (rows
+      // that see one key) dP - D cancels exactly only in a shared order, and the model's
+      // error must show the fp32 noise of that cancellation, which grows with the inputs
+      const Acc delta = std::is_same_v<Acc, float> ? dot_reversed(d_o.data(), o.data(), dv)
+                                                    : dot(d_o.data(), o.data(), dv);
       std::fill(dq.begin(), dq.end(), Acc(0));
       for (std::int64_t j = j0; j < j1; ++j) {
         // naive: P from the fp32 LSE, as any backward must that takes LSE as its input (at
