@@ -45,7 +45,7 @@ struct Scratch {
   std::vector<float> lse, delta;   // [kBlockRows]
   std::vector<float> row;          // staging for transposed loads
   std::vector<std::int64_t> j0, j1;  // [kBlockRows] visible columns of each row in a tile
-  PartialStack partials;           // per tile: dK [keys][d_qk] then dV [keys][d_v], or dQ
+  PartialStack partials;           // per block of tiles: dK [keys][d_qk], dV [keys][d_v], or dQ
   Scratch(std::int64_t d_qk, std::int64_t d_v)
       : dq(d_qk),
         dv(d_v),
@@ -184,6 +184,7 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
   w.partials.reset(static_cast<std::size_t>(size));
   const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, false, w);
   const kernel::TileRange queries = kernel::query_range_for_keys(vw.mask, c0, it.r1);
+  int tiles_in_block = 0;
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (std::int64_t r0 = queries.begin; r0 < queries.end; r0 += kBlockRows) {
       if (cancel && cancel->load(std::memory_order_relaxed)) return false;
@@ -192,7 +193,7 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
       float* dk = w.partials.next();
       float* dv = dk + dk_size;
-      std::fill_n(dk, size, 0.f);
+      if (tiles_in_block == 0) std::fill_n(dk, size, 0.f);
       if (full || (all_finite(ro.d_o, rows * w.dv) && all_finite(ro.q, rows * w.dq))) {
         // dV += P^T dO ; dK += dS^T (scale Q)   (A(j, i) = P[i][j]: row step 1, column step
         // kBlockKeys)
@@ -213,9 +214,13 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
                    dk + j * w.dq, w.dq);
         }
       }
-      w.partials.push(merge);
+      if (++tiles_in_block == kTilesPerPartial) {
+        w.partials.push(merge);
+        tiles_in_block = 0;
+      }
     }
   }
+  if (tiles_in_block > 0) w.partials.push(merge);
   const float* total = w.partials.finish(merge);
   if (total == nullptr) {  // no query sees these keys
     std::fill_n(w.partials.next(), size, 0.f);
@@ -243,13 +248,14 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
   const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
   // Key tiles start at multiples of kBlockKeys (the pack's layout).
   const kernel::TileRange keys = kernel::key_range_for_rows(vw.mask, r0, it.r1);
+  int tiles_in_block = 0;
   for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
     if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
     const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, true, w);
     const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
     float* dq = w.partials.next();
-    std::fill_n(dq, size, 0.f);
+    if (tiles_in_block == 0) std::fill_n(dq, size, 0.f);
     if (full || all_finite(ko.k, nc * w.dq)) {
       gemm_acc(rows, w.dq, nc, w.ds.data(), kBlockKeys, 1, ko.k, w.dq, dq, w.dq);  // dQ += dS K
     } else {
@@ -258,8 +264,12 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
         gemm_acc(1, w.dq, w.j1[r] - w.j0[r], w.ds.data() + r * kBlockKeys + w.j0[r], kBlockKeys,
                  1, ko.k + w.j0[r] * w.dq, w.dq, dq + r * w.dq, w.dq);
     }
-    w.partials.push(merge);
+    if (++tiles_in_block == kTilesPerPartial) {
+      w.partials.push(merge);
+      tiles_in_block = 0;
+    }
   }
+  if (tiles_in_block > 0) w.partials.push(merge);
   const float* total = w.partials.finish(merge);
   if (total == nullptr) {  // these rows see no key
     std::fill_n(w.partials.next(), size, 0.f);

@@ -2,8 +2,9 @@
 // Work item = (sequence, query head, tile of kBlockRows query rows). For each item: load the
 // Q tile, loop over the key tiles the mask leaves visible (kernel::key_range_for_rows),
 // S = scale * Q K^T, mask only tiles that are not kernel::tile_fully_visible, and form the
-// tile's softmax partial (its max m, sum l of exp(S - m), unnormalized P V); partials are
-// merged pairwise (cpu_accumulate.hpp) so error does not grow with the number of keys.
+// softmax partial of each block of kTilesPerPartial key tiles (its max m, sum l of
+// exp(S - m), unnormalized P V, online within the block); partials are merged pairwise
+// (cpu_accumulate.hpp) so error does not grow with the number of keys.
 // Then O = O / l and LSE = m + log(l). Rows whose mask leaves no key get O = 0 and
 // LSE = -inf; NaN and overflowing scores propagate to O and LSE (docs/semantics.md). Items
 // run on the thread pool, heaviest first; K^T and V are converted to fp32 once per call
@@ -28,7 +29,7 @@ struct Scratch {
   std::vector<float> s;    // [kBlockRows][kBlockKeys]  scores, then probabilities
   std::vector<float> row;  // [max(d_qk, d_v)]  staging for transposed loads
   std::vector<std::int64_t> j0, j1;  // [kBlockRows] visible columns of each row in a tile
-  PartialStack partials;   // per key tile: [m: rows][l: rows][P V: rows x d_v]
+  PartialStack partials;   // per block of tiles: [m: rows][l: rows][P V: rows x d_v]
   Scratch(std::int64_t d_qk, std::int64_t d_v)
       : q(kBlockRows * d_qk),
         kt(d_qk * kBlockKeys),
@@ -93,6 +94,7 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
   // Key tiles start at multiples of kBlockKeys (the pack's layout); keys before
   // keys.begin are invisible to every row and are masked like any other.
   const kernel::TileRange keys = kernel::key_range_for_rows(mask, it.r0, it.r1);
+  int tiles_in_block = 0;
   for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
     if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t c1 = kernel::min64(c0 + kBlockKeys, keys.end), nc = c1 - c0;
@@ -101,10 +103,16 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     std::fill_n(s, rows * kBlockKeys, 0.f);
     gemm_acc(rows, nc, dq, q, dq, 1, kv.k_t, kBlockKeys, s, kBlockKeys);
 
-    // This tile's partial: m = max of the visible scores (NaN ignored), l = sum exp(S - m).
+    // The block's partial: m = max of the visible scores (NaN ignored), l = sum exp(S - m),
+    // online over the block's tiles as in FlashAttention.
     float* tm = w.partials.next();
     float* tl = tm + rows;
     float* to = tm + 2 * rows;
+    if (tiles_in_block == 0) {
+      std::fill_n(tm, rows, kNegInf);
+      std::fill_n(tl, rows, 0.f);
+      std::fill_n(to, rows * dv, 0.f);
+    }
     const bool full = kernel::tile_fully_visible(mask, it.r0, it.r1, c0, c1);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * kBlockKeys;
@@ -116,16 +124,21 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       w.j0[r] = j0, w.j1[r] = j1;
       for (std::int64_t j = 0; j < j0; ++j) sr[j] = 0.f;
       for (std::int64_t j = j1; j < nc; ++j) sr[j] = 0.f;
-      const float m = row_max(sr + j0, j1 - j0, kNegInf);
+      const float m = row_max(sr + j0, j1 - j0, tm[r]);
       // m = -inf: no visible score is finite or +inf. Shifting by 0 keeps -inf scores at
-      // weight 0 and NaN scores NaN; the merge and the final step handle the rest.
-      tl[r] = exp_sub_sum(sr + j0, j1 - j0, m == kNegInf ? 0.f : m);
+      // weight 0 and NaN scores NaN; the merge and the final step handle the rest. The old
+      // sum's factor: 0 when it had max -inf (keeping a NaN l and O), NaN for +inf - +inf.
+      const float sum = exp_sub_sum(sr + j0, j1 - j0, m == kNegInf ? 0.f : m);
+      const float alpha = tm[r] == m ? 1.f : tm[r] == kNegInf ? 0.f : std::exp(tm[r] - m);
+      if (alpha != 1.f) {
+        float* orow = to + r * dv;
+        for (std::int64_t k = 0; k < dv; ++k) orow[k] *= alpha;
+      }
+      tl[r] = tl[r] * alpha + sum;
       tm[r] = m;
     }
-    // P V of this tile alone. Where the mask cuts the tile and V holds a non-finite value,
-    // each row multiplies only its visible keys: 0 * NaN must not reach rows that do not
-    // see that key.
-    std::fill_n(to, rows * dv, 0.f);
+    // O += P V. Where the mask cuts the tile and V holds a non-finite value, each row
+    // multiplies only its visible keys: 0 * NaN must not reach rows that do not see that key.
     if (full || all_finite(kv.v, nc * dv)) {
       gemm_acc(rows, dv, nc, s, kBlockKeys, 1, kv.v, dv, to, dv);
     } else {
@@ -133,8 +146,12 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
         gemm_acc(1, dv, w.j1[r] - w.j0[r], s + r * kBlockKeys + w.j0[r], kBlockKeys, 1,
                  kv.v + w.j0[r] * dv, dv, to + r * dv, dv);
     }
-    w.partials.push(merge);
+    if (++tiles_in_block == kTilesPerPartial) {
+      w.partials.push(merge);
+      tiles_in_block = 0;
+    }
   }
+  if (tiles_in_block > 0) w.partials.push(merge);
   const float* total = w.partials.finish(merge);
 
   for (std::int64_t r = 0; r < rows; ++r) {

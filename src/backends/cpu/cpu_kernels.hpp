@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #include <immintrin.h>
@@ -132,12 +131,12 @@ SA_AVX2 inline void gemm_acc_avx2(std::int64_t rows, std::int64_t n, std::int64_
 
 // exp for 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-5
 // polynomial, 2^n through the exponent bits); about 1 ulp on [-87, 88]. Inputs below
-// -87.3 give 0 (the 2^n factor underflows), which is what softmax wants; inputs above 88.4
-// give +inf and NaN gives NaN (the clamps keep NaN: max/min return their second operand
-// when one is NaN), as std::exp does, so non-finite scores reach the outputs.
+// -87.3 give 0 (the 2^n factor underflows), which is what softmax wants; inputs are
+// max-subtracted scores (<= 0) or S - LSE (about <= 0), so the clamp at 88.4 never bites.
+// NaN gives NaN (the clamps keep it: max/min return their second operand when one is
+// NaN), as std::exp does, so NaN scores reach the outputs.
 SA_AVX2 inline __m256 exp_avx2(__m256 x) {
   const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
-  const __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
   x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
   __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
   fx = _mm256_floor_ps(fx);
@@ -152,8 +151,7 @@ SA_AVX2 inline __m256 exp_avx2(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)),
-                          _mm256_set1_ps(std::numeric_limits<float>::infinity()), over);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 SA_AVX2 inline float exp_sub_sum_avx2(float* x, std::int64_t n, float shift) {

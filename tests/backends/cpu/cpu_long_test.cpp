@@ -3,10 +3,11 @@
 // instead of growing with the length (sequential accumulation gave O error 7e-3 at 1e6 keys).
 // Stride-0 views repeat one row millions of times in a few bytes and have exact answers:
 //   every score equal, P = 1/n, O = V's row, LSE = s + log n.
-// Bound used: every partial is a 64-term chain (one key tile) and a tree of
-// log2(tiles) merges, each adding one rounding, plus a few for the final divide and exp, so
-//   |err| <= (kBlockKeys + log2(tiles) + 16) * FLT_EPSILON * |exact|   (about 1.1e-5 here)
-// against 1e-2 and more for a running sum over 1e6 tiles' worth of terms.
+// Bound used: every partial is a chain of kTilesPerPartial * kBlockKeys = 256 terms (each
+// adding at most one rounding of its running sum) and a tree of log2(partials) merges, each
+// adding one rounding, plus a few for the final divide and exp, so
+//   |err| <= (256 + log2(partials) + 16) * FLT_EPSILON * |exact|   (about 3.5e-5 here)
+// against 1e-2 and more for a running sum over millions of terms.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -15,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/cpu_accumulate.hpp"
 #include "backends/cpu/cpu_common.hpp"
 #include "backends/cpu/cpu_pack.hpp"
 #include "strideattn/strideattn.hpp"
@@ -45,7 +47,8 @@ TensorView rows(std::vector<float>& x, std::int64_t n, bool repeat) {
   return {x.data(), DType::f32, {1, n, 1, kD}, {repeat ? 0 : n * kD, repeat ? 0 : kD, kD, 1}};
 }
 double bound(std::int64_t n) {
-  return (double(kBlockKeys) + std::log2(double(n) / kBlockKeys) + 16) * FLT_EPSILON;
+  const double chain = double(kBlockKeys) * strideattn::detail::cpu::kTilesPerPartial;
+  return (chain + std::log2(double(n) / chain) + 16) * FLT_EPSILON;
 }
 
 // Forward: 5 queries against 5,000,000 copies of one key/value row.
