@@ -16,6 +16,7 @@ std::string_view to_string(StatusCode code) {
     case StatusCode::invalid_argument: return "invalid_argument";
     case StatusCode::unsupported: return "unsupported";
     case StatusCode::backend_error: return "backend_error";
+    case StatusCode::cancelled: return "cancelled";
     case StatusCode::internal: return "internal";
   }
   return "unknown";

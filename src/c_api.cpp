@@ -4,6 +4,8 @@
 // crosses the boundary. Built into the shared library strideattn_c (src/CMakeLists.txt).
 #include "strideattn/strideattn.h"
 
+#include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -14,9 +16,10 @@ namespace {
 
 using namespace strideattn;
 
-// Sizes of the version-1 structs: the smallest struct_size a caller may pass.
-constexpr std::size_t kForwardV1Size = sizeof(sa_forward_args);
-constexpr std::size_t kBackwardV1Size = sizeof(sa_backward_args);
+// Sizes of the version-1 structs (everything before the appended `cancel`): the smallest
+// struct_size a caller may pass.
+constexpr std::size_t kForwardV1Size = offsetof(sa_forward_args, cancel);
+constexpr std::size_t kBackwardV1Size = offsetof(sa_backward_args, cancel);
 
 void write_text(const std::string& text, char* buf, std::size_t len) {
   if (buf == nullptr || len == 0) return;
@@ -138,6 +141,8 @@ Status convert_common(const CArgs& c, Args* a) {
   a->stream = c.stream;
   a->workspace = c.workspace;
   a->workspace_bytes = c.workspace_bytes;
+  // C11 atomic_bool and std::atomic<bool> share size, alignment and representation.
+  a->options.cancel = static_cast<const std::atomic<bool>*>(c.cancel);
   return Status::Ok();
 }
 
@@ -269,6 +274,7 @@ SA_API const char* sa_status_name(int status) {
     case SA_UNSUPPORTED: return "unsupported";
     case SA_BACKEND_ERROR: return "backend_error";
     case SA_INTERNAL: return "internal";
+    case SA_CANCELLED: return "cancelled";
     default: return "unknown";
   }
 }
@@ -279,5 +285,7 @@ static_assert(static_cast<int>(strideattn::StatusCode::invalid_argument) == SA_I
 static_assert(static_cast<int>(strideattn::StatusCode::unsupported) == SA_UNSUPPORTED);
 static_assert(static_cast<int>(strideattn::StatusCode::backend_error) == SA_BACKEND_ERROR);
 static_assert(static_cast<int>(strideattn::StatusCode::internal) == SA_INTERNAL);
+static_assert(static_cast<int>(strideattn::StatusCode::cancelled) == SA_CANCELLED);
+static_assert(sizeof(std::atomic<bool>) == 1 && std::atomic<bool>::is_always_lock_free);
 static_assert(static_cast<int>(strideattn::DType::bf16) == SA_BF16 && static_cast<int>(strideattn::DType::f32) == SA_F32);
 static_assert(static_cast<int>(strideattn::MaskKind::causal_bottom_right) == SA_MASK_CAUSAL_BOTTOM_RIGHT);

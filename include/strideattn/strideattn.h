@@ -36,7 +36,8 @@ enum sa_status {
   SA_INVALID_ARGUMENT = 1, /* the input breaks a rule of the contract */
   SA_UNSUPPORTED = 2,      /* valid input the chosen backend cannot run (message says why) */
   SA_BACKEND_ERROR = 3,    /* a backend failed at run time (CUDA/cuDNN error, out of memory) */
-  SA_INTERNAL = 4
+  SA_INTERNAL = 4,
+  SA_CANCELLED = 5 /* the caller's cancel flag stopped the call; outputs are incomplete */
 };
 
 enum sa_dtype { SA_F16 = 0, SA_BF16 = 1, SA_F32 = 2 };
@@ -107,6 +108,10 @@ typedef struct sa_forward_args {
   void* stream;    /* cudaStream_t for GPU backends */
   void* workspace; /* optional, see sa_workspace_size; NULL: the library allocates */
   size_t workspace_bytes;
+  /* Appended fields (absent from older callers' structs, which get the defaults). */
+  const void* cancel; /* NULL, or an atomic_bool (C11 <stdatomic.h>; std::atomic<bool> in C++)
+                         that another thread sets to true to stop a host-backend call: it
+                         then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
 } sa_forward_args;
 
 typedef struct sa_backward_args {
@@ -121,6 +126,9 @@ typedef struct sa_backward_args {
   void* stream;
   void* workspace;
   size_t workspace_bytes;
+  const void* cancel; /* NULL, or an atomic_bool (C11 <stdatomic.h>; std::atomic<bool> in C++)
+                         that another thread sets to true to stop a host-backend call: it
+                         then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
 } sa_backward_args;
 
 SA_API int sa_forward(const sa_forward_args* args, char* msg, size_t msg_len);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -21,6 +22,7 @@ enum class StatusCode {
   unsupported,       // valid input that the chosen backend cannot run (reason says why)
   backend_error,     // a backend failed at run time (CUDA / cuDNN error, out of memory)
   internal,
+  cancelled,         // the caller's AttentionOptions::cancel flag stopped the call
 };
 
 class [[nodiscard]] Status {
@@ -98,6 +100,10 @@ struct AttentionOptions {
   Window window{};
   std::optional<double> scale{};  // default 1/sqrt(d_qk)
   bool deterministic = false;     // backward: bitwise reproducible run to run
+  // Optional: set *cancel to true from another thread to stop a call on a host backend
+  // (`reference`, `cpu`); it then returns StatusCode::cancelled within milliseconds and its
+  // outputs are incomplete. GPU backends ignore it. The flag must outlive the call.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 enum class Backend { automatic, reference, cpu, cuda, cudnn };

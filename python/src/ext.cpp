@@ -10,7 +10,14 @@
 #include <nanobind/stl/vector.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -264,6 +271,67 @@ nb::dict explanation_dict(const Explanation& ex) {
   return d;
 }
 
+// Runs call(args) (strideattn::forward or backward) with the GIL released. A host-memory
+// call long enough to matter runs on a helper thread while this thread waits in 20 ms
+// slices and checks for signals (Python runs its handlers only on the main thread, between
+// bytecodes, so a call made in place would ignore Ctrl-C until it returned). On a pending
+// KeyboardInterrupt (or any handler that raised) the call's cancel flag is set, the call
+// is waited for (host backends stop within milliseconds), and the Python error is raised.
+template <class Args, class Call>
+Status run_interruptible(Args& args, Call call) {
+  // Rough FLOPs from the views: below ~1e7 (well under a millisecond) run in place.
+  const double flops = 2.0 * double(args.q.shape[0]) * double(args.q.shape[1]) *
+                       double(args.q.shape[2]) * double(args.k.shape[1]) *
+                       double(args.q.shape[3] + args.v.shape[3]);
+  if (args.memory != Memory::host || flops < 1e7) {
+    nb::gil_scoped_release release;
+    return call(args);
+  }
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+    std::atomic<bool> cancel{false};
+  };
+  auto shared = std::make_shared<Shared>();
+  args.options.cancel = &shared->cancel;
+  std::thread worker;
+  try {
+    worker = std::thread([&args, shared, call] {
+      Status st = call(args);
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->status = std::move(st);
+      shared->done = true;
+      shared->cv.notify_all();
+    });
+  } catch (const std::system_error&) {
+    nb::gil_scoped_release release;  // no thread to spare: run in place, uninterruptible
+    return call(args);
+  }
+  bool interrupted = false;
+  for (;;) {
+    bool done;
+    {
+      nb::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(shared->mu);
+      done = shared->cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return shared->done; });
+    }
+    if (done) break;
+    if (PyErr_CheckSignals() != 0) {
+      interrupted = true;
+      shared->cancel = true;
+      nb::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(shared->mu);
+      shared->cv.wait(lock, [&] { return shared->done; });
+      break;
+    }
+  }
+  worker.join();
+  if (interrupted) throw nb::python_error();  // the pending KeyboardInterrupt
+  return shared->status;
+}
+
 // Binding signatures: tensors first, then the shared options as keyword arguments.
 #define STRIDEATTN_OPTION_ARGS                                                                  \
   nb::arg("mask") = "none", nb::arg("window_left") = -1, nb::arg("window_right") = -1,          \
@@ -319,12 +387,8 @@ NB_MODULE(_ext, m) {
                                            std::move(skv), std::move(oq), std::move(okv),
                                            std::move(backend), stream);
         if (Status s = build_forward(q, k, v, o, lse, c, &args); !s.ok()) return result(s);
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = strideattn::forward(args);
-        }
-        return result(s);
+        return result(run_interruptible(
+            args, [](const ForwardArgs& a) { return strideattn::forward(a); }));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
       STRIDEATTN_OPTION_ARGS);
@@ -342,12 +406,8 @@ NB_MODULE(_ext, m) {
                                            std::move(backend), stream);
         if (Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args); !s.ok())
           return result(s);
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = strideattn::backward(args);
-        }
-        return result(s);
+        return result(run_interruptible(
+            args, [](const BackwardArgs& a) { return strideattn::backward(a); }));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
       nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);

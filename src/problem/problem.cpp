@@ -55,6 +55,7 @@ void resolve_common(const Args& args, Direction direction, Problem* p) {
   p->mask = args.options.mask;
   p->window = args.options.window;
   p->deterministic = args.options.deterministic;
+  p->cancel = args.options.cancel;
   p->scale = args.options.scale.value_or(p->d_qk > 0 ? 1.0 / std::sqrt(double(p->d_qk)) : 1.0);
   p->stream = args.stream;
   p->workspace = args.workspace;

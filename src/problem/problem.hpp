@@ -30,6 +30,7 @@ struct Problem {
   Window window{};
   double scale = 0.0;  // never 0 after make_problem: the default 1/sqrt(d_qk) is filled in
   bool deterministic = false;
+  const std::atomic<bool>* cancel = nullptr;  // AttentionOptions::cancel (host backends)
 
   // varlen: lengths and first-token offsets (offsets filled in when packed); empty if dense
   bool varlen = false;

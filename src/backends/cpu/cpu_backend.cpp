@@ -1,10 +1,7 @@
 // The `cpu` backend: registry entry, support rules, and the host plumbing shared by its
-// forward (cpu_forward.cpp) and backward (cpu_backward.cpp): thread pool and varlen padding.
-#include <atomic>
+// forward (cpu_forward.cpp) and backward (cpu_backward.cpp): thread count and varlen padding.
 #include <cstdlib>
-#include <new>
 #include <string>
-#include <system_error>
 #include <thread>
 
 #include "backends/cpu/cpu_common.hpp"
@@ -25,29 +22,6 @@ int thread_count() {
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
-}
-
-bool run_threads(int threads, const std::function<void(int)>& body) {
-  std::atomic<bool> failed{false};
-  // An exception must not leave a thread (std::terminate); it is reported as failure.
-  auto guarded = [&](int t) {
-    try {
-      body(t);
-    } catch (...) {
-      failed.store(true);
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    pool.reserve(threads > 1 ? threads - 1 : 0);
-    for (int t = 1; t < threads; ++t) pool.emplace_back(guarded, t);
-  } catch (const std::system_error&) {
-    // Fewer threads than asked: the ones running (and thread 0) drain the shared counter.
-  } catch (const std::bad_alloc&) {
-  }
-  guarded(0);
-  for (auto& th : pool) th.join();
-  return !failed.load();
 }
 
 std::vector<unsigned char> covered_tokens(const kernel::SequenceTable& table, std::int64_t batch,

@@ -8,11 +8,15 @@
 //      dK += dS^T (scale Q). dK and dV are written once, summed over the group.
 //   3. dQ: item = (sequence, query head, query tile). For each key tile in
 //      kernel::key_range_for_rows recompute P and dS the same way; dQ = scale * sum dS K.
+// The sums over tiles (dK/dV over query tiles and heads, dQ over key tiles) are pairwise
+// (cpu_accumulate.hpp), so their error does not grow with the sequence length. NaN in any
+// operand reaches the gradients the fp64 definition makes NaN, and no others.
 // Varlen padding tokens of dQ, dK and dV are written as 0.
 #include <atomic>
 #include <cmath>
 #include <limits>
 
+#include "backends/cpu/cpu_accumulate.hpp"
 #include "backends/cpu/cpu_common.hpp"
 #include "backends/cpu/cpu_pack.hpp"
 #include "problem/params.hpp"
@@ -37,9 +41,11 @@ struct Scratch {
   std::vector<float> kt, vt;       // [d_qk][kBlockKeys], [d_v][kBlockKeys]  (transposed)
   std::vector<float> k;            // [kBlockKeys][d_qk]  (dQ pass)
   std::vector<float> p, ds;        // [kBlockRows][kBlockKeys]
-  std::vector<float> acc_a, acc_b; // dK [kBlockKeys][d_qk] and dV [kBlockKeys][d_v], or dQ
+  std::vector<float> acc_b;        // [d_v] staging for O rows (pass 1)
   std::vector<float> lse, delta;   // [kBlockRows]
   std::vector<float> row;          // staging for transposed loads
+  std::vector<std::int64_t> j0, j1;  // [kBlockRows] visible columns of each row in a tile
+  PartialStack partials;           // per block of tiles: dK [keys][d_qk], dV [keys][d_v], or dQ
   Scratch(std::int64_t d_qk, std::int64_t d_v)
       : dq(d_qk),
         dv(d_v),
@@ -50,11 +56,12 @@ struct Scratch {
         k(kBlockKeys * d_qk),
         p(kBlockRows * kBlockKeys),
         ds(kBlockRows * kBlockKeys),
-        acc_a(kernel::max64(kBlockKeys, kBlockRows) * d_qk),
-        acc_b(kBlockKeys * d_v),
+        acc_b(d_v),
         lse(kBlockRows),
         delta(kBlockRows),
-        row(kernel::max64(d_qk, d_v)) {}
+        row(kernel::max64(d_qk, d_v)),
+        j0(kBlockRows),
+        j1(kBlockRows) {}
 };
 
 // Everything one sequence/head pair reads, resolved once per item.
@@ -118,8 +125,9 @@ RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pa
 
 // For the tile rows [r0, r0 + rows) x keys [c0, c0 + nc):
 // P = exp((scale Q) K^T - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
-// dS = P * (dO V^T - D). Results in w.p and w.ds.
-void recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t rows,
+// dS = P * (dO V^T - D). Results in w.p and w.ds, each row's visible columns in w.j0/w.j1.
+// Returns whether the mask leaves the whole tile visible.
+bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t rows,
                     std::int64_t c0, std::int64_t nc, const RowOperands& ro,
                     const KeyOperands& ko, Scratch& w) {
   float* p = w.p.data();
@@ -139,11 +147,13 @@ void recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t 
     }
     const float lse = w.lse[r], delta = w.delta[r];
     if (lse == kNegInf) j1 = j0;  // row sees no key at all: P = 0
+    w.j0[r] = j0, w.j1[r] = j1;
     for (std::int64_t j = 0; j < j0; ++j) pr[j] = dsr[j] = 0.f;
     (void)exp_sub_sum(pr + j0, j1 - j0, lse);
     for (std::int64_t j = j0; j < j1; ++j) dsr[j] = pr[j] * (dsr[j] - delta);
     for (std::int64_t j = j1; j < nc; ++j) pr[j] = dsr[j] = 0.f;
   }
+  return full;
 }
 
 // ------------------------------------------------------------------------------ pass 1: D
@@ -163,55 +173,112 @@ void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& i
 
 // ------------------------------------------------------------------------------ pass 2: dK, dV
 
-void key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
-              DTable& dtab, Scratch& w) {
+// Returns false when the cancel flag stopped it (its outputs are then not written).
+bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
+              DTable& dtab, const std::atomic<bool>* cancel, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t kvh = it.head, c0 = it.r0, nc = it.r1 - it.r0;  // c0: multiple of kBlockKeys
   const std::int64_t group = a.heads / a.kv_heads;
-  float* dk = w.acc_a.data();
-  float* dv = w.acc_b.data();
-  std::fill_n(dk, nc * w.dq, 0.f);
-  std::fill_n(dv, nc * w.dv, 0.f);
+  const std::int64_t dk_size = nc * w.dq, size = dk_size + nc * w.dv;
+  const AddMerge merge{static_cast<std::size_t>(size)};
+  w.partials.reset(static_cast<std::size_t>(size));
   const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, false, w);
   const kernel::TileRange queries = kernel::query_range_for_keys(vw.mask, c0, it.r1);
+  int tiles_in_block = 0;
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (std::int64_t r0 = queries.begin; r0 < queries.end; r0 += kBlockRows) {
+      if (cancel && cancel->load(std::memory_order_relaxed)) return false;
       const std::int64_t rows = kernel::min64(r0 + kBlockRows, queries.end) - r0;
       const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
-      recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
-      // dV += P^T dO ; dK += dS^T (scale Q)   (A(j, i) = P[i][j]: row step 1, column step
-      // kBlockKeys)
-      gemm_acc(nc, w.dv, rows, w.p.data(), 1, kBlockKeys, ro.d_o, w.dv, dv, w.dv);
-      gemm_acc(nc, w.dq, rows, w.ds.data(), 1, kBlockKeys, ro.q, w.dq, dk, w.dq);
+      const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
+      float* dk = w.partials.next();
+      float* dv = dk + dk_size;
+      if (tiles_in_block == 0) std::fill_n(dk, size, 0.f);
+      if (full || (all_finite(ro.d_o, rows * w.dv) && all_finite(ro.q, rows * w.dq))) {
+        // dV += P^T dO ; dK += dS^T (scale Q)   (A(j, i) = P[i][j]: row step 1, column step
+        // kBlockKeys)
+        gemm_acc(nc, w.dv, rows, w.p.data(), 1, kBlockKeys, ro.d_o, w.dv, dv, w.dv);
+        gemm_acc(nc, w.dq, rows, w.ds.data(), 1, kBlockKeys, ro.q, w.dq, dk, w.dq);
+      } else {
+        // A non-finite dO or Q row must not reach keys its row does not see (0 * NaN):
+        // each key sums over the rows that see it.
+        for (std::int64_t j = 0; j < nc; ++j) {
+          const std::int64_t i0 =
+              kernel::min64(kernel::max64(vw.mask.query_begin(c0 + j) - r0, 0), rows);
+          const std::int64_t i1 =
+              kernel::max64(kernel::min64(vw.mask.query_end(c0 + j) - r0, rows), i0);
+          const std::int64_t off = i0 * kBlockKeys + j;
+          gemm_acc(1, w.dv, i1 - i0, w.p.data() + off, 1, kBlockKeys, ro.d_o + i0 * w.dv, w.dv,
+                   dv + j * w.dv, w.dv);
+          gemm_acc(1, w.dq, i1 - i0, w.ds.data() + off, 1, kBlockKeys, ro.q + i0 * w.dq, w.dq,
+                   dk + j * w.dq, w.dq);
+        }
+      }
+      if (++tiles_in_block == kTilesPerPartial) {
+        w.partials.push(merge);
+        tiles_in_block = 0;
+      }
     }
   }
-  for (std::int64_t j = 0; j < nc; ++j) {
-    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, dk + j * w.dq);
-    store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), w.dv, dv + j * w.dv);
+  if (tiles_in_block > 0) w.partials.push(merge);
+  const float* total = w.partials.finish(merge);
+  if (total == nullptr) {  // no query sees these keys
+    std::fill_n(w.partials.next(), size, 0.f);
+    total = w.partials.next();
   }
+  for (std::int64_t j = 0; j < nc; ++j) {
+    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, total + j * w.dq);
+    store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), w.dv,
+              total + dk_size + j * w.dv);
+  }
+  return true;
 }
 
 // ------------------------------------------------------------------------------ pass 3: dQ
 
-void query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
-                DTable& dtab, Scratch& w) {
+// Returns false when the cancel flag stopped it (its outputs are then not written).
+bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
+                DTable& dtab, const std::atomic<bool>* cancel, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t h = it.head, r0 = it.r0, rows = it.r1 - it.r0;
   const std::int64_t kvh = kernel::kv_head_of(h, a.heads, a.kv_heads);
-  float* dq = w.acc_a.data();
-  std::fill_n(dq, rows * w.dq, 0.f);
+  const std::int64_t size = rows * w.dq;
+  const AddMerge merge{static_cast<std::size_t>(size)};
+  w.partials.reset(static_cast<std::size_t>(size));
   const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
   // Key tiles start at multiples of kBlockKeys (the pack's layout).
   const kernel::TileRange keys = kernel::key_range_for_rows(vw.mask, r0, it.r1);
+  int tiles_in_block = 0;
   for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
     const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, true, w);
-    recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
-    gemm_acc(rows, w.dq, nc, w.ds.data(), kBlockKeys, 1, ko.k, w.dq, dq, w.dq);  // dQ += dS K
+    const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
+    float* dq = w.partials.next();
+    if (tiles_in_block == 0) std::fill_n(dq, size, 0.f);
+    if (full || all_finite(ko.k, nc * w.dq)) {
+      gemm_acc(rows, w.dq, nc, w.ds.data(), kBlockKeys, 1, ko.k, w.dq, dq, w.dq);  // dQ += dS K
+    } else {
+      // A non-finite K row must not reach rows that do not see it (0 * NaN).
+      for (std::int64_t r = 0; r < rows; ++r)
+        gemm_acc(1, w.dq, w.j1[r] - w.j0[r], w.ds.data() + r * kBlockKeys + w.j0[r], kBlockKeys,
+                 1, ko.k + w.j0[r] * w.dq, w.dq, dq + r * w.dq, w.dq);
+    }
+    if (++tiles_in_block == kTilesPerPartial) {
+      w.partials.push(merge);
+      tiles_in_block = 0;
+    }
+  }
+  if (tiles_in_block > 0) w.partials.push(merge);
+  const float* total = w.partials.finish(merge);
+  if (total == nullptr) {  // these rows see no key
+    std::fill_n(w.partials.next(), size, 0.f);
+    total = w.partials.next();
   }
   for (std::int64_t r = 0; r < rows; ++r)
-    store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), w.dq, dq + r * w.dq,
+    store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), w.dq, total + r * w.dq,
               a.scale);
+  return true;
 }
 
 // ------------------------------------------------------------------------------ driver
@@ -227,15 +294,18 @@ void zero_padding(void* base, DType dt, const kernel::SequenceTable& table, std:
       for (std::int64_t h = 0; h < heads; ++h) zero_row(base, dt, t * st.s + h * st.h, dim);
 }
 
+// Runs fn(item, scratch) over the items; fn returns false when cancelled, which sets
+// `stopped` and ends every thread's loop.
 template <class Fn>
-bool run_items(const std::vector<WorkItem>& items, const kernel::AttentionParams& a, Fn&& fn) {
+bool run_items(const std::vector<WorkItem>& items, const kernel::AttentionParams& a, double flops,
+               std::atomic<bool>& stopped, Fn&& fn) {
   if (items.empty()) return true;
-  const int threads = static_cast<int>(
-      kernel::min64(thread_count(), static_cast<std::int64_t>(items.size())));
   std::atomic<std::size_t> next{0};
-  return run_threads(threads, [&](int) {
+  return run_threads(threads_for(flops, items.size()), [&](int) {
     Scratch w(a.d_qk, a.d_v);
-    for (std::size_t i = next++; i < items.size(); i = next++) fn(items[i], w);
+    for (std::size_t i = next++; i < items.size() && !stopped.load(std::memory_order_relaxed);
+         i = next++)
+      if (!fn(items[i], w)) stopped = true;
   });
 }
 
@@ -243,6 +313,7 @@ bool run_items(const std::vector<WorkItem>& items, const kernel::AttentionParams
 
 Status backward(const Problem& p) {
   const kernel::AttentionParams a = make_params(p);
+  if (cancelled(p)) return cancelled_status("backward");
   const DType dt = p.dtype;
   zero_padding(a.dq, dt, a.q_seq, a.batch, p.q_tokens(), a.heads, a.dq_st, a.d_qk);
   zero_padding(a.dk, dt, a.kv_seq, a.batch, p.kv_tokens(), a.kv_heads, a.dk_st, a.d_qk);
@@ -281,18 +352,22 @@ Status backward(const Problem& p) {
   const PackRequest request{
       .k_t = true, .k_rows = true, .v_t = true, .q_rows = true, .do_rows = true};
   const bool packed = (p.s_q > kBlockRows || p.s_kv > kBlockKeys) &&
-                      pack.build(a, dt, request, thread_count());
+                      pack.build(a, dt, request, threads_for(p.flops(), k_items.size()));
   const Pack* pk = packed ? &pack : nullptr;
 
-  bool ok = run_items(row_tiles, a, [&](const WorkItem& it, Scratch& w) {
+  std::atomic<bool> stopped{false};
+  const double flops = p.flops();
+  bool ok = run_items(row_tiles, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
     compute_delta(a, dt, it, dtab, w);
+    return !cancelled(p);
   });
-  ok = ok && run_items(k_items, a, [&](const WorkItem& it, Scratch& w) {
-         key_tile(a, dt, pk, it, dtab, w);
+  ok = ok && run_items(k_items, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
+         return key_tile(a, dt, pk, it, dtab, p.cancel, w);
        });
-  ok = ok && run_items(q_items, a, [&](const WorkItem& it, Scratch& w) {
-         query_tile(a, dt, pk, it, dtab, w);
+  ok = ok && run_items(q_items, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
+         return query_tile(a, dt, pk, it, dtab, p.cancel, w);
        });
+  if (stopped.load()) return cancelled_status("backward");
   if (!ok)
     return Status(StatusCode::backend_error,
                   "cpu backward: a worker thread failed (out of host memory for its tile "

@@ -1,14 +1,19 @@
 // `cpu` forward: the tiled online-softmax algorithm (FlashAttention-2 order) in fp32.
 // Work item = (sequence, query head, tile of kBlockRows query rows). For each item: load the
 // Q tile, loop over the key tiles the mask leaves visible (kernel::key_range_for_rows),
-// S = scale * Q K^T, mask only tiles that are not kernel::tile_fully_visible, online softmax
-// (running max m, running sum l, rescale O), then O /= l and LSE = m + log(l). Rows that see
-// no key get O = 0 and LSE = -inf. Items run on a thread pool, heaviest first; K^T and V
-// are converted to fp32 once per call (cpu_pack.hpp) when several query tiles read them.
+// S = scale * Q K^T, mask only tiles that are not kernel::tile_fully_visible, and form the
+// softmax partial of each block of kTilesPerPartial key tiles (its max m, sum l of
+// exp(S - m), unnormalized P V, online within the block); partials are merged pairwise
+// (cpu_accumulate.hpp) so error does not grow with the number of keys.
+// Then O = O / l and LSE = m + log(l). Rows whose mask leaves no key get O = 0 and
+// LSE = -inf; NaN and overflowing scores propagate to O and LSE (docs/semantics.md). Items
+// run on the thread pool, heaviest first; K^T and V are converted to fp32 once per call
+// (cpu_pack.hpp) when several query tiles read them.
 #include <atomic>
 #include <cmath>
 #include <limits>
 
+#include "backends/cpu/cpu_accumulate.hpp"
 #include "backends/cpu/cpu_common.hpp"
 #include "backends/cpu/cpu_pack.hpp"
 #include "problem/params.hpp"
@@ -22,18 +27,17 @@ struct Scratch {
   std::vector<float> kt;   // [d_qk][kBlockKeys]  K tile transposed: S rows are contiguous
   std::vector<float> v;    // [kBlockKeys][d_v]
   std::vector<float> s;    // [kBlockRows][kBlockKeys]  scores, then probabilities
-  std::vector<float> o;    // [kBlockRows][d_v]  unnormalized output accumulator
   std::vector<float> row;  // [max(d_qk, d_v)]  staging for transposed loads
-  std::vector<float> m, l; // [kBlockRows] running max and sum
+  std::vector<std::int64_t> j0, j1;  // [kBlockRows] visible columns of each row in a tile
+  PartialStack partials;   // per block of tiles: [m: rows][l: rows][P V: rows x d_v]
   Scratch(std::int64_t d_qk, std::int64_t d_v)
       : q(kBlockRows * d_qk),
         kt(d_qk * kBlockKeys),
         v(kBlockKeys * d_v),
         s(kBlockRows * kBlockKeys),
-        o(kBlockRows * d_v),
         row(kernel::max64(d_qk, d_v)),
-        m(kBlockRows),
-        l(kBlockRows) {}
+        j0(kBlockRows),
+        j1(kBlockRows) {}
 };
 
 std::vector<WorkItem> make_items(const kernel::AttentionParams& a) {
@@ -70,8 +74,9 @@ KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std
   return {w.kt.data(), w.v.data()};
 }
 
-void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
-              Scratch& w) {
+// Returns false when the cancel flag stopped it (its outputs are then not written).
+bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
+              const std::atomic<bool>* cancel, Scratch& w) {
   const std::int64_t dq = a.d_qk, dv = a.d_v, rows = it.r1 - it.r0;
   const kernel::MaskRule mask = a.mask(it.batch);
   const std::int64_t kvh = kernel::kv_head_of(it.head, a.heads, a.kv_heads);
@@ -80,24 +85,34 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
 
   float* q = w.q.data();
   float* s = w.s.data();
-  float* o = w.o.data();
   for (std::int64_t r = 0; r < rows; ++r)
     load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq,
              a.scale);  // S = (scale Q) K^T
-  std::fill_n(o, rows * dv, 0.f);
-  std::fill_n(w.m.data(), rows, kNegInf);
-  std::fill_n(w.l.data(), rows, 0.f);
+  const SoftmaxMerge merge{rows, dv};
+  w.partials.reset(static_cast<std::size_t>(rows * (2 + dv)));
 
   // Key tiles start at multiples of kBlockKeys (the pack's layout); keys before
   // keys.begin are invisible to every row and are masked like any other.
   const kernel::TileRange keys = kernel::key_range_for_rows(mask, it.r0, it.r1);
+  int tiles_in_block = 0;
   for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t c1 = kernel::min64(c0 + kBlockKeys, keys.end), nc = c1 - c0;
     const KvTile kv = kv_tile(a, dt, pack, it.batch, kvh, c0, nc, w);
     // S = (scale Q) K^T
     std::fill_n(s, rows * kBlockKeys, 0.f);
     gemm_acc(rows, nc, dq, q, dq, 1, kv.k_t, kBlockKeys, s, kBlockKeys);
 
+    // The block's partial: m = max of the visible scores (NaN ignored), l = sum exp(S - m),
+    // online over the block's tiles as in FlashAttention.
+    float* tm = w.partials.next();
+    float* tl = tm + rows;
+    float* to = tm + 2 * rows;
+    if (tiles_in_block == 0) {
+      std::fill_n(tm, rows, kNegInf);
+      std::fill_n(tl, rows, 0.f);
+      std::fill_n(to, rows * dv, 0.f);
+    }
     const bool full = kernel::tile_fully_visible(mask, it.r0, it.r1, c0, c1);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * kBlockKeys;
@@ -106,37 +121,61 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
         j0 = kernel::min64(kernel::max64(mask.key_begin(it.r0 + r) - c0, 0), nc);
         j1 = kernel::max64(kernel::min64(mask.key_end(it.r0 + r) - c0, nc), j0);
       }
-      if (j0 == j1) {  // nothing visible in this tile for this row
-        std::fill_n(sr, nc, 0.f);
-        continue;
-      }
-      const float m_new = row_max(sr + j0, j1 - j0, w.m[r]);
+      w.j0[r] = j0, w.j1[r] = j1;
       for (std::int64_t j = 0; j < j0; ++j) sr[j] = 0.f;
-      const float sum = exp_sub_sum(sr + j0, j1 - j0, m_new);
       for (std::int64_t j = j1; j < nc; ++j) sr[j] = 0.f;
-      const float alpha = std::exp(w.m[r] - m_new);  // 0 when m was -inf
+      const float m = row_max(sr + j0, j1 - j0, tm[r]);
+      // m = -inf: no visible score is finite or +inf. Shifting by 0 keeps -inf scores at
+      // weight 0 and NaN scores NaN; the merge and the final step handle the rest. The old
+      // sum's factor: 0 when it had max -inf (keeping a NaN l and O), NaN for +inf - +inf.
+      const float sum = exp_sub_sum(sr + j0, j1 - j0, m == kNegInf ? 0.f : m);
+      const float alpha = tm[r] == m ? 1.f : tm[r] == kNegInf ? 0.f : std::exp(tm[r] - m);
       if (alpha != 1.f) {
-        float* orow = o + r * dv;
+        float* orow = to + r * dv;
         for (std::int64_t k = 0; k < dv; ++k) orow[k] *= alpha;
       }
-      w.l[r] = w.l[r] * alpha + sum;
-      w.m[r] = m_new;
+      tl[r] = tl[r] * alpha + sum;
+      tm[r] = m;
     }
-    // O += P V
-    gemm_acc(rows, dv, nc, s, kBlockKeys, 1, kv.v, dv, o, dv);
+    // O += P V. Where the mask cuts the tile and V holds a non-finite value, each row
+    // multiplies only its visible keys: 0 * NaN must not reach rows that do not see that key.
+    if (full || all_finite(kv.v, nc * dv)) {
+      gemm_acc(rows, dv, nc, s, kBlockKeys, 1, kv.v, dv, to, dv);
+    } else {
+      for (std::int64_t r = 0; r < rows; ++r)
+        gemm_acc(1, dv, w.j1[r] - w.j0[r], s + r * kBlockKeys + w.j0[r], kBlockKeys, 1,
+                 kv.v + w.j0[r] * dv, dv, to + r * dv, dv);
+    }
+    if (++tiles_in_block == kTilesPerPartial) {
+      w.partials.push(merge);
+      tiles_in_block = 0;
+    }
   }
+  if (tiles_in_block > 0) w.partials.push(merge);
+  const float* total = w.partials.finish(merge);
 
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t off = kernel::row_offset(o_span, a.o_st, it.r0 + r, it.head);
-    const bool empty = !(w.l[r] > 0.f);
-    if (empty)
-      zero_row(a.o, dt, off, dv);
-    else
-      store_row(a.o, dt, off, dv, o + r * dv, 1.f / w.l[r]);
-    if (a.lse)
-      a.lse[kernel::lse_offset(a.q_seq, a.lse_st, it.batch, it.head, it.r0 + r)] =
-          empty ? kNegInf : w.m[r] + std::log(w.l[r]);
+    const std::int64_t i = it.r0 + r;
+    const std::int64_t off = kernel::row_offset(o_span, a.o_st, i, it.head);
+    float lse = kNegInf;
+    if (mask.key_end(i) <= mask.key_begin(i) || total == nullptr) {
+      zero_row(a.o, dt, off, dv);  // the mask leaves this row no key
+    } else {
+      const float m = total[r], l = total[rows + r];
+      if (m == kNegInf) {
+        // Every visible score is -inf or NaN: the definition's exp(S - max) is NaN.
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        for (std::int64_t k = 0; k < dv; ++k) w.row[k] = nan;
+        store_row(a.o, dt, off, dv, w.row.data());
+        lse = nan;
+      } else {
+        store_row(a.o, dt, off, dv, total + 2 * rows + r * dv, 1.f / l);
+        lse = m + std::log(l);
+      }
+    }
+    if (a.lse) a.lse[kernel::lse_offset(a.q_seq, a.lse_st, it.batch, it.head, i)] = lse;
   }
+  return true;
 }
 
 // Varlen padding: every element of O (and LSE) that belongs to no sequence gets 0 (-inf).
@@ -158,21 +197,24 @@ void write_padding(const Problem& p, const kernel::AttentionParams& a) {
 
 Status forward(const Problem& p) {
   const kernel::AttentionParams a = make_params(p);
+  if (cancelled(p)) return cancelled_status("forward");
   write_padding(p, a);
   const std::vector<WorkItem> items = make_items(a);
   if (items.empty()) return Status::Ok();
-  const int threads = static_cast<int>(
-      kernel::min64(thread_count(), static_cast<std::int64_t>(items.size())));
+  const int threads = threads_for(p.flops(), items.size());
   // K^T and V in fp32 once per call when more than one query tile reads them.
   Pack pack;
   const bool packed = p.s_q > kBlockRows &&
                       pack.build(a, p.dtype, PackRequest{.k_t = true, .v_rows = true}, threads);
   std::atomic<std::size_t> next{0};
+  std::atomic<bool> stopped{false};
   const bool ok = run_threads(threads, [&](int) {
     Scratch w(a.d_qk, a.d_v);
-    for (std::size_t i = next++; i < items.size(); i = next++)
-      run_item(a, p.dtype, packed ? &pack : nullptr, items[i], w);
+    for (std::size_t i = next++; i < items.size() && !stopped.load(std::memory_order_relaxed);
+         i = next++)
+      if (!run_item(a, p.dtype, packed ? &pack : nullptr, items[i], p.cancel, w)) stopped = true;
   });
+  if (stopped.load()) return cancelled_status("forward");
   if (!ok)
     return Status(StatusCode::backend_error,
                   "cpu forward: a worker thread failed (out of host memory for its tile "

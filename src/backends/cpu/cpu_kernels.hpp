@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #include <immintrin.h>
@@ -46,11 +47,25 @@ inline float exp_sub_sum_portable(float* x, std::int64_t n, float shift) {
   return sum;
 }
 
-// max(init, x[0..n)).
+// max(init, x[0..n)), ignoring NaN (a NaN score reaches the output through exp instead).
 inline float row_max_portable(const float* x, std::int64_t n, float init) {
   float m = init;
   for (std::int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
   return m;
+}
+
+// True when x[0..n) holds no NaN or infinity (all-ones exponent; an integer OR reduction,
+// which the compiler vectorizes). Tiles that the mask cuts use it to decide whether
+// masked-out operands must be kept out of the products (0 * NaN would leak into rows that
+// do not see them).
+inline bool all_finite(const float* x, std::int64_t n) {
+  std::uint32_t bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, x + i, sizeof u);
+    bad |= static_cast<std::uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 // ------------------------------------------------------------------------------ AVX2 + FMA
@@ -116,10 +131,13 @@ SA_AVX2 inline void gemm_acc_avx2(std::int64_t rows, std::int64_t n, std::int64_
 
 // exp for 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-5
 // polynomial, 2^n through the exponent bits); about 1 ulp on [-87, 88]. Inputs below
-// -87.3 give 0 (the 2^n factor underflows), which is what softmax wants.
+// -87.3 give 0 (the 2^n factor underflows), which is what softmax wants; inputs are
+// max-subtracted scores (<= 0) or S - LSE (about <= 0), so the clamp at 88.4 never bites.
+// NaN gives NaN (the clamps keep it: max/min return their second operand when one is
+// NaN), as std::exp does, so NaN scores reach the outputs.
 SA_AVX2 inline __m256 exp_avx2(__m256 x) {
   const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
   __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
   fx = _mm256_floor_ps(fx);
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
@@ -165,7 +183,7 @@ SA_AVX2 inline float exp_sub_sum_avx2(float* x, std::int64_t n, float shift) {
 SA_AVX2 inline float row_max_avx2(const float* x, std::int64_t n, float init) {
   __m256 m = _mm256_set1_ps(init);
   std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + j));
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + j), m);  // NaN: keeps m
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, m);
   float r = init;

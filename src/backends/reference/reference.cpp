@@ -10,6 +10,7 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <new>
 #include <thread>
 #include <type_traits>
@@ -153,6 +154,7 @@ class Engine {
     const double work = p_.visible_pairs() * double(p_.d_qk + p_.d_v) *
                         (p_.is_backward() ? 3.0 : 1.0);
     parallel_for(tasks, work, [&](std::int64_t t) {
+      if (cancelled()) return;
       const std::int64_t g = t / group;
       const std::int64_t b = g / a_.kv_heads;
       const std::int64_t hk = g % a_.kv_heads;
@@ -161,6 +163,11 @@ class Engine {
       if (p_.is_backward() && remaining_[std::size_t(g)].fetch_sub(1) == 1) reduce_group(b, hk);
     });
     return out;
+  }
+
+  // True once the caller's cancel flag is set; the outputs are then incomplete.
+  [[nodiscard]] bool cancelled() const {
+    return p_.cancel != nullptr && p_.cancel->load(std::memory_order_relaxed);
   }
 
  private:
@@ -207,6 +214,7 @@ class Engine {
     const std::int64_t first_q = a_.q_seq.first_token(b), bq = a_.q_seq.batch_index(b);
 
     for (std::int64_t i = 0; i < lq; ++i) {
+      if (cancelled()) return;  // the caller's cancel flag: checked once per query row
       const std::int64_t j0 = mask.key_begin(i), j1 = mask.key_end(i);
       if (j1 <= j0) continue;  // sees no key: O = 0, LSE = -inf, dQ = 0 (pre-filled)
       load_row(a_.q, dt, kernel::row_offset(q_span, a_.q_st, i, h), dqk, q.data());
@@ -303,11 +311,27 @@ class Engine {
   std::vector<std::atomic<std::int64_t>> remaining_;  // tasks left per (sequence, kv head)
 };
 
-ReferenceOutputs compute(const Problem& problem, RefPrecision precision, BackwardSource source) {
+// `*cancelled` (when given) tells whether the caller's cancel flag stopped the computation.
+ReferenceOutputs compute(const Problem& problem, RefPrecision precision, BackwardSource source,
+                         bool* cancelled = nullptr) {
   if (source == BackwardSource::given_o && (!problem.is_backward() || problem.o.data == nullptr))
     source = BackwardSource::recompute;
-  if (precision == RefPrecision::naive_lowp) return Engine<float>(problem, source).run();
-  return Engine<double>(problem, source).run();
+  if (precision == RefPrecision::naive_lowp) {
+    Engine<float> engine(problem, source);
+    ReferenceOutputs out = engine.run();
+    if (cancelled) *cancelled = engine.cancelled();
+    return out;
+  }
+  Engine<double> engine(problem, source);
+  ReferenceOutputs out = engine.run();
+  if (cancelled) *cancelled = engine.cancelled();
+  return out;
+}
+
+Status cancelled_status(const char* what) {
+  return Status(StatusCode::cancelled, std::string("reference ") + what +
+                                           ": cancelled by the caller's cancel flag; nothing "
+                                           "was written");
 }
 
 // Writes a logical row-major array into a strided output view, rounding to its dtype.
@@ -344,7 +368,10 @@ class ReferenceBackend final : public BackendImpl {
 
   [[nodiscard]] Status forward(const Problem& problem) override {
     try {
-      ReferenceOutputs out = compute(problem, RefPrecision::exact, BackwardSource::recompute);
+      bool stopped = false;
+      ReferenceOutputs out =
+          compute(problem, RefPrecision::exact, BackwardSource::recompute, &stopped);
+      if (stopped) return cancelled_status("forward");
       store_view(out.o, problem.o);
       if (problem.writes_lse()) store_lse(out.lse, problem.lse);
       return Status::Ok();
@@ -358,7 +385,10 @@ class ReferenceBackend final : public BackendImpl {
       return Status(StatusCode::invalid_argument,
                     "reference backward: lse is null; the backward needs the forward's LSE");
     try {
-      ReferenceOutputs out = compute(problem, RefPrecision::exact, BackwardSource::given_o);
+      bool stopped = false;
+      ReferenceOutputs out =
+          compute(problem, RefPrecision::exact, BackwardSource::given_o, &stopped);
+      if (stopped) return cancelled_status("backward");
       store_view(out.dq, problem.dq);
       store_view(out.dk, problem.dk);
       store_view(out.dv, problem.dv);

@@ -1,3 +1,9 @@
 # cpu backend against the fp64 reference, determinism and support rule.
 strideattn_test(cpu_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/cpu_test.cpp)
+strideattn_test(cpu_nonfinite_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_nonfinite_test.cpp)
+strideattn_test(cpu_long_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_long_test.cpp)
+strideattn_test(cpu_pool_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_pool_test.cpp)
