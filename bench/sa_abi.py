@@ -11,6 +11,7 @@ SA_INVALID_ARGUMENT = 1
 SA_UNSUPPORTED = 2
 SA_BACKEND_ERROR = 3
 SA_INTERNAL = 4
+SA_CANCELLED = 5
 
 # enum sa_dtype
 SA_F16 = 0
@@ -87,6 +88,7 @@ class sa_forward_args(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("cancel", ctypes.c_void_p),
     ]
 
 
@@ -109,6 +111,7 @@ class sa_backward_args(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("cancel", ctypes.c_void_p),
     ]
 
 

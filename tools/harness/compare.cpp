@@ -46,8 +46,9 @@ ErrorStats compare(const std::vector<double>& out, const std::vector<double>& ex
   for (std::size_t i = 0; i < n; ++i) {
     const double x = out[i], e = exact[i];
     if (!std::isfinite(x) || !std::isfinite(e)) {
-      const bool overflow = policy.naive != nullptr && i < policy.naive->size() &&
-                            !std::isfinite((*policy.naive)[i]);
+      const bool overflow = policy.overflow_possible ||
+                            (policy.naive != nullptr && i < policy.naive->size() &&
+                             !std::isfinite((*policy.naive)[i]));
       if (non_finite_agrees(x, e, overflow, policy)) continue;
       ++st.non_finite;
       if (first_bad < 0) first_bad = std::int64_t(i);
@@ -96,14 +97,15 @@ double max_abs_finite(const std::vector<double>& values) {
 
 TensorCheck check_tensor(std::string name, DType dtype, const std::vector<double>& out,
                          const std::vector<double>& naive, const std::vector<double>& exact,
-                         double magnitude, bool inputs_non_finite) {
+                         double magnitude, bool inputs_non_finite, bool overflow_possible) {
   TensorCheck c;
   c.name = std::move(name);
   const double largest = max_abs_finite(exact);
   c.tol = tolerance(dtype, {.naive_err = compare(naive, exact).max_abs_err,
                             .magnitude = magnitude >= 0 ? magnitude : largest,
                             .largest = largest});
-  c.err = compare(out, exact, {.inputs_non_finite = inputs_non_finite, .naive = &naive});
+  c.err = compare(out, exact,
+                  {.inputs_non_finite = inputs_non_finite, .naive = &naive, .overflow_possible = overflow_possible});
   return c;
 }
 

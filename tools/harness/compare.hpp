@@ -31,6 +31,10 @@ struct NonFinitePolicy {
   // finite, fp32 overflowed, and a non-finite output agrees (but never an LSE of -inf, the
   // "no key" answer).
   const std::vector<double>* naive = nullptr;
+  // The inputs are large enough that some fp32 summation order of the scores (or of dP)
+  // overflows even where the naive model's does not: a non-finite output agrees anywhere the
+  // reference is finite (but never an LSE of -inf).
+  bool overflow_possible = false;
 };
 
 // Compare `out` with `exact` elementwise (both logical row-major, same length) under
@@ -79,6 +83,7 @@ struct TensorCheck {
                                        const std::vector<double>& out,
                                        const std::vector<double>& naive,
                                        const std::vector<double>& exact,
-                                       double magnitude = -1.0, bool inputs_non_finite = false);
+                                       double magnitude = -1.0, bool inputs_non_finite = false,
+                                       bool overflow_possible = false);
 
 }  // namespace strideattn::harness

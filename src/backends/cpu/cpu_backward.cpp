@@ -104,7 +104,7 @@ KeyOperands load_kv(const kernel::AttentionParams& a, DType dt, const Pack* pack
   return {w.kt.data(), w.vt.data(), w.k.data()};
 }
 
-// Q (scaled: S = (scale Q) K^T and dK = dS^T (scale Q)), dO, LSE and D of query rows
+// Q (unscaled: S = scale (Q K^T), dK = scale dS^T Q), dO, LSE and D of query rows
 // [r0, r0 + rows) of head `h`; LSE and D always go to the scratch.
 RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pack,
                       const Views& vw, DTable& dtab, std::int64_t b, std::int64_t h,
@@ -115,8 +115,7 @@ RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pa
   }
   if (pack) return {pack->q_rows(b, h, r0), pack->do_rows(b, h, r0)};
   for (std::int64_t r = 0; r < rows; ++r) {
-    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq,
-             a.scale);
+    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq);
     load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), w.dv,
              w.d_o.data() + r * w.dv);
   }
@@ -124,17 +123,18 @@ RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pa
 }
 
 // For the tile rows [r0, r0 + rows) x keys [c0, c0 + nc):
-// P = exp((scale Q) K^T - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
+// P = exp(scale (Q K^T) - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
 // dS = P * (dO V^T - D). Results in w.p and w.ds, each row's visible columns in w.j0/w.j1.
 // Returns whether the mask leaves the whole tile visible.
 bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t rows,
-                    std::int64_t c0, std::int64_t nc, const RowOperands& ro,
+                    std::int64_t c0, std::int64_t nc, float scale, const RowOperands& ro,
                     const KeyOperands& ko, Scratch& w) {
   float* p = w.p.data();
   float* ds = w.ds.data();
   std::fill_n(p, rows * kBlockKeys, 0.f);
   std::fill_n(ds, rows * kBlockKeys, 0.f);
   gemm_acc(rows, nc, w.dq, ro.q, w.dq, 1, ko.k_t, kBlockKeys, p, kBlockKeys);
+  scale_tile(p, rows, nc, scale);
   gemm_acc(rows, nc, w.dv, ro.d_o, w.dv, 1, ko.v_t, kBlockKeys, ds, kBlockKeys);
   const bool full = kernel::tile_fully_visible(mask, r0, r0 + rows, c0, c0 + nc);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -190,12 +190,12 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       if (cancel && cancel->load(std::memory_order_relaxed)) return false;
       const std::int64_t rows = kernel::min64(r0 + kBlockRows, queries.end) - r0;
       const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
-      const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
+      const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w);
       float* dk = w.partials.next();
       float* dv = dk + dk_size;
       if (tiles_in_block == 0) std::fill_n(dk, size, 0.f);
       if (full || (all_finite(ro.d_o, rows * w.dv) && all_finite(ro.q, rows * w.dq))) {
-        // dV += P^T dO ; dK += dS^T (scale Q)   (A(j, i) = P[i][j]: row step 1, column step
+        // dV += P^T dO ; dK += dS^T Q (scaled when stored)   (A(j, i) = P[i][j]: row step 1, column step
         // kBlockKeys)
         gemm_acc(nc, w.dv, rows, w.p.data(), 1, kBlockKeys, ro.d_o, w.dv, dv, w.dv);
         gemm_acc(nc, w.dq, rows, w.ds.data(), 1, kBlockKeys, ro.q, w.dq, dk, w.dq);
@@ -227,7 +227,8 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     total = w.partials.next();
   }
   for (std::int64_t j = 0; j < nc; ++j) {
-    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, total + j * w.dq);
+    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, total + j * w.dq,
+              a.scale);
     store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), w.dv,
               total + dk_size + j * w.dv);
   }
@@ -253,7 +254,7 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
     if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
     const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, true, w);
-    const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, ro, ko, w);
+    const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w);
     float* dq = w.partials.next();
     if (tiles_in_block == 0) std::fill_n(dq, size, 0.f);
     if (full || all_finite(ko.k, nc * w.dq)) {

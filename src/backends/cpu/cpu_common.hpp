@@ -132,6 +132,12 @@ inline void store_row(void* base, DType dt, std::int64_t offset, std::int64_t n,
 }
 
 // Zero `n` elements at `offset`.
+// Multiplies the first `cols` entries of `rows` rows of a [rows][kBlockKeys] tile by `scale`.
+inline void scale_tile(float* tile, std::int64_t rows, std::int64_t cols, float scale) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) tile[r * kBlockKeys + j] *= scale;
+}
+
 inline void zero_row(void* base, DType dt, std::int64_t offset, std::int64_t n) {
   if (dt == DType::f32) {
     std::fill_n(static_cast<float*>(base) + offset, n, 0.f);

@@ -86,8 +86,7 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
   float* q = w.q.data();
   float* s = w.s.data();
   for (std::int64_t r = 0; r < rows; ++r)
-    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq,
-             a.scale);  // S = (scale Q) K^T
+    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq);
   const SoftmaxMerge merge{rows, dv};
   w.partials.reset(static_cast<std::size_t>(rows * (2 + dv)));
 
@@ -99,9 +98,12 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t c1 = kernel::min64(c0 + kBlockKeys, keys.end), nc = c1 - c0;
     const KvTile kv = kv_tile(a, dt, pack, it.batch, kvh, c0, nc, w);
-    // S = (scale Q) K^T
+    // S = scale (Q K^T): the scale after the dot products, as the definition has it (a
+    // pre-scaled Q carries its rounding into every score: at logits of 1e4 that is 1e-3 in
+    // the exponent, and scale * Q can overflow where the scores do not)
     std::fill_n(s, rows * kBlockKeys, 0.f);
     gemm_acc(rows, nc, dq, q, dq, 1, kv.k_t, kBlockKeys, s, kBlockKeys);
+    scale_tile(s, rows, nc, a.scale);
 
     // The block's partial: m = max of the visible scores (NaN ignored), l = sum exp(S - m),
     // online over the block's tiles as in FlashAttention.

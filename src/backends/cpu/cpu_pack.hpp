@@ -161,7 +161,7 @@ class Pack {
     for (std::int64_t i = 0; i < a.q_seq.length(b); ++i) {
       if (what_.q_rows)
         load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, i, h), a.d_qk,
-                 base + s.q_rows + i * a.d_qk, a.scale);  // scaled, like the tile path
+                 base + s.q_rows + i * a.d_qk);  // unscaled, like the tile path
       if (what_.do_rows)
         load_row(a.d_o, dt, kernel::row_offset(do_span, a.do_st, i, h), a.d_v,
                  base + s.do_rows + i * a.d_v);
