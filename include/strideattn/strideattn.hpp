@@ -170,3 +170,36 @@ struct Explanation {
 [[nodiscard]] bool backend_compiled(Backend backend);
 
 }  // namespace strideattn
+
+// ---------------------------------------------------------------- logging
+
+namespace strideattn {
+
+// Nothing is logged unless the level is above `off`. The level starts from the environment
+// variable STRIDEATTN_LOG (read once; see log_level_from_string) and set_log_level overrides it.
+// Below `debug`, a message repeated word for word (e.g. "forward runs on cpu (auto, class ...)",
+// one per problem class and backend) is logged the first time, then as "... repeated N times:
+// <message>" when N reaches a power of two, and once more with the final count on flush_log()
+// or at exit. At `debug` every message is logged as it comes.
+enum class LogLevel { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
+[[nodiscard]] std::string_view to_string(LogLevel level);
+// Case-insensitive: off, error, warn, info, debug; also "warning" (warn), "verbose" (debug),
+// "0" / "false" / "no" / "none" (off), "1" / "true" / "yes" / "on" (info), "2" (debug).
+// nullopt for anything else (STRIDEATTN_LOG set to it logs a warning naming the accepted values
+// and uses `warn`).
+[[nodiscard]] std::optional<LogLevel> log_level_from_string(std::string_view text);
+[[nodiscard]] LogLevel log_level();
+// Also resets the repeat counts (pending counts are flushed first), so lines seen before show again.
+void set_log_level(LogLevel level);
+
+// Receives every record that passes the level: its level and the message (no prefix, no
+// newline). It may be called from any thread that calls the library, never under a library
+// lock. nullptr restores the default sink, which writes "[strideattn] <message>" lines to stderr
+// ("[strideattn] warning: ..." / "error: ..." for those levels). At exit, pending repeat counts
+// go to the default sink only: a program with its own sink calls flush_log() before it ends.
+using LogSink = void (*)(LogLevel level, std::string_view message, void* user_data);
+void set_log_sink(LogSink sink, void* user_data = nullptr);
+// Emits the pending "... repeated N times" summaries now.
+void flush_log();
+
+}  // namespace strideattn
