@@ -13,6 +13,7 @@ from ._core import (
     explain,
     version,
 )
+from ._log import flush_log, get_log_level, set_log_level
 
 __version__ = version()
 
@@ -24,6 +25,9 @@ __all__ = [
     "attention_backward",
     "compiled_backends",
     "explain",
+    "flush_log",
+    "get_log_level",
+    "set_log_level",
     "version",
     "torch",
 ]
