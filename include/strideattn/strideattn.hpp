@@ -203,3 +203,60 @@ void set_log_sink(LogSink sink, void* user_data = nullptr);
 void flush_log();
 
 }  // namespace strideattn
+
+// ---------------------------------------------------------------- fp16 / bf16 conversion
+
+#include <bit>
+
+namespace strideattn {
+
+// IEEE binary16 and bfloat16 bit patterns <-> float. Float to 16-bit rounds to nearest, ties
+// to even (overflow gives infinity, tiny values give subnormals or signed zero); infinities
+// keep their sign and NaNs stay NaN (sign and top payload bits kept, made quiet). 16-bit to
+// float is exact.
+[[nodiscard]] constexpr std::uint16_t half_from_float(float value) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  std::uint32_t r, rem, halfway;
+  if (ax >= 0x38800000u) {  // normal half: rebias the exponent, keep 10 mantissa bits
+    r = (ax >> 13) - 0x1c000u;
+    rem = ax & 0x1fffu;
+    halfway = 0x1000u;
+  } else {  // subnormal half (units of 2^-24) or zero
+    const std::uint32_t shift = 126u - (ax >> 23);
+    if (shift > 24u) return sign;
+    const std::uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    r = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    halfway = 1u << (shift - 1u);
+  }
+  if (rem > halfway || (rem == halfway && (r & 1u))) ++r;  // a carry moves up an exponent
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+[[nodiscard]] constexpr float float_from_half(std::uint16_t bits) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t e = (bits >> 10) & 0x1fu;
+  const std::uint32_t m = bits & 0x3ffu;
+  if (e == 0x1fu) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+[[nodiscard]] constexpr std::uint16_t bf16_from_float(float value) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+[[nodiscard]] constexpr float float_from_bf16(std::uint16_t bits) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
+
+}  // namespace strideattn
