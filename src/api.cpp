@@ -2,6 +2,7 @@
 #include <exception>
 
 #include "common/log.hpp"
+#include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/select.hpp"
 #include "problem/layout.hpp"
@@ -64,6 +65,11 @@ std::string_view version() { return STRIDEATTN_VERSION_STRING; }
 
 bool backend_compiled(Backend backend) { return detail::backend_impl(backend) != nullptr; }
 
+#if !defined(STRIDEATTN_WITH_CUDA)
+// CPU-only build: no CUDA runtime, no device pointers to tell apart (common/memory_check.hpp).
+detail::PointerKind detail::classify_pointer(const void*) { return PointerKind::unknown; }
+#endif
+
 namespace {
 
 using detail::Problem;
@@ -73,6 +79,7 @@ Status run(const Args& args, bool backward) {
   try {
     Problem problem;
     if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
+    if (Status s = detail::check_memory(args, &detail::classify_pointer); !s.ok()) return s;
     detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
     if (!sel.chosen) return sel.status;
     detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);

@@ -176,3 +176,93 @@ struct Explanation {
 [[nodiscard]] bool backend_compiled(Backend backend);
 
 }  // namespace strideattn
+
+// ---------------------------------------------------------------- logging
+
+namespace strideattn {
+
+// Nothing is logged unless the level is above `off`. The level starts from the environment
+// variable STRIDEATTN_LOG (read once; see log_level_from_string) and set_log_level overrides it.
+// Below `debug`, a message repeated word for word (e.g. "forward runs on cpu (auto, class ...)",
+// one per problem class and backend) is logged the first time, then as "... repeated N times:
+// <message>" when N reaches a power of two, and once more with the final count on flush_log()
+// or at exit. At `debug` every message is logged as it comes.
+enum class LogLevel { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
+[[nodiscard]] std::string_view to_string(LogLevel level);
+// Case-insensitive: off, error, warn, info, debug; also "warning" (warn), "verbose" (debug),
+// "0" / "false" / "no" / "none" (off), "1" / "true" / "yes" / "on" (info), "2" (debug).
+// nullopt for anything else (STRIDEATTN_LOG set to it logs a warning naming the accepted values
+// and uses `warn`).
+[[nodiscard]] std::optional<LogLevel> log_level_from_string(std::string_view text);
+[[nodiscard]] LogLevel log_level();
+// Also resets the repeat counts (pending counts are flushed first), so lines seen before show again.
+void set_log_level(LogLevel level);
+
+// Receives every record that passes the level: its level and the message (no prefix, no
+// newline). It may be called from any thread that calls the library, never under a library
+// lock. nullptr restores the default sink, which writes "[strideattn] <message>" lines to stderr
+// ("[strideattn] warning: ..." / "error: ..." for those levels). At exit, pending repeat counts
+// go to the default sink only: a program with its own sink calls flush_log() before it ends.
+using LogSink = void (*)(LogLevel level, std::string_view message, void* user_data);
+void set_log_sink(LogSink sink, void* user_data = nullptr);
+// Emits the pending "... repeated N times" summaries now.
+void flush_log();
+
+}  // namespace strideattn
+
+// ---------------------------------------------------------------- fp16 / bf16 conversion
+
+#include <bit>
+
+namespace strideattn {
+
+// IEEE binary16 and bfloat16 bit patterns <-> float. Float to 16-bit rounds to nearest, ties
+// to even (overflow gives infinity, tiny values give subnormals or signed zero); infinities
+// keep their sign and NaNs stay NaN (sign and top payload bits kept, made quiet). 16-bit to
+// float is exact.
+[[nodiscard]] constexpr std::uint16_t half_from_float(float value) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  std::uint32_t r, rem, halfway;
+  if (ax >= 0x38800000u) {  // normal half: rebias the exponent, keep 10 mantissa bits
+    r = (ax >> 13) - 0x1c000u;
+    rem = ax & 0x1fffu;
+    halfway = 0x1000u;
+  } else {  // subnormal half (units of 2^-24) or zero
+    const std::uint32_t shift = 126u - (ax >> 23);
+    if (shift > 24u) return sign;
+    const std::uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    r = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    halfway = 1u << (shift - 1u);
+  }
+  if (rem > halfway || (rem == halfway && (r & 1u))) ++r;  // a carry moves up an exponent
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+[[nodiscard]] constexpr float float_from_half(std::uint16_t bits) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t e = (bits >> 10) & 0x1fu;
+  const std::uint32_t m = bits & 0x3ffu;
+  if (e == 0x1fu) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+[[nodiscard]] constexpr std::uint16_t bf16_from_float(float value) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+[[nodiscard]] constexpr float float_from_bf16(std::uint16_t bits) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
+
+}  // namespace strideattn

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -361,12 +362,78 @@ CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr,
   return c;
 }
 
+
+// Logging bridge: the library's sink calls the Python forwarder (strideattn/_log.py), taking
+// the GIL, from whichever thread logs: a call made with the GIL released or a thread Python
+// never saw. The forwarder's reference is kept for the life of the process, so a thread
+// that read the pointer just before a swap still calls a live object.
+std::atomic<PyObject*> g_log_forwarder{nullptr};
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+void python_log_sink(LogLevel level, std::string_view message, void*) {
+  PyObject* forwarder = g_log_forwarder.load();
+  if (!forwarder || !Py_IsInitialized() || python_finalizing()) return;
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  // A caller's pending exception survives the record.
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* pending = PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+#endif
+  PyObject* py_level = PyLong_FromLong(static_cast<long>(level));
+  PyObject* py_message =  // an environment value in the text need not be UTF-8
+      PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()), "replace");
+  PyObject* r = py_level && py_message
+                    ? PyObject_CallFunctionObjArgs(forwarder, py_level, py_message, nullptr)
+                    : nullptr;
+  if (r) Py_DECREF(r);
+  else PyErr_WriteUnraisable(forwarder);
+  Py_XDECREF(py_level);
+  Py_XDECREF(py_message);
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(pending);
+#else
+  PyErr_Restore(type, value, trace);
+#endif
+  PyGILState_Release(gil);
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
   m.doc() = "strideattn C++ bindings (use the strideattn package, not this module)";
 
   m.def("version", [] { return std::string(version()); });
+
+  m.def("set_log_level", [](const std::string& name) {
+    const std::optional<LogLevel> level = log_level_from_string(name);
+    if (!level)
+      throw nb::value_error(("log level '" + name +
+                             "' is unknown; accepted (any case): off, error, warn, info, debug, "
+                             "warning, verbose, 0, 1, 2, true, false, yes, no, on, none")
+                                .c_str());
+    set_log_level(*level);
+  });
+  m.def("log_level", [] { return std::string(to_string(log_level())); });
+  m.def("flush_log", [] { flush_log(); });
+  m.def("_set_log_forwarder", [](nb::object forwarder) {
+    if (forwarder.is_none()) {
+      set_log_sink(nullptr);  // pending counts reach the forwarder first
+      g_log_forwarder.store(nullptr);
+      return;
+    }
+    PyObject* keep = forwarder.release().ptr();  // owned for the rest of the process
+    g_log_forwarder.store(keep);
+    set_log_sink(&python_log_sink);
+  }, nb::arg("forwarder").none());
 
   m.def("compiled_backends", [] {
     std::vector<std::string> names;

@@ -18,6 +18,7 @@ from ._core import (
 )
 from ._dropin import flash_attn_func, flash_attn_varlen_func, sdpa
 from ._util import MASK_ALIASES
+from ._log import flush_log, get_log_level, set_log_level
 
 __version__ = version()
 
@@ -33,6 +34,9 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "sdpa",
+    "flush_log",
+    "get_log_level",
+    "set_log_level",
     "version",
     "torch",
 ]

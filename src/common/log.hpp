@@ -1,20 +1,23 @@
-// Opt-in logging: the library prints nothing unless STRIDEATTN_LOG=info|debug is set.
-// Lines go to stderr, prefixed "[strideattn] ".
+// Library-internal side of logging (the public level/sink API is in strideattn.hpp):
+// log_line() filters by level, folds repeated messages into counts and hands records to the sink.
 #pragma once
 
 #include <string_view>
 
+#include "strideattn/strideattn.hpp"
+
 namespace strideattn::detail {
 
-enum class LogLevel { off = 0, info = 1, debug = 2 };
+using LogLevel = ::strideattn::LogLevel;
 
-// Level read from STRIDEATTN_LOG (cached after the first call; set_log_level overrides).
-[[nodiscard]] LogLevel log_level();
-void set_log_level_for_testing(LogLevel level);
-// Redirects log lines (tests capture them); nullptr restores stderr.
-using LogSink = void (*)(std::string_view line);
-void set_log_sink_for_testing(LogSink sink);
-
+// Records with level <= log_level() are emitted (log_level() reads STRIDEATTN_LOG once).
+using ::strideattn::log_level;
 void log_line(LogLevel level, std::string_view message);
+
+// Test hooks: the level without the environment, and a sink receiving whole
+// "[strideattn] <message>" lines (nullptr restores the public sink). Both reset repeat counts.
+void set_log_level_for_testing(LogLevel level);
+using LineSink = void (*)(std::string_view line);
+void set_log_sink_for_testing(LineSink sink);
 
 }  // namespace strideattn::detail

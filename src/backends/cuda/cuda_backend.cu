@@ -18,6 +18,7 @@
 #include "backends/cuda/kernel_params.hpp"
 #include "backends/cuda/kernel_traits.cuh"
 #include "common/log.hpp"
+#include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/select.hpp"
 #include "problem/params.hpp"
@@ -541,6 +542,25 @@ class CudaBackend final : public BackendImpl {
 BackendImpl* cuda_backend() {
   static CudaBackend backend;
   return &backend;
+}
+
+// Where a pointer lives, for the memory check of every call (common/memory_check.hpp).
+// cudaPointerGetAttributes does not synchronise; when it fails (no GPU, no driver) the
+// pointer is not checked and the error it left is cleared unless one was already pending.
+PointerKind classify_pointer(const void* ptr) {
+  const bool error_pending = cudaPeekAtLastError() != cudaSuccess;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    if (!error_pending) (void)cudaGetLastError();
+    return PointerKind::unknown;
+  }
+  switch (attr.type) {
+    case cudaMemoryTypeUnregistered: return PointerKind::host;
+    case cudaMemoryTypeHost: return PointerKind::pinned_host;
+    case cudaMemoryTypeDevice: return PointerKind::device;
+    case cudaMemoryTypeManaged: return PointerKind::managed;
+  }
+  return PointerKind::unknown;
 }
 
 }  // namespace strideattn::detail

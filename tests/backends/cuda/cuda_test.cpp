@@ -668,4 +668,49 @@ TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
   cudaFree(lse);
 }
 
+// A device pointer passed with memory = host (the default) is refused, naming the tensor,
+// before anything reads it on the host; host buffers passed as device are refused the same
+// way; the right memory runs.
+TEST(CudaBackend, MemoryFieldMustMatchThePointers) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t s = 16, h = 2, d = 64, n = s * h * d;
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 4 * n * 2), cudaSuccess);
+  std::vector<std::uint16_t> host(4 * n, 0x3c00);  // 1.0 in f16
+  ASSERT_EQ(cudaMemcpy(dev, host.data(), 4 * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  auto args_on = [&](void* base, strideattn::Memory memory) {
+    strideattn::ForwardArgs a;
+    strideattn::TensorView* views[] = {&a.q, &a.k, &a.v, &a.o};
+    for (int i = 0; i < 4; ++i) {
+      views[i]->dtype = DType::f16;
+      views[i]->shape = {1, s, h, d};
+      views[i]->stride = {n, h * d, d, 1};
+      views[i]->data = static_cast<std::uint16_t*>(base) + i * n;
+    }
+    a.memory = memory;
+    return a;
+  };
+  for (Backend b : {Backend::automatic, Backend::cpu, Backend::reference, Backend::cuda}) {
+    SCOPED_TRACE(std::string(strideattn::to_string(b)));
+    strideattn::ForwardArgs a = args_on(dev, strideattn::Memory::host);
+    a.backend = b;
+    const strideattn::Status st = strideattn::forward(a);
+    EXPECT_EQ(st.code(), strideattn::StatusCode::invalid_argument) << st.message();
+    EXPECT_EQ(st.message().rfind("q.data points to device memory but memory is host", 0), 0u)
+        << st.message();
+  }
+  strideattn::ForwardArgs mixed = args_on(dev, strideattn::Memory::device);
+  mixed.o.data = host.data();
+  const strideattn::Status st = strideattn::forward(mixed);
+  EXPECT_EQ(st.code(), strideattn::StatusCode::invalid_argument) << st.message();
+  EXPECT_EQ(st.message().rfind("o.data points to host memory but memory is device", 0), 0u)
+      << st.message();
+  strideattn::ForwardArgs right = args_on(dev, strideattn::Memory::device);
+  right.backend = Backend::cuda;
+  const strideattn::Status ok = strideattn::forward(right);
+  EXPECT_TRUE(ok.ok()) << ok.message();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(dev);
+}
+
 }  // namespace
