@@ -7,11 +7,10 @@ output). Status codes from the library become exceptions here."""
 from __future__ import annotations
 
 import contextlib
-import math
 import operator
 from typing import Any, Optional, Sequence
 
-from . import _ext
+from . import _checks, _ext
 
 MASKS = ("none", "causal", "causal-bottom-right")
 
@@ -254,16 +253,17 @@ def _int64(v: Any, what: str) -> int:
 def _int_list(x: Any, name: str) -> list:
     if x is None:
         return []
+    given = _checks.shown(x)
     if hasattr(x, "tolist"):
         x = x.tolist()
     if isinstance(x, (str, bytes)):
-        raise ValueError(f"{name} must be a sequence of integers, got {x!r}")
+        raise ValueError(f"{name} must be a sequence of integers, got {given}")
     try:
         items = list(x)
     except TypeError:
-        raise ValueError(f"{name} must be a sequence of integers, got {x!r}") from None
+        raise ValueError(f"{name} must be a sequence of integers, got {given}") from None
     if any(isinstance(v, (list, tuple)) for v in items):
-        raise ValueError(f"{name} must be one-dimensional, got {x!r}")
+        raise ValueError(f"{name} must be one-dimensional, got {given}")
     return [_int64(v, f"{name}[{i}]") for i, v in enumerate(items)]
 
 
@@ -273,7 +273,7 @@ def _window(window: Any) -> tuple:
     try:
         left, right = window
     except (TypeError, ValueError):
-        raise ValueError(f"window must be (left, right) with -1 or None for unbounded, got {window!r}") from None
+        raise ValueError(f"window must be (left, right) with -1 or None for unbounded, got {_checks.shown(window)}") from None
     left = -1 if left is None else left
     right = -1 if right is None else right
     return (_int64(left, "window left"), _int64(right, "window right"))
@@ -286,13 +286,7 @@ def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_
     if not isinstance(backend, str):
         raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {backend!r}")
     left, right = _window(window)
-    if scale is not None:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"scale must be a finite number, got {scale!r}") from None
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
+    scale = _checks.scale(scale)
     return dict(mask=mask, window_left=left, window_right=right, scale=scale,
                 deterministic=bool(deterministic),
                 seqlens_q=_int_list(seqlens_q, "seqlens_q"),
@@ -309,6 +303,8 @@ def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
     if not (hasattr(x, "__dlpack__") or fw == "numpy"):
         raise ValueError(f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), "
                          f"got {type(x).__name__}")
+    if fw == "numpy":
+        _checks.numpy_array(x, name, writable)
     if fw in ("numpy", "cupy"):
         _element_strides(x, fw)
     if writable:
@@ -451,8 +447,9 @@ def explain(q, k, v, *, mask: str = "none", window=None, scale: Optional[float] 
     "verdicts": [{"backend", "supported", "rule", "reason"}, ... in auto preference order],
     "chosen": the backend `auto` would run, or None}. grad=True explains the backward pass
     (missing out/dout/lse are allocated)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(x, name)
+    refused = _checks.unreadable(_check_tensor, q=q, k=k, v=v, out=out, dout=dout, lse=lse)
+    if refused is not None:
+        return refused
     ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
                                        seqlens_kv, offsets_q, offsets_kv, backend)
     with ctx.device_scope():
