@@ -59,7 +59,8 @@ enum sa_backend {
 enum sa_memory { SA_MEMORY_HOST = 0, SA_MEMORY_DEVICE = 1 };
 
 /* A strided tensor: logical shape [b, s, h, d] (varlen: b = 1, s counts tokens), strides
- * in elements. The head-dim stride must be 1; size-1 dims may carry any stride. */
+ * in elements. Strides may be negative (reversed views); the head-dim stride must be 1 or
+ * -1 (cuda and cudnn take 1 only); size-1 dims may carry any stride. */
 typedef struct sa_tensor_view {
   void* data;
   int32_t dtype; /* enum sa_dtype */

@@ -10,7 +10,8 @@
 // Decisions:
 //  - Negative strides (a reversed view, numpy's x[:, ::-1]) are accepted on the batch, seq
 //    and head dimensions: every backend addresses elements with signed 64-bit offsets. The
-//    head dimension must be contiguous (stride 1). Size-1 dimensions, the head dimension
+//    head dimension must be contiguous: stride 1, or -1 (reversed; the host backends read
+//    it, the GPU backends refuse it by rule). Size-1 dimensions, the head dimension
 //    included, may carry any stride; it is never used.
 //  - Zero-size batch, sequence or heads means "nothing to do" (empty outputs); a zero head
 //    dim is invalid.
@@ -349,9 +350,10 @@ Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std:
       return invalid(std::string(name) + ": " + dim_names[i] + " extent is " + std::to_string(shape[i]) +
                      "; supported: >= 0");
   }
-  if (unit_stride_dim >= 0 && shape[unit_stride_dim] > 1 && stride[unit_stride_dim] != 1)
+  if (unit_stride_dim >= 0 && shape[unit_stride_dim] > 1 && stride[unit_stride_dim] != 1 &&
+      stride[unit_stride_dim] != -1)
     return invalid(std::string(name) + ": head-dim stride is " + std::to_string(stride[unit_stride_dim]) +
-                   "; supported: 1 (the head dimension must be contiguous)");
+                   "; supported: 1, or -1 for a reversed head dim (the head dimension must be contiguous)");
   bool empty = false;
   for (std::size_t i = 0; i < N; ++i) empty = empty || shape[i] == 0;
   // Elements reach from data + low to data + reach (element offsets; low <= 0 from

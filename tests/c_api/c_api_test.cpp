@@ -146,7 +146,9 @@ TEST(CApi, ValidationMessagesComeThrough) {
   sa_forward_args a = s.args();
   a.k.stride[3] = 2;
   EXPECT_EQ(sa_forward(&a, msg, sizeof msg), SA_INVALID_ARGUMENT);
-  EXPECT_STREQ(msg, "k: head-dim stride is 2; supported: 1 (the head dimension must be contiguous)");
+  EXPECT_STREQ(msg,
+               "k: head-dim stride is 2; supported: 1, or -1 for a reversed head dim (the head dimension "
+               "must be contiguous)");
   a = s.args();
   a.v.dtype = 9;
   EXPECT_EQ(sa_forward(&a, msg, sizeof msg), SA_INVALID_ARGUMENT);

@@ -1,6 +1,6 @@
 // Reversed views (negative strides, numpy's x[:, ::-1]) and zero-head problems through the
 // public API on the host backends: forward and backward over views with a reversed batch,
-// seq or head dimension (inputs and outputs, one at a time and all together) must give
+// seq, head or head-dim dimension (inputs and outputs, one at a time and all together) give
 // what the same backend gives on contiguous copies, and write every output element; an
 // empty problem (zero heads) succeeds and writes nothing.
 #include <gtest/gtest.h>
@@ -11,30 +11,33 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_pack.hpp"
 #include "strideattn/strideattn.hpp"
 
 namespace strideattn {
 namespace {
 
+namespace cpu = detail::cpu;
+
 constexpr std::int64_t B = 2, SQ = 5, SKV = 7, H = 4, HG = 2, D = 8;
 
-// A logical [b, s, h, d] f32 tensor held contiguously in bshd order with some of b, s, h
+// A logical [b, s, h, d] f32 tensor held contiguously in bshd order with some of b, s, h, d
 // stored reversed; view() addresses it so that logical (b, s, h, d) is always the same value.
 struct Held {
   std::array<std::int64_t, 4> shape;
-  std::array<bool, 3> flip{};
+  std::array<bool, 4> flip{};
   std::vector<float> buf;
 
-  Held(std::int64_t b, std::int64_t s, std::int64_t h, std::array<bool, 3> f)
+  Held(std::int64_t b, std::int64_t s, std::int64_t h, std::array<bool, 4> f)
       : shape{b, s, h, D}, flip(f), buf(static_cast<std::size_t>(b * s * h * D), NAN) {}
   std::array<std::int64_t, 4> contiguous() const {
     return {shape[1] * shape[2] * D, shape[2] * D, D, 1};
   }
   std::size_t index(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const {
-    const std::array<std::int64_t, 3> i{b, s, h};
+    const std::array<std::int64_t, 4> i{b, s, h, d};
     const auto st = contiguous();
-    std::int64_t off = d;
-    for (int k = 0; k < 3; ++k) off += (flip[k] ? shape[k] - 1 - i[k] : i[k]) * st[k];
+    std::int64_t off = 0;
+    for (int k = 0; k < 4; ++k) off += (flip[k] ? shape[k] - 1 - i[k] : i[k]) * st[k];
     return static_cast<std::size_t>(off);
   }
   float& at(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) { return buf[index(b, s, h, d)]; }
@@ -44,7 +47,7 @@ struct Held {
     v.shape = shape;
     v.stride = contiguous();
     std::int64_t base = 0;
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < 4; ++k) {
       if (!flip[k]) continue;
       base += (shape[k] - 1) * v.stride[k];
       v.stride[k] = -v.stride[k];
@@ -60,7 +63,7 @@ struct Result {
 
 // Runs forward then backward on `backend` with the given flips for inputs (q, k, v, dO) and
 // outputs (o, dq, dk, dv); returns the outputs in logical order.
-Result run(Backend backend, std::array<bool, 3> in_flip, std::array<bool, 3> out_flip, std::uint32_t seed) {
+Result run(Backend backend, std::array<bool, 4> in_flip, std::array<bool, 4> out_flip, std::uint32_t seed) {
   Held q(B, SQ, H, in_flip), k(B, SKV, HG, in_flip), v(B, SKV, HG, in_flip), d_o(B, SQ, H, in_flip);
   Held o(B, SQ, H, out_flip), dq(B, SQ, H, out_flip), dk(B, SKV, HG, out_flip), dv(B, SKV, HG, out_flip);
   std::mt19937 rng(seed);
@@ -114,17 +117,31 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
+void match_contiguous_copies(Backend backend);
+
 class ReversedViews : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(ReversedViews, MatchContiguousCopies) {
   const Backend backend = GetParam();
+  // cpu: both the packed fp32 copies and, with no pack budget, the per-tile loads.
+  for (std::int64_t budget : {cpu::kPackBudgetBytes, std::int64_t{0}}) {
+    if (budget == 0 && backend != Backend::cpu) continue;
+    cpu::pack_budget() = budget;
+    match_contiguous_copies(backend);
+  }
+  cpu::pack_budget() = cpu::kPackBudgetBytes;
+}
+
+void match_contiguous_copies(Backend backend) {
+  SCOPED_TRACE("pack budget " + std::to_string(cpu::pack_budget().load()));
   const Result want = run(backend, {}, {}, 7);
-  const std::array<std::array<bool, 3>, 4> flips = {{{true, false, false}, {false, true, false},
-                                                     {false, false, true}, {true, true, true}}};
+  const std::array<std::array<bool, 4>, 5> flips = {{{true, false, false, false}, {false, true, false, false},
+                                                     {false, false, true, false}, {false, false, false, true},
+                                                     {true, true, true, true}}};
   for (const auto& f : flips) {
     for (bool inputs : {true, false}) {
       const std::string what = std::string(to_string(backend)) + (inputs ? " inputs" : " outputs") + " flipped " +
-                               std::to_string(f[0]) + std::to_string(f[1]) + std::to_string(f[2]) + ": ";
+                               std::to_string(f[0]) + std::to_string(f[1]) + std::to_string(f[2]) + std::to_string(f[3]) + ": ";
       const Result got = inputs ? run(backend, f, {}, 7) : run(backend, {}, f, 7);
       expect_close(got.o, want.o, what + "o");
       expect_close(got.lse, want.lse, what + "lse");

@@ -96,10 +96,21 @@ TEST_F(Validate, ValidForwardAndBackwardPass) {
   EXPECT_TRUE(check(a).ok()) << check(a).message();
 }
 
-TEST_F(Validate, HeadDimStrideMustBeOne) {
+TEST_F(Validate, HeadDimStrideMustBeOneOrMinusOne) {
   ForwardArgs a = fwd();
   a.k.stride = {SKV * HG * DQK * 2, HG * DQK * 2, DQK * 2, 2};
-  EXPECT_INVALID(check(a), "k: head-dim stride is 2", "supported: 1");
+  EXPECT_INVALID(check(a), "k: head-dim stride is 2", "supported: 1, or -1 for a reversed head dim");
+  a = fwd();
+  a.k.stride[kHeadDim] = -2;
+  EXPECT_INVALID(check(a), "k: head-dim stride is -2");
+  a = fwd();
+  a.k.data = k_buf.data() + DQK - 1;  // k[..., ::-1]
+  a.k.stride[kHeadDim] = -1;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  a = fwd();
+  a.o.data = v_buf.data() + DV - 1;  // o reversed over v's first row: overlap
+  a.o.stride[kHeadDim] = -1;
+  EXPECT_INVALID(check(a), "o overlaps v in memory", "o data + -14 bytes is v data + 0 bytes");
 }
 
 TEST_F(Validate, NegativeSize) {

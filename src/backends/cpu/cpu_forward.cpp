@@ -63,9 +63,9 @@ KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std
   const kernel::SequenceSpan k_span = a.kv_seq.span(a.k_st, b);
   const kernel::SequenceSpan v_span = a.kv_seq.span(a.v_st, b);
   for (std::int64_t j = 0; j < nc; ++j) {
-    load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, c0 + j, kvh), a.d_qk, w.row.data());
+    load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, c0 + j, kvh), a.k_st.d, a.d_qk, w.row.data());
     for (std::int64_t k = 0; k < a.d_qk; ++k) w.kt[k * kBlockKeys + j] = w.row[k];
-    load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), a.d_v, w.v.data() + j * a.d_v);
+    load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), a.v_st.d, a.d_v, w.v.data() + j * a.d_v);
   }
   return {w.kt.data(), w.v.data()};
 }
@@ -82,7 +82,7 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
   float* s = w.s.data();
   float* o = w.o.data();
   for (std::int64_t r = 0; r < rows; ++r)
-    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq,
+    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), a.q_st.d, dq, q + r * dq,
              a.scale);  // S = (scale Q) K^T
   std::fill_n(o, rows * dv, 0.f);
   std::fill_n(w.m.data(), rows, kNegInf);
@@ -130,9 +130,9 @@ void run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     const std::int64_t off = kernel::row_offset(o_span, a.o_st, it.r0 + r, it.head);
     const bool empty = !(w.l[r] > 0.f);
     if (empty)
-      zero_row(a.o, dt, off, dv);
+      zero_row(a.o, dt, off, a.o_st.d, dv);
     else
-      store_row(a.o, dt, off, dv, o + r * dv, 1.f / w.l[r]);
+      store_row(a.o, dt, off, a.o_st.d, dv, o + r * dv, 1.f / w.l[r]);
     if (a.lse)
       a.lse[kernel::lse_offset(a.q_seq, a.lse_st, it.batch, it.head, it.r0 + r)] =
           empty ? kNegInf : w.m[r] + std::log(w.l[r]);
@@ -148,7 +148,7 @@ void write_padding(const Problem& p, const kernel::AttentionParams& a) {
   for (std::int64_t t = 0; t < kernel::max64(tokens, lse_tokens); ++t) {
     if (covered[static_cast<std::size_t>(t)]) continue;
     for (std::int64_t h = 0; h < a.heads; ++h) {
-      if (t < tokens) zero_row(a.o, p.dtype, t * a.o_st.s + h * a.o_st.h, a.d_v);
+      if (t < tokens) zero_row(a.o, p.dtype, t * a.o_st.s + h * a.o_st.h, a.o_st.d, a.d_v);
       if (t < lse_tokens) a.lse[h * a.lse_st.h + t * a.lse_st.s] = kNegInf;
     }
   }
