@@ -108,3 +108,29 @@ def test_zero_heads_gives_empty_outputs(rng):
         assert o.shape == (2, 5, 0, 16)
         o, lse = sa.attention(q, q, q, backend=backend, return_lse=True)
         assert o.shape == (2, 5, 0, 16) and lse.shape == (2, 0, 5)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "auto"])
+@pytest.mark.parametrize("flip", [np.s_[::-1], np.s_[:, ::-1], np.s_[:, :, ::-1], np.s_[..., ::-1]])
+def test_reversed_numpy_views(rng, backend, flip):
+    # numpy's x[:, ::-1] is a view with a negative stride: inputs, outputs and gradients
+    # through such views match the same backend on contiguous copies.
+    q, k, v, do = (rng.standard_normal((2, 6, 4, 16)).astype(np.float32) for _ in range(4))
+
+    def reversed_copy(x):
+        r = np.ascontiguousarray(x[flip])[flip]
+        assert min(r.strides) < 0 and np.array_equal(r, x, equal_nan=True)
+        return r
+
+    want, want_lse = sa.attention(q, k, v, mask="causal", backend=backend, return_lse=True)
+    out = reversed_copy(np.full_like(q, np.nan))
+    got, lse = sa.attention(reversed_copy(q), reversed_copy(k), reversed_copy(v), mask="causal",
+                            backend=backend, out=out, return_lse=True)
+    assert got is out or np.shares_memory(got, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-6)
+    gw = sa.attention_backward(q, k, v, want, do, want_lse, mask="causal", backend=backend)
+    gr = sa.attention_backward(reversed_copy(q), reversed_copy(k), reversed_copy(v), reversed_copy(want),
+                               reversed_copy(do), want_lse, mask="causal", backend=backend)
+    for a, b in zip(gr, gw):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
