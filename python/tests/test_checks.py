@@ -134,3 +134,12 @@ def test_reversed_numpy_views(rng, backend, flip):
                                reversed_copy(do), want_lse, mask="causal", backend=backend)
     for a, b in zip(gr, gw):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_scale_must_be_a_real_number():
+    torch = pytest.importorskip("torch")
+    import strideattn.torch as sat
+    q = torch.zeros((1, 4, 2, 16))
+    for bad, kind in (("0.5", "str"), (True, "bool"), (torch.tensor([0.5]), "Tensor of shape")):
+        with pytest.raises(TypeError, match=rf"scale must be a real number \(int or float\), got {kind}"):
+            sat.attention(q, q, q, scale=bad, backend="cpu")
