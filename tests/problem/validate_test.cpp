@@ -176,7 +176,8 @@ TEST_F(Validate, NegativeStridesAreReversedViews) {
   // A reversed output still may not overlap an input: o walks back from q's end into q.
   // o[:, ::-1] placed so that its lowest element, (b 0, s 7, h 0, d 0), is q's last one.
   a = fwd();
-  a.o.data = q_buf.data() + (q_buf.size() - 1) + (SQ - 1) * H * DV;
+  a.o.data = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(q_buf.data()) +  // past q's end
+                                     2 * ((q_buf.size() - 1) + (SQ - 1) * H * DV));
   a.o.stride[kSeq] = -H * DV;
   EXPECT_INVALID(check(a), "o overlaps q in memory", "o data + -448 bytes is q data + 2046 bytes");
   // A reversed output overlapping itself (seq stride -4 with 8-wide rows).
