@@ -83,6 +83,7 @@ Status run(const Args& args, bool backward) {
     detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
     if (!sel.chosen) return sel.status;
     detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);
+    if (problem.heads == 0) return Status::Ok();  // zero heads: every output is empty
     return backward ? impl->backward(problem) : impl->forward(problem);
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::backend_error, "out of host memory");
@@ -100,6 +101,7 @@ Status workspace(const Args& args, std::size_t* bytes) {
     if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
     detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
     if (!sel.chosen) return sel.status;
+    if (problem.heads == 0) return Status::Ok();  // zero heads: nothing to run, no workspace
     return detail::backend_impl(*sel.chosen)->workspace_size(problem, bytes);
   } catch (const std::exception& e) {
     return Status(StatusCode::internal, std::string("internal error: ") + e.what());

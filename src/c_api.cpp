@@ -20,6 +20,10 @@ using namespace strideattn;
 // struct_size a caller may pass.
 constexpr std::size_t kForwardV1Size = offsetof(sa_forward_args, cancel);
 constexpr std::size_t kBackwardV1Size = offsetof(sa_backward_args, cancel);
+// How many bytes past the end of the struct this library knows it will read to check that
+// a newer caller's extra fields are zero. A larger struct_size is refused without reading:
+// a garbage or uninitialised size must give an error, not a read past the caller's struct.
+constexpr std::size_t kMaxUnknownBytes = 32;
 
 void write_text(const std::string& text, char* buf, std::size_t len) {
   if (buf == nullptr || len == 0) return;
@@ -44,6 +48,12 @@ Status read_struct(const T* in, std::size_t min_size, const char* type_name, T* 
   if (size < min_size)
     return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) + "; supported: >= " +
                    std::to_string(min_size) + " (set it to sizeof(" + type_name + "))");
+  if (size > sizeof(T) + kMaxUnknownBytes)
+    return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) + "; supported: " +
+                   std::to_string(min_size) + " to " + std::to_string(sizeof(T) + kMaxUnknownBytes) +
+                   " (sizeof(" + type_name + ") in this library (" + std::string(version()) + ") is " +
+                   std::to_string(sizeof(T)) + "; a newer caller's struct may be up to " +
+                   std::to_string(kMaxUnknownBytes) + " bytes longer)");
   if (size > sizeof(T)) {
     // A newer caller: accept when every field this library does not know is zero.
     const auto* extra = reinterpret_cast<const unsigned char*>(in) + sizeof(T);

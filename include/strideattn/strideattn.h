@@ -7,7 +7,8 @@
  *  - Argument structs start with `struct_size`: set it to sizeof(the struct) you compiled
  *    against. Fields are only ever appended; an older caller's shorter struct gets defaults
  *    for the fields it lacks, a newer caller's longer struct is accepted when the fields this
- *    library does not know are zero.
+ *    library does not know are zero and it is at most 32 bytes longer than this library's
+ *    struct (a larger struct_size is refused before any byte past the struct is read).
  *  - A zero-filled struct (plus struct_size) means every default: no mask, no window, the
  *    default scale 1/sqrt(d_qk), automatic backend, host memory, no varlen, no LSE.
  *  - Calls return an sa_status code; `msg` (may be NULL) receives one NUL-terminated line,
@@ -59,7 +60,8 @@ enum sa_backend {
 enum sa_memory { SA_MEMORY_HOST = 0, SA_MEMORY_DEVICE = 1 };
 
 /* A strided tensor: logical shape [b, s, h, d] (varlen: b = 1, s counts tokens), strides
- * in elements. The head-dim stride must be 1; size-1 dims may carry any stride. */
+ * in elements. Strides may be negative (reversed views); the head-dim stride must be 1 or
+ * -1 (cuda and cudnn take 1 only); size-1 dims may carry any stride. */
 typedef struct sa_tensor_view {
   void* data;
   int32_t dtype; /* enum sa_dtype */

@@ -7,10 +7,9 @@ output). Status codes from the library become exceptions here."""
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import _ext
+from . import _checks, _ext
 from ._util import (
     MASKS,
     BackendError,
@@ -230,13 +229,7 @@ def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_
         raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); "
                          f"got {describe(backend)}")
     left, right = window_pair(window)
-    if scale is not None:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"scale must be a finite number, got {describe(scale)}") from None
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
+    scale = _checks.scale(scale)
     return dict(mask=mask, window_left=left, window_right=right, scale=scale,
                 deterministic=bool(deterministic),
                 seqlens_q=int_list(seqlens_q, "seqlens_q"),
@@ -253,6 +246,8 @@ def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
     if not (hasattr(x, "__dlpack__") or fw == "numpy"):
         raise ValueError(f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), "
                          f"got {describe(x)}")
+    if fw == "numpy":
+        _checks.numpy_array(x, name, writable)
     if fw in ("numpy", "cupy"):
         _element_strides(x, fw)
     if writable:
@@ -397,8 +392,9 @@ def explain(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None
     "verdicts": [{"backend", "supported", "rule", "reason"}, ... in auto preference order],
     "chosen": the backend `auto` would run, or None}. grad=True explains the backward pass
     (missing out/dout/lse are allocated)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(x, name)
+    refused = _checks.unreadable(_check_tensor, q=q, k=k, v=v, out=out, dout=dout, lse=lse)
+    if refused is not None:
+        return refused
     ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
                                        seqlens_kv, offsets_q, offsets_kv, backend)
     with ctx.device_scope():

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import _core, _ext
+from . import _checks, _core, _ext
 from ._util import canonical_mask, describe, dim_order, int_list, raise_status, window_pair
 
 # ----------------------------------------------------------------------------- helpers
@@ -170,6 +170,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: str = "none", window=Non
     if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(f"q, k, v must all have 4 dimensions [b, s, h, d] (or 3 for varlen "
                          f"[tokens, h, d]); got {q.dim()}, {k.dim()}, {v.dim()}")
+    scale = _checks.scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] > 0 else 1.0
     sq, skv = _as_index_tensor(seqlens_q, "seqlens_q"), _as_index_tensor(seqlens_kv, "seqlens_kv")

@@ -120,9 +120,10 @@ SA_HD TileRange rows_seeing_all_keys(const MaskRule& m, std::int64_t c0, std::in
 
 // ------------------------------------------------------------------------------ indexing
 
-// Strides of one [b, s, h, d] tensor (head-dim stride is 1 by contract).
+// Strides of one [b, s, h, d] tensor. The head-dim stride d is 1, or -1 for a reversed
+// head dim (the cuda and cudnn backends refuse -1 and read rows as contiguous).
 struct Strides {
-  std::int64_t b = 0, s = 0, h = 0;
+  std::int64_t b = 0, s = 0, h = 0, d = 1;
 };
 
 // Where the tokens of sequence `batch` live in a tensor's seq dimension, and how many.

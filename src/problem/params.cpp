@@ -5,7 +5,8 @@ namespace strideattn::detail {
 
 namespace {
 kernel::Strides strides_of(const TensorView& t) {
-  return {t.stride[kBatch], t.stride[kSeq], t.stride[kHead]};
+  // A head dim of extent 1 may carry any stride (never used): step 1 then.
+  return {t.stride[kBatch], t.stride[kSeq], t.stride[kHead], t.shape[kHeadDim] > 1 ? t.stride[kHeadDim] : 1};
 }
 }  // namespace
 

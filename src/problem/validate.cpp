@@ -8,10 +8,15 @@
 // message, never a crash.
 //
 // Decisions:
-//  - Negative strides are rejected (on dimensions of extent > 1): it keeps the overlap
-//    math and every backend's address arithmetic simple. Size-1 dimensions may carry any
-//    stride; it is never used.
-//  - Zero-size batch or sequence means "nothing to do"; zero heads or head dim is invalid.
+//  - Negative strides (a reversed view, numpy's x[:, ::-1]) are accepted on the batch, seq
+//    and head dimensions: every backend addresses elements with signed 64-bit offsets. The
+//    head dimension must be contiguous: stride 1, or -1 (reversed; the host backends read
+//    it, the GPU backends refuse it by rule). Size-1 dimensions, the head dimension
+//    included, may carry any stride; it is never used.
+//  - Zero-size batch, sequence or heads means "nothing to do" (empty outputs); a zero head
+//    dim is invalid.
+//  - scale must be finite, > 0 and a normal fp32 number (FLT_MIN..FLT_MAX): every backend
+//    multiplies fp32 scores by it.
 //  - Head dims above what a backend supports are not a validation error (backends refuse).
 //  - Data pointers must be aligned to their element size (2 bytes for f16/bf16, 4 for f32
 //    and LSE): every backend loads elements through typed pointers.
@@ -30,9 +35,9 @@
 #include "problem/validate.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -345,29 +350,36 @@ Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std:
       return invalid(std::string(name) + ": " + dim_names[i] + " extent is " + std::to_string(shape[i]) +
                      "; supported: >= 0");
   }
-  if (unit_stride_dim >= 0 && stride[unit_stride_dim] != 1)
+  if (unit_stride_dim >= 0 && shape[unit_stride_dim] > 1 && stride[unit_stride_dim] != 1 &&
+      stride[unit_stride_dim] != -1)
     return invalid(std::string(name) + ": head-dim stride is " + std::to_string(stride[unit_stride_dim]) +
-                   "; supported: 1 (the head dimension must be contiguous)");
+                   "; supported: 1, or -1 for a reversed head dim (the head dimension must be contiguous)");
   bool empty = false;
   for (std::size_t i = 0; i < N; ++i) empty = empty || shape[i] == 0;
-  i128 reach = 0;
+  // Elements reach from data + low to data + reach (element offsets; low <= 0 from
+  // negative strides). Both ends, in bytes, must fit in int64 and the low end must not
+  // fall below address 0.
+  i128 reach = 0, low = 0;
   for (std::size_t i = 0; i < N; ++i) {
     if (shape[i] <= 1) continue;  // size-1 dims may carry any stride
-    if (stride[i] < 0)
-      return invalid(std::string(name) + ": " + dim_names[i] + " stride is " + std::to_string(stride[i]) +
-                     "; supported: >= 0 (negative strides are not supported)");
     if (empty) continue;
-    reach += static_cast<i128>(shape[i] - 1) * stride[i];
-    if (reach > kI64Max / elem_bytes - 1)
+    const i128 step = static_cast<i128>(shape[i] - 1) * stride[i];
+    (step < 0 ? low : reach) += step;
+    if (reach > kI64Max / elem_bytes - 1 || -low > kI64Max / elem_bytes - 1)
       return invalid(std::string(name) + ": view extent overflows int64 (" + dim_names[i] + " extent " +
                      std::to_string(shape[i]) + " with stride " + std::to_string(stride[i]) +
-                     " reaches past byte 2^63); supported: views whose last byte fits in int64");
+                     " reaches past byte 2^63); supported: views whose elements lie within 2^63 bytes");
   }
   if (!empty) {
-    const i128 last = static_cast<i128>(reinterpret_cast<std::uintptr_t>(data)) + reach * elem_bytes;
+    const i128 base = static_cast<i128>(reinterpret_cast<std::uintptr_t>(data));
+    const i128 last = base + reach * elem_bytes;
     if (last > kI64Max)
       return invalid(std::string(name) + ": view extent overflows int64 (pointer plus " + str(reach * elem_bytes) +
                      " bytes); supported: views whose last byte fits in int64");
+    if (data != nullptr && base + low * elem_bytes < 0)
+      return invalid(std::string(name) + ": negative strides reach " + str(-low * elem_bytes) +
+                     " bytes below the data pointer, past address 0; supported: views whose every element "
+                     "lies at a valid address");
   }
   if (data == nullptr && !empty)
     return invalid(std::string(name) + ": data is null but the view has shape " + shape_str(shape) +
@@ -384,8 +396,6 @@ Status check_tensor_alone(const char* name, const TensorView& v) {
   if (!valid_dtype(v.dtype))
     return invalid(std::string(name) + ": dtype " + std::to_string(static_cast<int>(v.dtype)) +
                    " is unknown; supported: f16, bf16, f32");
-  if (v.shape[kHead] == 0)
-    return invalid(std::string(name) + ": head extent is 0; supported: >= 1");
   if (v.shape[kHeadDim] == 0)
     return invalid(std::string(name) + ": head-dim extent is 0; supported: >= 1");
   return check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride, kTensorDims,
@@ -419,6 +429,9 @@ Status check_shapes(const Problem& p) {
   };
   for (const auto& r : rules)
     if (Status s = same_extent(r.a, *r.va, r.b, *r.vb, r.dim); !s.ok()) return s;
+  if ((p.heads == 0) != (p.kv_heads == 0))
+    return invalid("q has " + std::to_string(p.heads) + " heads but k and v have " + std::to_string(p.kv_heads) +
+                   "; supported: heads % kv_heads == 0, or both 0 (an empty problem)");
   if (p.kv_heads > 0 && p.heads % p.kv_heads != 0)
     return invalid("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " +
                    std::to_string(p.kv_heads) + " (q has " + std::to_string(p.heads) + " heads, k and v " +
@@ -450,10 +463,18 @@ Status check_options(const Problem& p) {
       return invalid(std::string("window ") + side + " is " + std::to_string(w) +
                      "; supported: -1 (unbounded) or 0.." + std::to_string(kMaxWindow) +
                      " (2^62; a window as wide as the sequence already acts as unbounded)");
-  if (!std::isfinite(p.scale) || p.scale <= 0) {
-    std::ostringstream os;
-    os << "scale is " << p.scale << "; supported: a finite value > 0";
-    return invalid(os.str());
+  // Normal fp32 range: backends multiply fp32 scores by the scale rounded to fp32, so a
+  // value that rounds to inf, 0 or a subnormal would change the answer.
+  if (!(p.scale >= static_cast<double>(std::numeric_limits<float>::min()) &&
+        p.scale <= static_cast<double>(std::numeric_limits<float>::max()))) {
+    auto shortest = [](auto x) {  // the shortest text that reads back as the same value
+      char buf[64];
+      const auto r = std::to_chars(buf, buf + sizeof buf, x);
+      return std::string(buf, r.ptr);
+    };
+    return invalid("scale is " + shortest(p.scale) + "; supported: a finite value > 0 that is a normal fp32 number (" +
+                   shortest(std::numeric_limits<float>::min()) + " to " +
+                   shortest(std::numeric_limits<float>::max()) + ")");
   }
   return Status::Ok();
 }

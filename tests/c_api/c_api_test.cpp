@@ -5,6 +5,8 @@
 // the fp64 reference under the correctness rule (docs/semantics.md), writes every output
 // element and nothing outside the output views.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -75,10 +77,50 @@ TEST(CApi, NewerCallersStructAcceptedOnlyWithZeroUnknownFields) {
   char msg[256];
   // Zero tail: accepted, and the call proceeds to validation (zero views are invalid).
   EXPECT_EQ(sa_forward(&n.base, msg, sizeof msg), SA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(msg).find("q: head extent is 0"), std::string::npos) << msg;
+  EXPECT_NE(std::string(msg).find("q: head"), std::string::npos) << msg;
   n.future_field = 5;
   EXPECT_EQ(sa_forward(&n.base, msg, sizeof msg), SA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(msg).find("non-zero fields past byte"), std::string::npos) << msg;
+}
+
+// The struct ends right before a PROT_NONE page: a struct_size past what the library may
+// read (here 560 > 496 + 32) must be refused without touching the guard page (reading the
+// claimed tail faults), and the largest accepted size reads only zero bytes.
+TEST(CApi, OversizedStructSizeIsRefusedWithoutReadingPastTheStruct) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* mem = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* bytes = static_cast<unsigned char*>(mem);
+  ASSERT_EQ(mprotect(bytes + page, page, PROT_NONE), 0);
+  // Forward: struct at the very end of the readable page.
+  auto* f = reinterpret_cast<sa_forward_args*>(bytes + page - sizeof(sa_forward_args));
+  *f = sa_test_default_forward_args_c();
+  char msg[512];
+  for (std::size_t size : {std::size_t{560}, sizeof(sa_forward_args) + 33, std::size_t{1} << 40,
+                           ~std::size_t{0}}) {
+    f->struct_size = size;
+    EXPECT_EQ(sa_forward(f, msg, sizeof msg), SA_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(msg).find("sa_forward_args.struct_size is " + std::to_string(size) + "; supported: "),
+              std::string::npos) << msg;
+    EXPECT_NE(std::string(msg).find(" to " + std::to_string(sizeof(sa_forward_args) + 32)), std::string::npos)
+        << msg;
+    EXPECT_EQ(sa_workspace_size(f, nullptr, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  }
+  // Backward likewise.
+  auto* b = reinterpret_cast<sa_backward_args*>(bytes + page - sizeof(sa_backward_args));
+  std::memset(static_cast<void*>(b), 0, sizeof *b);
+  b->struct_size = sizeof(sa_backward_args) + 64;
+  EXPECT_EQ(sa_backward(b, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("sa_backward_args.struct_size is " + std::to_string(sizeof(sa_backward_args) + 64)),
+            std::string::npos) << msg;
+  // The largest accepted size: its 32-byte tail is read (zero here), then validation runs.
+  auto* g = reinterpret_cast<sa_forward_args*>(bytes + page - sizeof(sa_forward_args) - 32);
+  std::memset(static_cast<void*>(g), 0, sizeof(sa_forward_args) + 32);
+  *g = sa_test_default_forward_args_c();
+  g->struct_size = sizeof(sa_forward_args) + 32;
+  EXPECT_EQ(sa_forward(g, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("q: head"), std::string::npos) << msg;
+  munmap(mem, 2 * page);
 }
 
 // A valid forward problem over separate bshd host buffers, for error-path tests.
@@ -104,7 +146,9 @@ TEST(CApi, ValidationMessagesComeThrough) {
   sa_forward_args a = s.args();
   a.k.stride[3] = 2;
   EXPECT_EQ(sa_forward(&a, msg, sizeof msg), SA_INVALID_ARGUMENT);
-  EXPECT_STREQ(msg, "k: head-dim stride is 2; supported: 1 (the head dimension must be contiguous)");
+  EXPECT_STREQ(msg,
+               "k: head-dim stride is 2; supported: 1, or -1 for a reversed head dim (the head dimension "
+               "must be contiguous)");
   a = s.args();
   a.v.dtype = 9;
   EXPECT_EQ(sa_forward(&a, msg, sizeof msg), SA_INVALID_ARGUMENT);

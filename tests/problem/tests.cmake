@@ -7,3 +7,4 @@ enable_language(C)
 strideattn_test(c_api_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_api_test.cpp
                                    ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_header_check.c)
 target_link_libraries(c_api_test PRIVATE strideattn_c)
+strideattn_test(problem_reversed_views_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/reversed_views_test.cpp)

@@ -96,10 +96,21 @@ TEST_F(Validate, ValidForwardAndBackwardPass) {
   EXPECT_TRUE(check(a).ok()) << check(a).message();
 }
 
-TEST_F(Validate, HeadDimStrideMustBeOne) {
+TEST_F(Validate, HeadDimStrideMustBeOneOrMinusOne) {
   ForwardArgs a = fwd();
   a.k.stride = {SKV * HG * DQK * 2, HG * DQK * 2, DQK * 2, 2};
-  EXPECT_INVALID(check(a), "k: head-dim stride is 2", "supported: 1");
+  EXPECT_INVALID(check(a), "k: head-dim stride is 2", "supported: 1, or -1 for a reversed head dim");
+  a = fwd();
+  a.k.stride[kHeadDim] = -2;
+  EXPECT_INVALID(check(a), "k: head-dim stride is -2");
+  a = fwd();
+  a.k.data = k_buf.data() + DQK - 1;  // k[..., ::-1]
+  a.k.stride[kHeadDim] = -1;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  a = fwd();
+  a.o.data = v_buf.data() + DV - 1;  // o reversed over v's first row: overlap
+  a.o.stride[kHeadDim] = -1;
+  EXPECT_INVALID(check(a), "o overlaps v in memory", "o data + -14 bytes is v data + 0 bytes");
 }
 
 TEST_F(Validate, NegativeSize) {
@@ -108,13 +119,27 @@ TEST_F(Validate, NegativeSize) {
   EXPECT_INVALID(check(a), "q:", "seq extent is -3", ">= 0");
 }
 
-TEST_F(Validate, ZeroHeadsOrHeadDimInvalid) {
+TEST_F(Validate, ZeroHeadDimInvalid) {
   ForwardArgs a = fwd();
   a.v.shape[kHeadDim] = 0;
   EXPECT_INVALID(check(a), "v:", "head-dim extent is 0");
+}
+
+TEST_F(Validate, ZeroHeadsIsNothingToDo) {
+  ForwardArgs a = fwd();
+  a.q.shape[kHead] = a.k.shape[kHead] = a.v.shape[kHead] = a.o.shape[kHead] = a.lse.shape[1] = 0;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  BackwardArgs b = bwd();
+  for (TensorView* t : {&b.q, &b.k, &b.v, &b.o, &b.d_o, &b.dq, &b.dk, &b.dv}) t->shape[kHead] = 0;
+  b.lse.shape[1] = 0;
+  EXPECT_TRUE(check(b).ok()) << check(b).message();
+  // Only one side empty: the query heads have no KV head to read (or KV heads no query).
   a = fwd();
-  a.q.shape[kHead] = 0;
-  EXPECT_INVALID(check(a), "q:", "head extent is 0");
+  a.q.shape[kHead] = a.o.shape[kHead] = a.lse.shape[1] = 0;
+  EXPECT_INVALID(check(a), "q has 0 heads but k and v have 2", "both 0");
+  a = fwd();
+  a.k.shape[kHead] = a.v.shape[kHead] = 0;
+  EXPECT_INVALID(check(a), "q has 4 heads but k and v have 0");
 }
 
 TEST_F(Validate, EmptyBatchOrSequenceIsNothingToDo) {
@@ -132,11 +157,61 @@ TEST_F(Validate, EmptyBatchOrSequenceIsNothingToDo) {
   EXPECT_TRUE(check(a).ok()) << check(a).message();
 }
 
-TEST_F(Validate, NegativeStrideRejected) {
+TEST_F(Validate, NegativeStridesAreReversedViews) {
   ForwardArgs a = fwd();
-  a.q.data = q_buf.data() + (SQ - 1) * H * DQK;
+  a.q.data = q_buf.data() + (SQ - 1) * H * DQK;  // q[:, ::-1]
   a.q.stride[kSeq] = -H * DQK;
-  EXPECT_INVALID(check(a), "q: seq stride is -64", "negative strides are not supported");
+  a.k.data = k_buf.data() + (HG - 1) * DQK;  // k[:, :, ::-1]
+  a.k.stride[kHead] = -DQK;
+  a.o.data = o_buf.data() + (B - 1) * SQ * H * DV + (SQ - 1) * H * DV;  // o[::-1, ::-1]
+  a.o.stride[kBatch] = -SQ * H * DV;
+  a.o.stride[kSeq] = -H * DV;
+  a.lse.data = lse_buf.data() + SQ - 1;
+  a.lse.stride[2] = -1;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  BackwardArgs b = bwd();
+  b.dk.data = dk_buf.data() + (SKV - 1) * HG * DQK;
+  b.dk.stride[kSeq] = -HG * DQK;
+  EXPECT_TRUE(check(b).ok()) << check(b).message();
+  // A reversed output still may not overlap an input: o walks back from q's end into q.
+  // o[:, ::-1] placed so that its lowest element, (b 0, s 7, h 0, d 0), is q's last one.
+  a = fwd();
+  a.o.data = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(q_buf.data()) +  // past q's end
+                                     2 * ((q_buf.size() - 1) + (SQ - 1) * H * DV));
+  a.o.stride[kSeq] = -H * DV;
+  EXPECT_INVALID(check(a), "o overlaps q in memory", "o data + -448 bytes is q data + 2046 bytes");
+  // A reversed output overlapping itself (seq stride -4 with 8-wide rows).
+  a = fwd();
+  a.o.data = o_buf.data() + 64;
+  a.o.stride = {0, -4, 0, 1};
+  a.o.shape = {1, 4, 1, DV};
+  a.q.shape = {1, 4, 1, DQK};
+  a.k.shape = {1, SKV, 1, DQK};
+  a.v.shape = {1, SKV, 1, DV};
+  a.lse = {};
+  EXPECT_INVALID(check(a), "o overlaps itself");
+}
+
+TEST_F(Validate, NegativeStridesMayNotReachBelowAddressZero) {
+  ForwardArgs a = fwd();
+  a.q.data = reinterpret_cast<void*>(std::uintptr_t{64});
+  a.q.stride[kSeq] = -H * DQK;  // seq 7 sits 7 * 64 elements below address 64
+  EXPECT_INVALID(check(a), "q: negative strides reach 896 bytes below the data pointer");
+  a = fwd();
+  a.k.stride[kBatch] = std::numeric_limits<std::int64_t>::min() / 2;
+  EXPECT_INVALID(check(a), "k: view extent overflows int64", "batch extent 2");
+}
+
+TEST_F(Validate, HeadDimOfOneMayCarryAnyStride) {
+  ForwardArgs a = fwd();
+  for (TensorView* t : {&a.q, &a.k}) {
+    t->shape[kHeadDim] = 1;
+    t->stride[kHeadDim] = 5;
+  }
+  a.q.stride[kHeadDim] = -3;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  a.v.stride[kHeadDim] = 2;  // d_v = 8 > 1: still refused
+  EXPECT_INVALID(check(a), "v: head-dim stride is 2");
 }
 
 TEST_F(Validate, SizeOneDimsMayCarryAnyStride) {
@@ -303,6 +378,20 @@ TEST_F(Validate, ScaleMustBeFinitePositive) {
   EXPECT_INVALID(check(a), "scale is nan");
   a.options.scale = std::numeric_limits<double>::infinity();
   EXPECT_INVALID(check(a), "scale is inf");
+  // Outside the normal fp32 range: rounds to inf, or to a subnormal / zero, in fp32.
+  a.options.scale = 1e39;
+  EXPECT_INVALID(check(a), "scale is 1e+39", "normal fp32");
+  a.options.scale = static_cast<double>(std::numeric_limits<float>::max()) * (1 + 1e-15);
+  EXPECT_INVALID(check(a), "scale is 3.40282346638529");
+  a.options.scale = 1e-39;
+  EXPECT_INVALID(check(a), "scale is 1e-39");
+  a.options.scale = 5e-324;
+  EXPECT_INVALID(check(a), "scale is 5e-324");
+  // The ends of the range are accepted.
+  for (float ok : {std::numeric_limits<float>::min(), std::numeric_limits<float>::max()}) {
+    a.options.scale = static_cast<double>(ok);
+    EXPECT_TRUE(check(a).ok()) << check(a).message();
+  }
 }
 
 TEST_F(Validate, UnknownMaskKind) {
@@ -507,6 +596,12 @@ TEST(ViewsOverlap, MatchesBruteForceOnRandomSmallViews) {
     x ^= x << 17;
     return static_cast<std::int64_t>(x % n);
   };
+  auto place = [&](TensorView& v) {  // element-aligned, every element within the arena
+    std::int64_t below = 0;  // elements reversed dimensions reach below the data pointer
+    for (int i = 0; i < 3; ++i)
+      if (v.stride[i] < 0) below += (v.shape[i] - 1) * -v.stride[i];
+    v.data = base + static_cast<std::int64_t>(size_of(v.dtype)) * (below + next(200));
+  };
   auto random_view = [&]() {
     TensorView v;
     v.dtype = next(3) == 0 ? DType::f32 : DType::f16;
@@ -517,7 +612,9 @@ TEST(ViewsOverlap, MatchesBruteForceOnRandomSmallViews) {
     }
     v.shape[3] = 1 + next(6);
     v.stride[3] = 1;
-    v.data = base + es * next(200);  // element-aligned within the arena
+    for (int i = 0; i < 3; ++i)
+      if (next(3) == 0) v.stride[i] = -v.stride[i];  // a reversed dimension
+    place(v);
     return v;
   };
   auto bytes_of = [&](const TensorView& v) {
@@ -540,6 +637,7 @@ TEST(ViewsOverlap, MatchesBruteForceOnRandomSmallViews) {
     if (trial % 2 == 0) {  // same strides, shifted, other extents: views side by side in one buffer
       b.stride = a.stride;
       b.dtype = a.dtype;
+      place(b);
     }
     const std::vector<bool> sa = bytes_of(a), sb = bytes_of(b);
     bool truth = false;

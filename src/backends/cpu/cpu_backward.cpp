@@ -95,10 +95,10 @@ KeyOperands load_kv(const kernel::AttentionParams& a, DType dt, const Pack* pack
   if (pack) return {pack->k_t(b, kvh, c0), pack->v_t(b, kvh, c0), pack->k_rows(b, kvh, c0)};
   for (std::int64_t j = 0; j < nc; ++j) {
     float* row = w.row.data();
-    load_row(a.k, dt, kernel::row_offset(vw.k, a.k_st, c0 + j, kvh), w.dq, row);
+    load_row(a.k, dt, kernel::row_offset(vw.k, a.k_st, c0 + j, kvh), a.k_st.d, w.dq, row);
     for (std::int64_t x = 0; x < w.dq; ++x) w.kt[x * kBlockKeys + j] = row[x];
     if (k_rows) std::copy_n(row, w.dq, w.k.data() + j * w.dq);
-    load_row(a.v, dt, kernel::row_offset(vw.v, a.v_st, c0 + j, kvh), w.dv, row);
+    load_row(a.v, dt, kernel::row_offset(vw.v, a.v_st, c0 + j, kvh), a.v_st.d, w.dv, row);
     for (std::int64_t x = 0; x < w.dv; ++x) w.vt[x * kBlockKeys + j] = row[x];
   }
   return {w.kt.data(), w.vt.data(), w.k.data()};
@@ -115,8 +115,8 @@ RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pa
   }
   if (pack) return {pack->q_rows(b, h, r0), pack->do_rows(b, h, r0)};
   for (std::int64_t r = 0; r < rows; ++r) {
-    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), w.dq, w.q.data() + r * w.dq);
-    load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), w.dv,
+    load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), a.q_st.d, w.dq, w.q.data() + r * w.dq);
+    load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), a.do_st.d, w.dv,
              w.d_o.data() + r * w.dv);
   }
   return {w.q.data(), w.d_o.data()};
@@ -163,8 +163,8 @@ void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& i
   const Views vw = views_of(a, it.batch);
   for (std::int64_t i = it.r0; i < it.r1; ++i)
     for (std::int64_t h = 0; h < a.heads; ++h) {
-      load_row(a.o, dt, kernel::row_offset(vw.o, a.o_st, i, h), w.dv, w.acc_b.data());
-      load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, i, h), w.dv, w.row.data());
+      load_row(a.o, dt, kernel::row_offset(vw.o, a.o_st, i, h), a.o_st.d, w.dv, w.acc_b.data());
+      load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, i, h), a.do_st.d, w.dv, w.row.data());
       float sum = 0.f;
       for (std::int64_t x = 0; x < w.dv; ++x) sum += w.acc_b[x] * w.row[x];
       *dtab.at(it.batch, i, h) = sum;
@@ -227,9 +227,9 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     total = w.partials.next();
   }
   for (std::int64_t j = 0; j < nc; ++j) {
-    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), w.dq, total + j * w.dq,
+    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), a.dk_st.d, w.dq, total + j * w.dq,
               a.scale);
-    store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), w.dv,
+    store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), a.dv_st.d, w.dv,
               total + dk_size + j * w.dv);
   }
   return true;
@@ -277,7 +277,7 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
     total = w.partials.next();
   }
   for (std::int64_t r = 0; r < rows; ++r)
-    store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), w.dq, total + r * w.dq,
+    store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), a.dq_st.d, w.dq, total + r * w.dq,
               a.scale);
   return true;
 }
@@ -292,7 +292,7 @@ void zero_padding(void* base, DType dt, const kernel::SequenceTable& table, std:
   const auto covered = covered_tokens(table, batch, tokens);
   for (std::int64_t t = 0; t < tokens; ++t)
     if (!covered[static_cast<std::size_t>(t)])
-      for (std::int64_t h = 0; h < heads; ++h) zero_row(base, dt, t * st.s + h * st.h, dim);
+      for (std::int64_t h = 0; h < heads; ++h) zero_row(base, dt, t * st.s + h * st.h, st.d, dim);
 }
 
 // Runs fn(item, scratch) over the items; fn returns false when cancelled, which sets

@@ -87,62 +87,85 @@ inline void heaviest_first(std::vector<WorkItem>& items) {
 
 // ------------------------------------------------------------------------------ rows
 
-// dst[0..n) = element `offset + k` of `base` (dtype `dt`) as fp32, times `mul`.
-inline void load_row(const void* base, DType dt, std::int64_t offset, std::int64_t n, float* dst,
-                     float mul = 1.f) {
+// A row of the head dim: element k is `offset + k * step` of `base` (step is the head-dim
+// stride, 1 or -1 for a reversed head dim). The unit-stride loops stay separate so that they
+// vectorise.
+
+// dst[0..n) = row elements (dtype `dt`) as fp32, times `mul`.
+inline void load_row(const void* base, DType dt, std::int64_t offset, std::int64_t step, std::int64_t n,
+                     float* dst, float mul = 1.f) {
   switch (dt) {
     case DType::f32: {
       const float* s = static_cast<const float*>(base) + offset;
-      for (std::int64_t k = 0; k < n; ++k) dst[k] = s[k] * mul;
+      if (step == 1)
+        for (std::int64_t k = 0; k < n; ++k) dst[k] = s[k] * mul;
+      else
+        for (std::int64_t k = 0; k < n; ++k) dst[k] = s[k * step] * mul;
       return;
     }
     case DType::bf16: {
       const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + offset;
-      for (std::int64_t k = 0; k < n; ++k) dst[k] = bf16_to_float(s[k]) * mul;
+      if (step == 1)
+        for (std::int64_t k = 0; k < n; ++k) dst[k] = bf16_to_float(s[k]) * mul;
+      else
+        for (std::int64_t k = 0; k < n; ++k) dst[k] = bf16_to_float(s[k * step]) * mul;
       return;
     }
     case DType::f16: {
       const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + offset;
-      for (std::int64_t k = 0; k < n; ++k) dst[k] = f16_to_float(s[k]) * mul;
+      if (step == 1)
+        for (std::int64_t k = 0; k < n; ++k) dst[k] = f16_to_float(s[k]) * mul;
+      else
+        for (std::int64_t k = 0; k < n; ++k) dst[k] = f16_to_float(s[k * step]) * mul;
       return;
     }
   }
 }
 
-// Element `offset + k` of `base` = src[k] * mul rounded to `dt` (round to nearest even).
-inline void store_row(void* base, DType dt, std::int64_t offset, std::int64_t n, const float* src,
-                      float mul = 1.f) {
+// Row elements = src[k] * mul rounded to `dt` (round to nearest even).
+inline void store_row(void* base, DType dt, std::int64_t offset, std::int64_t step, std::int64_t n,
+                      const float* src, float mul = 1.f) {
   switch (dt) {
     case DType::f32: {
       float* d = static_cast<float*>(base) + offset;
-      for (std::int64_t k = 0; k < n; ++k) d[k] = src[k] * mul;
+      if (step == 1)
+        for (std::int64_t k = 0; k < n; ++k) d[k] = src[k] * mul;
+      else
+        for (std::int64_t k = 0; k < n; ++k) d[k * step] = src[k] * mul;
       return;
     }
     case DType::bf16: {
       std::uint16_t* d = static_cast<std::uint16_t*>(base) + offset;
-      for (std::int64_t k = 0; k < n; ++k) d[k] = float_to_bf16(src[k] * mul);
+      if (step == 1)
+        for (std::int64_t k = 0; k < n; ++k) d[k] = float_to_bf16(src[k] * mul);
+      else
+        for (std::int64_t k = 0; k < n; ++k) d[k * step] = float_to_bf16(src[k] * mul);
       return;
     }
     case DType::f16: {
       std::uint16_t* d = static_cast<std::uint16_t*>(base) + offset;
-      for (std::int64_t k = 0; k < n; ++k) d[k] = float_to_f16(src[k] * mul);
+      if (step == 1)
+        for (std::int64_t k = 0; k < n; ++k) d[k] = float_to_f16(src[k] * mul);
+      else
+        for (std::int64_t k = 0; k < n; ++k) d[k * step] = float_to_f16(src[k] * mul);
       return;
     }
   }
 }
 
-// Zero `n` elements at `offset`.
 // Multiplies the first `cols` entries of `rows` rows of a [rows][kBlockKeys] tile by `scale`.
 inline void scale_tile(float* tile, std::int64_t rows, std::int64_t cols, float scale) {
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t j = 0; j < cols; ++j) tile[r * kBlockKeys + j] *= scale;
 }
 
-inline void zero_row(void* base, DType dt, std::int64_t offset, std::int64_t n) {
-  if (dt == DType::f32) {
-    std::fill_n(static_cast<float*>(base) + offset, n, 0.f);
-  } else {
-    std::fill_n(static_cast<std::uint16_t*>(base) + offset, n, std::uint16_t{0});  // +0 in f16/bf16
+// Zero the `n` row elements.
+inline void zero_row(void* base, DType dt, std::int64_t offset, std::int64_t step, std::int64_t n) {
+  for (std::int64_t k = 0; k < n; ++k) {
+    if (dt == DType::f32)
+      static_cast<float*>(base)[offset + k * step] = 0.f;
+    else
+      static_cast<std::uint16_t*>(base)[offset + k * step] = std::uint16_t{0};  // +0 in f16/bf16
   }
 }
 

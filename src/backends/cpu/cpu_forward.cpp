@@ -67,9 +67,9 @@ KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std
   const kernel::SequenceSpan k_span = a.kv_seq.span(a.k_st, b);
   const kernel::SequenceSpan v_span = a.kv_seq.span(a.v_st, b);
   for (std::int64_t j = 0; j < nc; ++j) {
-    load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, c0 + j, kvh), a.d_qk, w.row.data());
+    load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, c0 + j, kvh), a.k_st.d, a.d_qk, w.row.data());
     for (std::int64_t k = 0; k < a.d_qk; ++k) w.kt[k * kBlockKeys + j] = w.row[k];
-    load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), a.d_v, w.v.data() + j * a.d_v);
+    load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, c0 + j, kvh), a.v_st.d, a.d_v, w.v.data() + j * a.d_v);
   }
   return {w.kt.data(), w.v.data()};
 }
@@ -86,7 +86,7 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
   float* q = w.q.data();
   float* s = w.s.data();
   for (std::int64_t r = 0; r < rows; ++r)
-    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), dq, q + r * dq);
+    load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, it.r0 + r, it.head), a.q_st.d, dq, q + r * dq);
   const SoftmaxMerge merge{rows, dv};
   w.partials.reset(static_cast<std::size_t>(rows * (2 + dv)));
 
@@ -161,17 +161,17 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     const std::int64_t off = kernel::row_offset(o_span, a.o_st, i, it.head);
     float lse = kNegInf;
     if (mask.key_end(i) <= mask.key_begin(i) || total == nullptr) {
-      zero_row(a.o, dt, off, dv);  // the mask leaves this row no key
+      zero_row(a.o, dt, off, a.o_st.d, dv);  // the mask leaves this row no key
     } else {
       const float m = total[r], l = total[rows + r];
       if (m == kNegInf) {
         // Every visible score is -inf or NaN: the definition's exp(S - max) is NaN.
         const float nan = std::numeric_limits<float>::quiet_NaN();
         for (std::int64_t k = 0; k < dv; ++k) w.row[k] = nan;
-        store_row(a.o, dt, off, dv, w.row.data());
+        store_row(a.o, dt, off, a.o_st.d, dv, w.row.data());
         lse = nan;
       } else {
-        store_row(a.o, dt, off, dv, total + 2 * rows + r * dv, 1.f / l);
+        store_row(a.o, dt, off, a.o_st.d, dv, total + 2 * rows + r * dv, 1.f / l);
         lse = m + std::log(l);
       }
     }
@@ -189,7 +189,7 @@ void write_padding(const Problem& p, const kernel::AttentionParams& a) {
   for (std::int64_t t = 0; t < kernel::max64(tokens, lse_tokens); ++t) {
     if (covered[static_cast<std::size_t>(t)]) continue;
     for (std::int64_t h = 0; h < a.heads; ++h) {
-      if (t < tokens) zero_row(a.o, p.dtype, t * a.o_st.s + h * a.o_st.h, a.d_v);
+      if (t < tokens) zero_row(a.o, p.dtype, t * a.o_st.s + h * a.o_st.h, a.o_st.d, a.d_v);
       if (t < lse_tokens) a.lse[h * a.lse_st.h + t * a.lse_st.s] = kNegInf;
     }
   }

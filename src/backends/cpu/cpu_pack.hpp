@@ -134,7 +134,7 @@ class Pack {
     for (std::int64_t j = 0; j < a.kv_seq.length(b); ++j) {
       const std::int64_t tile = j / kBlockKeys * kBlockKeys, col = j % kBlockKeys;
       if (what_.k_t || what_.k_rows) {
-        load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, j, kvh), dq, row);
+        load_row(a.k, dt, kernel::row_offset(k_span, a.k_st, j, kvh), a.k_st.d, dq, row);
         if (what_.k_rows) std::copy_n(row, dq, base + s.k_rows + j * dq);
         if (what_.k_t) {
           float* t = base + s.k_t + tile * dq + col;
@@ -142,7 +142,7 @@ class Pack {
         }
       }
       if (what_.v_rows || what_.v_t) {
-        load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, j, kvh), dv, row);
+        load_row(a.v, dt, kernel::row_offset(v_span, a.v_st, j, kvh), a.v_st.d, dv, row);
         if (what_.v_rows) std::copy_n(row, dv, base + s.v_rows + j * dv);
         if (what_.v_t) {
           float* t = base + s.v_t + tile * dv + col;
@@ -160,10 +160,10 @@ class Pack {
     const kernel::SequenceSpan do_span = a.q_seq.span(a.do_st, b);
     for (std::int64_t i = 0; i < a.q_seq.length(b); ++i) {
       if (what_.q_rows)
-        load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, i, h), a.d_qk,
+        load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, i, h), a.q_st.d, a.d_qk,
                  base + s.q_rows + i * a.d_qk);  // unscaled, like the tile path
       if (what_.do_rows)
-        load_row(a.d_o, dt, kernel::row_offset(do_span, a.do_st, i, h), a.d_v,
+        load_row(a.d_o, dt, kernel::row_offset(do_span, a.do_st, i, h), a.do_st.d, a.d_v,
                  base + s.do_rows + i * a.d_v);
     }
   }

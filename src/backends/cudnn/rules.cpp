@@ -107,6 +107,22 @@ Check check_unit_dim_stride(const DeviceInfo&, const Problem& p) {
   return std::nullopt;
 }
 
+// cuDNN tensors (and Hopper TMA descriptors) take non-negative strides only; a reversed
+// view (a negative stride on a dimension of extent > 1) goes to another backend.
+Check check_negative_strides(const DeviceInfo&, const Problem& p) {
+  static constexpr const char* dims[4] = {"batch", "seq", "head", "head-dim"};
+  for (const auto& t : tensors_of(p))
+    for (int i = 0; i < 4; ++i)
+      if (t.view->shape[i] > 1 && t.view->stride[i] < 0)
+        return std::string("tensor ") + t.name + " " + dims[i] + " stride " + str(t.view->stride[i]) +
+               "; supported: >= 0 (cuDNN takes no reversed views)";
+  for (int i = 0; i < 3; ++i)
+    if (p.lse.data != nullptr && p.lse.shape[i] > 1 && p.lse.stride[i] < 0)
+      return "lse stride " + str(p.lse.stride[i]) + " on dimension " + str(i) +
+             "; supported: >= 0 (cuDNN takes no reversed views)";
+  return std::nullopt;
+}
+
 Check check_head_dim(const DeviceInfo& d, const Problem& p) {
   std::int64_t limit = 128;
   std::string why = "cuDNN on sm" + str(d.sm);
@@ -201,10 +217,10 @@ Check check_varlen_versions(const DeviceInfo& d, const Problem& p) {
 
 // cuDNN graphs cannot have empty dimensions: there must be a query and a key somewhere.
 Check check_empty_problem(const DeviceInfo&, const Problem& p) {
-  if (p.batch > 0 && p.s_q > 0 && p.s_kv > 0) return std::nullopt;
+  if (p.batch > 0 && p.s_q > 0 && p.s_kv > 0 && p.heads > 0) return std::nullopt;
   return std::string(p.varlen ? "longest sequence" : "sizes") + ": batch " + str(p.batch) +
-         ", s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) +
-         "; supported: batch, s_q and s_kv >= 1 (cuDNN graphs cannot have empty dimensions)";
+         ", s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) + ", heads " + str(p.heads) +
+         "; supported: batch, s_q, s_kv and heads >= 1 (cuDNN graphs cannot have empty dimensions)";
 }
 
 // A query row that sees no key must give O = 0 and LSE = -inf; cuDNN leaves such rows
@@ -318,6 +334,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
       rule("dtype", check_dtype),
       rule("empty_problem", check_empty_problem),
       rule("head_dim_stride", check_unit_dim_stride),
+      rule("negative_stride", check_negative_strides),
       rule("head_dim", check_head_dim),
       rule("deterministic_mla", check_deterministic_mla),
       rule("alignment", check_alignment),

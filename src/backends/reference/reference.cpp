@@ -75,10 +75,10 @@ void axpy(Acc alpha, const Acc* x, Acc* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// Loads `n` elements of a row (head-dim stride 1 by contract) as Acc.
+// Loads `n` elements of a row, `step` (the head-dim stride) apart, as Acc.
 template <class Acc>
-void load_row(const void* base, DType dtype, std::int64_t offset, std::int64_t n, Acc* out) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<Acc>(load_as_float(base, dtype, offset + i));
+void load_row(const void* base, DType dtype, std::int64_t offset, std::int64_t step, std::int64_t n, Acc* out) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<Acc>(load_as_float(base, dtype, offset + i * step));
 }
 
 // Runs task(i) for i in [0, n) on up to hardware_concurrency threads. Exceptions (out of
@@ -197,8 +197,8 @@ class Engine {
     // K and V of this sequence and KV head, contiguous.
     std::vector<Acc> k = zeros(lk * dqk), v = zeros(lk * dv);
     for (std::int64_t j = 0; j < lk; ++j) {
-      load_row(a_.k, dt, kernel::row_offset(k_span, a_.k_st, j, hk), dqk, &k[std::size_t(j * dqk)]);
-      load_row(a_.v, dt, kernel::row_offset(v_span, a_.v_st, j, hk), dv, &v[std::size_t(j * dv)]);
+      load_row(a_.k, dt, kernel::row_offset(k_span, a_.k_st, j, hk), a_.k_st.d, dqk, &k[std::size_t(j * dqk)]);
+      load_row(a_.v, dt, kernel::row_offset(v_span, a_.v_st, j, hk), a_.v_st.d, dv, &v[std::size_t(j * dv)]);
     }
     Partial* part = nullptr;
     if (backward) {
@@ -217,7 +217,7 @@ class Engine {
       if (cancelled()) return;  // the caller's cancel flag: checked once per query row
       const std::int64_t j0 = mask.key_begin(i), j1 = mask.key_end(i);
       if (j1 <= j0) continue;  // sees no key: O = 0, LSE = -inf, dQ = 0 (pre-filled)
-      load_row(a_.q, dt, kernel::row_offset(q_span, a_.q_st, i, h), dqk, q.data());
+      load_row(a_.q, dt, kernel::row_offset(q_span, a_.q_st, i, h), a_.q_st.d, dqk, q.data());
 
       // S = scale * q.k, softmax (max-subtracted), LSE natural log.
       Acc m = -std::numeric_limits<Acc>::infinity();
@@ -248,8 +248,8 @@ class Engine {
       // from a given fp32 LSE would make the target inherit that LSE's error as a
       // normalization error). O, for D, is this row's O from above or the caller's.
       if (source_ == BackwardSource::given_o)
-        load_row(a_.o, dt, kernel::row_offset(a_.q_seq.span(a_.o_st, b), a_.o_st, i, h), dv, o.data());
-      load_row(a_.d_o, dt, kernel::row_offset(a_.q_seq.span(a_.do_st, b), a_.do_st, i, h), dv, d_o.data());
+        load_row(a_.o, dt, kernel::row_offset(a_.q_seq.span(a_.o_st, b), a_.o_st, i, h), a_.o_st.d, dv, o.data());
+      load_row(a_.d_o, dt, kernel::row_offset(a_.q_seq.span(a_.do_st, b), a_.do_st, i, h), a_.do_st.d, dv, d_o.data());
       // rowsum(dO * O); naive: summed last to first, because no backward computes it in the
       // order of its dP = dO V^T (a separate pass and a GEMM): where O equals a V row (rows
       // that see one key) dP - D cancels exactly only in a shared order, and the model's

@@ -7,8 +7,8 @@
 // seeded sweep, bitwise determinism of the backward, every dK/dV kernel (sm_90a wgmma, the
 // default on H100/H200; at d <= 64 / 128 8-warp, the default elsewhere and behind
 // STRIDEATTN_CUDA_WGMMA=0, 4-warp behind STRIDEATTN_CUDA_KV8=0; at d <= 256 4-warp elsewhere),
-// their single-pass and two-pass backward on the same inputs, and which kernels run on
-// sm_90a. Skips when no GPU is present.
+// their single-pass and two-pass backward on the same inputs, which kernels run on sm_90a,
+// and reversed views (negative strides). Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -234,6 +234,30 @@ TEST(CudaBackend, TransposedPaddedAndUnalignedViews) {
     expect_cuda_ok(with_views(c, [&](const char* n, std::int64_t hh) {
       return ViewSpec{n, 3, {1, 130, hh, dd}, {130 * hh * (dd + 1), hh * (dd + 1), dd + 1, 1}};
     }));
+  }
+}
+
+// Reversed views (negative strides, numpy's x[:, ::-1]) on batch, seq and heads, one at a
+// time and together, for every tensor (inputs, outputs, gradients): aligned (vector loads,
+// paired stores walking backwards) and with odd strides (element-wise path). A reversed
+// head dim (stride -1) is refused by the head_dim_stride rule and not run here.
+TEST(CudaBackend, ReversedViews) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t b = 2, s = 150, h = 4, hg = 2, d = 64;
+  const CaseSpec base = dense(DType::bf16, b, s, s, h, hg, d, d, MaskKind::causal);
+  for (std::int64_t row : {d, d + 1}) {  // head stride: aligned, then odd
+    for (int flips : {1, 2, 4, 7}) {     // bit 0 batch, bit 1 seq, bit 2 heads
+      SCOPED_TRACE(::testing::Message() << "head stride " << row << " reversed dims " << flips);
+      expect_cuda_ok(with_views(base, [&](const char* n, std::int64_t hh) {
+        ViewSpec v{n, 0, {b, s, hh, d}, {s * hh * row, hh * row, row, 1}};
+        for (int i = 0; i < 3; ++i) {
+          if (!(flips & (1 << i))) continue;
+          v.offset += (v.shape[i] - 1) * v.stride[i];
+          v.stride[i] = -v.stride[i];
+        }
+        return v;
+      }));
+    }
   }
 }
 

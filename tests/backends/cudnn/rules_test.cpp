@@ -231,6 +231,28 @@ TEST(CudnnRules, EmptyProblemsAreRefusedNotBuilt) {
   expect_refused(verdict(hopper(), b.problem()), "empty_problem", "longest sequence");
 }
 
+TEST(CudnnRules, ZeroHeadsIsAnEmptyProblem) {
+  Fixture a;
+  a.h = a.hg = 0;
+  expect_refused(verdict(hopper(), a.problem()), "empty_problem", "heads 0");
+}
+
+TEST(CudnnRules, NegativeStridesAreRefused) {
+  Fixture a;
+  Problem p = a.problem();
+  EXPECT_TRUE(verdict(hopper(), p).supported) << verdict(hopper(), p).reason;
+  // k[:, ::-1]: same bytes, seq walked backwards from the last token.
+  p.k.data = static_cast<char*>(p.k.data) + (p.k.shape[kSeq] - 1) * p.k.stride[kSeq] * 2;
+  p.k.stride[kSeq] = -p.k.stride[kSeq];
+  expect_refused(verdict(hopper(), p), "negative_stride", "tensor k seq stride -256");
+  // A size-1 dimension's negative stride is never used: still supported.
+  Fixture b;
+  b.b = 1;
+  Problem q = b.problem();
+  q.o.stride[kBatch] = -5;
+  EXPECT_TRUE(verdict(hopper(), q).supported) << verdict(hopper(), q).reason;
+}
+
 TEST(CudnnRules, BottomRightNeedsSqNotAboveSkvWhenDense) {
   Fixture a;
   a.sq = 64;
