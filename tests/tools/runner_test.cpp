@@ -133,6 +133,36 @@ TEST(RunCase, PlantedCorruptionIsCaught) {
   }
 }
 
+// dO naming O's buffer: the backends' backward reads the O their forward wrote there (or, in
+// the same buffer beside O, the pristine random values); the targets must read the same dO.
+// The targets read the pristine dO instead, so every backend mismatched (f32: dq 3.09).
+TEST(RunCase, DoAliasingOutputGetsTheSameTargetsAsTheBackends) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool same_elements : {true, false}) {
+      CaseSpec spec = small_case(true);
+      spec.dtype = dtype;
+      const ViewSpec o = spec.views.o;  // contiguous sbhd [2, 37, 4, 24] in buffer "o"
+      if (same_elements) {
+        spec.views.d_o = o;
+      } else {  // after O in the same buffer
+        spec.views.d_o = o;
+        spec.views.d_o.offset = required_extent(o) + 5;
+      }
+      CaseReport rep;
+      ASSERT_TRUE(run_case(spec, {Backend::reference, Backend::cpu}, &rep).ok());
+      for (const BackendResult& r : rep.backends) {
+        EXPECT_EQ(r.status, "ok") << to_string(dtype) << " same_elements=" << same_elements
+                                  << " " << to_string(r.backend) << ": " << r.reason;
+        for (const TensorCheck& c : r.checks) EXPECT_EQ(c.err.non_finite, 0) << c.name;
+      }
+      // Still a real comparison: a planted dv error is caught.
+      spec.plant = CaseSpec::Plant{.kind = "value", .tensor = "dv", .index = 3, .delta = 0.25};
+      ASSERT_TRUE(run_case(spec, {Backend::cpu}, &rep).ok());
+      EXPECT_EQ(only(rep).status, "mismatch") << to_string(dtype);
+    }
+  }
+}
+
 TEST(RunCase, InvalidViewsAreInvalidArgument) {
   CaseSpec spec = small_case(false);
   spec.views.o = spec.views.q;  // o overlaps q exactly

@@ -422,10 +422,13 @@ double ms_since(Clock::time_point t0) {
 // The fp64 answer key and the naive model of one case (see docs/semantics.md
 // "Correctness rule"). Backward targets are either fixed per case (f32: the true gradient)
 // or computed from the O each backend's forward produced (f16/bf16: backward_targets()).
+// They are computed per backend too when the forward writes into dO's buffer (dO aliasing
+// O): the targets must read the dO the backend's backward reads, after that forward.
 struct Targets {
   detail::ReferenceOutputs exact, naive;  // forward; and backward when fixed per case
-  const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O)
-  bool from_given_o = false;
+  const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O, dO)
+  bool per_backend = false;                   // backward targets after each backend's forward
+  detail::RefBackwardInputs inputs = detail::RefBackwardInputs::recompute;
 };
 
 BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Targets& t) {
@@ -447,9 +450,12 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     return r;
   };
 
-  // Forward on fresh inputs with poisoned O and LSE.
+  // Forward on fresh inputs with poisoned O and LSE. With grad, dO is an input of the case
+  // too: a dO in O's buffer keeps its values outside O (the buffer is not poisoned whole).
   p.bufs.restore(p.pristine);
-  p.bufs.prepare_outputs({cv.o, &cv.lse}, {}, {cv.q, cv.k, cv.v});
+  std::vector<const ViewSpec*> inputs = {cv.q, cv.k, cv.v};
+  if (spec.grad) inputs.push_back(cv.d_o);
+  p.bufs.prepare_outputs({cv.o, &cv.lse}, {}, inputs);
   DeviceMirror dev;
   if (gpu)
     if (Status s = dev.upload(p.bufs); !s.ok()) return fail(s, "forward");
@@ -472,11 +478,10 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     detail::ReferenceOutputs given_exact, given_naive;
     const detail::ReferenceOutputs* bexact = &t.exact;
     const detail::ReferenceOutputs* bnaive = &t.naive;
-    if (t.from_given_o) {
-      given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact,
-                                              detail::RefBackwardInputs::given_o);
-      given_naive = detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp,
-                                              detail::RefBackwardInputs::given_o);
+    if (t.per_backend) {
+      given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact, t.inputs);
+      given_naive =
+          detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp, t.inputs);
       bexact = &given_exact;
       bnaive = &given_naive;
     }
@@ -573,12 +578,14 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
       Explanation ex = explain(forward_args(spec, p.cv, hb, Backend::automatic, Memory::host));
       report->layout = ex.layout;
     }
-    // Forward targets, and backward targets when they don't depend on the backend's O.
+    // Forward targets, and backward targets when they depend on neither the backend's O nor
+    // a dO the forward writes.
     Targets t;
     t.backward = &bwd;
-    t.from_given_o = spec.grad && detail::backward_targets(spec.dtype) ==
-                                      detail::RefBackwardInputs::given_o;
-    const detail::Problem& ref_problem = spec.grad && !t.from_given_o ? bwd : fwd;
+    t.inputs = detail::backward_targets(spec.dtype);
+    t.per_backend = spec.grad && (t.inputs == detail::RefBackwardInputs::given_o ||
+                                  p.cv.d_o->buffer == p.cv.o->buffer);
+    const detail::Problem& ref_problem = spec.grad && !t.per_backend ? bwd : fwd;
     t.exact = detail::reference_compute(ref_problem, detail::RefPrecision::exact);
     t.naive = detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
 
@@ -591,7 +598,7 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     };
     std::vector<Want> wants = {{"o", &t.exact.o, &t.naive.o, numel(*p.cv.o)},
                                {"lse", &t.exact.lse, &t.naive.lse, numel(p.cv.lse)}};
-    if (spec.grad && !t.from_given_o) {
+    if (spec.grad && !t.per_backend) {
       wants.push_back({"dq", &t.exact.dq, &t.naive.dq, numel(*p.cv.dq)});
       wants.push_back({"dk", &t.exact.dk, &t.naive.dk, numel(*p.cv.dk)});
       wants.push_back({"dv", &t.exact.dv, &t.naive.dv, numel(*p.cv.dv)});
