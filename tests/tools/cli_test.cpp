@@ -87,6 +87,41 @@ TEST(CliInvalid, VarlenPastEnd) {
 TEST(CliInvalid, ViewExtentOverflows) {
   expect_invalid("check --q q:1,2,1,64:1,9223372036854775807,64,1 --backends cpu", "q");
 }
+// Lengths, offsets and extents near 2^63: an error naming the option and its value, never a
+// signed overflow (UBSan aborted) or "cannot create std::vector larger than max_size()".
+TEST(CliInvalid, SeqlenNear2To63) {
+  expect_invalid("check --seqlen-q 9223372036854775807 --backends cpu",
+                 "--seqlen-q 9223372036854775807");
+}
+TEST(CliInvalid, HeadsTimesHeadDimOverflows) {
+  expect_invalid("check --heads 4294967296 --head-dim 4294967296 --backends cpu",
+                 "--heads 4294967296");
+}
+TEST(CliInvalid, ViewOffsetNear2To63) {
+  expect_invalid("check --q q+9223372036854775807:0,8,2,16:256,32,16,1 --backends cpu",
+                 "--q q+9223372036854775807");
+}
+TEST(CliInvalid, ViewShapeAndStridesNear2To63) {
+  const std::string big = "9223372036854775807";
+  expect_invalid("check --q q:1," + big + ",1,8:1," + big + ",8,1 --backends cpu",
+                 "--q 'q:1," + big + ",1,8");
+  expect_invalid("check --q q:1,1099511627776,1,8:1,4611686018427387904,8,1 --backends cpu",
+                 "--q q:1,1099511627776,1,8:1,4611686018427387904,8,1: reaches element");
+}
+TEST(CliInvalid, VarlenOffsetNear2To63) {
+  expect_invalid("check --seqlens-q 10 --offsets-q 9223372036854775800 --backends cpu",
+                 "--offsets-q 9223372036854775800");
+}
+// Eight-element K and V viewed with stride 0 over 2^50 keys: the buffers are tiny (the memory
+// check said 1e9 GiB); what cannot be done is the fp64 reference's work, and it says so.
+TEST(CliInvalid, StrideZeroOverHugeKeyCountIsRefusedForItsWork) {
+  const std::string n = "1125899906842624";
+  const std::string args = "check --dtype f32 --q q:1,4,1,8:32,8,8,1 --o o:1,4,1,8:32,8,8,1 --k k:1," +
+                           n + ",1,8:0,0,0,1 --v v:1," + n + ",1,8:0,0,0,1 --backends cpu";
+  expect_invalid(args, "FLOP");
+  EXPECT_EQ(run_cli(args).err.find("GiB"), std::string::npos);
+}
+
 TEST(CliInvalid, NegativeSize) { expect_invalid("check --heads -3 --backends cpu", "negative"); }
 TEST(CliInvalid, UnknownBackend) { expect_invalid("check --backends cpu,tpu", "tpu"); }
 TEST(CliInvalid, UnknownLayout) { expect_invalid("check --layout abcd", "abcd"); }

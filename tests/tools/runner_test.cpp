@@ -3,6 +3,8 @@
 // backend test could be passing vacuously.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "harness/buffers.hpp"
 #include "harness/runner.hpp"
 
@@ -72,6 +74,64 @@ TEST(BufferSet, ChangedInputIsCaught) {
   for (std::int64_t o : view_offsets(out)) bufs.at("o").set_bits(o, 0);
   bufs.at("q").set_bits(5, bufs.at("q").bits(5) ^ 0x1);
   EXPECT_FALSE(bufs.check_after_run().guard_ok);
+}
+
+TEST(Views, RequiredExtentCountsOffsetAndReachNotStrideZero) {
+  EXPECT_EQ(required_extent(view("x", 5, {2, 3, 1, 8}, {100, 10, 0, 1})), 5 + 100 + 20 + 7 + 1);
+  EXPECT_EQ(required_extent(view("x", 7, {1, std::int64_t(1) << 50, 1, 8}, {0, 0, 0, 1})), 7 + 8);
+  EXPECT_EQ(required_extent(view("x", 9, {0, 4, 1, 8}, {32, 8, 8, 1})), 9);  // empty: the offset
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(required_extent(view("x", 0, {1, big, 1, 8}, {1, big, 8, 1})), big);  // saturates
+  EXPECT_EQ(required_extent(view("x", big, {1, 1, 1, 1}, {1, 1, 1, 1})), big);
+}
+
+TEST(Views, LayoutSizesNear2To63AreRefused) {
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  ProblemSizes z;
+  z.batch = 1, z.s_q = big, z.s_kv = big, z.heads = 4, z.kv_heads = 4, z.d_qk = 64, z.d_v = 64;
+  LayoutViews lv;
+  for (const std::string& name : layout_names()) {
+    if (name[0] == 't') continue;  // varlen: below
+    const Status s = make_layout_views(name, z, &lv);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << name;
+    EXPECT_NE(s.message().find("--seqlen-q 9223372036854775807"), std::string::npos) << s.message();
+  }
+  z.s_q = z.s_kv = 8, z.heads = z.kv_heads = z.d_qk = z.d_v = std::int64_t(1) << 32;
+  EXPECT_EQ(make_layout_views("sb(h+2hg)d", z, &lv).code(), StatusCode::invalid_argument);
+  ProblemSizes v;
+  v.heads = v.kv_heads = 2;
+  v.seqlens_q = v.seqlens_kv = {10, big};
+  const Status s = make_layout_views("thd_thd_thd", v, &lv);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("--seqlens-q"), std::string::npos) << s.message();
+  v.seqlens_q = v.seqlens_kv = {10};
+  v.offsets_q = {big - 3};
+  EXPECT_NE(make_layout_views("t3hd", v, &lv).message().find("--offsets-q 9223372036854775804"),
+            std::string::npos);
+}
+
+// The memory pre-check counts each buffer's real extent: offsets and gaps count, logical
+// elements that stride 0 maps onto one element do not.
+TEST(HostMemory, CountsRealExtentsNotLogicalElements) {
+  CaseSpec spec;
+  spec.dtype = DType::f32;
+  spec.views.q = view("q", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.o = view("o", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.k = view("k", 0, {1, std::int64_t(1) << 50, 1, 8}, {0, 0, 0, 1});
+  spec.views.v = view("v", 0, {1, std::int64_t(1) << 50, 1, 8}, {0, 0, 0, 1});
+  const HostMemoryEstimate e = estimate_host_memory(spec, false);
+  EXPECT_LT(e.total(), 1 << 20) << e.total();
+  EXPECT_GT(e.total(), 4 * (4 * 32 + 4 * 512));  // four small buffers and their guard bands
+  // The reference's copies of K and V do scale with the key count.
+  EXPECT_GT(estimate_host_memory(spec, true).scratch, 1e15);
+
+  spec.dtype = DType::f16;
+  spec.views.k = view("k", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.v = view("v", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.q.offset = std::int64_t(1) << 31;  // 2^31 elements before q's first
+  const HostMemoryEstimate off = estimate_host_memory(spec, false);
+  EXPECT_GE(off.buffers, 7.0 * double(std::int64_t(1) << 31)) << off.buffers;
+  EXPECT_LT(off.buffers, 7.1 * double(std::int64_t(1) << 31)) << off.buffers;
 }
 
 CaseSpec small_case(bool grad) {

@@ -78,6 +78,18 @@ struct BenchResult {
 // is not null). Invalid views return invalid_argument with the library's message.
 [[nodiscard]] Status explain_case(const CaseSpec& spec, Explanation* fwd, Explanation* bwd);
 
+// Host memory a case takes, in bytes, as the runner checks it before allocating (a case
+// past 75% of the machine's memory is refused). Buffers count their real extents (offset +
+// the largest element a positive stride reaches + 1; stride 0 adds nothing) times the
+// buffer, its pristine copy, its snapshot and its output mask. With the fp64 reference
+// (run_case; not explain or bench): 64 bytes per logical output element, and the
+// reference's per-thread fp64 copies of one head's K and V rows.
+struct HostMemoryEstimate {
+  double buffers = 0, reference = 0, scratch = 0;
+  [[nodiscard]] double total() const { return buffers + reference + scratch; }
+};
+[[nodiscard]] HostMemoryEstimate estimate_host_memory(const CaseSpec& spec, bool with_reference);
+
 // True when a CUDA device is usable in this process (false in CPU-only builds).
 [[nodiscard]] bool gpu_available();
 

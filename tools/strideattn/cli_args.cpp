@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "harness/checked.hpp"
+
 namespace strideattn::cli {
 
 namespace {
@@ -302,6 +304,9 @@ Status parse_view(const std::string& option, const std::string& text, ViewSpec* 
     v.shape[i] = shape[i];
     v.stride[i] = stride[i];
   }
+  const auto pos = [](std::int64_t x) { return std::max<std::int64_t>(x, 0); };
+  if (!harness::checked_product({pos(shape[0]), pos(shape[1]), pos(shape[2]), pos(shape[3])}))
+    return fail("the shape has more than 2^63 - 1 elements");
   *out = v;
   return Status::Ok();
 }
