@@ -107,6 +107,8 @@ Explanation explain_impl(const Args& args) {
     if (!ex.validation.ok()) return ex;
     ex.layout = detail::describe_layout(problem);
     detail::Selection sel = detail::select_backend(problem, Backend::automatic);
+    // An unknown STRIDEATTN_BACKEND makes every call fail: explain says so, not "chosen: none".
+    if (sel.status.code() == StatusCode::invalid_argument) ex.validation = sel.status;
     ex.verdicts = std::move(sel.verdicts);
     ex.chosen = sel.chosen;
   } catch (const std::exception& e) {

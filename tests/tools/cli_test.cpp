@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdlib.h>
 #include <fstream>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -35,11 +36,11 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// Runs the CLI with `args` (already shell-quoted where needed).
-Result run_cli(const std::string& args) {
+// Runs the CLI with `args` (already shell-quoted where needed), `env` (NAME=value ...) set.
+Result run_cli(const std::string& args, const std::string& env = "") {
   const std::string base = ::testing::TempDir() + "strideattn_cli_" +
                            ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  const std::string cmd = std::string("'") + STRIDEATTN_CLI + "' " + args + " >'" + base +
+  const std::string cmd = env + " '" + STRIDEATTN_CLI + "' " + args + " >'" + base +
                           ".out' 2>'" + base + ".err'";
   const int st = std::system(cmd.c_str());
   Result r;
@@ -55,8 +56,9 @@ int lines(const std::string& s) {
   return n;
 }
 
-void expect_invalid(const std::string& args, const std::string& mention) {
-  const Result r = run_cli(args);
+void expect_invalid(const std::string& args, const std::string& mention,
+                    const std::string& env = "") {
+  const Result r = run_cli(args, env);
   EXPECT_EQ(r.code, 2) << args << "\nstdout: " << r.out << "\nstderr: " << r.err;
   EXPECT_EQ(lines(r.err), 1) << args << "\nstderr: " << r.err;
   EXPECT_EQ(r.err.rfind("strideattn: error: ", 0), 0u) << r.err;
@@ -144,6 +146,59 @@ TEST(CliInvalid, FuzzNeedsCases) { expect_invalid("fuzz --grad", "--cases"); }
 TEST(CliInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --cases 3 --heads 4", "--heads"); }
 TEST(CliInvalid, ExplainValidates) {
   expect_invalid("explain --heads 5 --kv-heads 2", "5");
+}
+
+// An unknown STRIDEATTN_BACKEND: explain said "auto chooses: nothing (see above)" with nothing
+// above, check and the demo exited 1 (DISAGREES). Now a usage error (exit 2) everywhere.
+TEST(CliInvalid, UnknownBackendEnvironmentIsAUsageError) {
+  const std::string env = "STRIDEATTN_BACKEND=garbage";
+  for (const char* args : {"", "explain --preset small", "explain --preset small --grad --json",
+                           "check --preset small --backends cpu", "check --preset small --backends auto",
+                           "bench --preset small --backends cpu", "fuzz --cases 1 --backends cpu"}) {
+    expect_invalid(args, "STRIDEATTN_BACKEND='garbage'", env);
+    expect_invalid(args, "supported: auto, reference, cpu, cuda, cudnn", env);
+  }
+  EXPECT_EQ(run_cli("explain --preset small", "STRIDEATTN_BACKEND=cpu").code, 0);
+}
+
+// The library's explain() reports it as a validation failure, not a silent "chosen: none".
+TEST(CliLibrary, ExplainRefusesUnknownBackendEnvironment) {
+  Invocation inv;
+  ASSERT_TRUE(parse_command_line({"explain", "--preset", "small"}, &inv).ok());
+  ::setenv("STRIDEATTN_BACKEND", "garbage", 1);
+  Explanation fwd;
+  const Status s = harness::explain_case(inv.spec, &fwd, nullptr);
+  ::unsetenv("STRIDEATTN_BACKEND");
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(fwd.validation.code(), StatusCode::invalid_argument);
+  EXPECT_NE(fwd.validation.message().find("'garbage'"), std::string::npos) << fwd.validation.message();
+  EXPECT_NE(fwd.validation.message().find("cudnn"), std::string::npos) << fwd.validation.message();
+}
+
+// Under --json every error is one JSON object on stdout (it printed nothing there).
+TEST(CliJson, ErrorsAreJsonOnStdout) {
+  struct Case {
+    std::string args, env, mention;
+    int code;
+  };
+  const Case cases[] = {
+      {"check --heads x --json", "", "--heads", 2},
+      {"check --json --bogus 3", "", "--bogus", 2},
+      {"check --preset small --backends cpu --json --layout sb3hd --heads 8 --kv-heads 2", "", "sb3hd", 2},
+      {"explain --preset small --json", "STRIDEATTN_BACKEND=garbage", "garbage", 2},
+      {"fuzz --json", "", "--cases", 2},
+      {"bench --preset small --json --seqlen-q 9223372036854775807", "", "9223372036854775807", 2},
+  };
+  for (const Case& c : cases) {
+    const Result r = run_cli(c.args, c.env);
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out << r.err;
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << c.args << ": stdout is not JSON: " << r.out;
+    EXPECT_EQ(j["error"]["code"], "invalid_argument") << r.out;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(c.mention), std::string::npos) << r.out;
+    EXPECT_EQ(j["exit_code"], c.code) << r.out;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+  }
 }
 
 TEST(Cli, HelpExitsZero) {

@@ -439,6 +439,13 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
   return Status::Ok();
 }
 
+Status check_environment() {
+  const char* env = std::getenv("STRIDEATTN_BACKEND");
+  if (env == nullptr || *env == '\0' || backend_from_string(env)) return Status::Ok();
+  return bad(std::string("STRIDEATTN_BACKEND='") + env +
+             "' is not a backend; supported: auto, reference, cpu, cuda, cudnn (or unset)");
+}
+
 std::vector<Backend> available_backends() {
   std::vector<Backend> out;
   for (Backend b : kConcreteBackends) {

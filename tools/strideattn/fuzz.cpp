@@ -261,7 +261,11 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad) {
 int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   using json = nlohmann::ordered_json;
   if (inv.require_gpu && !harness::gpu_available()) {
-    std::printf("fuzz: skipped: no GPU present (this test needs one)\n");
+    if (inv.json)
+      std::printf("%s\n", json({{"skipped", "no GPU present (this test needs one)"},
+                                 {"exit_code", 77}}).dump(2).c_str());
+    else
+      std::printf("fuzz: skipped: no GPU present (this test needs one)\n");
     return 77;
   }
   std::int64_t passed = 0, failed = 0, unsupported = 0;
