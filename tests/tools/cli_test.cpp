@@ -142,6 +142,26 @@ TEST(CliInvalid, NotAnInteger) { expect_invalid("check --seqlen-q 12x", "12x"); 
 TEST(CliInvalid, PackedLayoutNeedsEqualHeads) {
   expect_invalid("check --layout sb3hd --heads 8 --kv-heads 2", "sb3hd");
 }
+// A size option beside a view that says otherwise printed h=4 and ran h=2; a repeated
+// --mask took the last one; --seqlens-q -3 did not name the option.
+TEST(CliInvalid, SizeOptionDisagreesWithView) {
+  expect_invalid("check --heads 4 --q q:1,128,2,64:16384,128,64,1 --backends cpu",
+                 "--heads 4 but --q q:1,128,2,64:16384,128,64,1 has heads 2");
+  expect_invalid("check --head-dim-v 32 --o o:1,128,4,64:32768,256,64,1 --backends cpu",
+                 "--head-dim-v 32 but --o");
+  expect_invalid("check --seqlen-kv 100 --k k:1,128,4,64:32768,256,64,1 --backends cpu",
+                 "--seqlen-kv 100 but --k");
+  expect_invalid("check --seqlens-q 4,5 --seqlen-q 9 --backends cpu", "--seqlen-q 9");
+}
+TEST(CliInvalid, RepeatedOption) {
+  expect_invalid("check --mask causal --mask none --backends cpu", "--mask given twice");
+  expect_invalid("check --preset small --dtype f16 --dtype=bf16", "--dtype given twice");
+  expect_invalid("check --seed 1 --backends cpu --seed 2", "--seed given twice");
+}
+TEST(CliInvalid, NegativeVarlenNamesTheOption) {
+  expect_invalid("check --seqlens-q -3 --backends cpu", "--seqlens-q -3");
+  expect_invalid("check --seqlens-q 3,4 --offsets-kv 0,-8 --backends cpu", "--offsets-kv 0,-8");
+}
 TEST(CliInvalid, FuzzNeedsCases) { expect_invalid("fuzz --grad", "--cases"); }
 TEST(CliInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --cases 3 --heads 4", "--heads"); }
 TEST(CliInvalid, ExplainValidates) {

@@ -69,11 +69,6 @@ CommandOptions options_of(Command c) {
   }
 }
 
-bool tensor_option(const std::string& name) {
-  static const std::set<std::string> k = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
-  return k.count(name) > 0;
-}
-
 Status parse_backends(const std::string& text, std::vector<Backend>* out) {
   out->clear();
   std::string item;
@@ -91,7 +86,7 @@ Status parse_backends(const std::string& text, std::vector<Backend>* out) {
 
 // The PROBLEM options as given, before resolution.
 struct RawProblem {
-  std::map<std::string, std::string> values;  // option -> text (last one wins)
+  std::map<std::string, std::string> values;  // option -> text (each given at most once)
   bool deterministic = false;
   [[nodiscard]] bool has(const std::string& k) const { return values.count(k) > 0; }
 };
@@ -153,8 +148,45 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
                     SizeOpt{"seqlen-kv", &z.s_kv}, SizeOpt{"heads", &z.heads},
                     SizeOpt{"kv-heads", &z.kv_heads}, SizeOpt{"head-dim", &z.d_qk},
                     SizeOpt{"head-dim-v", &z.d_v}})
-    if (raw.has(o.name))
+    if (raw.has(o.name)) {
       if (Status s = parse_int(o.name, raw.values.at(o.name), o.field); !s.ok()) return s;
+      if (*o.field < 0)
+        return bad("--" + std::string(o.name) + " " + raw.values.at(o.name) +
+                   ": must not be negative");
+    }
+  // A size option and an explicit view that disagree: refuse, naming both (the views won
+  // silently for some dimensions and the option for others).
+  const bool varlen_given = raw.has("seqlens-q") || raw.has("seqlens-kv") ||
+                            raw.has("offsets-q") || raw.has("offsets-kv");
+  struct ViewDim {
+    const char* option;
+    int dim;
+    const char* what;
+    std::initializer_list<const char*> tensors;
+  };
+  for (const ViewDim& c :
+       {ViewDim{"batch", kBatch, "batch", {"q", "o", "k", "v", "do", "dq", "dk", "dv"}},
+        ViewDim{"seqlen-q", kSeq, "seqlen", {"q", "o", "do", "dq"}},
+        ViewDim{"seqlen-kv", kSeq, "seqlen", {"k", "v", "dk", "dv"}},
+        ViewDim{"heads", kHead, "heads", {"q", "o", "do", "dq"}},
+        ViewDim{"kv-heads", kHead, "heads", {"k", "v", "dk", "dv"}},
+        ViewDim{"head-dim", kHeadDim, "head dim", {"q", "k", "dq", "dk"}},
+        ViewDim{"head-dim-v", kHeadDim, "head dim", {"v", "o", "do", "dv"}}}) {
+    if (!raw.has(c.option)) continue;
+    if (varlen_given && c.dim != kHead && c.dim != kHeadDim) {
+      if (std::string(c.option) == "batch") continue;  // checked against --seqlens-q below
+      return bad("--" + std::string(c.option) + " " + raw.values.at(c.option) +
+                 " with varlen options: the sequence lengths come from --seqlens-q/--seqlens-kv;"
+                 " drop --" + c.option);
+    }
+    std::int64_t given = 0;
+    (void)parse_int(c.option, raw.values.at(c.option), &given);
+    for (const char* t : c.tensors)
+      if (views.count(t) && views.at(t).shape[c.dim] != given)
+        return bad("--" + std::string(c.option) + " " + raw.values.at(c.option) + " but --" + t +
+                   " " + format_view(views.at(t)) + " has " + c.what + " " +
+                   std::to_string(views.at(t).shape[c.dim]) + "; give one or make them agree");
+  }
   // A size given alone carries its partner along (unless a view or option says otherwise).
   if (raw.has("seqlen-q") && !raw.has("seqlen-kv") && !kv_from_view) z.s_kv = z.s_q;
   if (raw.has("heads") && !raw.has("kv-heads") && !hg_from_view && !preset) z.kv_heads = z.heads;
@@ -179,6 +211,13 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
     if (raw.has("offsets-kv"))
       if (Status s = parse_list("offsets-kv", raw.values.at("offsets-kv"), &z.offsets_kv); !s.ok())
         return s;
+    for (auto [name, list] : {std::pair{"seqlens-q", &z.seqlens_q}, std::pair{"seqlens-kv", &z.seqlens_kv},
+                              std::pair{"offsets-q", &z.offsets_q}, std::pair{"offsets-kv", &z.offsets_kv}})
+      for (std::int64_t x : *list)
+        if (x < 0)
+          return bad("--" + std::string(name) + " " + raw.values.at(name) + ": " +
+                     (name[0] == 's' ? "token counts" : "offsets") + " must not be negative (found " +
+                     std::to_string(x) + ")");
     const std::int64_t n = std::int64_t(z.seqlens_q.size());
     if (std::int64_t(z.seqlens_kv.size()) != n)
       return bad("--seqlens-kv has " + std::to_string(z.seqlens_kv.size()) +
@@ -379,13 +418,12 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
       if (i + 1 >= args.size()) return bad("option --" + name + " needs a value");
       value = args[++i];
     }
-    if (problem_valued) {
-      if (tensor_option(name) && raw.has(name))
-        return bad("view --" + name + " given twice");
-      raw.values[name] = value;
-    } else {
-      values[name] = value;
-    }
+    // Every valued option at most once (a repeated --mask silently took the last one).
+    std::map<std::string, std::string>& into = problem_valued ? raw.values : values;
+    if (into.count(name))
+      return bad("option --" + name + " given twice ('" + into.at(name) + "' and '" + value +
+                 "'); give it once");
+    into[name] = value;
   }
 
   if (values.count("backends")) {
