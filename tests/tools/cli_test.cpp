@@ -162,6 +162,27 @@ TEST(CliInvalid, NegativeVarlenNamesTheOption) {
   expect_invalid("check --seqlens-q -3 --backends cpu", "--seqlens-q -3");
   expect_invalid("check --seqlens-q 3,4 --offsets-kv 0,-8 --backends cpu", "--offsets-kv 0,-8");
 }
+// One mask vocabulary: the library's parser, canonical names round-trip, aliases map, and
+// the CLI uses it (it took only none, causal and causal-bottom-right).
+TEST(MaskNames, CanonicalNamesAndAliases) {
+  for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right})
+    EXPECT_EQ(mask_from_string(to_string(m)), m) << to_string(m);
+  EXPECT_EQ(to_string(MaskKind::causal_bottom_right), "causal_bottom_right");
+  EXPECT_EQ(mask_from_string("no_mask"), MaskKind::none);
+  EXPECT_EQ(mask_from_string("top_left"), MaskKind::causal);
+  EXPECT_EQ(mask_from_string("causal_top_left"), MaskKind::causal);
+  EXPECT_EQ(mask_from_string("bottom_right"), MaskKind::causal_bottom_right);
+  for (const char* bad : {"", "Causal", "diagonal", "padding", "causal_bottom", "top-left"})
+    EXPECT_FALSE(mask_from_string(bad).has_value()) << bad;
+  for (auto [name, want] : {std::pair{"bottom_right", "causal_bottom_right"},
+                            std::pair{"causal_top_left", "causal"}, std::pair{"no_mask", "none"}}) {
+    const Result r = run_cli(std::string("explain --mask ") + name + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["problem"]["mask"], want) << name;
+  }
+  expect_invalid("check --mask diagonal", "causal_bottom_right");
+  expect_invalid("check --mask diagonal", "causal_top_left");
+}
 TEST(CliInvalid, FuzzNeedsCases) { expect_invalid("fuzz --grad", "--cases"); }
 TEST(CliInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --cases 3 --heads 4", "--heads"); }
 TEST(CliInvalid, ExplainValidates) {

@@ -19,6 +19,11 @@ using harness::LayoutViews;
 using harness::ProblemSizes;
 using harness::ViewSpec;
 
+// The mask vocabulary of mask_from_string (strideattn.hpp), for the usage text and errors.
+constexpr const char* kMaskNames =
+    "none, causal (top-left), causal_bottom_right (aliases: no_mask = none, top_left and "
+    "causal_top_left = causal, bottom_right = causal_bottom_right)";
+
 Status bad(std::string msg) { return Status(StatusCode::invalid_argument, std::move(msg)); }
 
 Status parse_int(const std::string& opt, const std::string& text, std::int64_t* out) {
@@ -255,10 +260,10 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
   }
   if (raw.has("mask")) {
     const std::string& m = raw.values.at("mask");
-    if (m == "none") spec->options.mask = MaskKind::none;
-    else if (m == "causal") spec->options.mask = MaskKind::causal;
-    else if (m == "causal-bottom-right") spec->options.mask = MaskKind::causal_bottom_right;
-    else return bad("unknown --mask '" + m + "'; supported: none, causal, causal-bottom-right");
+    const std::optional<MaskKind> mask = mask_from_string(m);
+    if (!mask)
+      return bad("unknown --mask '" + m + "'; supported: " + std::string(kMaskNames));
+    spec->options.mask = *mask;
   }
   if (raw.has("window")) {
     std::vector<std::int64_t> w;

@@ -89,7 +89,10 @@ PROBLEM:
                                  views override the layout's; sizes not given come from them)
   --seqlens-q L0,L1,...  --seqlens-kv L0,L1,...   varlen (THD) token counts
   --offsets-q O0,O1,...  --offsets-kv O0,O1,...   first token of each sequence (default packed)
-  --mask none|causal|causal-bottom-right  --window LEFT,RIGHT  --scale X  --deterministic
+  --mask none|causal|causal_bottom_right   causal is top-left (key j <= query i); bottom-right:
+                                 j <= i + s_kv - s_q; aliases no_mask, top_left, causal_top_left,
+                                 bottom_right
+  --window LEFT,RIGHT  --scale X  --deterministic
 
 --backends: reference, cpu, cuda, cudnn, auto. Default: every backend this build has and this
   machine can run, except 'reference', which is the fp64 yardstick every backend is compared
