@@ -36,18 +36,22 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// Runs the CLI with `args` (already shell-quoted where needed), `env` (NAME=value ...) set.
-Result run_cli(const std::string& args, const std::string& env = "") {
+// Runs a shell command line, capturing its stdout and stderr.
+Result run_shell(const std::string& command) {
   const std::string base = ::testing::TempDir() + "strideattn_cli_" +
                            ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  const std::string cmd = env + " '" + STRIDEATTN_CLI + "' " + args + " >'" + base +
-                          ".out' 2>'" + base + ".err'";
+  const std::string cmd = command + " >'" + base + ".out' 2>'" + base + ".err'";
   const int st = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   r.out = slurp(base + ".out");
   r.err = slurp(base + ".err");
   return r;
+}
+
+// Runs the CLI with `args` (already shell-quoted where needed), `env` (NAME=value ...) set.
+Result run_cli(const std::string& args, const std::string& env = "") {
+  return run_shell(env + " '" + STRIDEATTN_CLI + "' " + args);
 }
 
 int lines(const std::string& s) {
@@ -240,6 +244,33 @@ TEST(CliJson, ErrorsAreJsonOnStdout) {
     EXPECT_EQ(j["exit_code"], c.code) << r.out;
     EXPECT_EQ(lines(r.err), 1) << r.err;
   }
+}
+
+// The demo's `auto` row names the backend auto ran (text "auto:cpu", JSON "chosen").
+TEST(Cli, AutoRowNamesTheChosenBackend) {
+  const Result r = run_cli("check --preset small --backends auto --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const std::string want = strideattn::harness::gpu_available() ? "cudnn" : "cpu";
+  EXPECT_EQ(j["backends"][0]["chosen"], want) << r.out;
+  const Result t = run_cli("check --preset small --backends auto,cpu");
+  EXPECT_NE(t.out.find("auto:" + want + " "), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("DESIGN"), std::string::npos) << t.out;
+}
+
+// A progress line on stderr only when stderr is a terminal, never under --json.
+TEST(Cli, ProgressLineOnlyOnATerminal) {
+  const Result plain = run_cli("fuzz --cases 2 --seed 3 --backends cpu");
+  EXPECT_EQ(plain.err, "") << "stderr is not a terminal here";
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` to make a terminal";
+  // `script` runs the CLI on a pseudo-terminal; stdout and stderr both land in its output.
+  const std::string cli = std::string("'") + STRIDEATTN_CLI + "'";
+  const Result tty = run_shell("script -qec \"" + cli + " fuzz --cases 2 --seed 3 --backends cpu\" /dev/null");
+  EXPECT_NE(tty.out.find("strideattn: fuzz: case 2/2, 0 failed"), std::string::npos) << tty.out;
+  EXPECT_NE(tty.out.find("fuzz: 2 cases"), std::string::npos) << tty.out;
+  const Result json =
+      run_shell("script -qec \"" + cli + " fuzz --cases 2 --seed 3 --backends cpu --json\" /dev/null");
+  EXPECT_EQ(json.out.find("fuzz: case"), std::string::npos) << json.out;
 }
 
 TEST(Cli, HelpExitsZero) {

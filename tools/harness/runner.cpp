@@ -1,6 +1,6 @@
 // One attention case end to end (runner.hpp): buffers with guard bands and fresh random
 // inputs, poisoned outputs, each backend run on host memory or a device mirror, the
-// written/guard checks, and DESIGN's correctness rule against the fp64 reference. Also the
+// written/guard checks, and the correctness rule against the fp64 reference. Also the
 // benchmark protocol and the one-line reproducer.
 #include "harness/runner.hpp"
 
@@ -499,6 +499,7 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
   if (gpu)
     if (Status s = dev.upload(p.bufs); !s.ok()) return fail(s, "forward");
   const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
+  if (b == Backend::automatic) r.chosen = explain(forward_args(spec, cv, bases, b, mem)).chosen;
   Clock::time_point t0 = Clock::now();
   Status s = forward(forward_args(spec, cv, bases, b, mem));
   if (s.ok() && gpu) s = device_sync();
@@ -632,7 +633,11 @@ bool gpu_available() {
 #endif
 }
 
-Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, CaseReport* report) {
+Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, CaseReport* report,
+                const Progress& progress) {
+  const auto say = [&](const std::string& what) {
+    if (progress) progress(what);
+  };
   if (report == nullptr) return Status(StatusCode::invalid_argument, "run_case: report is null");
   *report = CaseReport{};
   try {
@@ -652,6 +657,7 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     t.per_backend = spec.grad && (t.inputs == detail::RefBackwardInputs::given_o ||
                                   p.cv.d_o->buffer == p.cv.o->buffer);
     const detail::Problem& ref_problem = spec.grad && !t.per_backend ? bwd : fwd;
+    say("computing the fp64 reference");
     t.exact = detail::reference_compute(ref_problem, detail::RefPrecision::exact);
     t.naive = detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
 
@@ -674,7 +680,11 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
         return Status(StatusCode::internal,
                       std::string("reference returned ") + std::to_string(w.e->size()) +
                           " values for " + w.name + ", expected " + std::to_string(w.count));
-    for (Backend b : backends) report->backends.push_back(run_one(spec, p, b, t));
+    for (std::size_t i = 0; i < backends.size(); ++i) {
+      say("running " + std::string(to_string(backends[i])) + " (" + std::to_string(i + 1) + "/" +
+          std::to_string(backends.size()) + ")");
+      report->backends.push_back(run_one(spec, p, backends[i], t));
+    }
     return Status::Ok();
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::backend_error, "out of host memory for the case's buffers");
@@ -717,7 +727,7 @@ Status explain_case(const CaseSpec& spec, Explanation* fwd, Explanation* bwd) {
 }
 
 Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, int runs,
-                  std::vector<BenchResult>* results) {
+                  std::vector<BenchResult>* results, const Progress& progress) {
   if (results == nullptr)
     return Status(StatusCode::invalid_argument, "bench_case: results is null");
   results->clear();
@@ -726,7 +736,11 @@ Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, in
     Prepared p;
     detail::Problem fwd, bwd;
     if (Status s = prepare(spec, &p, &fwd, &bwd, false); !s.ok()) return s;
-    for (Backend b : backends) {
+    for (std::size_t bi = 0; bi < backends.size(); ++bi) {
+      const Backend b = backends[bi];
+      if (progress)
+        progress("timing " + std::string(to_string(b)) + " (" + std::to_string(bi + 1) + "/" +
+                 std::to_string(backends.size()) + ")");
       BenchResult r;
       r.backend = b;
       auto finish = [&](Status s) {

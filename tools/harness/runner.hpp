@@ -2,10 +2,11 @@
 // allocate the named buffers (host, and a device mirror for GPU backends), fill them with
 // fresh random values, poison the outputs, run each backend, check that every element of
 // each output view was written and nothing outside the output views changed (guard
-// bands), and compare with the fp64 reference under DESIGN's correctness rule.
+// bands), and compare with the fp64 reference under the correctness rule (docs/semantics.md).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ struct BackendResult {
   Backend backend = Backend::reference;
   std::string status;   // "ok" | "unsupported" | "error" | "mismatch"
   std::string reason;   // unsupported/error: the library's message; mismatch: worst element
+  std::optional<Backend> chosen;  // Backend::automatic: the backend auto chose for the forward
   std::vector<TensorCheck> checks;  // o, lse, and with grad dq, dk, dv
   bool guard_ok = true;     // nothing outside the output views changed
   bool written_ok = true;   // every element inside the output views was written
@@ -58,10 +60,14 @@ struct CaseReport {
   [[nodiscard]] bool all_ok() const;  // every backend ok or unsupported
 };
 
+// Called with what the harness starts next ("computing the fp64 reference", "running cpu
+// (1/2)"), for a progress line; may be empty.
+using Progress = std::function<void(const std::string&)>;
+
 // Invalid specs (bad views, validation failures) return invalid_argument with the library's
 // message; per-backend problems are reported in `report`.
 [[nodiscard]] Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends,
-                              CaseReport* report);
+                              CaseReport* report, const Progress& progress = {});
 
 struct BenchResult {
   Backend backend = Backend::reference;
@@ -69,10 +75,11 @@ struct BenchResult {
   double median_ms = 0, tflops = 0;
   int runs = 0;
 };
-// DESIGN's protocol: warm up, then the median of at least `runs` timed runs (CUDA events on
+// The benchmark protocol: warm up, then the median of at least `runs` timed runs (CUDA events on
 // GPU backends); with spec.grad, forward + backward.
 [[nodiscard]] Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends,
-                                int runs, std::vector<BenchResult>* results);
+                                int runs, std::vector<BenchResult>* results,
+                                const Progress& progress = {});
 
 // The library's explain() for the case's views on host buffers (the backward too when `bwd`
 // is not null). Invalid views return invalid_argument with the library's message.

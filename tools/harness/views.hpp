@@ -1,4 +1,4 @@
-// Views of named buffers, and the views each layout name of DESIGN's CLI grammar makes.
+// Views of named buffers, and the views each layout name of the CLI grammar makes.
 // Shared by the CLI, the fuzzer and the tests. A ViewSpec is an element offset into a named
 // buffer plus logical shape and strides; views naming the same buffer alias its memory.
 #pragma once

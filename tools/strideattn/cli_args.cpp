@@ -1,4 +1,4 @@
-// Parsing DESIGN's CLI grammar into an Invocation; presets; the usage text.
+// Parsing the CLI grammar into an Invocation; presets; the usage text.
 #include "cli_args.hpp"
 
 #include <algorithm>

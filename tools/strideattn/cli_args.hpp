@@ -1,4 +1,4 @@
-// Command-line parsing for the `strideattn` CLI: DESIGN's grammar (subcommand, PROBLEM
+// Command-line parsing for the `strideattn` CLI: its grammar (subcommand, PROBLEM
 // options, --backends/--grad/--seed/--json, fuzz options) into a harness::CaseSpec. Every
 // error is one Status of code invalid_argument whose message says what and why (the CLI
 // prints it as "strideattn: error: <message>" and exits 2).

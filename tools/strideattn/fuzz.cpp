@@ -6,6 +6,8 @@
 // on size-1 dims, tensors at offsets inside larger buffers.
 #include "fuzz.hpp"
 
+#include "progress.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -279,8 +281,12 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   };
   const std::int64_t max_draws = inv.cases + 50 * inv.min_ran;
   std::int64_t drawn = 0;
+  ProgressLine line(inv.json, 0.0);
   for (std::int64_t i = 0; i < max_draws && (i < inv.cases || short_of_min_ran()); ++i) {
     drawn = i + 1;
+    line.show("fuzz: case " + std::to_string(i + 1) +
+              (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " +
+              std::to_string(failed) + " failed");
     const CaseSpec spec = random_case(inv.seed, i, inv.grad);
     harness::CaseReport rep;
     const Status s = harness::run_case(spec, backends, &rep);
@@ -291,6 +297,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
       failures.push_back({{"case", i}, {"backend", backend}, {"status", status},
                           {"reason", why}, {"reproducer", repro}});
       if (!inv.json) {
+        line.clear();
         std::printf("FAIL case %lld: %s %s: %s\n  %s\n", static_cast<long long>(i),
                     backend.c_str(), status.c_str(), why.c_str(), repro.c_str());
         std::fflush(stdout);
@@ -311,6 +318,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
     else if (case_unsupported) ++unsupported;
     else ++passed;
   }
+  line.clear();
   std::vector<std::string> never_ran;
   for (Backend b : backends)
     if (drawn > 0 && ran(b) == 0) never_ran.push_back(std::string(to_string(b)));

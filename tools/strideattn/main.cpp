@@ -1,4 +1,4 @@
-// The `strideattn` CLI (DESIGN "CLI contract"): the demo, check, explain, bench and fuzz,
+// The `strideattn` CLI: the demo, check, explain, bench and fuzz,
 // text or --json output, and the exit codes 0 (agree) / 1 (disagree) / 2 (invalid input).
 #include <algorithm>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include "cli_args.hpp"
 #include "fuzz.hpp"
 #include "harness/runner.hpp"
+#include "progress.hpp"
 
 namespace strideattn::cli {
 namespace {
@@ -100,6 +101,7 @@ json backend_json(const harness::BackendResult& r, bool grad) {
     if (c.name == "o") o = &c;
   const bool ran = r.status == "ok" || r.status == "mismatch";
   json j = {{"backend", std::string(to_string(r.backend))},
+            {"chosen", r.chosen ? json(std::string(to_string(*r.chosen))) : json(nullptr)},
             {"status", r.status},
             {"reason", r.reason},
             {"max_abs_err", num_or_null(o ? o->err.max_abs_err : 0, o != nullptr)},
@@ -124,7 +126,9 @@ void print_check_table(const harness::CaseReport& rep) {
   std::printf("%-10s %-12s %-6s %12s %12s %12s %10s %9s\n", "backend", "status", "tensor",
               "max_abs_err", "max_rel_err", "tolerance", "time_ms", "TFLOP/s");
   for (const harness::BackendResult& r : rep.backends) {
-    const std::string name(to_string(r.backend));
+    // `auto` names what it ran: "auto:cpu".
+    const std::string name = std::string(to_string(r.backend)) +
+                             (r.chosen ? ":" + std::string(to_string(*r.chosen)) : "");
     if (r.checks.empty()) {
       std::printf("%-10s %-12s %s\n", name.c_str(), r.status.c_str(), r.reason.c_str());
       continue;
@@ -146,7 +150,11 @@ void print_check_table(const harness::CaseReport& rep) {
 // check and the demo share this.
 int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool demo) {
   harness::CaseReport rep;
-  Status s = harness::run_case(inv.spec, backends, &rep);
+  Status s = Status::Ok();
+  {
+    ProgressLine line(inv.json, 1.0);
+    s = harness::run_case(inv.spec, backends, &rep, [&](const std::string& w) { line.show(w); });
+  }
   if (!s.ok()) return status_exit(s);
   std::vector<std::string> bad;
   for (const auto& r : rep.backends)
@@ -163,7 +171,7 @@ int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool 
     return code;
   }
   if (demo)
-    std::printf("strideattn %s demo: DESIGN's seed case (split views of one fused buffer) on "
+    std::printf("strideattn %s demo: the seed case (split views of one fused buffer) on "
                 "every available backend\n",
                 std::string(version()).c_str());
   std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(),
@@ -234,7 +242,11 @@ int run_bench(const Invocation& inv, const std::vector<Backend>& backends) {
   if (s.ok() && !fwd.validation.ok()) s = fwd.validation;
   if (!s.ok()) return status_exit(s);
   std::vector<harness::BenchResult> res;
-  s = harness::bench_case(inv.spec, backends, inv.bench_runs, &res);
+  {
+    ProgressLine line(inv.json, 1.0);
+    s = harness::bench_case(inv.spec, backends, inv.bench_runs, &res,
+                            [&](const std::string& w) { line.show(w); });
+  }
   if (!s.ok()) return status_exit(s);
   int code = kExitOk;
   for (const auto& r : res)
