@@ -38,9 +38,18 @@ std::string_view to_string(MaskKind mask) {
   switch (mask) {
     case MaskKind::none: return "none";
     case MaskKind::causal: return "causal";
-    case MaskKind::causal_bottom_right: return "causal-bottom-right";
+    case MaskKind::causal_bottom_right: return "causal_bottom_right";
   }
   return "unknown";
+}
+
+std::optional<MaskKind> mask_from_string(std::string_view name) {
+  for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right})
+    if (name == to_string(m)) return m;
+  if (name == "no_mask") return MaskKind::none;
+  if (name == "top_left" || name == "causal_top_left") return MaskKind::causal;
+  if (name == "bottom_right" || name == "causal-bottom-right") return MaskKind::causal_bottom_right;
+  return std::nullopt;
 }
 
 std::string_view to_string(Backend backend) {
@@ -117,6 +126,8 @@ Explanation explain_impl(const Args& args) {
     if (!ex.validation.ok()) return ex;
     ex.layout = detail::describe_layout(problem);
     detail::Selection sel = detail::select_backend(problem, Backend::automatic);
+    // An unknown STRIDEATTN_BACKEND makes every call fail: explain says so, not "chosen: none".
+    if (sel.status.code() == StatusCode::invalid_argument) ex.validation = sel.status;
     ex.verdicts = std::move(sel.verdicts);
     ex.chosen = sel.chosen;
   } catch (const std::exception& e) {

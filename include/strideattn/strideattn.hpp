@@ -85,7 +85,12 @@ enum class MaskKind {
   causal,               // top-left aligned: key j visible from query i iff j <= i
   causal_bottom_right,  // j <= i + s_kv - s_q
 };
+// Mask names, one vocabulary for every entry point (C++, CLI, Python). Canonical names, which
+// to_string returns: "none", "causal" (top-left), "causal_bottom_right". Aliases accepted by
+// mask_from_string: "no_mask" (none), "top_left" and "causal_top_left" (causal),
+// "bottom_right" and the older "causal-bottom-right" (causal_bottom_right). nullopt: unknown.
 [[nodiscard]] std::string_view to_string(MaskKind mask);
+[[nodiscard]] std::optional<MaskKind> mask_from_string(std::string_view name);
 
 // Sliding window around the bottom-right diagonal: query i sees key j iff
 // i + s_kv - s_q - left <= j <= i + s_kv - s_q + right; -1 means unbounded on that side.

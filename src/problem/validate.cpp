@@ -451,7 +451,7 @@ Status check_options(const Problem& p) {
                    " is unknown; supported: host, device");
   const int mask = static_cast<int>(p.mask);
   if (mask < 0 || mask > static_cast<int>(MaskKind::causal_bottom_right))
-    return invalid("mask kind " + std::to_string(mask) + " is unknown; supported: none, causal, causal-bottom-right");
+    return invalid("mask kind " + std::to_string(mask) + " is unknown; supported: none, causal, causal_bottom_right");
   if (p.window.left < -1)
     return invalid("window left is " + std::to_string(p.window.left) + "; supported: -1 (unbounded) or >= 0");
   if (p.window.right < -1)

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdlib.h>
 #include <fstream>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -37,12 +38,11 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// Runs the CLI with `args` (already shell-quoted where needed).
-Result run_cli(const std::string& args) {
+// Runs a shell command line, capturing its stdout and stderr.
+Result run_shell(const std::string& command) {
   const std::string base = ::testing::TempDir() + "strideattn_cli_" +
                            ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  const std::string cmd = std::string("'") + STRIDEATTN_CLI + "' " + args + " >'" + base +
-                          ".out' 2>'" + base + ".err'";
+  const std::string cmd = command + " >'" + base + ".out' 2>'" + base + ".err'";
   const int st = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -51,14 +51,20 @@ Result run_cli(const std::string& args) {
   return r;
 }
 
+// Runs the CLI with `args` (already shell-quoted where needed), `env` (NAME=value ...) set.
+Result run_cli(const std::string& args, const std::string& env = "") {
+  return run_shell(env + " '" + STRIDEATTN_CLI + "' " + args);
+}
+
 int lines(const std::string& s) {
   int n = 0;
   for (char c : s) n += c == '\n';
   return n;
 }
 
-void expect_invalid(const std::string& args, const std::string& mention) {
-  const Result r = run_cli(args);
+void expect_invalid(const std::string& args, const std::string& mention,
+                    const std::string& env = "") {
+  const Result r = run_cli(args, env);
   EXPECT_EQ(r.code, 2) << args << "\nstdout: " << r.out << "\nstderr: " << r.err;
   EXPECT_EQ(lines(r.err), 1) << args << "\nstderr: " << r.err;
   EXPECT_EQ(r.err.rfind("strideattn: error: ", 0), 0u) << r.err;
@@ -89,6 +95,41 @@ TEST(CliInvalid, VarlenPastEnd) {
 TEST(CliInvalid, ViewExtentOverflows) {
   expect_invalid("check --q q:1,2,1,64:1,9223372036854775807,64,1 --backends cpu", "q");
 }
+// Lengths, offsets and extents near 2^63: an error naming the option and its value, never a
+// signed overflow (UBSan aborted) or "cannot create std::vector larger than max_size()".
+TEST(CliInvalid, SeqlenNear2To63) {
+  expect_invalid("check --seqlen-q 9223372036854775807 --backends cpu",
+                 "--seqlen-q 9223372036854775807");
+}
+TEST(CliInvalid, HeadsTimesHeadDimOverflows) {
+  expect_invalid("check --heads 4294967296 --head-dim 4294967296 --backends cpu",
+                 "--heads 4294967296");
+}
+TEST(CliInvalid, ViewOffsetNear2To63) {
+  expect_invalid("check --q q+9223372036854775807:0,8,2,16:256,32,16,1 --backends cpu",
+                 "--q q+9223372036854775807");
+}
+TEST(CliInvalid, ViewShapeAndStridesNear2To63) {
+  const std::string big = "9223372036854775807";
+  expect_invalid("check --q q:1," + big + ",1,8:1," + big + ",8,1 --backends cpu",
+                 "--q 'q:1," + big + ",1,8");
+  expect_invalid("check --q q:1,1099511627776,1,8:1,4611686018427387904,8,1 --backends cpu",
+                 "--q q:1,1099511627776,1,8:1,4611686018427387904,8,1: reaches element");
+}
+TEST(CliInvalid, VarlenOffsetNear2To63) {
+  expect_invalid("check --seqlens-q 10 --offsets-q 9223372036854775800 --backends cpu",
+                 "--offsets-q 9223372036854775800");
+}
+// Eight-element K and V viewed with stride 0 over 2^50 keys: the buffers are tiny (the memory
+// check said 1e9 GiB); what cannot be done is the fp64 reference's work, and it says so.
+TEST(CliInvalid, StrideZeroOverHugeKeyCountIsRefusedForItsWork) {
+  const std::string n = "1125899906842624";
+  const std::string args = "check --dtype f32 --q q:1,4,1,8:32,8,8,1 --o o:1,4,1,8:32,8,8,1 --k k:1," +
+                           n + ",1,8:0,0,0,1 --v v:1," + n + ",1,8:0,0,0,1 --backends cpu";
+  expect_invalid(args, "FLOP");
+  EXPECT_EQ(run_cli(args).err.find("GiB"), std::string::npos);
+}
+
 TEST(CliInvalid, NegativeSize) { expect_invalid("check --heads -3 --backends cpu", "negative"); }
 TEST(CliInvalid, UnknownBackend) { expect_invalid("check --backends cpu,tpu", "tpu"); }
 TEST(CliInvalid, UnknownLayout) { expect_invalid("check --layout abcd", "abcd"); }
@@ -107,10 +148,131 @@ TEST(CliInvalid, NotAnInteger) { expect_invalid("check --seqlen-q 12x", "12x"); 
 TEST(CliInvalid, PackedLayoutNeedsEqualHeads) {
   expect_invalid("check --layout sb3hd --heads 8 --kv-heads 2", "sb3hd");
 }
+// A size option beside a view that says otherwise printed h=4 and ran h=2; a repeated
+// --mask took the last one; --seqlens-q -3 did not name the option.
+TEST(CliInvalid, SizeOptionDisagreesWithView) {
+  expect_invalid("check --heads 4 --q q:1,128,2,64:16384,128,64,1 --backends cpu",
+                 "--heads 4 but --q q:1,128,2,64:16384,128,64,1 has heads 2");
+  expect_invalid("check --head-dim-v 32 --o o:1,128,4,64:32768,256,64,1 --backends cpu",
+                 "--head-dim-v 32 but --o");
+  expect_invalid("check --seqlen-kv 100 --k k:1,128,4,64:32768,256,64,1 --backends cpu",
+                 "--seqlen-kv 100 but --k");
+  expect_invalid("check --seqlens-q 4,5 --seqlen-q 9 --backends cpu", "--seqlen-q 9");
+}
+TEST(CliInvalid, RepeatedOption) {
+  expect_invalid("check --mask causal --mask none --backends cpu", "--mask given twice");
+  expect_invalid("check --preset small --dtype f16 --dtype=bf16", "--dtype given twice");
+  expect_invalid("check --seed 1 --backends cpu --seed 2", "--seed given twice");
+}
+TEST(CliInvalid, NegativeVarlenNamesTheOption) {
+  expect_invalid("check --seqlens-q -3 --backends cpu", "--seqlens-q -3");
+  expect_invalid("check --seqlens-q 3,4 --offsets-kv 0,-8 --backends cpu", "--offsets-kv 0,-8");
+}
+// One mask vocabulary: the library's parser, canonical names round-trip, aliases map, and
+// the CLI uses it (it took only none, causal and causal-bottom-right).
+TEST(MaskNames, CanonicalNamesAndAliases) {
+  for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right})
+    EXPECT_EQ(mask_from_string(to_string(m)), m) << to_string(m);
+  EXPECT_EQ(to_string(MaskKind::causal_bottom_right), "causal_bottom_right");
+  EXPECT_EQ(mask_from_string("no_mask"), MaskKind::none);
+  EXPECT_EQ(mask_from_string("top_left"), MaskKind::causal);
+  EXPECT_EQ(mask_from_string("causal_top_left"), MaskKind::causal);
+  EXPECT_EQ(mask_from_string("bottom_right"), MaskKind::causal_bottom_right);
+  for (const char* bad : {"", "Causal", "diagonal", "padding", "causal_bottom", "top-left"})
+    EXPECT_FALSE(mask_from_string(bad).has_value()) << bad;
+  for (auto [name, want] : {std::pair{"bottom_right", "causal_bottom_right"},
+                            std::pair{"causal_top_left", "causal"}, std::pair{"no_mask", "none"}}) {
+    const Result r = run_cli(std::string("explain --mask ") + name + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["problem"]["mask"], want) << name;
+  }
+  expect_invalid("check --mask diagonal", "causal_bottom_right");
+  expect_invalid("check --mask diagonal", "causal_top_left");
+}
 TEST(CliInvalid, FuzzNeedsCases) { expect_invalid("fuzz --grad", "--cases"); }
 TEST(CliInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --cases 3 --heads 4", "--heads"); }
 TEST(CliInvalid, ExplainValidates) {
   expect_invalid("explain --heads 5 --kv-heads 2", "5");
+}
+
+// An unknown STRIDEATTN_BACKEND: explain said "auto chooses: nothing (see above)" with nothing
+// above, check and the demo exited 1 (DISAGREES). Now a usage error (exit 2) everywhere.
+TEST(CliInvalid, UnknownBackendEnvironmentIsAUsageError) {
+  const std::string env = "STRIDEATTN_BACKEND=garbage";
+  for (const char* args : {"", "explain --preset small", "explain --preset small --grad --json",
+                           "check --preset small --backends cpu", "check --preset small --backends auto",
+                           "bench --preset small --backends cpu", "fuzz --cases 1 --backends cpu"}) {
+    expect_invalid(args, "STRIDEATTN_BACKEND='garbage'", env);
+    expect_invalid(args, "supported: auto, reference, cpu, cuda, cudnn", env);
+  }
+  EXPECT_EQ(run_cli("explain --preset small", "STRIDEATTN_BACKEND=cpu").code, 0);
+}
+
+// The library's explain() reports it as a validation failure, not a silent "chosen: none".
+TEST(CliLibrary, ExplainRefusesUnknownBackendEnvironment) {
+  Invocation inv;
+  ASSERT_TRUE(parse_command_line({"explain", "--preset", "small"}, &inv).ok());
+  ::setenv("STRIDEATTN_BACKEND", "garbage", 1);
+  Explanation fwd;
+  const Status s = harness::explain_case(inv.spec, &fwd, nullptr);
+  ::unsetenv("STRIDEATTN_BACKEND");
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(fwd.validation.code(), StatusCode::invalid_argument);
+  EXPECT_NE(fwd.validation.message().find("'garbage'"), std::string::npos) << fwd.validation.message();
+  EXPECT_NE(fwd.validation.message().find("cudnn"), std::string::npos) << fwd.validation.message();
+}
+
+// Under --json every error is one JSON object on stdout (it printed nothing there).
+TEST(CliJson, ErrorsAreJsonOnStdout) {
+  struct Case {
+    std::string args, env, mention;
+    int code;
+  };
+  const Case cases[] = {
+      {"check --heads x --json", "", "--heads", 2},
+      {"check --json --bogus 3", "", "--bogus", 2},
+      {"check --preset small --backends cpu --json --layout sb3hd --heads 8 --kv-heads 2", "", "sb3hd", 2},
+      {"explain --preset small --json", "STRIDEATTN_BACKEND=garbage", "garbage", 2},
+      {"fuzz --json", "", "--cases", 2},
+      {"bench --preset small --json --seqlen-q 9223372036854775807", "", "9223372036854775807", 2},
+  };
+  for (const Case& c : cases) {
+    const Result r = run_cli(c.args, c.env);
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out << r.err;
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << c.args << ": stdout is not JSON: " << r.out;
+    EXPECT_EQ(j["error"]["code"], "invalid_argument") << r.out;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(c.mention), std::string::npos) << r.out;
+    EXPECT_EQ(j["exit_code"], c.code) << r.out;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+  }
+}
+
+// The demo's `auto` row names the backend auto ran (text "auto:cpu", JSON "chosen").
+TEST(Cli, AutoRowNamesTheChosenBackend) {
+  const Result r = run_cli("check --preset small --backends auto --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const std::string want = strideattn::harness::gpu_available() ? "cudnn" : "cpu";
+  EXPECT_EQ(j["backends"][0]["chosen"], want) << r.out;
+  const Result t = run_cli("check --preset small --backends auto,cpu");
+  EXPECT_NE(t.out.find("auto:" + want + " "), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("DESIGN"), std::string::npos) << t.out;
+}
+
+// A progress line on stderr only when stderr is a terminal, never under --json.
+TEST(Cli, ProgressLineOnlyOnATerminal) {
+  const Result plain = run_cli("fuzz --cases 2 --seed 3 --backends cpu");
+  EXPECT_EQ(plain.err, "") << "stderr is not a terminal here";
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` to make a terminal";
+  // `script` runs the CLI on a pseudo-terminal; stdout and stderr both land in its output.
+  const std::string cli = std::string("'") + STRIDEATTN_CLI + "'";
+  const Result tty = run_shell("script -qec \"" + cli + " fuzz --cases 2 --seed 3 --backends cpu\" /dev/null");
+  EXPECT_NE(tty.out.find("strideattn: fuzz: case 2/2, 0 failed"), std::string::npos) << tty.out;
+  EXPECT_NE(tty.out.find("fuzz: 2 cases"), std::string::npos) << tty.out;
+  const Result json =
+      run_shell("script -qec \"" + cli + " fuzz --cases 2 --seed 3 --backends cpu --json\" /dev/null");
+  EXPECT_EQ(json.out.find("fuzz: case"), std::string::npos) << json.out;
 }
 
 TEST(Cli, HelpExitsZero) {

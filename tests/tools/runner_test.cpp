@@ -3,6 +3,8 @@
 // backend test could be passing vacuously.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "harness/buffers.hpp"
 #include "harness/runner.hpp"
 
@@ -74,6 +76,64 @@ TEST(BufferSet, ChangedInputIsCaught) {
   EXPECT_FALSE(bufs.check_after_run().guard_ok);
 }
 
+TEST(Views, RequiredExtentCountsOffsetAndReachNotStrideZero) {
+  EXPECT_EQ(required_extent(view("x", 5, {2, 3, 1, 8}, {100, 10, 0, 1})), 5 + 100 + 20 + 7 + 1);
+  EXPECT_EQ(required_extent(view("x", 7, {1, std::int64_t(1) << 50, 1, 8}, {0, 0, 0, 1})), 7 + 8);
+  EXPECT_EQ(required_extent(view("x", 9, {0, 4, 1, 8}, {32, 8, 8, 1})), 9);  // empty: the offset
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(required_extent(view("x", 0, {1, big, 1, 8}, {1, big, 8, 1})), big);  // saturates
+  EXPECT_EQ(required_extent(view("x", big, {1, 1, 1, 1}, {1, 1, 1, 1})), big);
+}
+
+TEST(Views, LayoutSizesNear2To63AreRefused) {
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  ProblemSizes z;
+  z.batch = 1, z.s_q = big, z.s_kv = big, z.heads = 4, z.kv_heads = 4, z.d_qk = 64, z.d_v = 64;
+  LayoutViews lv;
+  for (const std::string& name : layout_names()) {
+    if (name[0] == 't') continue;  // varlen: below
+    const Status s = make_layout_views(name, z, &lv);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << name;
+    EXPECT_NE(s.message().find("--seqlen-q 9223372036854775807"), std::string::npos) << s.message();
+  }
+  z.s_q = z.s_kv = 8, z.heads = z.kv_heads = z.d_qk = z.d_v = std::int64_t(1) << 32;
+  EXPECT_EQ(make_layout_views("sb(h+2hg)d", z, &lv).code(), StatusCode::invalid_argument);
+  ProblemSizes v;
+  v.heads = v.kv_heads = 2;
+  v.seqlens_q = v.seqlens_kv = {10, big};
+  const Status s = make_layout_views("thd_thd_thd", v, &lv);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("--seqlens-q"), std::string::npos) << s.message();
+  v.seqlens_q = v.seqlens_kv = {10};
+  v.offsets_q = {big - 3};
+  EXPECT_NE(make_layout_views("t3hd", v, &lv).message().find("--offsets-q 9223372036854775804"),
+            std::string::npos);
+}
+
+// The memory pre-check counts each buffer's real extent: offsets and gaps count, logical
+// elements that stride 0 maps onto one element do not.
+TEST(HostMemory, CountsRealExtentsNotLogicalElements) {
+  CaseSpec spec;
+  spec.dtype = DType::f32;
+  spec.views.q = view("q", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.o = view("o", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.k = view("k", 0, {1, std::int64_t(1) << 50, 1, 8}, {0, 0, 0, 1});
+  spec.views.v = view("v", 0, {1, std::int64_t(1) << 50, 1, 8}, {0, 0, 0, 1});
+  const HostMemoryEstimate e = estimate_host_memory(spec, false);
+  EXPECT_LT(e.total(), 1 << 20) << e.total();
+  EXPECT_GT(e.total(), 4 * (4 * 32 + 4 * 512));  // four small buffers and their guard bands
+  // The reference's copies of K and V do scale with the key count.
+  EXPECT_GT(estimate_host_memory(spec, true).scratch, 1e15);
+
+  spec.dtype = DType::f16;
+  spec.views.k = view("k", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.v = view("v", 0, {1, 4, 1, 8}, {32, 8, 8, 1});
+  spec.views.q.offset = std::int64_t(1) << 31;  // 2^31 elements before q's first
+  const HostMemoryEstimate off = estimate_host_memory(spec, false);
+  EXPECT_GE(off.buffers, 7.0 * double(std::int64_t(1) << 31)) << off.buffers;
+  EXPECT_LT(off.buffers, 7.1 * double(std::int64_t(1) << 31)) << off.buffers;
+}
+
 CaseSpec small_case(bool grad) {
   CaseSpec spec;
   spec.dtype = DType::bf16;
@@ -130,6 +190,36 @@ TEST(RunCase, PlantedCorruptionIsCaught) {
     EXPECT_NE(r.reason.find(p.expect_in_reason), std::string::npos)
         << p.kind << " " << p.tensor << ": " << r.reason;
     EXPECT_FALSE(rep.all_ok());
+  }
+}
+
+// dO naming O's buffer: the backends' backward reads the O their forward wrote there (or, in
+// the same buffer beside O, the pristine random values); the targets must read the same dO.
+// The targets read the pristine dO instead, so every backend mismatched (f32: dq 3.09).
+TEST(RunCase, DoAliasingOutputGetsTheSameTargetsAsTheBackends) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool same_elements : {true, false}) {
+      CaseSpec spec = small_case(true);
+      spec.dtype = dtype;
+      const ViewSpec o = spec.views.o;  // contiguous sbhd [2, 37, 4, 24] in buffer "o"
+      if (same_elements) {
+        spec.views.d_o = o;
+      } else {  // after O in the same buffer
+        spec.views.d_o = o;
+        spec.views.d_o.offset = required_extent(o) + 5;
+      }
+      CaseReport rep;
+      ASSERT_TRUE(run_case(spec, {Backend::reference, Backend::cpu}, &rep).ok());
+      for (const BackendResult& r : rep.backends) {
+        EXPECT_EQ(r.status, "ok") << to_string(dtype) << " same_elements=" << same_elements
+                                  << " " << to_string(r.backend) << ": " << r.reason;
+        for (const TensorCheck& c : r.checks) EXPECT_EQ(c.err.non_finite, 0) << c.name;
+      }
+      // Still a real comparison: a planted dv error is caught.
+      spec.plant = CaseSpec::Plant{.kind = "value", .tensor = "dv", .index = 3, .delta = 0.25};
+      ASSERT_TRUE(run_case(spec, {Backend::cpu}, &rep).ok());
+      EXPECT_EQ(only(rep).status, "mismatch") << to_string(dtype);
+    }
   }
 }
 

@@ -44,3 +44,10 @@ foreach(_part 1 2 3 4)
                    --require-gpu --require-ran --finite-inputs)
   set_tests_properties(cli_fuzz_cudnn_grad_${_part} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 endforeach()
+
+# README.md's CLI block is `strideattn help`'s output, byte for byte (one source: the usage
+# text); tools/strideattn/readme_cli.cmake with MODE=update regenerates it.
+add_test(NAME cli_help_matches_readme
+         COMMAND ${CMAKE_COMMAND} -DCLI=${_cli} -DREADME=${PROJECT_SOURCE_DIR}/README.md -DMODE=check
+                 -P ${PROJECT_SOURCE_DIR}/tools/strideattn/readme_cli.cmake)
+set_tests_properties(cli_help_matches_readme PROPERTIES LABELS cpu)

@@ -5,9 +5,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "common/dtype.hpp"
+#include "harness/checked.hpp"
 
 namespace strideattn::harness {
 
@@ -46,6 +50,10 @@ void HostBuffer::Free::operator()(std::byte* p) const { std::free(p); }
 
 HostBuffer::HostBuffer(std::string name, DType dtype, std::int64_t extent)
     : name_(std::move(name)), dtype_(dtype), extent_(std::max<std::int64_t>(extent, 0)) {
+  // The runner bounds every extent first (2^33 elements); this keeps the byte count exact.
+  if (extent_ > (std::int64_t(1) << 40))
+    throw std::length_error("buffer '" + name_ + "' of " + std::to_string(extent_) +
+                            " elements is larger than the harness allocates");
   const std::size_t bytes = (total_bytes() + 255) / 256 * 256;
   storage_.reset(static_cast<std::byte*>(std::aligned_alloc(256, bytes)));
   if (!storage_) throw std::bad_alloc();
@@ -99,7 +107,9 @@ std::vector<std::int64_t> view_offsets(const ViewSpec& v) {
   std::vector<std::int64_t> out;
   for (std::int64_t n : v.shape)
     if (n <= 0) return out;
-  out.reserve(std::size_t(v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3]));
+  const std::optional<std::int64_t> n = checked_product({v.shape[0], v.shape[1], v.shape[2], v.shape[3]});
+  if (!n) throw std::length_error("view " + format_view(v) + " has more than 2^63 - 1 elements");
+  out.reserve(std::size_t(*n));
   for (std::int64_t b = 0; b < v.shape[0]; ++b)
     for (std::int64_t s = 0; s < v.shape[1]; ++s)
       for (std::int64_t h = 0; h < v.shape[2]; ++h) {

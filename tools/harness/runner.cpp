@@ -13,11 +13,13 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include <unistd.h>
 
 #include "backends/reference/reference.hpp"
 #include "harness/buffers.hpp"
+#include "harness/checked.hpp"
 #include "common/dtype.hpp"
 #include "problem/problem.hpp"
 
@@ -62,14 +64,15 @@ CaseViews case_views(const CaseSpec& spec) {
   const std::int64_t h = spec.views.q.shape[kHead];
   cv.lse.buffer = kLseBuffer;
   cv.lse.shape = {b, h, s, 1};
-  cv.lse.stride = {h * s, s, 1, 1};
+  cv.lse.stride = {checked_mul(h, s).value_or(kInt64Max), s, 1, 1};  // prepare() bounds it
   return cv;
 }
 
+// Logical elements of a view; kInt64Max when that does not fit.
 std::int64_t numel(const ViewSpec& v) {
-  std::int64_t n = 1;
-  for (std::int64_t x : v.shape) n *= std::max<std::int64_t>(x, 0);
-  return n;
+  const auto pos = [](std::int64_t x) { return std::max<std::int64_t>(x, 0); };
+  return checked_product({pos(v.shape[0]), pos(v.shape[1]), pos(v.shape[2]), pos(v.shape[3])})
+      .value_or(kInt64Max);
 }
 
 // Element pointers: buffer name -> element 0 (host buffer or its device mirror).
@@ -141,31 +144,40 @@ Bases host_bases(BufferSet& bufs) {
   return b;
 }
 
-// A view must not reach before its buffer's first element (negative offsets/strides).
+// The most elements the harness allocates for one buffer.
+constexpr std::int64_t kMaxBufferElems = std::int64_t(1) << 33;
+
+// A view must lie inside a buffer the harness can allocate: no element before element 0
+// (negative offsets or strides), none at or past kMaxBufferElems (an empty view: its offset).
 Status check_view_bounds(const char* tensor_name, const ViewSpec& v) {
-  if (v.buffer.empty())
+  const std::string what = std::string("--") + tensor_name + " " + format_view(v);
+  if (v.buffer.empty()) return Status(StatusCode::invalid_argument, what + ": no buffer name");
+  if (v.offset < 0)
     return Status(StatusCode::invalid_argument,
-                  std::string("view ") + tensor_name + ": no buffer name");
-  // 128-bit arithmetic: huge strides must produce a message, not an overflow.
-  __int128 lowest = v.offset, highest = v.offset;
-  bool empty = false;
-  for (int i = 0; i < 4; ++i) {
-    if (v.shape[i] <= 0) empty = true;
-    const __int128 reach = __int128(std::max<std::int64_t>(v.shape[i] - 1, 0)) * v.stride[i];
-    (reach < 0 ? lowest : highest) += reach;
-  }
-  constexpr std::int64_t kMaxElems = std::int64_t(1) << 33;
-  if (!empty && highest >= kMaxElems)
+                  what + ": offset " + std::to_string(v.offset) + " is negative");
+  const bool empty = std::any_of(v.shape.begin(), v.shape.end(), [](std::int64_t n) { return n <= 0; });
+  const std::int64_t extent = required_extent(v);  // saturates at kInt64Max
+  if (extent > kMaxBufferElems)
     return Status(StatusCode::invalid_argument,
-                  std::string("view ") + tensor_name + ": reaches element " +
-                      (highest > INT64_MAX ? std::string("beyond 2^63")
-                                           : std::to_string(std::int64_t(highest))) +
+                  what + (empty ? ": starts at element " + std::to_string(v.offset)
+                                : ": reaches element " + (extent == kInt64Max
+                                                              ? std::string("2^63 - 1 or beyond")
+                                                              : std::to_string(extent - 1))) +
                       " of buffer '" + v.buffer + "'; the harness allocates at most 2^33 "
                       "elements per buffer");
-  if (!empty && lowest < 0)
+  if (empty) return Status::Ok();
+  // 128-bit arithmetic, each term clamped to +-2^100: huge strides give a message, not UB.
+  constexpr __int128 kClamp = __int128(1) << 100;
+  __int128 lowest = v.offset;
+  for (int i = 0; i < 4; ++i)
+    if (v.stride[i] < 0)
+      lowest += std::max(__int128(v.shape[i] - 1) * v.stride[i], -kClamp);
+  if (lowest < 0)
     return Status(StatusCode::invalid_argument,
-                  std::string("view ") + tensor_name + ": reaches element " +
-                      std::to_string(std::int64_t(lowest)) + " before the start of buffer '" + v.buffer +
+                  what + ": reaches element " +
+                      (lowest < INT64_MIN ? std::string("below -2^63")
+                                          : std::to_string(std::int64_t(lowest))) +
+                      " before the start of buffer '" + v.buffer +
                       "'; offsets and strides must keep every element at index >= 0");
   return Status::Ok();
 }
@@ -363,32 +375,27 @@ struct Prepared {
   bool overflow_possible = false;  // fp32_may_overflow()
 };
 
-// Host memory the case will take, checked before allocating: a case larger than the machine
-// must be a clear refusal, not the out-of-memory killer. Per element of every view: the
-// buffer, its pristine copy and snapshot, and the fp64 reference's exact, naive and given-O
-// outputs; 64 bytes covers what was measured (about 45).
-Status check_host_memory(const std::vector<const ViewSpec*>& views) {
-  double elements = 0;
-  for (const ViewSpec* v : views) {
-    double n = 1;
-    for (std::int64_t x : v->shape) n *= double(std::max<std::int64_t>(x, 0));
-    elements += n;
-  }
-  const double need = 64.0 * elements;
+// Refuses a case whose host memory (estimate_host_memory) exceeds 75% of the machine's: a
+// case larger than the machine must be a clear refusal, not the out-of-memory killer.
+Status check_host_memory(const HostMemoryEstimate& e, std::int64_t keys) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return Status::Ok();  // unknown: let the allocation decide
   const double have = double(pages) * double(page);
-  if (need <= 0.75 * have) return Status::Ok();
+  if (e.total() <= 0.75 * have) return Status::Ok();
   auto gib = [](double b) {
     std::ostringstream os;
     os.precision(3);
     os << b / double(1ull << 30) << " GiB";
     return os.str();
   };
+  std::string parts = gib(e.buffers) + " for its buffers (their real extents) and their copies";
+  if (e.reference > 0) parts += ", " + gib(e.reference) + " for the fp64 reference's results";
+  if (e.scratch > 0)
+    parts += ", " + gib(e.scratch) + " for the reference's copies of K and V (" +
+             std::to_string(keys) + " keys) on each thread";
   return Status(StatusCode::invalid_argument,
-                "the case needs about " + gib(need) +
-                    " of host memory (its buffers, their copies and the fp64 reference); this "
-                    "machine has " + gib(have) + " (at most 75% is used)");
+                "the case needs about " + gib(e.total()) + " of host memory: " + parts +
+                    "; this machine has " + gib(have) + " (at most 75% is used)");
 }
 
 // CaseSpec::input_scale and input_plants on the freshly drawn buffers. Scaling is per
@@ -422,13 +429,41 @@ Status apply_input_draws(const CaseSpec& spec, Prepared* p) {
   return Status::Ok();
 }
 
-Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd) {
+// The fp64 reference's work, refused past the reference backend's own limit (its work rule:
+// 1e14 FLOP): a valid but absurd case, e.g. K and V of stride 0 over 2^50 keys, must be a
+// refusal, not a hang.
+Status check_reference_work(const detail::Problem& problem) {
+  constexpr double kMaxFlop = 1e14;
+  const double flop = problem.flops();
+  if (flop <= kMaxFlop) return Status::Ok();
+  std::ostringstream os;
+  os.precision(3);
+  os << "the fp64 reference would need about " << flop << " FLOP for this case's "
+     << to_string(problem.direction) << " (every query against every visible key, "
+     << problem.visible_pairs() << " pairs); the harness checks cases of at most " << kMaxFlop
+     << " FLOP (the reference backend's limit)";
+  return Status(StatusCode::invalid_argument, os.str());
+}
+
+Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd,
+               bool with_reference) {
   p->cv = case_views(spec);
   const char* names[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
   const std::vector<const ViewSpec*> views = p->cv.data_views();
   for (std::size_t i = 0; i < views.size(); ++i)
     if (Status s = check_view_bounds(names[i], *views[i]); !s.ok()) return s;
-  if (Status s = check_host_memory(views); !s.ok()) return s;
+  if (required_extent(p->cv.lse) > kMaxBufferElems)
+    return Status(StatusCode::invalid_argument,
+                  "--q " + format_view(*p->cv.q) + ": its LSE (batch x heads x seqlen, one value "
+                  "per row) needs more than 2^33 elements; the harness allocates at most that");
+  // Memory of the buffers (and the reference's results) before allocating them; the
+  // reference's scratch after its work check, which is the clearer refusal of a stride-0
+  // K and V over a huge key count.
+  const HostMemoryEstimate need = estimate_host_memory(spec, with_reference);
+  const std::int64_t keys = std::max<std::int64_t>(p->cv.k->shape[kSeq], 0);
+  HostMemoryEstimate before = need;
+  before.scratch = 0;
+  if (Status s = check_host_memory(before, keys); !s.ok()) return s;
   p->bufs.allocate(views, spec.dtype);
   p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(p->cv.lse));
   p->bufs.fill_random(spec.seed);
@@ -440,15 +475,19 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
           forward_args(spec, p->cv, hb, Backend::reference, Memory::host), fwd);
       !s.ok())
     return s;
+  if (with_reference)
+    if (Status s = check_reference_work(*fwd); !s.ok()) return s;
   p->flops = fwd->flops();
   if (spec.grad) {
     if (Status s = detail::make_problem(
             backward_args(spec, p->cv, hb, Backend::reference, Memory::host), bwd);
         !s.ok())
       return s;
+    if (with_reference)
+      if (Status s = check_reference_work(*bwd); !s.ok()) return s;
     p->flops += bwd->flops();
   }
-  return Status::Ok();
+  return check_host_memory(need, keys);
 }
 
 // The test hook of CaseSpec::plant, for the outputs of the phase that just ran.
@@ -483,10 +522,13 @@ double ms_since(Clock::time_point t0) {
 // The fp64 answer key and the naive model of one case (see docs/semantics.md
 // "Correctness rule"). Backward targets are either fixed per case (f32: the true gradient)
 // or computed from the O each backend's forward produced (f16/bf16: backward_targets()).
+// They are computed per backend too when the forward writes into dO's buffer (dO aliasing
+// O): the targets must read the dO the backend's backward reads, after that forward.
 struct Targets {
   detail::ReferenceOutputs exact, naive;  // forward; and backward when fixed per case
-  const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O)
-  bool from_given_o = false;
+  const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O, dO)
+  bool per_backend = false;                   // backward targets after each backend's forward
+  detail::RefBackwardInputs inputs = detail::RefBackwardInputs::recompute;
 };
 
 BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Targets& t) {
@@ -508,13 +550,17 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     return r;
   };
 
-  // Forward on fresh inputs with poisoned O and LSE.
+  // Forward on fresh inputs with poisoned O and LSE. With grad, dO is an input of the case
+  // too: a dO in O's buffer keeps its values outside O (the buffer is not poisoned whole).
   p.bufs.restore(p.pristine);
-  p.bufs.prepare_outputs({cv.o, &cv.lse}, {}, {cv.q, cv.k, cv.v});
+  std::vector<const ViewSpec*> inputs = {cv.q, cv.k, cv.v};
+  if (spec.grad) inputs.push_back(cv.d_o);
+  p.bufs.prepare_outputs({cv.o, &cv.lse}, {}, inputs);
   DeviceMirror dev;
   if (gpu)
     if (Status s = dev.upload(p.bufs); !s.ok()) return fail(s, "forward");
   const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
+  if (b == Backend::automatic) r.chosen = explain(forward_args(spec, cv, bases, b, mem)).chosen;
   Clock::time_point t0 = Clock::now();
   Status s = forward(forward_args(spec, cv, bases, b, mem));
   if (s.ok() && gpu) s = device_sync();
@@ -533,11 +579,10 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     detail::ReferenceOutputs given_exact, given_naive;
     const detail::ReferenceOutputs* bexact = &t.exact;
     const detail::ReferenceOutputs* bnaive = &t.naive;
-    if (t.from_given_o) {
-      given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact,
-                                              detail::RefBackwardInputs::given_o);
-      given_naive = detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp,
-                                              detail::RefBackwardInputs::given_o);
+    if (t.per_backend) {
+      given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact, t.inputs);
+      given_naive =
+          detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp, t.inputs);
       bexact = &given_exact;
       bnaive = &given_naive;
     }
@@ -604,6 +649,33 @@ std::string list(const std::vector<std::int64_t>& v) {
 
 // ------------------------------------------------------------------- public
 
+HostMemoryEstimate estimate_host_memory(const CaseSpec& spec, bool with_reference) {
+  const CaseViews cv = case_views(spec);
+  std::map<std::string, std::int64_t> extent;
+  for (const ViewSpec* v : cv.data_views()) {
+    std::int64_t& e = extent[v->buffer];
+    e = std::max(e, required_extent(*v));
+  }
+  // buffer, pristine copy, snapshot (dtype bytes each) and output mask (1 byte) per element
+  const double per_elem = 3.0 * double(size_of(spec.dtype)) + 1.0;
+  HostMemoryEstimate e;
+  e.buffers = (double(required_extent(cv.lse)) + 2.0 * kGuardElems) * (3.0 * 4 + 1);
+  for (const auto& [name, n] : extent) e.buffers += (double(n) + 2.0 * kGuardElems) * per_elem;
+  if (!with_reference) return e;
+  // Per logical output element: exact, naive and per-backend targets, read-back, offsets.
+  std::vector<const ViewSpec*> outputs = {cv.o, &cv.lse};
+  if (cv.grad) outputs.insert(outputs.end(), {cv.dq, cv.dk, cv.dv});
+  for (const ViewSpec* v : outputs) e.reference += 64.0 * double(numel(*v));
+  // The reference copies one head's K and V rows (fp64) per thread; with grad each live task
+  // also holds its dK/dV partials (a GQA group's stay until the group is reduced).
+  const auto pos = [](std::int64_t x) { return double(std::max<std::int64_t>(x, 0)); };
+  const double threads = std::max(1u, std::thread::hardware_concurrency());
+  const double group = std::max(1.0, pos(cv.q->shape[kHead])) / std::max(1.0, pos(cv.k->shape[kHead]));
+  e.scratch = 8.0 * pos(cv.k->shape[kSeq]) * (pos(cv.q->shape[kHeadDim]) + pos(cv.v->shape[kHeadDim])) *
+              (cv.grad ? 2.0 * (threads + group) : threads);
+  return e;
+}
+
 bool CaseReport::all_ok() const {
   return std::all_of(backends.begin(), backends.end(), [](const BackendResult& r) {
     return r.status == "ok" || r.status == "unsupported";
@@ -622,24 +694,31 @@ bool gpu_available() {
 #endif
 }
 
-Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, CaseReport* report) {
+Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, CaseReport* report,
+                const Progress& progress) {
+  const auto say = [&](const std::string& what) {
+    if (progress) progress(what);
+  };
   if (report == nullptr) return Status(StatusCode::invalid_argument, "run_case: report is null");
   *report = CaseReport{};
   try {
     Prepared p;
     detail::Problem fwd, bwd;
-    if (Status s = prepare(spec, &p, &fwd, &bwd); !s.ok()) return s;
+    if (Status s = prepare(spec, &p, &fwd, &bwd, true); !s.ok()) return s;
     {
       const Bases hb = host_bases(p.bufs);
       Explanation ex = explain(forward_args(spec, p.cv, hb, Backend::automatic, Memory::host));
       report->layout = ex.layout;
     }
-    // Forward targets, and backward targets when they don't depend on the backend's O.
+    // Forward targets, and backward targets when they depend on neither the backend's O nor
+    // a dO the forward writes.
     Targets t;
     t.backward = &bwd;
-    t.from_given_o = spec.grad && detail::backward_targets(spec.dtype) ==
-                                      detail::RefBackwardInputs::given_o;
-    const detail::Problem& ref_problem = spec.grad && !t.from_given_o ? bwd : fwd;
+    t.inputs = detail::backward_targets(spec.dtype);
+    t.per_backend = spec.grad && (t.inputs == detail::RefBackwardInputs::given_o ||
+                                  p.cv.d_o->buffer == p.cv.o->buffer);
+    const detail::Problem& ref_problem = spec.grad && !t.per_backend ? bwd : fwd;
+    say("computing the fp64 reference");
     t.exact = detail::reference_compute(ref_problem, detail::RefPrecision::exact);
     t.naive = detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
 
@@ -652,7 +731,7 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     };
     std::vector<Want> wants = {{"o", &t.exact.o, &t.naive.o, numel(*p.cv.o)},
                                {"lse", &t.exact.lse, &t.naive.lse, numel(p.cv.lse)}};
-    if (spec.grad && !t.from_given_o) {
+    if (spec.grad && !t.per_backend) {
       wants.push_back({"dq", &t.exact.dq, &t.naive.dq, numel(*p.cv.dq)});
       wants.push_back({"dk", &t.exact.dk, &t.naive.dk, numel(*p.cv.dk)});
       wants.push_back({"dv", &t.exact.dv, &t.naive.dv, numel(*p.cv.dv)});
@@ -662,7 +741,11 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
         return Status(StatusCode::internal,
                       std::string("reference returned ") + std::to_string(w.e->size()) +
                           " values for " + w.name + ", expected " + std::to_string(w.count));
-    for (Backend b : backends) report->backends.push_back(run_one(spec, p, b, t));
+    for (std::size_t i = 0; i < backends.size(); ++i) {
+      say("running " + std::string(to_string(backends[i])) + " (" + std::to_string(i + 1) + "/" +
+          std::to_string(backends.size()) + ")");
+      report->backends.push_back(run_one(spec, p, backends[i], t));
+    }
     return Status::Ok();
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::backend_error, "out of host memory for the case's buffers");
@@ -678,7 +761,7 @@ Status explain_case(const CaseSpec& spec, Explanation* fwd, Explanation* bwd) {
     s.grad = bwd != nullptr;
     Prepared p;
     detail::Problem fp, bp;
-    if (Status st = prepare(s, &p, &fp, &bp); !st.ok()) return st;
+    if (Status st = prepare(s, &p, &fp, &bp, false); !st.ok()) return st;
     const Bases hb = host_bases(p.bufs);
     // CPU backends are explained on host memory, GPU backends (when a GPU is present) on
     // device memory: the verdicts a caller with tensors in the right place would get.
@@ -705,7 +788,7 @@ Status explain_case(const CaseSpec& spec, Explanation* fwd, Explanation* bwd) {
 }
 
 Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, int runs,
-                  std::vector<BenchResult>* results) {
+                  std::vector<BenchResult>* results, const Progress& progress) {
   if (results == nullptr)
     return Status(StatusCode::invalid_argument, "bench_case: results is null");
   results->clear();
@@ -713,8 +796,12 @@ Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, in
   try {
     Prepared p;
     detail::Problem fwd, bwd;
-    if (Status s = prepare(spec, &p, &fwd, &bwd); !s.ok()) return s;
-    for (Backend b : backends) {
+    if (Status s = prepare(spec, &p, &fwd, &bwd, false); !s.ok()) return s;
+    for (std::size_t bi = 0; bi < backends.size(); ++bi) {
+      const Backend b = backends[bi];
+      if (progress)
+        progress("timing " + std::string(to_string(b)) + " (" + std::to_string(bi + 1) + "/" +
+                 std::to_string(backends.size()) + ")");
       BenchResult r;
       r.backend = b;
       auto finish = [&](Status s) {

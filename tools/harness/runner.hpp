@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +58,7 @@ struct BackendResult {
   Backend backend = Backend::reference;
   std::string status;   // "ok" | "unsupported" | "error" | "mismatch"
   std::string reason;   // unsupported/error: the library's message; mismatch: worst element
+  std::optional<Backend> chosen;  // Backend::automatic: the backend auto chose for the forward
   std::vector<TensorCheck> checks;  // o, lse, and with grad dq, dk, dv
   bool guard_ok = true;     // nothing outside the output views changed
   bool written_ok = true;   // every element inside the output views was written
@@ -70,10 +72,14 @@ struct CaseReport {
   [[nodiscard]] bool all_ok() const;  // every backend ok or unsupported
 };
 
+// Called with what the harness starts next ("computing the fp64 reference", "running cpu
+// (1/2)"), for a progress line; may be empty.
+using Progress = std::function<void(const std::string&)>;
+
 // Invalid specs (bad views, validation failures) return invalid_argument with the library's
 // message; per-backend problems are reported in `report`.
 [[nodiscard]] Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends,
-                              CaseReport* report);
+                              CaseReport* report, const Progress& progress = {});
 
 struct BenchResult {
   Backend backend = Backend::reference;
@@ -84,11 +90,24 @@ struct BenchResult {
 // The benchmark protocol (docs/design.md): warm up, then the median of at least `runs` timed
 // runs (CUDA events on GPU backends); with spec.grad, forward + backward.
 [[nodiscard]] Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends,
-                                int runs, std::vector<BenchResult>* results);
+                                int runs, std::vector<BenchResult>* results,
+                                const Progress& progress = {});
 
 // The library's explain() for the case's views on host buffers (the backward too when `bwd`
 // is not null). Invalid views return invalid_argument with the library's message.
 [[nodiscard]] Status explain_case(const CaseSpec& spec, Explanation* fwd, Explanation* bwd);
+
+// Host memory a case takes, in bytes, as the runner checks it before allocating (a case
+// past 75% of the machine's memory is refused). Buffers count their real extents (offset +
+// the largest element a positive stride reaches + 1; stride 0 adds nothing) times the
+// buffer, its pristine copy, its snapshot and its output mask. With the fp64 reference
+// (run_case; not explain or bench): 64 bytes per logical output element, and the
+// reference's per-thread fp64 copies of one head's K and V rows.
+struct HostMemoryEstimate {
+  double buffers = 0, reference = 0, scratch = 0;
+  [[nodiscard]] double total() const { return buffers + reference + scratch; }
+};
+[[nodiscard]] HostMemoryEstimate estimate_host_memory(const CaseSpec& spec, bool with_reference);
 
 // True when a CUDA device is usable in this process (false in CPU-only builds).
 [[nodiscard]] bool gpu_available();

@@ -14,28 +14,52 @@
 #include "harness/views.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <string>
+
+#include "harness/checked.hpp"
 
 namespace strideattn::harness {
 
 namespace {
 
 // Sum of lengths, and the largest offset + length, of one side's varlen tables. Offsets
-// missing (or fewer than lengths) count as packed back to back.
+// missing (or fewer than lengths) count as packed back to back. Saturates at kInt64Max
+// (make_layout_views refuses such tables).
 std::int64_t varlen_tokens(const std::vector<std::int64_t>& seqlens,
                            const std::vector<std::int64_t>& offsets) {
   std::int64_t packed = 0, reach = 0;
   for (std::size_t i = 0; i < seqlens.size(); ++i) {
     const std::int64_t len = std::max<std::int64_t>(seqlens[i], 0);
     const std::int64_t start = i < offsets.size() ? offsets[i] : packed;
-    packed += len;
-    reach = std::max(reach, start + len);
+    packed = saturating_add(packed, len);
+    reach = std::max(reach, saturating_add(start, len));
   }
   return std::max(packed, reach);
 }
 
 Status bad(std::string message) { return Status(StatusCode::invalid_argument, std::move(message)); }
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+// Every sequence's offset + length, and the packed total, must fit in int64.
+Status check_varlen_side(const char* side, const std::vector<std::int64_t>& seqlens,
+                         const std::vector<std::int64_t>& offsets) {
+  std::int64_t packed = 0;
+  for (std::size_t i = 0; i < seqlens.size(); ++i) {
+    const std::int64_t len = std::max<std::int64_t>(seqlens[i], 0);
+    if (i < offsets.size() && !checked_add(offsets[i], len))
+      return bad(std::string("--offsets-") + side + " " + str(offsets[i]) + " plus --seqlens-" +
+                 side + " " + str(len) + " (sequence " + str(std::int64_t(i)) +
+                 ") overflows a 64-bit token index");
+    const std::optional<std::int64_t> next = checked_add(packed, len);
+    if (!next)
+      return bad(std::string("--seqlens-") + side + ": the token counts sum to more than 2^63 - 1");
+    packed = *next;
+  }
+  return Status::Ok();
+}
 
 // Memory formats of one side (q side or kv side) of a layout.
 enum class Format { bshd, sbhd, bhsd, thd };
@@ -174,12 +198,32 @@ Status make_layout_views(std::string_view layout, const ProblemSizes& sizes, Lay
   if (sizes.batch < 0 || sizes.s_q < 0 || sizes.s_kv < 0 || sizes.heads < 0 ||
       sizes.kv_heads < 0 || sizes.d_qk < 0 || sizes.d_v < 0)
     return bad("layout " + name + ": sizes must not be negative");
+  if (thd) {
+    if (Status s = check_varlen_side("q", sizes.seqlens_q, sizes.offsets_q); !s.ok()) return s;
+    if (Status s = check_varlen_side("kv", sizes.seqlens_kv, sizes.offsets_kv); !s.ok()) return s;
+  }
 
   const std::int64_t h = sizes.heads, hg = sizes.kv_heads, dqk = sizes.d_qk, dv = sizes.d_v;
   const std::int64_t b = thd ? 1 : sizes.batch;
   const std::int64_t sq = thd ? sizes.q_tokens() : sizes.s_q;
   const std::int64_t skv = thd ? sizes.kv_tokens() : sizes.s_kv;
   const char* seq_word = thd ? "tokens" : "seqlen";
+
+  // Every stride, offset and buffer extent below is at most b * max(sq, skv) * 3 * (h + 2hg)
+  // * max(dqk, dv): when that fits in int64, none of them overflows.
+  std::optional<std::int64_t> heads_all;  // h + 2hg
+  if (const std::optional<std::int64_t> two_hg = checked_mul(2, hg)) heads_all = checked_add(h, *two_hg);
+  if (!heads_all ||
+      !checked_product({b, std::max<std::int64_t>(std::max(sq, skv), 1), 3, *heads_all,
+                        std::max<std::int64_t>(std::max(dqk, dv), 1)})) {
+    std::string sizes_text =
+        thd ? "--seqlens-q/--offsets-q (" + str(sq) + " tokens) --seqlens-kv/--offsets-kv (" +
+                  str(skv) + " tokens)"
+            : "--batch " + str(b) + " --seqlen-q " + str(sq) + " --seqlen-kv " + str(skv);
+    return bad(sizes_text + " --heads " + str(h) + " --kv-heads " + str(hg) + " --head-dim " +
+               str(dqk) + " --head-dim-v " + str(dv) + ": a buffer of layout " + name +
+               " would hold more than 2^63 - 1 elements");
+  }
 
   using P = LayoutKind::Packing;
   const bool qkv_packed = kind.packing == P::qkv_3hd || kind.packing == P::qkv_h3d ||
@@ -261,12 +305,15 @@ Status make_layout_views(std::string_view layout, const ProblemSizes& sizes, Lay
 }
 
 std::int64_t required_extent(const ViewSpec& view) {
-  std::int64_t last = view.offset;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 4; ++i)
     if (view.shape[i] <= 0) return view.offset;  // no elements: only the offset must exist
-    if (view.stride[i] > 0) last += (view.shape[i] - 1) * view.stride[i];
+  std::optional<std::int64_t> last = view.offset;
+  for (int i = 0; i < 4 && last; ++i) {
+    if (view.stride[i] <= 0) continue;  // stride 0 reaches nothing new; negative reach below
+    const std::optional<std::int64_t> reach = checked_mul(view.shape[i] - 1, view.stride[i]);
+    last = reach ? checked_add(*last, *reach) : std::nullopt;
   }
-  return last + 1;
+  return last ? saturating_add(*last, 1) : kInt64Max;
 }
 
 std::string format_view(const ViewSpec& v) {

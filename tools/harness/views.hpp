@@ -46,7 +46,9 @@ struct LayoutViews {
 [[nodiscard]] Status make_layout_views(std::string_view layout, const ProblemSizes& sizes,
                                        LayoutViews* out);
 
-// Smallest buffer extent (elements) that holds every view naming it.
+// Smallest buffer extent (elements) that holds the view: offset + the largest element any
+// positive stride reaches + 1 (stride 0 adds nothing; an empty view needs only its offset).
+// kInt64Max when that does not fit in int64.
 [[nodiscard]] std::int64_t required_extent(const ViewSpec& view);
 
 // The CLI's explicit view syntax BUF[+OFFSET]:SHAPE:STRIDES ("q+5:2,70,2,32:8960,128,64,1"),

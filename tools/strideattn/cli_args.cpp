@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "harness/checked.hpp"
+
 namespace strideattn::cli {
 
 namespace {
@@ -16,6 +18,11 @@ namespace {
 using harness::LayoutViews;
 using harness::ProblemSizes;
 using harness::ViewSpec;
+
+// The mask vocabulary of mask_from_string (strideattn.hpp), for the usage text and errors.
+constexpr const char* kMaskNames =
+    "none, causal (top-left), causal_bottom_right (aliases: no_mask = none, top_left and "
+    "causal_top_left = causal, bottom_right = causal_bottom_right)";
 
 Status bad(std::string msg) { return Status(StatusCode::invalid_argument, std::move(msg)); }
 
@@ -68,11 +75,6 @@ CommandOptions options_of(Command c) {
   }
 }
 
-bool tensor_option(const std::string& name) {
-  static const std::set<std::string> k = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
-  return k.count(name) > 0;
-}
-
 Status parse_backends(const std::string& text, std::vector<Backend>* out) {
   out->clear();
   std::string item;
@@ -90,7 +92,7 @@ Status parse_backends(const std::string& text, std::vector<Backend>* out) {
 
 // The PROBLEM options as given, before resolution.
 struct RawProblem {
-  std::map<std::string, std::string> values;  // option -> text (last one wins)
+  std::map<std::string, std::string> values;  // option -> text (each given at most once)
   bool deterministic = false;
   [[nodiscard]] bool has(const std::string& k) const { return values.count(k) > 0; }
 };
@@ -152,8 +154,45 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
                     SizeOpt{"seqlen-kv", &z.s_kv}, SizeOpt{"heads", &z.heads},
                     SizeOpt{"kv-heads", &z.kv_heads}, SizeOpt{"head-dim", &z.d_qk},
                     SizeOpt{"head-dim-v", &z.d_v}})
-    if (raw.has(o.name))
+    if (raw.has(o.name)) {
       if (Status s = parse_int(o.name, raw.values.at(o.name), o.field); !s.ok()) return s;
+      if (*o.field < 0)
+        return bad("--" + std::string(o.name) + " " + raw.values.at(o.name) +
+                   ": must not be negative");
+    }
+  // A size option and an explicit view that disagree: refuse, naming both (the views won
+  // silently for some dimensions and the option for others).
+  const bool varlen_given = raw.has("seqlens-q") || raw.has("seqlens-kv") ||
+                            raw.has("offsets-q") || raw.has("offsets-kv");
+  struct ViewDim {
+    const char* option;
+    int dim;
+    const char* what;
+    std::initializer_list<const char*> tensors;
+  };
+  for (const ViewDim& c :
+       {ViewDim{"batch", kBatch, "batch", {"q", "o", "k", "v", "do", "dq", "dk", "dv"}},
+        ViewDim{"seqlen-q", kSeq, "seqlen", {"q", "o", "do", "dq"}},
+        ViewDim{"seqlen-kv", kSeq, "seqlen", {"k", "v", "dk", "dv"}},
+        ViewDim{"heads", kHead, "heads", {"q", "o", "do", "dq"}},
+        ViewDim{"kv-heads", kHead, "heads", {"k", "v", "dk", "dv"}},
+        ViewDim{"head-dim", kHeadDim, "head dim", {"q", "k", "dq", "dk"}},
+        ViewDim{"head-dim-v", kHeadDim, "head dim", {"v", "o", "do", "dv"}}}) {
+    if (!raw.has(c.option)) continue;
+    if (varlen_given && c.dim != kHead && c.dim != kHeadDim) {
+      if (std::string(c.option) == "batch") continue;  // checked against --seqlens-q below
+      return bad("--" + std::string(c.option) + " " + raw.values.at(c.option) +
+                 " with varlen options: the sequence lengths come from --seqlens-q/--seqlens-kv;"
+                 " drop --" + c.option);
+    }
+    std::int64_t given = 0;
+    (void)parse_int(c.option, raw.values.at(c.option), &given);
+    for (const char* t : c.tensors)
+      if (views.count(t) && views.at(t).shape[c.dim] != given)
+        return bad("--" + std::string(c.option) + " " + raw.values.at(c.option) + " but --" + t +
+                   " " + format_view(views.at(t)) + " has " + c.what + " " +
+                   std::to_string(views.at(t).shape[c.dim]) + "; give one or make them agree");
+  }
   // A size given alone carries its partner along (unless a view or option says otherwise).
   if (raw.has("seqlen-q") && !raw.has("seqlen-kv") && !kv_from_view) z.s_kv = z.s_q;
   if (raw.has("heads") && !raw.has("kv-heads") && !hg_from_view && !preset) z.kv_heads = z.heads;
@@ -178,6 +217,13 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
     if (raw.has("offsets-kv"))
       if (Status s = parse_list("offsets-kv", raw.values.at("offsets-kv"), &z.offsets_kv); !s.ok())
         return s;
+    for (auto [name, list] : {std::pair{"seqlens-q", &z.seqlens_q}, std::pair{"seqlens-kv", &z.seqlens_kv},
+                              std::pair{"offsets-q", &z.offsets_q}, std::pair{"offsets-kv", &z.offsets_kv}})
+      for (std::int64_t x : *list)
+        if (x < 0)
+          return bad("--" + std::string(name) + " " + raw.values.at(name) + ": " +
+                     (name[0] == 's' ? "token counts" : "offsets") + " must not be negative (found " +
+                     std::to_string(x) + ")");
     const std::int64_t n = std::int64_t(z.seqlens_q.size());
     if (std::int64_t(z.seqlens_kv.size()) != n)
       return bad("--seqlens-kv has " + std::to_string(z.seqlens_kv.size()) +
@@ -215,10 +261,10 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
   }
   if (raw.has("mask")) {
     const std::string& m = raw.values.at("mask");
-    if (m == "none") spec->options.mask = MaskKind::none;
-    else if (m == "causal") spec->options.mask = MaskKind::causal;
-    else if (m == "causal-bottom-right") spec->options.mask = MaskKind::causal_bottom_right;
-    else return bad("unknown --mask '" + m + "'; supported: none, causal, causal-bottom-right");
+    const std::optional<MaskKind> mask = mask_from_string(m);
+    if (!mask)
+      return bad("unknown --mask '" + m + "'; supported: " + std::string(kMaskNames));
+    spec->options.mask = *mask;
   }
   if (raw.has("window")) {
     std::vector<std::int64_t> w;
@@ -333,6 +379,9 @@ Status parse_view(const std::string& option, const std::string& text, ViewSpec* 
     v.shape[i] = shape[i];
     v.stride[i] = stride[i];
   }
+  const auto pos = [](std::int64_t x) { return std::max<std::int64_t>(x, 0); };
+  if (!harness::checked_product({pos(shape[0]), pos(shape[1]), pos(shape[2]), pos(shape[3])}))
+    return fail("the shape has more than 2^63 - 1 elements");
   *out = v;
   return Status::Ok();
 }
@@ -406,13 +455,12 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
       if (i + 1 >= args.size()) return bad("option --" + name + " needs a value");
       value = args[++i];
     }
-    if (problem_valued) {
-      if (tensor_option(name) && raw.has(name))
-        return bad("view --" + name + " given twice");
-      raw.values[name] = value;
-    } else {
-      values[name] = value;
-    }
+    // Every valued option at most once (a repeated --mask silently took the last one).
+    std::map<std::string, std::string>& into = problem_valued ? raw.values : values;
+    if (into.count(name))
+      return bad("option --" + name + " given twice ('" + into.at(name) + "' and '" + value +
+                 "'); give it once");
+    into[name] = value;
   }
 
   if (values.count("backends")) {
@@ -464,6 +512,13 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
   }
   *out = std::move(inv);
   return Status::Ok();
+}
+
+Status check_environment() {
+  const char* env = std::getenv("STRIDEATTN_BACKEND");
+  if (env == nullptr || *env == '\0' || backend_from_string(env)) return Status::Ok();
+  return bad(std::string("STRIDEATTN_BACKEND='") + env +
+             "' is not a backend; supported: auto, reference, cpu, cuda, cudnn (or unset)");
 }
 
 std::vector<Backend> available_backends() {

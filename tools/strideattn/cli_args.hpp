@@ -41,6 +41,10 @@ struct Invocation {
 // Parse argv[1..]. The PROBLEM is resolved fully (preset, sizes, layout views, explicit views).
 [[nodiscard]] Status parse_command_line(const std::vector<std::string>& args, Invocation* out);
 
+// The environment the CLI reads: an unknown STRIDEATTN_BACKEND is invalid_argument naming
+// the value and the supported names.
+[[nodiscard]] Status check_environment();
+
 // Every backend this build has and this machine can run, except `reference` (the yardstick).
 [[nodiscard]] std::vector<Backend> default_backends();
 // Every backend compiled and available, reference included (the demo).

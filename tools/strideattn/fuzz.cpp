@@ -7,6 +7,8 @@
 // range, extreme scales and planted NaN / Inf.
 #include "fuzz.hpp"
 
+#include "progress.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -296,7 +298,11 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool pla
 int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   using json = nlohmann::ordered_json;
   if (inv.require_gpu && !harness::gpu_available()) {
-    std::printf("fuzz: skipped: no GPU present (this test needs one)\n");
+    if (inv.json)
+      std::printf("%s\n", json({{"skipped", "no GPU present (this test needs one)"},
+                                 {"exit_code", 77}}).dump(2).c_str());
+    else
+      std::printf("fuzz: skipped: no GPU present (this test needs one)\n");
     return 77;
   }
   std::int64_t passed = 0, failed = 0, unsupported = 0;
@@ -310,8 +316,12 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   };
   const std::int64_t max_draws = inv.cases + 50 * inv.min_ran;
   std::int64_t drawn = 0;
+  ProgressLine line(inv.json, 0.0);
   for (std::int64_t i = 0; i < max_draws && (i < inv.cases || short_of_min_ran()); ++i) {
     drawn = i + 1;
+    line.show("fuzz: case " + std::to_string(i + 1) +
+              (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " +
+              std::to_string(failed) + " failed");
     const CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs);
     harness::CaseReport rep;
     const Status s = harness::run_case(spec, backends, &rep);
@@ -322,6 +332,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
       failures.push_back({{"case", i}, {"backend", backend}, {"status", status},
                           {"reason", why}, {"reproducer", repro}});
       if (!inv.json) {
+        line.clear();
         std::printf("FAIL case %lld: %s %s: %s\n  %s\n", static_cast<long long>(i),
                     backend.c_str(), status.c_str(), why.c_str(), repro.c_str());
         std::fflush(stdout);
@@ -342,6 +353,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
     else if (case_unsupported) ++unsupported;
     else ++passed;
   }
+  line.clear();
   std::vector<std::string> never_ran;
   for (Backend b : backends)
     if (drawn > 0 && ran(b) == 0) never_ran.push_back(std::string(to_string(b)));

@@ -1,5 +1,6 @@
 // The `strideattn` CLI (docs/design.md "CLI"): the demo, check, explain, bench and fuzz,
 // text or --json output, and the exit codes 0 (agree) / 1 (disagree) / 2 (invalid input).
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "cli_args.hpp"
 #include "fuzz.hpp"
 #include "harness/runner.hpp"
+#include "progress.hpp"
 
 namespace strideattn::cli {
 namespace {
@@ -18,18 +20,34 @@ using json = nlohmann::ordered_json;
 
 constexpr int kExitOk = 0, kExitMismatch = 1, kExitInvalid = 2, kExitSkip = 77;
 
-int invalid(const std::string& msg) {
-  // Exactly one line on stderr.
+// --json was given: every error is also one JSON object on stdout, so that a caller that
+// parses stdout always gets valid JSON ({"error": {"code", "message"}, "exit_code"}).
+bool g_json = false;
+
+// The one error path: one line on stderr, and the JSON object under --json.
+int error_exit(StatusCode code, const std::string& msg, int exit_code) {
   std::string line = msg;
   for (char& c : line)
     if (c == '\n') c = ' ';
   std::fprintf(stderr, "strideattn: error: %s\n", line.c_str());
-  return kExitInvalid;
+  if (g_json) {
+    const json j = {{"error", {{"code", std::string(to_string(code))}, {"message", line}}},
+                    {"exit_code", exit_code}};
+    std::printf("%s\n", j.dump(2).c_str());
+  }
+  std::fflush(stdout);
+  return exit_code;
 }
 
-int failed(const std::string& msg) {
-  std::fprintf(stderr, "strideattn: %s\n", msg.c_str());
-  return kExitMismatch;
+// Invalid input or environment: exit 2.
+int invalid(const std::string& msg) {
+  return error_exit(StatusCode::invalid_argument, msg, kExitInvalid);
+}
+
+// Any Status that is not ok: invalid_argument exits 2, everything else 1.
+int status_exit(const Status& s) {
+  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
+  return error_exit(s.code(), s.message(), kExitMismatch);
 }
 
 std::string num(double x, const char* f = "%.3g") {
@@ -83,6 +101,7 @@ json backend_json(const harness::BackendResult& r, bool grad) {
     if (c.name == "o") o = &c;
   const bool ran = r.status == "ok" || r.status == "mismatch";
   json j = {{"backend", std::string(to_string(r.backend))},
+            {"chosen", r.chosen ? json(std::string(to_string(*r.chosen))) : json(nullptr)},
             {"status", r.status},
             {"reason", r.reason},
             {"max_abs_err", num_or_null(o ? o->err.max_abs_err : 0, o != nullptr)},
@@ -107,7 +126,9 @@ void print_check_table(const harness::CaseReport& rep) {
   std::printf("%-10s %-12s %-6s %12s %12s %12s %10s %9s\n", "backend", "status", "tensor",
               "max_abs_err", "max_rel_err", "tolerance", "time_ms", "TFLOP/s");
   for (const harness::BackendResult& r : rep.backends) {
-    const std::string name(to_string(r.backend));
+    // `auto` names what it ran: "auto:cpu".
+    const std::string name = std::string(to_string(r.backend)) +
+                             (r.chosen ? ":" + std::string(to_string(*r.chosen)) : "");
     if (r.checks.empty()) {
       std::printf("%-10s %-12s %s\n", name.c_str(), r.status.c_str(), r.reason.c_str());
       continue;
@@ -129,9 +150,12 @@ void print_check_table(const harness::CaseReport& rep) {
 // check and the demo share this.
 int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool demo) {
   harness::CaseReport rep;
-  Status s = harness::run_case(inv.spec, backends, &rep);
-  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
-  if (!s.ok()) return failed("error: " + s.message());
+  Status s = Status::Ok();
+  {
+    ProgressLine line(inv.json, 1.0);
+    s = harness::run_case(inv.spec, backends, &rep, [&](const std::string& w) { line.show(w); });
+  }
+  if (!s.ok()) return status_exit(s);
   std::vector<std::string> bad;
   for (const auto& r : rep.backends)
     if (r.status == "mismatch" || r.status == "error")
@@ -147,7 +171,7 @@ int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool 
     return code;
   }
   if (demo)
-    std::printf("strideattn %s demo: DESIGN's seed case (split views of one fused buffer) on "
+    std::printf("strideattn %s demo: the seed case (split views of one fused buffer) on "
                 "every available backend\n",
                 std::string(version()).c_str());
   std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(),
@@ -192,8 +216,7 @@ int run_explain(const Invocation& inv) {
   Status s = harness::explain_case(inv.spec, &fwd, inv.grad ? &bwd : nullptr);
   if (s.ok() && !fwd.validation.ok()) s = fwd.validation;
   if (s.ok() && inv.grad && !bwd.validation.ok()) s = bwd.validation;
-  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
-  if (!s.ok()) return failed("error: " + s.message());
+  if (!s.ok()) return status_exit(s);
   if (inv.json) {
     json j = {{"problem", problem_json(inv.spec)}, {"layout", fwd.layout},
               {"forward", verdicts_json(fwd)}};
@@ -217,12 +240,14 @@ int run_bench(const Invocation& inv, const std::vector<Backend>& backends) {
   Explanation fwd;
   Status s = harness::explain_case(inv.spec, &fwd, nullptr);
   if (s.ok() && !fwd.validation.ok()) s = fwd.validation;
-  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
-  if (!s.ok()) return failed("error: " + s.message());
+  if (!s.ok()) return status_exit(s);
   std::vector<harness::BenchResult> res;
-  s = harness::bench_case(inv.spec, backends, inv.bench_runs, &res);
-  if (s.code() == StatusCode::invalid_argument) return invalid(s.message());
-  if (!s.ok()) return failed("error: " + s.message());
+  {
+    ProgressLine line(inv.json, 1.0);
+    s = harness::bench_case(inv.spec, backends, inv.bench_runs, &res,
+                            [&](const std::string& w) { line.show(w); });
+  }
+  if (!s.ok()) return status_exit(s);
   int code = kExitOk;
   for (const auto& r : res)
     if (r.status == "error") code = kExitMismatch;
@@ -262,8 +287,14 @@ int run_bench(const Invocation& inv, const std::vector<Backend>& backends) {
 
 int main_impl(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  g_json = std::find(args.begin(), args.end(), "--json") != args.end();
   Invocation inv;
   if (Status s = parse_command_line(args, &inv); !s.ok()) return invalid(s.message());
+  g_json = inv.json;
+  // STRIDEATTN_BACKEND steers every `auto` call: a value that names no backend is a usage
+  // error of the whole run, not a disagreement of the `auto` row.
+  if (inv.command != Command::help && inv.command != Command::version)
+    if (Status s = check_environment(); !s.ok()) return invalid(s.message());
   const std::vector<Backend> backends = inv.backends_given ? inv.backends : default_backends();
   switch (inv.command) {
     case Command::help: std::printf("%s", usage().c_str()); return kExitOk;
@@ -298,10 +329,9 @@ int main(int argc, char** argv) {
   try {
     return strideattn::cli::main_impl(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "strideattn: internal error: %s\n", e.what());
-    return 1;
+    return strideattn::cli::error_exit(strideattn::StatusCode::internal,
+                                       std::string("internal error: ") + e.what(), 1);
   } catch (...) {
-    std::fprintf(stderr, "strideattn: internal error\n");
-    return 1;
+    return strideattn::cli::error_exit(strideattn::StatusCode::internal, "internal error", 1);
   }
 }

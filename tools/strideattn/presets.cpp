@@ -24,10 +24,10 @@ AttentionOptions mask(MaskKind m, Window w = {}) {
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> kPresets = [] {
     std::vector<Preset> p;
-    // The seed case (docs/design.md): Q, K, V split from one fused [s, b, h + 2hg, d] fp16
-    // buffer, MQA 16/1, d = 64, s = 2048, causal. Batch 1 (the original had more) so that the
-    // fp64 reference on a 2-core CPU keeps the demo and `check --preset seed --grad` short.
-    p.push_back({"seed", "DESIGN's seed case: split views of a fused sb(h+2hg)d fp16 buffer",
+    // The seed case: Q, K, V split from one fused [s, b, h + 2hg, d] fp16 buffer, MQA 16/1,
+    // d = 64, s = 2048, causal. Batch 1 (the original had more) so that the fp64 reference
+    // on a 2-core CPU keeps the demo and `check --preset seed --grad` short.
+    p.push_back({"seed", "the seed case: split views of a fused sb(h+2hg)d fp16 buffer",
                  dense(1, 2048, 2048, 16, 1, 64, 64), DType::f16, "sb(h+2hg)d",
                  mask(MaskKind::causal)});
     p.push_back({"small", "a small causal GQA problem in bshd", dense(2, 100, 100, 4, 2, 64, 64),
@@ -70,12 +70,12 @@ usage:
   strideattn explain PROBLEM [--grad] [--json]
   strideattn bench   PROBLEM [--backends a,b] [--grad] [--runs N] [--json]
   strideattn fuzz    --cases N [--min-ran M] [--seed S] [--backends a,b] [--grad] [--json]
-  strideattn --help | --version
+  strideattn help | --help | --version
 
 PROBLEM:
   --preset NAME                  a named problem (other options override its fields):
 )" + presets_list +
-         R"(  --dtype f16|bf16|f32            (default f16)
+         R"(  --dtype f16|bf16|f32           (default f16)
   --batch B --seqlen-q SQ --seqlen-kv SKV --heads H --kv-heads HG --head-dim D [--head-dim-v DV]
                                  defaults 1, 128, =SQ, 4, =H, 64, =D
   --layout NAME                  bshd_bshd_bshd (default), sbhd_sbhd_sbhd, bhsd_bhsd_bhsd, sb3hd,
@@ -86,10 +86,14 @@ PROBLEM:
                                  an explicit view: buffer name, element offset, logical shape
                                  b,s,h,d and strides b,s,h,d, e.g. qkv+16:1,2048,1,64:1152,1152,64,1
                                  (views naming the same buffer alias the same memory; explicit
-                                 views override the layout's; sizes not given come from them)
+                                 views override the layout's; sizes not given come from them,
+                                 sizes given must agree with them). Each option at most once.
   --seqlens-q L0,L1,...  --seqlens-kv L0,L1,...   varlen (THD) token counts
   --offsets-q O0,O1,...  --offsets-kv O0,O1,...   first token of each sequence (default packed)
-  --mask none|causal|causal-bottom-right  --window LEFT,RIGHT  --scale X  --deterministic
+  --mask none|causal|causal_bottom_right   causal is top-left (key j <= query i); bottom-right:
+                                 j <= i + s_kv - s_q; aliases no_mask, top_left, causal_top_left,
+                                 bottom_right
+  --window LEFT,RIGHT  --scale X  --deterministic
   --input-scale F                the random inputs times F (large F: logits up to fp32 overflow)
   --plant-input T:I:V,...        set logical element I of input T (q, k, v, do) to V (nan, inf,
                                  -inf) after the draw; non-finite inputs propagate as
@@ -106,7 +110,10 @@ each run; every output element must be written and nothing outside the output vi
 
 exit codes: 0 every compared backend agrees with the fp64 reference within tolerance
   (unsupported is not a failure; its reason is printed); 1 some backend disagrees or failed
-  (the report names it and the worst element); 2 invalid input (one line on stderr).
+  (the report names it and the worst element); 2 invalid input or environment (one line on
+  stderr; under --json also {"error": {"code", "message"}, "exit_code"} on stdout).
+A progress line goes to stderr for fuzz and long check/bench runs when it is a terminal
+  (never under --json).
 )";
 }
 

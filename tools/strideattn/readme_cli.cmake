@@ -1,0 +1,35 @@
+# README.md's CLI block is `strideattn help`'s output (the usage text in presets.cpp is the
+# one source). MODE=check fails when they differ (a ctest); MODE=update rewrites the block:
+#   cmake -DCLI=build/tools/strideattn/strideattn -DREADME=README.md -DMODE=update \
+#         -P tools/strideattn/readme_cli.cmake
+execute_process(COMMAND "${CLI}" help OUTPUT_VARIABLE help RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "'${CLI} help' exited ${rc}")
+endif()
+file(READ "${README}" readme)
+set(open_fence "## CLI\n\n```\n")
+string(FIND "${readme}" "${open_fence}" start)
+if(start EQUAL -1)
+  message(FATAL_ERROR "${README}: no '## CLI' section followed by a ``` block")
+endif()
+string(LENGTH "${open_fence}" fence_len)
+math(EXPR body "${start} + ${fence_len}")
+string(SUBSTRING "${readme}" ${body} -1 rest)
+string(FIND "${rest}" "```\n" close)
+if(close EQUAL -1)
+  message(FATAL_ERROR "${README}: the CLI block is not closed")
+endif()
+string(SUBSTRING "${rest}" 0 ${close} block)
+if(block STREQUAL help)
+  return()
+endif()
+if(MODE STREQUAL "update")
+  string(SUBSTRING "${readme}" 0 ${body} head)
+  string(SUBSTRING "${rest}" ${close} -1 tail)
+  file(WRITE "${README}" "${head}${help}${tail}")
+  message(STATUS "${README}: CLI block updated from '${CLI} help'")
+else()
+  message(FATAL_ERROR "README.md's CLI block differs from 'strideattn help'; regenerate it with\n"
+          "  cmake -DCLI=build/tools/strideattn/strideattn -DREADME=README.md -DMODE=update "
+          "-P tools/strideattn/readme_cli.cmake")
+endif()
