@@ -3,6 +3,7 @@
 
 #include "common/log.hpp"
 #include "common/memory_check.hpp"
+#include "dispatch/gpu_module.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/select.hpp"
 #include "problem/layout.hpp"
@@ -74,10 +75,15 @@ std::string_view version() { return STRIDEATTN_VERSION_STRING; }
 
 bool backend_compiled(Backend backend) { return detail::backend_impl(backend) != nullptr; }
 
-#if !defined(STRIDEATTN_WITH_CUDA)
-// CPU-only build: no CUDA runtime, no device pointers to tell apart (common/memory_check.hpp).
-detail::PointerKind detail::classify_pointer(const void*) { return PointerKind::unknown; }
-#endif
+namespace {
+// Where a pointer lives, asked of the GPU module (its CUDA runtime); without a module (a
+// CPU-only build, or one that failed to load) there are no device pointers to tell apart.
+detail::PointerKind pointer_kind(const void* ptr) {
+  const detail::GpuModuleLoad& m = detail::gpu_module();
+  if (m.module == nullptr || m.module->classify_pointer == nullptr) return detail::PointerKind::unknown;
+  return m.module->classify_pointer(ptr);
+}
+}  // namespace
 
 namespace {
 
@@ -88,7 +94,7 @@ Status run(const Args& args, bool backward) {
   try {
     Problem problem;
     if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
-    if (Status s = detail::check_memory(args, &detail::classify_pointer); !s.ok()) return s;
+    if (Status s = detail::check_memory(args, &pointer_kind); !s.ok()) return s;
     detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
     if (!sel.chosen) return sel.status;
     detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);

@@ -3,6 +3,7 @@
 // (dispatch/gpu_module.hpp). The only file of the module the core calls into by name.
 #include <cuda_runtime_api.h>
 
+#include "common/memory_check.hpp"
 #include "dispatch/gpu_module.hpp"
 
 namespace strideattn::detail {
@@ -49,4 +50,5 @@ extern "C" __attribute__((visibility("default"))) void strideattn_gpu_module_v1(
   out->cuda = cuda_backend();
   out->cudnn = cudnn_backend();
   out->query_platform = &query_platform;
+  out->classify_pointer = &classify_pointer;
 }

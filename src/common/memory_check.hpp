@@ -20,8 +20,8 @@ enum class PointerKind {
   managed,      // unified memory (reachable from both sides)
 };
 
-// Defined in the CUDA backend (src/backends/cuda/cuda_backend.cu) in CUDA builds and in
-// src/api.cpp otherwise (always `unknown`).
+// Defined in the CUDA backend (src/backends/cuda/cuda_backend.cu), part of the GPU module;
+// the core reaches it through GpuModule::classify_pointer (src/api.cpp).
 [[nodiscard]] PointerKind classify_pointer(const void* ptr);
 
 [[nodiscard]] inline std::string_view to_string(PointerKind kind) {

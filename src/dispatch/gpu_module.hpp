@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string>
 
+#include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/registry.hpp"
 
@@ -21,6 +22,8 @@ struct GpuModule {
   BackendImpl* cuda = nullptr;
   BackendImpl* cudnn = nullptr;          // nullptr: the module was built without cuDNN
   Platform (*query_platform)() = nullptr;
+  // Where a pointer lives (cudaPointerGetAttributes): the memory check of every call.
+  PointerKind (*classify_pointer)(const void* ptr) = nullptr;
 };
 
 // Result of one attempt to load a module file: `module` on success, else `error` says which
