@@ -92,11 +92,11 @@ def test_messages_about_arrays_show_shape_not_contents(rng):
     q, k, v = _qkv(rng)
     t = rng.standard_normal((8, 2, 16)).astype(np.float32)
     secret = np.full((2, 2), 12345, np.int64)
-    with pytest.raises(ValueError, match=r"seqlens_q must be one-dimensional, got ndarray of shape \(2, 2\), "
-                                         r"dtype int64") as e:
+    with pytest.raises(ValueError, match=r"seqlens_q must be one-dimensional, got .*ndarray of shape \(2, 2\)"
+                                         r".*dtype int64") as e:
         sa.attention(t, t, t, seqlens_q=secret, seqlens_kv=[4, 4])
     assert "12345" not in str(e.value)
-    with pytest.raises(ValueError, match=r"window must be \(left, right\).*got ndarray of shape \(3,\)") as e:
+    with pytest.raises(ValueError, match=r"window must be \(left, right\).*got .*ndarray of shape \(3,\)") as e:
         sa.attention(q, k, v, window=np.array([12345, 12345, 12345]))
     assert "12345" not in str(e.value)
 
