@@ -1,6 +1,6 @@
 // Host buffers for the harness: one allocation per distinct buffer name of a case's views,
 // with guard bands on both sides, random fill, output poisoning, the "written" and "guard"
-// checks, and reading a view in logical order. Device mirrors live in runner.cpp.
+// checks, and reading a view in logical order. Device mirrors live in device_mirror.cpp.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,69 @@
+// Private to strideattn_harness (not part of runner.hpp's API): the buffers and arguments of
+// one case as run_case, bench_case and explain_case share them. The case's views, element
+// pointers (host buffers or a device mirror), the forward/backward arguments on them, and
+// prepare(): view bounds, host-memory and reference-work checks, fresh random inputs.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/buffers.hpp"
+#include "harness/runner.hpp"
+#include "problem/problem.hpp"
+
+namespace strideattn::harness::internal {
+
+const char* const kLseBuffer = "#lse";  // not a legal CLI buffer name: never collides
+
+std::string fmt(double x);  // "%.4g"
+
+// The views a case uses, and the LSE as a pseudo-view [b, h, s_q, 1] of its fp32 buffer.
+struct CaseViews {
+  const ViewSpec *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
+  ViewSpec lse;
+  bool grad = false;
+  [[nodiscard]] std::vector<const ViewSpec*> data_views() const {
+    if (grad) return {q, k, v, o, d_o, dq, dk, dv};
+    return {q, k, v, o};
+  }
+};
+
+// Logical elements of a view; kInt64Max when that does not fit.
+std::int64_t numel(const ViewSpec& v);
+
+// Element pointers: buffer name -> element 0 (host buffer or its device mirror).
+using Bases = std::map<std::string, std::byte*>;
+
+ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
+                         Backend backend, Memory memory);
+BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
+                           Backend backend, Memory memory);
+Bases host_bases(BufferSet& bufs);
+
+// Everything one case shares between its backends.
+struct Prepared {
+  BufferSet bufs;
+  std::map<std::string, std::vector<std::byte>> pristine;
+  CaseViews cv;
+  double flops = 0;  // forward, plus backward with grad
+  bool overflow_possible = false;  // fp32_may_overflow()
+};
+
+// Checks the case (view bounds, host memory, and with `with_reference` the fp64 reference's
+// work), allocates its buffers with fresh random inputs (CaseSpec::input_scale and
+// input_plants applied), keeps their pristine copy, and makes the forward problem (and with
+// grad the backward problem) on the host buffers.
+Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd,
+               bool with_reference);
+
+// Wall-clock time of a host-timed run (run_one, and bench_case on host memory).
+using Clock = std::chrono::steady_clock;
+inline double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace strideattn::harness::internal
