@@ -11,8 +11,4 @@ namespace strideattn::detail {
 // mismatched varlen vector lengths).
 [[nodiscard]] Status validate_problem(const Problem& problem);
 
-// Two strided views of one dtype overlap in memory (exact where strides allow, see
-// validate.cpp). Exposed for tests.
-[[nodiscard]] bool views_overlap(const TensorView& a, const TensorView& b);
-
 }  // namespace strideattn::detail

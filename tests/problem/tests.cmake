@@ -1,5 +1,7 @@
-# Tests of validation, layout description, the harness's layout views and the C ABI.
+# Tests of validation, the overlap algebra, layout description, the harness's layout views and
+# the C ABI.
 strideattn_test(problem_validate_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/validate_test.cpp)
+strideattn_test(problem_overlap_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/overlap_test.cpp)
 strideattn_test(problem_layout_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/layout_test.cpp)
 
 # The C ABI through the shared library; c_header_check.c is compiled as C.
