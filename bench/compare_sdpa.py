@@ -17,6 +17,7 @@ FLOPs: forward 2 * visible_pairs * (d_qk + d_v) summed over batch and query head
   python3 bench/compare_sdpa.py [--quick | --only NAME-PART] [--out bench.md]
                                 [--results-dir DIR] [--append-results]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,7 @@ def import_torch() -> None:
     import torch as _torch
     import torch.nn.functional as _F
     from torch.nn.attention import SDPBackend as _SDPBackend, sdpa_kernel as _sdpa_kernel
+
     torch, F, SDPBackend, sdpa_kernel = _torch, _F, _SDPBackend, _sdpa_kernel
 
 
@@ -54,14 +56,18 @@ SA_BACKEND = {"cuda": sa_abi.SA_BACKEND_CUDA, "cudnn": sa_abi.SA_BACKEND_CUDNN}
 def view_of(t) -> sa_abi.sa_tensor_view:
     """A [b, s, h, d] torch tensor (any strides) as an sa_tensor_view: its real strides."""
     assert t.dim() == 4
-    return sa_abi.sa_tensor_view(t.data_ptr(),
-                                 sa_abi.SA_BF16 if t.dtype == torch.bfloat16 else sa_abi.SA_F16,
-                                 (ctypes.c_int64 * 4)(*t.shape), (ctypes.c_int64 * 4)(*t.stride()))
+    return sa_abi.sa_tensor_view(
+        t.data_ptr(),
+        sa_abi.SA_BF16 if t.dtype == torch.bfloat16 else sa_abi.SA_F16,
+        (ctypes.c_int64 * 4)(*t.shape),
+        (ctypes.c_int64 * 4)(*t.stride()),
+    )
 
 
 def lse_of(t) -> sa_abi.sa_lse_view:
-    return sa_abi.sa_lse_view(t.data_ptr(), (ctypes.c_int64 * 3)(*t.shape),
-                              (ctypes.c_int64 * 3)(*t.stride()))
+    return sa_abi.sa_lse_view(
+        t.data_ptr(), (ctypes.c_int64 * 3)(*t.shape), (ctypes.c_int64 * 3)(*t.stride())
+    )
 
 
 class Strideattn:
@@ -93,7 +99,9 @@ class Strideattn:
         a.lse = lse_of(lse)
         return self._common(a, backend, causal)
 
-    def backward_args(self, backend, q, k, v, o, do, lse, dq, dk, dv, causal) -> sa_abi.sa_backward_args:
+    def backward_args(
+        self, backend, q, k, v, o, do, lse, dq, dk, dv, causal
+    ) -> sa_abi.sa_backward_args:
         a = sa_abi.sa_backward_args()
         a.struct_size = ctypes.sizeof(sa_abi.sa_backward_args)
         a.q, a.k, a.v, a.o, a.d_o = view_of(q), view_of(k), view_of(v), view_of(o), view_of(do)
@@ -110,6 +118,7 @@ class Strideattn:
 
 # ------------------------------------------------------------------ shapes
 
+
 @dataclass
 class Shape:
     name: str
@@ -119,7 +128,7 @@ class Shape:
     hg: int
     d: int
     causal: bool
-    dtype: str = "bf16"   # "bf16" or "fp16"
+    dtype: str = "bf16"  # "bf16" or "fp16"
     layout: str = "bshd"  # "bshd" (contiguous) or "seed" (split views of sb(h+2hg)d)
 
     def flops_fwd(self) -> float:
@@ -146,8 +155,19 @@ def design_shapes(quick: bool) -> list[Shape]:
     # The seed case (MQA 16/1, d 64, fp16, causal): split views of one fused [s, b, h+2hg, d]
     # buffer, beside the same problem with contiguous inputs.
     for layout in ("seed", "bshd"):
-        shapes.append(Shape(f"seed {'strided' if layout == 'seed' else 'contiguous'}", 8, 2048,
-                            16, 1, 64, True, "fp16", layout))
+        shapes.append(
+            Shape(
+                f"seed {'strided' if layout == 'seed' else 'contiguous'}",
+                8,
+                2048,
+                16,
+                1,
+                64,
+                True,
+                "fp16",
+                layout,
+            )
+        )
     return shapes
 
 
@@ -165,6 +185,7 @@ def make_inputs(sh: Shape):
 
 
 # ------------------------------------------------------------------ timing
+
 
 def time_ms(fn, runs: int, warmup: int) -> float:
     for _ in range(warmup):
@@ -226,8 +247,9 @@ class Row:
     tflops: dict = field(default_factory=dict)  # (column, mode) -> TFLOP/s or error string
 
 
-def run_shape(sh: Shape, sa: Strideattn | None, backends: list[str], runs: int, warmup: int,
-              modes: list[str]) -> Row:
+def run_shape(
+    sh: Shape, sa: Strideattn | None, backends: list[str], runs: int, warmup: int, modes: list[str]
+) -> Row:
     row = Row(sh)
     torch.manual_seed(0)
     q, k, v = make_inputs(sh)
@@ -236,7 +258,7 @@ def run_shape(sh: Shape, sa: Strideattn | None, backends: list[str], runs: int, 
     impls["sdpa-flash"] = lambda: sdpa_fns(sh, q, k, v, SDPBackend.FLASH_ATTENTION)
     impls["sdpa-cudnn"] = lambda: sdpa_fns(sh, q, k, v, SDPBackend.CUDNN_ATTENTION)
     for be in backends:
-        impls[be] = (lambda be=be: ours_fns(sa, be, sh, q, k, v))
+        impls[be] = lambda be=be: ours_fns(sa, be, sh, q, k, v)
     for col, make in impls.items():
         try:
             fwd, fwd_bwd = make()
@@ -268,20 +290,40 @@ def data_rows(rows: list[Row], backends: list[str], modes: list[str]) -> list[di
                 if isinstance(val, str):
                     missing[col] = val
             for be in backends:
-                for peer, key in (("sdpa-flash", f"{be}/flash"), ("sdpa-cudnn", f"{be}/sdpa-cudnn")):
+                for peer, key in (
+                    ("sdpa-flash", f"{be}/flash"),
+                    ("sdpa-cudnn", f"{be}/sdpa-cudnn"),
+                ):
                     a, b = tflops[be], tflops[peer]
                     ratios[key] = a / b if a is not None and b else None
-            out.append({"shape": sh.name, "b": sh.b, "h": sh.h, "hg": sh.hg, "s": sh.s, "d": sh.d,
-                        "mask": "causal" if sh.causal else "none", "dtype": sh.dtype,
-                        "layout": sh.layout, "mode": m, "tflops": tflops, "ratios": ratios,
-                        "not_measured": missing})
+            out.append(
+                {
+                    "shape": sh.name,
+                    "b": sh.b,
+                    "h": sh.h,
+                    "hg": sh.hg,
+                    "s": sh.s,
+                    "d": sh.d,
+                    "mask": "causal" if sh.causal else "none",
+                    "dtype": sh.dtype,
+                    "layout": sh.layout,
+                    "mode": m,
+                    "tflops": tflops,
+                    "ratios": ratios,
+                    "not_measured": missing,
+                }
+            )
     return out
 
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except Exception:  # noqa: BLE001 - the GPU machine may have no git metadata
         return os.environ.get("STRIDEATTN_COMMIT", "unknown")
 
@@ -293,9 +335,14 @@ def data_file_name(date: str, gpu: str, commit: str) -> str:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", default=os.path.join(REPO, "build-gpu/src/libstrideattn_c.so"),
-                    help="libstrideattn_c.so (C ABI)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--lib",
+        default=os.path.join(REPO, "build-gpu/src/libstrideattn_c.so"),
+        help="libstrideattn_c.so (C ABI)",
+    )
     ap.add_argument("--strideattn", help="path of the CLI (accepted for scripts/gpu-check; unused)")
     ap.add_argument("--quick", action="store_true", help="a subset that runs in a few minutes")
     ap.add_argument("--only", help="only the shapes whose name contains this (e.g. 'd256', 'seed')")
@@ -304,14 +351,24 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument("--out", help="write the table (markdown) here")
-    ap.add_argument("--results-dir", default=os.path.join(BENCH, "results"),
-                    help="where the run's data file goes (default bench/results)")
-    ap.add_argument("--append-results", action="store_true",
-                    help="also re-render the summary in bench/README.md from bench/results")
+    ap.add_argument(
+        "--results-dir",
+        default=os.path.join(BENCH, "results"),
+        help="where the run's data file goes (default bench/results)",
+    )
+    ap.add_argument(
+        "--append-results",
+        action="store_true",
+        help="also re-render the summary in bench/README.md from bench/results",
+    )
     args = ap.parse_args(argv)
     if args.runs < 20:
         ap.error("--runs must be >= 20 (the protocol of docs/design.md)")
-    shapes = [sh for sh in design_shapes(args.quick and not args.only) if not args.only or args.only in sh.name]
+    shapes = [
+        sh
+        for sh in design_shapes(args.quick and not args.only)
+        if not args.only or args.only in sh.name
+    ]
     if not shapes:
         names = sorted({sh.name for sh in design_shapes(False)})
         ap.error(f"--only {args.only!r} matches no shape; the names: {', '.join(names)}")
@@ -347,8 +404,11 @@ def main(argv=None) -> int:
     for sh in shapes:
         row = run_shape(sh, sa, backends, args.runs, args.warmup, modes)
         rows.append(row)
-        summary = ", ".join(f"{c} {render.fmt(row.tflops.get((c, m)))}"
-                            for m in modes for c in COLUMNS[:2] + backends)
+        summary = ", ".join(
+            f"{c} {render.fmt(row.tflops.get((c, m)))}"
+            for m in modes
+            for c in COLUMNS[:2] + backends
+        )
         print(f"{sh.name} {'causal' if sh.causal else 'none'}: {summary}", flush=True)
 
     gpu = torch.cuda.get_device_name()
@@ -358,12 +418,21 @@ def main(argv=None) -> int:
         "date": date,
         "commit": commit,
         "gpu": gpu,
-        "command": "python3 bench/compare_sdpa.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "versions": {"torch": torch.__version__, "cudnn": str(torch.backends.cudnn.version()),
-                     "cuda": torch.version.cuda, "strideattn": sa.version() if sa else None,
-                     "python": sys.version.split()[0]},
-        "protocol": {"runs": args.runs, "warmup": args.warmup, "timer": "CUDA events",
-                     "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs"},
+        "command": "python3 bench/compare_sdpa.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "versions": {
+            "torch": torch.__version__,
+            "cudnn": str(torch.backends.cudnn.version()),
+            "cuda": torch.version.cuda,
+            "strideattn": sa.version() if sa else None,
+            "python": sys.version.split()[0],
+        },
+        "protocol": {
+            "runs": args.runs,
+            "warmup": args.warmup,
+            "timer": "CUDA events",
+            "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs",
+        },
         "backends": backends,
         "modes": modes,
         "rows": data_rows(rows, backends, modes),

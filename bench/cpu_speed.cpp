@@ -50,9 +50,7 @@ struct Buffers {
     t.stride = {s * h * d, h * d, d, 1};
     return t;
   }
-  strideattn::LseView lse_view() {
-    return {lse.data(), {b, h, s}, {h * s, s, 1}};
-  }
+  strideattn::LseView lse_view() { return {lse.data(), {b, h, s}, {h * s, s, 1}}; }
 };
 
 double now_ms() {
@@ -87,8 +85,7 @@ Timing time_backend(Buffers& buf, Backend backend, bool grad, int runs) {
     const std::clock_t c1 = std::clock();
     const double t1 = now_ms();
     if (!st.ok()) {
-      std::fprintf(stderr, "%s: %s\n", std::string(strideattn::to_string(backend)).c_str(),
-                   st.message().c_str());
+      std::fprintf(stderr, "%s: %s\n", std::string(strideattn::to_string(backend)).c_str(), st.message().c_str());
       return {};
     }
     walls.push_back(t1 - t0);
@@ -107,10 +104,14 @@ int main(int argc, char** argv) {
   Buffers buf;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--runs" && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--seqlen" && i + 1 < argc) buf.s = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--threads" && i + 1 < argc) setenv("STRIDEATTN_CPU_THREADS", argv[++i], 1);
-    else if (a == "--cpu-only") cpu_only = true;
+    if (a == "--runs" && i + 1 < argc)
+      runs = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--seqlen" && i + 1 < argc)
+      buf.s = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--threads" && i + 1 < argc)
+      setenv("STRIDEATTN_CPU_THREADS", argv[++i], 1);
+    else if (a == "--cpu-only")
+      cpu_only = true;
     else {
       std::fprintf(stderr, "usage: bench_cpu [--runs N] [--seqlen S] [--threads T] [--cpu-only]\n");
       return 2;
@@ -120,8 +121,8 @@ int main(int argc, char** argv) {
   // Causal FLOPs by docs/design.md's convention: 2 * pairs * (d_qk + d_v); backward 2.5x forward.
   const double pairs = double(buf.b * buf.h) * double(buf.s) * double(buf.s + 1) / 2.0;
   const double fwd_flops = 2.0 * pairs * double(2 * buf.d);
-  std::printf("bench_cpu: b=%lld h=%lld s=%lld d=%lld causal bf16, median of %d runs\n",
-              (long long)buf.b, (long long)buf.h, (long long)buf.s, (long long)buf.d, runs);
+  std::printf("bench_cpu: b=%lld h=%lld s=%lld d=%lld causal bf16, median of %d runs\n", (long long)buf.b,
+              (long long)buf.h, (long long)buf.s, (long long)buf.d, runs);
   const char* env = std::getenv("STRIDEATTN_CPU_THREADS");
   std::printf("cpu threads: %s\n", env ? env : "hardware_concurrency");
   int rc = 0;
@@ -134,8 +135,8 @@ int main(int argc, char** argv) {
     std::printf("%s  cpu %8.1f ms wall (%6.2f GFLOP/s, %8.1f ms cpu time)", what, cpu.wall_ms,
                 flops / (cpu.wall_ms * 1e6), cpu.cpu_ms);
     if (ref.wall_ms > 0)
-      std::printf("  reference %8.1f ms wall (%8.1f ms cpu time)  speedup %.1fx wall, %.1fx cpu time",
-                  ref.wall_ms, ref.cpu_ms, ref.wall_ms / cpu.wall_ms, ref.cpu_ms / cpu.cpu_ms);
+      std::printf("  reference %8.1f ms wall (%8.1f ms cpu time)  speedup %.1fx wall, %.1fx cpu time", ref.wall_ms,
+                  ref.cpu_ms, ref.wall_ms / cpu.wall_ms, ref.cpu_ms / cpu.cpu_ms);
     std::printf("\n");
   }
   return rc;

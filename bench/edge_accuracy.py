@@ -14,6 +14,7 @@ Prints one table and writes the rows as JSON (--out).
 
   python3 bench/edge_accuracy.py --lib build-gpu/src/libstrideattn_c.so [--out edges.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,9 @@ def run_ours(sa, backend, q, k, v, scale):
 def run_sdpa(kind, q, k, v, scale):
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     with sdpa_kernel(kind):
-        o = F.scaled_dot_product_attention(qt, kt, vt, scale=scale,
-                                           enable_gqa=q.shape[2] != k.shape[2])
+        o = F.scaled_dot_product_attention(
+            qt, kt, vt, scale=scale, enable_gqa=q.shape[2] != k.shape[2]
+        )
     torch.cuda.synchronize()
     return o.transpose(1, 2)
 
@@ -71,8 +73,10 @@ def columns(sa, backends, q, k, v, scale):
             out[be] = run_ours(sa, be, q, k, v, scale)
         except Exception as e:  # noqa: BLE001 - a refusal is a result
             out[be] = "refused: " + str(e).splitlines()[0][:60]
-    for name, kind in (("sdpa-flash", SDPBackend.FLASH_ATTENTION),
-                       ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+    for name, kind in (
+        ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+        ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+    ):
         try:
             out[name] = run_sdpa(kind, q, k, v, scale)
         except Exception as e:  # noqa: BLE001
@@ -91,8 +95,10 @@ def max_err(o, ref):
 
 def magnitude_rows(sa, backends, gen):
     rows = []
-    for dtype, factors in ((torch.bfloat16, [1, 10, 30, 100, 300, 1000, 1e4]),
-                           (torch.float16, [1, 10, 30, 100, 200])):
+    for dtype, factors in (
+        (torch.bfloat16, [1, 10, 30, 100, 300, 1000, 1e4]),
+        (torch.float16, [1, 10, 30, 100, 200]),
+    ):
         for f in factors:
             q = (torch.randn(2, 512, 4, 128, device="cuda", generator=gen) * f).to(dtype)
             k = (torch.randn(2, 512, 4, 128, device="cuda", generator=gen) * f).to(dtype)
@@ -100,8 +106,12 @@ def magnitude_rows(sa, backends, gen):
             scale = 1 / math.sqrt(128)
             ref, _ = fp64_attention(q, k, v, scale)
             outs = columns(sa, backends, q, k, v, scale)
-            rows.append({"case": f"magnitude {str(dtype)[6:]} x{f:g}",
-                         **{c: max_err(o, ref) for c, o in outs.items()}})
+            rows.append(
+                {
+                    "case": f"magnitude {str(dtype)[6:]} x{f:g}",
+                    **{c: max_err(o, ref) for c, o in outs.items()},
+                }
+            )
     return rows
 
 
@@ -109,12 +119,17 @@ def scale_rows(sa, backends, gen):
     rows = []
     for dtype in (torch.bfloat16, torch.float16):
         for scale in (1e-30, 1e-8, 1e4, 1e10, 1e30):
-            q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", generator=gen).to(dtype)
-                       for _ in range(3))
+            q, k, v = (
+                torch.randn(2, 256, 4, 64, device="cuda", generator=gen).to(dtype) for _ in range(3)
+            )
             ref, _ = fp64_attention(q, k, v, scale)
             outs = columns(sa, backends, q, k, v, scale)
-            rows.append({"case": f"scale {str(dtype)[6:]} {scale:g}",
-                         **{c: max_err(o, ref) for c, o in outs.items()}})
+            rows.append(
+                {
+                    "case": f"scale {str(dtype)[6:]} {scale:g}",
+                    **{c: max_err(o, ref) for c, o in outs.items()},
+                }
+            )
     return rows
 
 
@@ -138,13 +153,18 @@ def long_rows(sa, backends, gen):
 
 def nonfinite_rows(sa, backends, gen):
     rows = []
-    plants = [("k", (0, 2, 0, 0), math.nan), ("q", (0, 3, 1, 5), math.nan),
-              ("v", (0, 7, 0, 9), math.nan), ("k", (0, 5, 1, 0), math.inf),
-              ("v", (0, 1, 1, 3), -math.inf)]
+    plants = [
+        ("k", (0, 2, 0, 0), math.nan),
+        ("q", (0, 3, 1, 5), math.nan),
+        ("v", (0, 7, 0, 9), math.nan),
+        ("k", (0, 5, 1, 0), math.inf),
+        ("v", (0, 1, 1, 3), -math.inf),
+    ]
     for dtype in (torch.bfloat16, torch.float16):
         for tensor, idx, val in plants:
-            t = {n: torch.randn(1, 64, 2, 64, device="cuda", generator=gen).to(dtype)
-                 for n in "qkv"}
+            t = {
+                n: torch.randn(1, 64, 2, 64, device="cuda", generator=gen).to(dtype) for n in "qkv"
+            }
             t[tensor][idx] = val
             scale = 0.125
             ref, _ = fp64_attention(t["q"], t["k"], t["v"], scale)
@@ -155,9 +175,11 @@ def nonfinite_rows(sa, backends, gen):
                     res[c] = o
                     continue
                 o = o.double()
-                bad = int(((~torch.isfinite(ref)) & torch.isfinite(o)).sum()
-                          + (torch.isnan(ref) & ~torch.isnan(o)).sum()
-                          + (torch.isfinite(ref) & ~torch.isfinite(o)).sum())
+                bad = int(
+                    ((~torch.isfinite(ref)) & torch.isfinite(o)).sum()
+                    + (torch.isnan(ref) & ~torch.isnan(o)).sum()
+                    + (torch.isfinite(ref) & ~torch.isfinite(o)).sum()
+                )
                 fin = torch.isfinite(ref)
                 err = float((o[fin] - ref[fin]).abs().max()) if fin.any() else 0.0
                 res[c] = "ok" if bad == 0 and err < 0.1 else f"{bad} wrong, err {err:.1e}"
@@ -176,8 +198,12 @@ def main():
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
     rows = []
-    groups = {"magnitude": magnitude_rows, "scale": scale_rows, "long": long_rows,
-              "nonfinite": nonfinite_rows}
+    groups = {
+        "magnitude": magnitude_rows,
+        "scale": scale_rows,
+        "long": long_rows,
+        "nonfinite": nonfinite_rows,
+    }
     for name in args.only.split(","):
         rows += groups[name](sa, backends, gen)
     cols = ["case"] + backends + ["sdpa-flash", "sdpa-cudnn"]

@@ -12,6 +12,7 @@ The parser knows the subset of C the header uses (fixed-width integers, size_t, 
 pointers, arrays of constant size, comma-separated declarators) and fails with the line it
 cannot read rather than guessing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -123,8 +124,11 @@ def parse_functions(text: str, structs: set[str]) -> list[tuple[str, str, list[s
     fns = []
     for m in re.finditer(r"\bSA_API\s+([^;(]+?)\s*\b(sa_\w+)\s*\(([^)]*)\)\s*;", text):
         ret, name, params = m.groups()
-        args = [] if params.strip() in ("", "void") else [
-            param_type(p, structs) for p in params.split(",")]
+        args = (
+            []
+            if params.strip() in ("", "void")
+            else [param_type(p, structs) for p in params.split(",")]
+        )
         fns.append((name, param_type(ret, structs), args))
     return fns
 
@@ -178,10 +182,14 @@ def generate(header_text: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true",
-                    help="compare bench/sa_abi.py with the header instead of writing it")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="compare bench/sa_abi.py with the header instead of writing it",
+    )
     ap.add_argument("--header", default=HEADER)
     ap.add_argument("--module", default=MODULE)
     args = ap.parse_args()
@@ -194,8 +202,11 @@ def main() -> int:
         except FileNotFoundError:
             current = None
         if current != text:
-            print(f"gen_abi: {args.module} is out of date with {args.header}; "
-                  "run python3 bench/gen_abi.py", file=sys.stderr)
+            print(
+                f"gen_abi: {args.module} is out of date with {args.header}; "
+                "run python3 bench/gen_abi.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     with open(args.module, "w") as f:

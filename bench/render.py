@@ -19,6 +19,7 @@ The summary takes, for each GPU, every (shape, mode) row from the newest file th
 (newest by date, then file name), so a partial run (--quick, --only) updates its rows and
 leaves the others. Rendering depends on the files' contents alone: no clock, no machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,11 @@ def table(rows: list[dict], backends: list[str], run_column: bool = False) -> st
         cells = [shape_cell(r), r["mask"], r["dtype"], r["mode"], fmt(fl), fmt(cu)]
         for be in backends:
             ours = t.get(be)
-            cells += [fmt(ours), ratio_cell(r, f"{be}/flash", ours, fl),
-                      ratio_cell(r, f"{be}/sdpa-cudnn", ours, cu)]
+            cells += [
+                fmt(ours),
+                ratio_cell(r, f"{be}/flash", ours, fl),
+                ratio_cell(r, f"{be}/sdpa-cudnn", ours, cu),
+            ]
         if run_column:
             cells.append(r["_run"])
         lines.append("| " + " | ".join(cells) + " |")
@@ -85,9 +89,11 @@ def table(rows: list[dict], backends: list[str], run_column: bool = False) -> st
 def header(data: dict) -> str:
     """The line above the table: GPU, library versions, protocol."""
     v, p = data.get("versions", {}), data.get("protocol", {})
-    return (f"GPU {data['gpu']}, torch {v.get('torch')}, cuDNN {v.get('cudnn')}; "
-            f"TFLOP/s ({p.get('flops')}), median of {p.get('runs')} runs after "
-            f"{p.get('warmup')} warm-ups, {p.get('timer')}")
+    return (
+        f"GPU {data['gpu']}, torch {v.get('torch')}, cuDNN {v.get('cudnn')}; "
+        f"TFLOP/s ({p.get('flops')}), median of {p.get('runs')} runs after "
+        f"{p.get('warmup')} warm-ups, {p.get('timer')}"
+    )
 
 
 def load(path: str) -> dict:
@@ -145,9 +151,15 @@ def summary(results_dir: str) -> str:
                 backends += [b for b in data["backends"] if b not in backends]
         parts.append(f"### {gpu}")
         for path, data in used:
-            src = f"; transcribed from {data['transcribed_from']}" if data.get("transcribed_from") else ""
-            parts.append(f"- `{os.path.basename(path)}`: {data['date']}, commit {data['commit']}, "
-                         f"`{data['command']}`{src}")
+            src = (
+                f"; transcribed from {data['transcribed_from']}"
+                if data.get("transcribed_from")
+                else ""
+            )
+            parts.append(
+                f"- `{os.path.basename(path)}`: {data['date']}, commit {data['commit']}, "
+                f"`{data['command']}`{src}"
+            )
         parts.append("")
         parts.append(header(used[0][1]))
         parts.append("")
@@ -161,14 +173,18 @@ def render_readme(readme_text: str, results_dir: str) -> str:
     b, e = readme_text.find(BEGIN), readme_text.find(END)
     if b < 0 or e < b:
         raise ValueError(f"bench/README.md lacks the markers {BEGIN} ... {END}")
-    return readme_text[:b + len(BEGIN)] + "\n" + summary(results_dir) + "\n" + readme_text[e:]
+    return readme_text[: b + len(BEGIN)] + "\n" + summary(results_dir) + "\n" + readme_text[e:]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true",
-                    help="exit 1 if the README's summary differs from what the data renders")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the README's summary differs from what the data renders",
+    )
     ap.add_argument("--results", default=RESULTS, help="folder of data files")
     ap.add_argument("--readme", default=README)
     args = ap.parse_args()
@@ -177,8 +193,11 @@ def main() -> int:
     rendered = render_readme(current, args.results)
     if args.check:
         if rendered != current:
-            print(f"render: {args.readme} is out of date with {args.results}; "
-                  "run python3 bench/render.py", file=sys.stderr)
+            print(
+                f"render: {args.readme} is out of date with {args.results}; "
+                "run python3 bench/render.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if rendered != current:

@@ -3,6 +3,7 @@
 nvidia-cudnn-frontend), cuDNN (PyPI nvidia-cudnn-cu13: nvidia/cudnn) and the environment's
 platlib (where the strideattn package will be installed). Imports none of the packages.
 Used by cmake/StrideattnGpuDeps.cmake."""
+
 import importlib.metadata as md
 import importlib.util
 import os
@@ -33,7 +34,10 @@ def cudnn_root():
     return None
 
 
-for key, value in (("frontend_include", frontend_include()), ("cudnn_root", cudnn_root()),
-                   ("platlib", sysconfig.get_paths()["platlib"])):
+for key, value in (
+    ("frontend_include", frontend_include()),
+    ("cudnn_root", cudnn_root()),
+    ("platlib", sysconfig.get_paths()["platlib"]),
+):
     if value:
         print(f"{key}={value}")

@@ -14,21 +14,30 @@ namespace strideattn {
 
 std::string_view to_string(StatusCode code) {
   switch (code) {
-    case StatusCode::ok: return "ok";
-    case StatusCode::invalid_argument: return "invalid_argument";
-    case StatusCode::unsupported: return "unsupported";
-    case StatusCode::backend_error: return "backend_error";
-    case StatusCode::cancelled: return "cancelled";
-    case StatusCode::internal: return "internal";
+    case StatusCode::ok:
+      return "ok";
+    case StatusCode::invalid_argument:
+      return "invalid_argument";
+    case StatusCode::unsupported:
+      return "unsupported";
+    case StatusCode::backend_error:
+      return "backend_error";
+    case StatusCode::cancelled:
+      return "cancelled";
+    case StatusCode::internal:
+      return "internal";
   }
   return "unknown";
 }
 
 std::string_view to_string(DType dtype) {
   switch (dtype) {
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::f32: return "f32";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::f32:
+      return "f32";
   }
   return "unknown";
 }
@@ -37,9 +46,12 @@ std::size_t size_of(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
 std::string_view to_string(MaskKind mask) {
   switch (mask) {
-    case MaskKind::none: return "none";
-    case MaskKind::causal: return "causal";
-    case MaskKind::causal_bottom_right: return "causal_bottom_right";
+    case MaskKind::none:
+      return "none";
+    case MaskKind::causal:
+      return "causal";
+    case MaskKind::causal_bottom_right:
+      return "causal_bottom_right";
   }
   return "unknown";
 }
@@ -55,18 +67,22 @@ std::optional<MaskKind> mask_from_string(std::string_view name) {
 
 std::string_view to_string(Backend backend) {
   switch (backend) {
-    case Backend::automatic: return "auto";
-    case Backend::reference: return "reference";
-    case Backend::cpu: return "cpu";
-    case Backend::cuda: return "cuda";
-    case Backend::cudnn: return "cudnn";
+    case Backend::automatic:
+      return "auto";
+    case Backend::reference:
+      return "reference";
+    case Backend::cpu:
+      return "cpu";
+    case Backend::cuda:
+      return "cuda";
+    case Backend::cudnn:
+      return "cudnn";
   }
   return "unknown";
 }
 
 std::optional<Backend> backend_from_string(std::string_view name) {
-  for (Backend b : {Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda,
-                    Backend::cudnn})
+  for (Backend b : {Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda, Backend::cudnn})
     if (name == to_string(b)) return b;
   return std::nullopt;
 }

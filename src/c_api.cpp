@@ -46,22 +46,21 @@ Status read_struct(const T* in, std::size_t min_size, const char* type_name, T* 
   if (in == nullptr) return invalid(std::string(type_name) + " is null");
   const std::size_t size = in->struct_size;
   if (size < min_size)
-    return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) + "; supported: >= " +
-                   std::to_string(min_size) + " (set it to sizeof(" + type_name + "))");
+    return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) +
+                   "; supported: >= " + std::to_string(min_size) + " (set it to sizeof(" + type_name + "))");
   if (size > sizeof(T) + kMaxUnknownBytes)
     return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) + "; supported: " +
-                   std::to_string(min_size) + " to " + std::to_string(sizeof(T) + kMaxUnknownBytes) +
-                   " (sizeof(" + type_name + ") in this library (" + std::string(version()) + ") is " +
-                   std::to_string(sizeof(T)) + "; a newer caller's struct may be up to " +
-                   std::to_string(kMaxUnknownBytes) + " bytes longer)");
+                   std::to_string(min_size) + " to " + std::to_string(sizeof(T) + kMaxUnknownBytes) + " (sizeof(" +
+                   type_name + ") in this library (" + std::string(version()) + ") is " + std::to_string(sizeof(T)) +
+                   "; a newer caller's struct may be up to " + std::to_string(kMaxUnknownBytes) + " bytes longer)");
   if (size > sizeof(T)) {
     // A newer caller: accept when every field this library does not know is zero.
     const auto* extra = reinterpret_cast<const unsigned char*>(in) + sizeof(T);
     for (std::size_t i = 0; i < size - sizeof(T); ++i) {
       if (extra[i] != 0)
         return invalid(std::string(type_name) + ".struct_size is " + std::to_string(size) +
-                       " with non-zero fields past byte " + std::to_string(sizeof(T)) +
-                       " that this library (" + std::string(version()) + ") does not know");
+                       " with non-zero fields past byte " + std::to_string(sizeof(T)) + " that this library (" +
+                       std::string(version()) + ") does not know");
     }
   }
   std::memcpy(static_cast<void*>(out), in, size < sizeof(T) ? size : sizeof(T));
@@ -117,12 +116,23 @@ Status to_varlen(const sa_varlen& in, Varlen* out) {
 
 Status to_backend(std::int32_t b, Backend* out) {
   switch (b) {
-    case SA_BACKEND_AUTO: *out = Backend::automatic; return Status::Ok();
-    case SA_BACKEND_REFERENCE: *out = Backend::reference; return Status::Ok();
-    case SA_BACKEND_CPU: *out = Backend::cpu; return Status::Ok();
-    case SA_BACKEND_CUDA: *out = Backend::cuda; return Status::Ok();
-    case SA_BACKEND_CUDNN: *out = Backend::cudnn; return Status::Ok();
-    default: break;
+    case SA_BACKEND_AUTO:
+      *out = Backend::automatic;
+      return Status::Ok();
+    case SA_BACKEND_REFERENCE:
+      *out = Backend::reference;
+      return Status::Ok();
+    case SA_BACKEND_CPU:
+      *out = Backend::cpu;
+      return Status::Ok();
+    case SA_BACKEND_CUDA:
+      *out = Backend::cuda;
+      return Status::Ok();
+    case SA_BACKEND_CUDNN:
+      *out = Backend::cudnn;
+      return Status::Ok();
+    default:
+      break;
   }
   return invalid("backend " + std::to_string(b) +
                  " is unknown; supported: 0 auto, 1 reference, 2 cpu, 3 cuda, 4 cudnn");
@@ -279,13 +289,20 @@ SA_API int sa_backend_compiled(int32_t backend) {
 
 SA_API const char* sa_status_name(int status) {
   switch (status) {
-    case SA_OK: return "ok";
-    case SA_INVALID_ARGUMENT: return "invalid_argument";
-    case SA_UNSUPPORTED: return "unsupported";
-    case SA_BACKEND_ERROR: return "backend_error";
-    case SA_INTERNAL: return "internal";
-    case SA_CANCELLED: return "cancelled";
-    default: return "unknown";
+    case SA_OK:
+      return "ok";
+    case SA_INVALID_ARGUMENT:
+      return "invalid_argument";
+    case SA_UNSUPPORTED:
+      return "unsupported";
+    case SA_BACKEND_ERROR:
+      return "backend_error";
+    case SA_INTERNAL:
+      return "internal";
+    case SA_CANCELLED:
+      return "cancelled";
+    default:
+      return "unknown";
   }
 }
 
@@ -297,5 +314,6 @@ static_assert(static_cast<int>(strideattn::StatusCode::backend_error) == SA_BACK
 static_assert(static_cast<int>(strideattn::StatusCode::internal) == SA_INTERNAL);
 static_assert(static_cast<int>(strideattn::StatusCode::cancelled) == SA_CANCELLED);
 static_assert(sizeof(std::atomic<bool>) == 1 && std::atomic<bool>::is_always_lock_free);
-static_assert(static_cast<int>(strideattn::DType::bf16) == SA_BF16 && static_cast<int>(strideattn::DType::f32) == SA_F32);
+static_assert(static_cast<int>(strideattn::DType::bf16) == SA_BF16 &&
+              static_cast<int>(strideattn::DType::f32) == SA_F32);
 static_assert(static_cast<int>(strideattn::MaskKind::causal_bottom_right) == SA_MASK_CAUSAL_BOTTOM_RIGHT);

@@ -45,8 +45,8 @@ enum sa_dtype { SA_F16 = 0, SA_BF16 = 1, SA_F32 = 2 };
 
 enum sa_mask {
   SA_MASK_NONE = 0,
-  SA_MASK_CAUSAL = 1,              /* top-left aligned: key j visible from query i iff j <= i */
-  SA_MASK_CAUSAL_BOTTOM_RIGHT = 2  /* j <= i + s_kv - s_q */
+  SA_MASK_CAUSAL = 1,             /* top-left aligned: key j visible from query i iff j <= i */
+  SA_MASK_CAUSAL_BOTTOM_RIGHT = 2 /* j <= i + s_kv - s_q */
 };
 
 enum sa_backend {
@@ -99,7 +99,7 @@ typedef struct sa_options {
 } sa_options;
 
 typedef struct sa_forward_args {
-  size_t struct_size; /* sizeof(sa_forward_args) */
+  size_t struct_size;     /* sizeof(sa_forward_args) */
   sa_tensor_view q, k, v; /* [b,s_q,h,d_qk], [b,s_kv,hg,d_qk], [b,s_kv,hg,d_v] */
   sa_tensor_view o;       /* [b,s_q,h,d_v], written */
   sa_lse_view lse;        /* optional output */
@@ -117,7 +117,7 @@ typedef struct sa_forward_args {
 } sa_forward_args;
 
 typedef struct sa_backward_args {
-  size_t struct_size; /* sizeof(sa_backward_args) */
+  size_t struct_size;             /* sizeof(sa_backward_args) */
   sa_tensor_view q, k, v, o, d_o; /* inputs; o is the forward's output */
   sa_lse_view lse;                /* required input: the forward's LSE */
   sa_tensor_view dq, dk, dv;      /* written; dk, dv summed over each GQA group */
@@ -138,8 +138,7 @@ SA_API int sa_backward(const sa_backward_args* args, char* msg, size_t msg_len);
 
 /* Bytes of scratch the backend that would run needs. A workspace must start 16-byte aligned. */
 SA_API int sa_workspace_size(const sa_forward_args* args, size_t* bytes, char* msg, size_t msg_len);
-SA_API int sa_backward_workspace_size(const sa_backward_args* args, size_t* bytes, char* msg,
-                                      size_t msg_len);
+SA_API int sa_backward_workspace_size(const sa_backward_args* args, size_t* bytes, char* msg, size_t msg_len);
 
 /* Writes a text explanation (NUL-terminated, truncated to len - 1 bytes): the layout
  * description, then one line per backend with its verdict and reason, then the backend

@@ -22,7 +22,7 @@ enum class StatusCode {
   unsupported,       // valid input that the chosen backend cannot run (reason says why)
   backend_error,     // a backend failed at run time (CUDA / cuDNN error, out of memory)
   internal,
-  cancelled,         // the caller's AttentionOptions::cancel flag stopped the call
+  cancelled,  // the caller's AttentionOptions::cancel flag stopped the call
 };
 
 class [[nodiscard]] Status {
@@ -114,8 +114,8 @@ struct AttentionOptions {
 enum class Backend { automatic, reference, cpu, cuda, cudnn };
 [[nodiscard]] std::string_view to_string(Backend backend);
 [[nodiscard]] std::optional<Backend> backend_from_string(std::string_view name);
-inline constexpr std::array<Backend, 4> kConcreteBackends{Backend::reference, Backend::cpu,
-                                                          Backend::cuda, Backend::cudnn};
+inline constexpr std::array<Backend, 4> kConcreteBackends{Backend::reference, Backend::cpu, Backend::cuda,
+                                                          Backend::cudnn};
 
 // Where the tensors live; GPU backends need device memory, CPU backends host memory.
 enum class Memory { host, device };
@@ -123,15 +123,15 @@ enum class Memory { host, device };
 // ---------------------------------------------------------------- arguments
 
 struct ForwardArgs {
-  TensorView q, k, v;    // [b, s_q, h, d_qk], [b, s_kv, hg, d_qk], [b, s_kv, hg, d_v]
-  TensorView o;          // [b, s_q, h, d_v], written
-  LseView lse{};         // optional output (data == nullptr: not written)
+  TensorView q, k, v;  // [b, s_q, h, d_qk], [b, s_kv, hg, d_qk], [b, s_kv, hg, d_v]
+  TensorView o;        // [b, s_q, h, d_v], written
+  LseView lse{};       // optional output (data == nullptr: not written)
   AttentionOptions options{};
   Varlen varlen{};
   Backend backend = Backend::automatic;  // STRIDEATTN_BACKEND overrides `automatic`
   Memory memory = Memory::host;
-  void* stream = nullptr;             // cudaStream_t for GPU backends
-  void* workspace = nullptr;          // optional: see workspace_size(); null = library allocates
+  void* stream = nullptr;     // cudaStream_t for GPU backends
+  void* workspace = nullptr;  // optional: see workspace_size(); null = library allocates
   std::size_t workspace_bytes = 0;
 };
 
@@ -167,8 +167,8 @@ struct Verdict {
 };
 
 struct Explanation {
-  Status validation;            // invalid input: the first rule broken
-  std::string layout;           // e.g. "sbhd_sbhd_sbhd" or a description of the views
+  Status validation;              // invalid input: the first rule broken
+  std::string layout;             // e.g. "sbhd_sbhd_sbhd" or a description of the views
   std::vector<Verdict> verdicts;  // every backend, in `auto` preference order
   std::optional<Backend> chosen;  // what `automatic` would run
 };

@@ -32,8 +32,8 @@ using namespace strideattn;
 
 namespace {
 
-using InArray = nb::ndarray<nb::ro>;  // inputs: any dtype/device/strides; read-only is fine
-using OutArray = nb::ndarray<>;       // outputs: must be writable
+using InArray = nb::ndarray<nb::ro>;                  // inputs: any dtype/device/strides; read-only is fine
+using OutArray = nb::ndarray<>;                       // outputs: must be writable
 using Result = std::tuple<std::string, std::string>;  // (status code name, message)
 
 // DLPack device types (dlpack.h): kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLCUDAManaged 13.
@@ -48,21 +48,26 @@ struct Placement {
 
 std::string device_name(int type, int id) {
   switch (type) {
-    case kDLCPU: return "cpu";
-    case kDLCUDA: return "cuda:" + std::to_string(id);
-    case kDLCUDAHost: return "cuda_host (pinned)";
-    case kDLCUDAManaged: return "cuda_managed:" + std::to_string(id);
-    default: return "DLPack device type " + std::to_string(type);
+    case kDLCPU:
+      return "cpu";
+    case kDLCUDA:
+      return "cuda:" + std::to_string(id);
+    case kDLCUDAHost:
+      return "cuda_host (pinned)";
+    case kDLCUDAManaged:
+      return "cuda_managed:" + std::to_string(id);
+    default:
+      return "DLPack device type " + std::to_string(type);
   }
 }
 
 std::string dtype_name(nb::dlpack::dtype t) {
   const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
-  std::string base = code == nb::dlpack::dtype_code::Float    ? "float"
-                     : code == nb::dlpack::dtype_code::Bfloat ? "bfloat"
-                     : code == nb::dlpack::dtype_code::Int    ? "int"
-                     : code == nb::dlpack::dtype_code::UInt   ? "uint"
-                     : code == nb::dlpack::dtype_code::Bool   ? "bool"
+  std::string base = code == nb::dlpack::dtype_code::Float     ? "float"
+                     : code == nb::dlpack::dtype_code::Bfloat  ? "bfloat"
+                     : code == nb::dlpack::dtype_code::Int     ? "int"
+                     : code == nb::dlpack::dtype_code::UInt    ? "uint"
+                     : code == nb::dlpack::dtype_code::Bool    ? "bool"
                      : code == nb::dlpack::dtype_code::Complex ? "complex"
                                                                : "code" + std::to_string(t.code) + "_";
   std::string s = base + std::to_string(t.bits);
@@ -88,23 +93,20 @@ Status place(const char* name, const Array& a, Placement* p) {
   const bool host_a = type == kDLCPU || type == kDLCUDAHost;
   const bool host_p = p->device_type == kDLCPU || p->device_type == kDLCUDAHost;
   if (host_a != host_p || (!host_a && id != p->device_id))
-    return bad(std::string(name) + " is on " + device_name(type, id) + " but " + p->first +
-               " is on " + device_name(p->device_type, p->device_id) +
-               "; all tensors of a call must be on one device");
+    return bad(std::string(name) + " is on " + device_name(type, id) + " but " + p->first + " is on " +
+               device_name(p->device_type, p->device_id) + "; all tensors of a call must be on one device");
   return Status::Ok();
 }
 
 Memory memory_of(const Placement& p) {
-  return (p.device_type == kDLCUDA || p.device_type == kDLCUDAManaged) ? Memory::device
-                                                                        : Memory::host;
+  return (p.device_type == kDLCUDA || p.device_type == kDLCUDAManaged) ? Memory::device : Memory::host;
 }
 
 // Copies the array's ndim() dims into the last ndim() of N. Where the array has one dim
 // fewer (varlen), the inserted leading dim has extent 1 and the span of the tensor as stride,
 // so that it never looks like an aliased (zero-stride) dimension. Callers check ndim().
 template <class Array, std::size_t N>
-void read_dims(const Array& a, std::array<std::int64_t, N>* shape,
-               std::array<std::int64_t, N>* stride) {
+void read_dims(const Array& a, std::array<std::int64_t, N>* shape, std::array<std::int64_t, N>* stride) {
   const std::size_t nd = a.ndim();
   const std::size_t lead = N - nd;
   for (std::size_t i = 0; i < nd; ++i) {
@@ -133,8 +135,7 @@ Status to_view(const char* name, const Array& a, Placement* p, TensorView* out) 
   } else if (t.lanes == 1 && t.bits == 32 && code == nb::dlpack::dtype_code::Float) {
     out->dtype = DType::f32;
   } else {
-    return bad(std::string(name) + " has dtype " + dtype_name(t) +
-               "; supported: float16, bfloat16, float32");
+    return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float16, bfloat16, float32");
   }
   const std::size_t nd = a.ndim();
   if (nd != 4 && nd != 3)
@@ -151,8 +152,7 @@ template <class Array>
 Status to_lse(const char* name, const Array& a, Placement* p, LseView* out) {
   if (Status s = place(name, a, p); !s.ok()) return s;
   const nb::dlpack::dtype t = a.dtype();
-  if (!(t.lanes == 1 && t.bits == 32 &&
-        static_cast<nb::dlpack::dtype_code>(t.code) == nb::dlpack::dtype_code::Float))
+  if (!(t.lanes == 1 && t.bits == 32 && static_cast<nb::dlpack::dtype_code>(t.code) == nb::dlpack::dtype_code::Float))
     return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float32");
   const std::size_t nd = a.ndim();
   if (nd != 3 && nd != 2)
@@ -182,8 +182,7 @@ Status parse_options(const std::string& mask, std::int64_t window_left, std::int
 
 Status parse_backend(const std::string& name, Backend* b) {
   auto parsed = backend_from_string(name);
-  if (!parsed)
-    return bad("backend='" + name + "' is not a backend; supported: auto, reference, cpu, cuda, cudnn");
+  if (!parsed) return bad("backend='" + name + "' is not a backend; supported: auto, reference, cpu, cuda, cudnn");
   *b = *parsed;
   return Status::Ok();
 }
@@ -211,8 +210,7 @@ struct CallOptions {
 
 template <class Args>
 Status fill_common(const CallOptions& c, Args* args) {
-  if (Status s = parse_options(c.mask, c.window_left, c.window_right, c.scale, c.deterministic,
-                               &args->options);
+  if (Status s = parse_options(c.mask, c.window_left, c.window_right, c.scale, c.deterministic, &args->options);
       !s.ok())
     return s;
   if (Status s = parse_backend(c.backend, &args->backend); !s.ok()) return s;
@@ -234,10 +232,9 @@ Status build_forward(const InArray& q, const InArray& k, const InArray& v, const
   return fill_common(c, args);
 }
 
-Status build_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
-                      const InArray& d_o, const InArray& lse, const OutArray& dq,
-                      const OutArray& dk, const OutArray& dv, const CallOptions& c,
-                      BackwardArgs* args) {
+Status build_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o, const InArray& d_o,
+                      const InArray& lse, const OutArray& dq, const OutArray& dk, const OutArray& dv,
+                      const CallOptions& c, BackwardArgs* args) {
   Placement p;
   if (Status s = to_view("q", q, &p, &args->q); !s.ok()) return s;
   if (Status s = to_view("k", k, &p, &args->k); !s.ok()) return s;
@@ -281,9 +278,8 @@ nb::dict explanation_dict(const Explanation& ex) {
 template <class Args, class Call>
 Status run_interruptible(Args& args, Call call) {
   // Rough FLOPs from the views: below ~1e7 (well under a millisecond) run in place.
-  const double flops = 2.0 * double(args.q.shape[0]) * double(args.q.shape[1]) *
-                       double(args.q.shape[2]) * double(args.k.shape[1]) *
-                       double(args.q.shape[3] + args.v.shape[3]);
+  const double flops = 2.0 * double(args.q.shape[0]) * double(args.q.shape[1]) * double(args.q.shape[2]) *
+                       double(args.k.shape[1]) * double(args.q.shape[3] + args.v.shape[3]);
   if (args.memory != Memory::host || flops < 1e7) {
     nb::gil_scoped_release release;
     return call(args);
@@ -334,18 +330,14 @@ Status run_interruptible(Args& args, Call call) {
 }
 
 // Binding signatures: tensors first, then the shared options as keyword arguments.
-#define STRIDEATTN_OPTION_ARGS                                                                  \
-  nb::arg("mask") = "none", nb::arg("window_left") = -1, nb::arg("window_right") = -1,          \
-  nb::arg("scale") = nb::none(), nb::arg("deterministic") = false,                              \
-  nb::arg("seqlens_q") = std::vector<std::int64_t>{},                                           \
-  nb::arg("seqlens_kv") = std::vector<std::int64_t>{},                                          \
-  nb::arg("offsets_q") = std::vector<std::int64_t>{},                                           \
-  nb::arg("offsets_kv") = std::vector<std::int64_t>{}, nb::arg("backend") = "auto",             \
-  nb::arg("stream") = 0
+#define STRIDEATTN_OPTION_ARGS                                                                                        \
+  nb::arg("mask") = "none", nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("scale") = nb::none(), \
+  nb::arg("deterministic") = false, nb::arg("seqlens_q") = std::vector<std::int64_t>{},                               \
+  nb::arg("seqlens_kv") = std::vector<std::int64_t>{}, nb::arg("offsets_q") = std::vector<std::int64_t>{},            \
+  nb::arg("offsets_kv") = std::vector<std::int64_t>{}, nb::arg("backend") = "auto", nb::arg("stream") = 0
 
-CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr,
-                         std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
-                         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
+CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale, bool det,
+                         std::vector<std::int64_t> sq, std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
                          std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream) {
   CallOptions c;
   c.mask = std::move(mask);
@@ -361,7 +353,6 @@ CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr,
   c.stream = stream;
   return c;
 }
-
 
 // Logging bridge: the library's sink calls the Python forwarder (strideattn/_log.py), taking
 // the GIL, from whichever thread logs: a call made with the GIL released or a thread Python
@@ -391,11 +382,12 @@ void python_log_sink(LogLevel level, std::string_view message, void*) {
   PyObject* py_level = PyLong_FromLong(static_cast<long>(level));
   PyObject* py_message =  // an environment value in the text need not be UTF-8
       PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()), "replace");
-  PyObject* r = py_level && py_message
-                    ? PyObject_CallFunctionObjArgs(forwarder, py_level, py_message, nullptr)
-                    : nullptr;
-  if (r) Py_DECREF(r);
-  else PyErr_WriteUnraisable(forwarder);
+  PyObject* r =
+      py_level && py_message ? PyObject_CallFunctionObjArgs(forwarder, py_level, py_message, nullptr) : nullptr;
+  if (r)
+    Py_DECREF(r);
+  else
+    PyErr_WriteUnraisable(forwarder);
   Py_XDECREF(py_level);
   Py_XDECREF(py_message);
 #if PY_VERSION_HEX >= 0x030C0000
@@ -424,16 +416,19 @@ NB_MODULE(_ext, m) {
   });
   m.def("log_level", [] { return std::string(to_string(log_level())); });
   m.def("flush_log", [] { flush_log(); });
-  m.def("_set_log_forwarder", [](nb::object forwarder) {
-    if (forwarder.is_none()) {
-      set_log_sink(nullptr);  // pending counts reach the forwarder first
-      g_log_forwarder.store(nullptr);
-      return;
-    }
-    PyObject* keep = forwarder.release().ptr();  // owned for the rest of the process
-    g_log_forwarder.store(keep);
-    set_log_sink(&python_log_sink);
-  }, nb::arg("forwarder").none());
+  m.def(
+      "_set_log_forwarder",
+      [](nb::object forwarder) {
+        if (forwarder.is_none()) {
+          set_log_sink(nullptr);  // pending counts reach the forwarder first
+          g_log_forwarder.store(nullptr);
+          return;
+        }
+        PyObject* keep = forwarder.release().ptr();  // owned for the rest of the process
+        g_log_forwarder.store(keep);
+        set_log_sink(&python_log_sink);
+      },
+      nb::arg("forwarder").none());
 
   m.def("compiled_backends", [] {
     std::vector<std::string> names;
@@ -444,52 +439,42 @@ NB_MODULE(_ext, m) {
 
   m.def(
       "forward",
-      [](InArray q, InArray k, InArray v, OutArray o, std::optional<OutArray> lse,
-         std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale,
-         bool det, std::vector<std::int64_t> sq, std::vector<std::int64_t> skv,
-         std::vector<std::int64_t> oq, std::vector<std::int64_t> okv, std::string backend,
-         std::uintptr_t stream) -> Result {
+      [](InArray q, InArray k, InArray v, OutArray o, std::optional<OutArray> lse, std::string mask, std::int64_t wl,
+         std::int64_t wr, std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
+         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq, std::vector<std::int64_t> okv,
+         std::string backend, std::uintptr_t stream) -> Result {
         ForwardArgs args;
-        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
-                                           std::move(skv), std::move(oq), std::move(okv),
-                                           std::move(backend), stream);
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq), std::move(skv),
+                                           std::move(oq), std::move(okv), std::move(backend), stream);
         if (Status s = build_forward(q, k, v, o, lse, c, &args); !s.ok()) return result(s);
-        return result(run_interruptible(
-            args, [](const ForwardArgs& a) { return strideattn::forward(a); }));
+        return result(run_interruptible(args, [](const ForwardArgs& a) { return strideattn::forward(a); }));
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-      STRIDEATTN_OPTION_ARGS);
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), STRIDEATTN_OPTION_ARGS);
 
   m.def(
       "backward",
-      [](InArray q, InArray k, InArray v, InArray o, InArray d_o, InArray lse, OutArray dq,
-         OutArray dk, OutArray dv, std::string mask, std::int64_t wl, std::int64_t wr,
-         std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
-         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
+      [](InArray q, InArray k, InArray v, InArray o, InArray d_o, InArray lse, OutArray dq, OutArray dk, OutArray dv,
+         std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale, bool det,
+         std::vector<std::int64_t> sq, std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
          std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream) -> Result {
         BackwardArgs args;
-        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
-                                           std::move(skv), std::move(oq), std::move(okv),
-                                           std::move(backend), stream);
-        if (Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args); !s.ok())
-          return result(s);
-        return result(run_interruptible(
-            args, [](const BackwardArgs& a) { return strideattn::backward(a); }));
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq), std::move(skv),
+                                           std::move(oq), std::move(okv), std::move(backend), stream);
+        if (Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args); !s.ok()) return result(s);
+        return result(run_interruptible(args, [](const BackwardArgs& a) { return strideattn::backward(a); }));
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
-      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
 
   m.def(
       "explain_forward",
-      [](InArray q, InArray k, InArray v, OutArray o, std::optional<OutArray> lse,
-         std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale,
-         bool det, std::vector<std::int64_t> sq, std::vector<std::int64_t> skv,
-         std::vector<std::int64_t> oq, std::vector<std::int64_t> okv, std::string backend,
-         std::uintptr_t stream) -> nb::dict {
+      [](InArray q, InArray k, InArray v, OutArray o, std::optional<OutArray> lse, std::string mask, std::int64_t wl,
+         std::int64_t wr, std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
+         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq, std::vector<std::int64_t> okv,
+         std::string backend, std::uintptr_t stream) -> nb::dict {
         ForwardArgs args;
-        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
-                                           std::move(skv), std::move(oq), std::move(okv),
-                                           std::move(backend), stream);
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq), std::move(skv),
+                                           std::move(oq), std::move(okv), std::move(backend), stream);
         Explanation ex;
         if (Status s = build_forward(q, k, v, o, lse, c, &args); !s.ok()) {
           ex.validation = s;
@@ -497,20 +482,17 @@ NB_MODULE(_ext, m) {
         }
         return explanation_dict(strideattn::explain(args));
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-      STRIDEATTN_OPTION_ARGS);
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), STRIDEATTN_OPTION_ARGS);
 
   m.def(
       "explain_backward",
-      [](InArray q, InArray k, InArray v, InArray o, InArray d_o, InArray lse, OutArray dq,
-         OutArray dk, OutArray dv, std::string mask, std::int64_t wl, std::int64_t wr,
-         std::optional<double> scale, bool det, std::vector<std::int64_t> sq,
-         std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
+      [](InArray q, InArray k, InArray v, InArray o, InArray d_o, InArray lse, OutArray dq, OutArray dk, OutArray dv,
+         std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale, bool det,
+         std::vector<std::int64_t> sq, std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
          std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream) -> nb::dict {
         BackwardArgs args;
-        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq),
-                                           std::move(skv), std::move(oq), std::move(okv),
-                                           std::move(backend), stream);
+        const CallOptions c = call_options(std::move(mask), wl, wr, scale, det, std::move(sq), std::move(skv),
+                                           std::move(oq), std::move(okv), std::move(backend), stream);
         Explanation ex;
         if (Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args); !s.ok()) {
           ex.validation = s;
@@ -518,6 +500,6 @@ NB_MODULE(_ext, m) {
         }
         return explanation_dict(strideattn::explain(args));
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
-      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
 }

@@ -20,6 +20,7 @@ USAGE = """usage: python -m strideattn [demo | version | backends | help]
 The full CLI (check, explain, bench, fuzz) is the C++ tool tools/strideattn
 (configure with -DSTRIDEATTN_TOOLS=ON)."""
 
+
 def _demo() -> int:
     import numpy as np
 
@@ -27,11 +28,14 @@ def _demo() -> int:
 
     s, b, h, hg, d = 128, 2, 16, 1, 64
     qkv = np.random.default_rng(0).standard_normal((s, b, h + 2 * hg, d)).astype(np.float16)
-    q, k, v = (x.transpose(1, 0, 2, 3) for x in
-               (qkv[:, :, :h], qkv[:, :, h:h + hg], qkv[:, :, h + hg:]))
+    q, k, v = (
+        x.transpose(1, 0, 2, 3) for x in (qkv[:, :, :h], qkv[:, :, h : h + hg], qkv[:, :, h + hg :])
+    )
     ex = sa.explain(q, k, v, mask="causal")
-    print(f"seed case: [s={s}, b={b}, h={h}, hg={hg}, d={d}] fp16 views of one fused buffer, "
-          f"causal\nlayout: {ex['layout']}")
+    print(
+        f"seed case: [s={s}, b={b}, h={h}, hg={hg}, d={d}] fp16 views of one fused buffer, "
+        f"causal\nlayout: {ex['layout']}"
+    )
     ref = sa.attention(q, k, v, mask="causal", backend="reference").astype(np.float64)
     # agreement: two fp16 ulps at the largest output plus 1e-3 (the outputs are rounded to
     # fp16 after different fp32 summation orders)
@@ -55,8 +59,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     command = args[0] if args else "demo"
     if len(args) > 1:
-        print(f"strideattn: '{command}' takes no arguments (got {' '.join(args[1:])})\n{USAGE}",
-              file=sys.stderr)
+        print(
+            f"strideattn: '{command}' takes no arguments (got {' '.join(args[1:])})\n{USAGE}",
+            file=sys.stderr,
+        )
         return 2
     if command == "demo":
         return _demo()
@@ -73,8 +79,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if command in ("help", "-h", "--help"):
         print(USAGE)
         return 0
-    print(f"strideattn: unknown command '{command}' from Python; supported: demo, version, "
-          f"backends, help\n{USAGE}", file=sys.stderr)
+    print(
+        f"strideattn: unknown command '{command}' from Python; supported: demo, version, "
+        f"backends, help\n{USAGE}",
+        file=sys.stderr,
+    )
     return 2
 
 

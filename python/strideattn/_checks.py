@@ -2,6 +2,7 @@
 nanobind cannot take (non-native byte order, object or other unsupported dtypes, read-only
 outputs). Each failure names the argument, the type or value found and what is supported;
 a message about an array shows its shape and dtype, never its contents."""
+
 from __future__ import annotations
 
 import numbers
@@ -43,30 +44,41 @@ def scale(value: Any) -> Optional[float]:
         return None
     np = sys.modules.get("numpy")
     is_np_scalar = np is not None and isinstance(value, (np.integer, np.floating))
-    if isinstance(value, bool) or (np is not None and isinstance(value, np.bool_)) or not (
-            is_np_scalar or isinstance(value, (int, float))) or not isinstance(value, numbers.Real):
+    if (
+        isinstance(value, bool)
+        or (np is not None and isinstance(value, np.bool_))
+        or not (is_np_scalar or isinstance(value, (int, float)))
+        or not isinstance(value, numbers.Real)
+    ):
         array = np is not None and isinstance(value, np.ndarray) or hasattr(value, "__dlpack__")
         kind = shown(value) if array else type(value).__name__
         raise TypeError(f"scale must be a real number (int or float), got {kind}")
     try:
         return float(value)
     except OverflowError:
-        raise ValueError(f"scale must be a finite number: the {type(value).__name__} given does not fit "
-                         "a double; supported: a finite value > 0 that is a normal fp32 number") from None
+        raise ValueError(
+            f"scale must be a finite number: the {type(value).__name__} given does not fit "
+            "a double; supported: a finite value > 0 that is a normal fp32 number"
+        ) from None
 
 
 def numpy_array(x: Any, name: str, writable: bool) -> None:
     """Refuses numpy arrays that nanobind would reject with its signature dump."""
     dtype = x.dtype
     if dtype.kind == "O" or dtype.hasobject:
-        raise InputTypeError(f"{name}: dtype object ({describe(x)}); supported: "
-                             f"{', '.join(_DTYPES)}")
+        raise InputTypeError(
+            f"{name}: dtype object ({describe(x)}); supported: {', '.join(_DTYPES)}"
+        )
     if dtype.byteorder not in ("=", "|") and dtype.byteorder != _native():
         order = "big-endian" if dtype.byteorder == ">" else "little-endian"
-        raise InputError(f"{name}: byte order {order} ({describe(x)}); supported: the machine's "
-                         f"native byte order (use x.astype(x.dtype.newbyteorder('=')))")
+        raise InputError(
+            f"{name}: byte order {order} ({describe(x)}); supported: the machine's "
+            f"native byte order (use x.astype(x.dtype.newbyteorder('=')))"
+        )
     if writable and not x.flags.writeable:
-        raise InputError(f"{name} is a read-only numpy array ({describe(x)}); outputs must be writable")
+        raise InputError(
+            f"{name} is a read-only numpy array ({describe(x)}); outputs must be writable"
+        )
 
 
 def _native() -> str:
@@ -81,6 +93,12 @@ def unreadable(check, **tensors) -> Optional[dict]:
             if x is not None or name in ("q", "k", "v"):
                 check(x, name, writable=name == "out")
     except InputError as e:
-        return {"valid": False, "code": "invalid_argument", "error": str(e), "layout": "",
-                "verdicts": [], "chosen": None}
+        return {
+            "valid": False,
+            "code": "invalid_argument",
+            "error": str(e),
+            "layout": "",
+            "verdicts": [],
+            "chosen": None,
+        }
     return None

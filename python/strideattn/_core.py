@@ -23,8 +23,17 @@ from ._util import (
     window_pair,
 )
 
-__all__ = ["MASKS", "BackendError", "UnsupportedError", "attention", "attention_backward",
-           "explain", "version", "compiled_backends", "register_autograd"]
+__all__ = [
+    "MASKS",
+    "BackendError",
+    "UnsupportedError",
+    "attention",
+    "attention_backward",
+    "explain",
+    "version",
+    "compiled_backends",
+    "register_autograd",
+]
 
 # Argument types: a (left, right) window with -1 or None for unbounded; integer sequences
 # (lists, tuples or 1-D integer arrays of any framework).
@@ -62,7 +71,8 @@ def _element_strides(x: Any, fw: str) -> Optional[Sequence[int]]:
         if any(s % item for s in x.strides):
             raise ValueError(
                 f"tensor strides {tuple(x.strides)} (bytes) are not multiples of the element "
-                f"size {item}; DLPack needs element strides")
+                f"size {item}; DLPack needs element strides"
+            )
         return tuple(s // item for s in x.strides)
     return None
 
@@ -109,7 +119,9 @@ class _Context:
             try:
                 import torch
 
-                self._device_ctx = torch.cuda.device(getattr(dev, "local_hardware_id", None) or dev.id)
+                self._device_ctx = torch.cuda.device(
+                    getattr(dev, "local_hardware_id", None) or dev.id
+                )
             except ImportError:
                 pass
         elif self.fw == "other" and self.cuda:
@@ -157,7 +169,8 @@ class _Context:
             return self._jax_staging(shape, dtype)
         raise ValueError(
             f"cannot allocate outputs for a {type(self.like).__module__}.{type(self.like).__name__} "
-            "on a GPU; pass out= (and dq=, dk=, dv=) tensors")
+            "on a GPU; pass out= (and dq=, dk=, dv=) tensors"
+        )
 
     def _jax_staging(self, shape, dtype):
         # JAX arrays are immutable: compute into a PyTorch (or CuPy) buffer on the same GPU,
@@ -174,13 +187,18 @@ class _Context:
         try:
             import torch
 
-            return ("staged", torch.zeros(shape, dtype=getattr(torch, name), device=f"cuda:{dev_id}"))
+            return (
+                "staged",
+                torch.zeros(shape, dtype=getattr(torch, name), device=f"cuda:{dev_id}"),
+            )
         except ImportError:
             import cupy
 
             if name == "bfloat16":
-                raise UnsupportedError("bfloat16 JAX outputs need PyTorch installed (CuPy has "
-                                       "no bfloat16); use float16/float32 or install torch") from None
+                raise UnsupportedError(
+                    "bfloat16 JAX outputs need PyTorch installed (CuPy has "
+                    "no bfloat16); use float16/float32 or install torch"
+                ) from None
             with cupy.cuda.Device(dev_id):
                 return ("staged", cupy.zeros(shape, dtype=name))
 
@@ -222,21 +240,38 @@ def _dtype_of(x: Any) -> Any:
 # ----------------------------------------------------------------------------- arguments
 
 
-def _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q, offsets_kv,
-             backend, stream) -> dict:
+def _options(
+    mask,
+    window,
+    scale,
+    deterministic,
+    seqlens_q,
+    seqlens_kv,
+    offsets_q,
+    offsets_kv,
+    backend,
+    stream,
+) -> dict:
     mask = canonical_mask(mask)
     if not isinstance(backend, str):
-        raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); "
-                         f"got {describe(backend)}")
+        raise ValueError(
+            f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {describe(backend)}"
+        )
     left, right = window_pair(window)
     scale = _checks.scale(scale)
-    return dict(mask=mask, window_left=left, window_right=right, scale=scale,
-                deterministic=bool(deterministic),
-                seqlens_q=int_list(seqlens_q, "seqlens_q"),
-                seqlens_kv=int_list(seqlens_kv, "seqlens_kv"),
-                offsets_q=int_list(offsets_q, "offsets_q"),
-                offsets_kv=int_list(offsets_kv, "offsets_kv"),
-                backend=backend, stream=int(stream))
+    return dict(
+        mask=mask,
+        window_left=left,
+        window_right=right,
+        scale=scale,
+        deterministic=bool(deterministic),
+        seqlens_q=int_list(seqlens_q, "seqlens_q"),
+        seqlens_kv=int_list(seqlens_kv, "seqlens_kv"),
+        offsets_q=int_list(offsets_q, "offsets_q"),
+        offsets_kv=int_list(offsets_kv, "offsets_kv"),
+        backend=backend,
+        stream=int(stream),
+    )
 
 
 def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
@@ -244,8 +279,9 @@ def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
         raise ValueError(f"{name} is required")
     fw = framework(x)
     if not (hasattr(x, "__dlpack__") or fw == "numpy"):
-        raise ValueError(f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), "
-                         f"got {describe(x)}")
+        raise ValueError(
+            f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), got {describe(x)}"
+        )
     if fw == "numpy":
         _checks.numpy_array(x, name, writable)
     if fw in ("numpy", "cupy"):
@@ -254,26 +290,41 @@ def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
         if fw == "numpy" and not x.flags.writeable:
             raise ValueError(f"{name} is a read-only numpy array; outputs must be writable")
         if fw == "jax":
-            raise ValueError(f"{name}: JAX arrays are immutable and cannot be outputs; "
-                             "leave it out to get a new array")
+            raise ValueError(
+                f"{name}: JAX arrays are immutable and cannot be outputs; "
+                "leave it out to get a new array"
+            )
 
 
 def _shape(x: Any) -> tuple:
     return tuple(int(s) for s in x.shape)
 
 
-def _begin(q, v, mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
-           offsets_kv, backend):
+def _begin(
+    q, v, mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q, offsets_kv, backend
+):
     """What attention() and explain() share: the caller's framework context, the parsed
     options, whether the call is varlen, and the q / v shapes (checked for rank)."""
     ctx = _Context(q)
-    opts = _options(mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q,
-                    offsets_kv, backend, ctx.stream)
+    opts = _options(
+        mask,
+        window,
+        scale,
+        deterministic,
+        seqlens_q,
+        seqlens_kv,
+        offsets_q,
+        offsets_kv,
+        backend,
+        ctx.stream,
+    )
     varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
     qs, vs = _shape(q), _shape(v)
     if len(qs) not in (3, 4) or len(vs) not in (3, 4):
-        raise ValueError(f"q and v must have 4 dimensions [b, s, h, d] (or 3 for varlen "
-                         f"[tokens, h, d]); got q {qs}, v {vs}")
+        raise ValueError(
+            f"q and v must have 4 dimensions [b, s, h, d] (or 3 for varlen "
+            f"[tokens, h, d]); got q {qs}, v {vs}"
+        )
     return ctx, opts, varlen, qs, vs
 
 
@@ -288,11 +339,23 @@ def _call(fn, *tensors, **opts):
 # ----------------------------------------------------------------------------- public API
 
 
-def attention(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None,
-              scale: Optional[float] = None, seqlens_q: Ints = None, seqlens_kv: Ints = None,
-              offsets_q: Ints = None, offsets_kv: Ints = None, backend: str = "auto",
-              deterministic: bool = False, return_lse: bool = False,
-              out: Any = None) -> Union[Any, Tuple[Any, Any]]:
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: str = "none",
+    window: Window = None,
+    scale: Optional[float] = None,
+    seqlens_q: Ints = None,
+    seqlens_kv: Ints = None,
+    offsets_q: Ints = None,
+    offsets_kv: Ints = None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    return_lse: bool = False,
+    out: Any = None,
+) -> Union[Any, Tuple[Any, Any]]:
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V.
 
     Shapes (logical; any strides with a unit stride on the head dim): q [b, s_q, h, d_qk],
@@ -319,17 +382,44 @@ def attention(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = No
         _check_tensor(out, "out", writable=True)
     hook = _AUTOGRAD.get(framework(q))
     if hook is not None and out is None and hook[0](q, k, v):
-        return hook[1](q, k, v, mask=mask, window=window, scale=scale, seqlens_q=seqlens_q,
-                       seqlens_kv=seqlens_kv, offsets_q=offsets_q, offsets_kv=offsets_kv,
-                       backend=backend, deterministic=deterministic, return_lse=return_lse)
+        return hook[1](
+            q,
+            k,
+            v,
+            mask=mask,
+            window=window,
+            scale=scale,
+            seqlens_q=seqlens_q,
+            seqlens_kv=seqlens_kv,
+            offsets_q=offsets_q,
+            offsets_kv=offsets_kv,
+            backend=backend,
+            deterministic=deterministic,
+            return_lse=return_lse,
+        )
 
-    ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
-                                       seqlens_kv, offsets_q, offsets_kv, backend)
+    ctx, opts, varlen, qs, vs = _begin(
+        q,
+        v,
+        mask,
+        window,
+        scale,
+        deterministic,
+        seqlens_q,
+        seqlens_kv,
+        offsets_q,
+        offsets_kv,
+        backend,
+    )
     with ctx.device_scope():
         o = out
         if o is None:
-            o = ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q),
-                          dim_order(qs, _element_strides(q, ctx.fw)), zero=varlen)
+            o = ctx.empty(
+                qs[:-1] + (vs[-1],),
+                _dtype_of(q),
+                dim_order(qs, _element_strides(q, ctx.fw)),
+                zero=varlen,
+            )
         lse = None
         if return_lse:
             if varlen:
@@ -337,8 +427,15 @@ def attention(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = No
             else:
                 lse_shape, lse_order = (qs[0], qs[2], qs[1]), [0, 1, 2]
             lse = ctx.empty(lse_shape, "float32", lse_order, zero=varlen)
-        code, msg = _call(_ext.forward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
-                          ctx.as_ext(o), None if lse is None else ctx.as_ext(lse), **opts)
+        code, msg = _call(
+            _ext.forward,
+            ctx.prepare(q),
+            ctx.prepare(k),
+            ctx.prepare(v),
+            ctx.as_ext(o),
+            None if lse is None else ctx.as_ext(lse),
+            **opts,
+        )
         raise_status(code, msg, opts, varlen)
         o = ctx.finish(o) if out is None else out
         if lse is not None:
@@ -346,12 +443,27 @@ def attention(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = No
     return (o, lse) if return_lse else o
 
 
-def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
-                       mask: str = "none", window: Window = None,
-                       scale: Optional[float] = None, seqlens_q: Ints = None,
-                       seqlens_kv: Ints = None, offsets_q: Ints = None, offsets_kv: Ints = None,
-                       backend: str = "auto", deterministic: bool = False, dq: Any = None,
-                       dk: Any = None, dv: Any = None) -> Tuple[Any, Any, Any]:
+def attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    dout: Any,
+    lse: Any,
+    *,
+    mask: str = "none",
+    window: Window = None,
+    scale: Optional[float] = None,
+    seqlens_q: Ints = None,
+    seqlens_kv: Ints = None,
+    offsets_q: Ints = None,
+    offsets_kv: Ints = None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+) -> Tuple[Any, Any, Any]:
     """Gradients of attention(): returns (dq, dk, dv) for the forward output `out`, its
     gradient `dout` and the forward's LSE (return_lse=True). dk/dv are summed over each GQA
     group. dq/dk/dv may be given as (strided) views to write into, e.g. slices of the
@@ -362,30 +474,67 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
         if x is not None:
             _check_tensor(x, name, writable=True)
-    ctx, opts, varlen, _, _ = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
-                                     seqlens_kv, offsets_q, offsets_kv, backend)
+    ctx, opts, varlen, _, _ = _begin(
+        q,
+        v,
+        mask,
+        window,
+        scale,
+        deterministic,
+        seqlens_q,
+        seqlens_kv,
+        offsets_q,
+        offsets_kv,
+        backend,
+    )
     given = (dq, dk, dv)
     with ctx.device_scope():
         grads = []
         for g, like in zip(given, (q, k, v)):
             if g is None:
                 s = _shape(like)
-                g = ctx.empty(s, _dtype_of(like), dim_order(s, _element_strides(like, framework(like))),
-                              zero=varlen)
+                g = ctx.empty(
+                    s,
+                    _dtype_of(like),
+                    dim_order(s, _element_strides(like, framework(like))),
+                    zero=varlen,
+                )
             grads.append(g)
-        code, msg = _call(_ext.backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
-                          ctx.prepare(out), ctx.prepare(dout), ctx.prepare(lse),
-                          *[ctx.as_ext(g) for g in grads], **opts)
+        code, msg = _call(
+            _ext.backward,
+            ctx.prepare(q),
+            ctx.prepare(k),
+            ctx.prepare(v),
+            ctx.prepare(out),
+            ctx.prepare(dout),
+            ctx.prepare(lse),
+            *[ctx.as_ext(g) for g in grads],
+            **opts,
+        )
         raise_status(code, msg, opts, varlen)
         result = tuple(g if g0 is not None else ctx.finish(g) for g, g0 in zip(grads, given))
     return result
 
 
-def explain(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None,
-            scale: Optional[float] = None, seqlens_q: Ints = None, seqlens_kv: Ints = None,
-            offsets_q: Ints = None, offsets_kv: Ints = None, backend: str = "auto",
-            deterministic: bool = False, grad: bool = False, out: Any = None,
-            dout: Any = None, lse: Any = None) -> Dict[str, Any]:
+def explain(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: str = "none",
+    window: Window = None,
+    scale: Optional[float] = None,
+    seqlens_q: Ints = None,
+    seqlens_kv: Ints = None,
+    offsets_q: Ints = None,
+    offsets_kv: Ints = None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    grad: bool = False,
+    out: Any = None,
+    dout: Any = None,
+    lse: Any = None,
+) -> Dict[str, Any]:
     """What the library would do with these tensors, without running anything.
 
     Returns {"valid": bool, "code": str, "error": message or None, "layout": str,
@@ -395,23 +544,59 @@ def explain(q: Any, k: Any, v: Any, *, mask: str = "none", window: Window = None
     refused = _checks.unreadable(_check_tensor, q=q, k=k, v=v, out=out, dout=dout, lse=lse)
     if refused is not None:
         return refused
-    ctx, opts, varlen, qs, vs = _begin(q, v, mask, window, scale, deterministic, seqlens_q,
-                                       seqlens_kv, offsets_q, offsets_kv, backend)
+    ctx, opts, varlen, qs, vs = _begin(
+        q,
+        v,
+        mask,
+        window,
+        scale,
+        deterministic,
+        seqlens_q,
+        seqlens_kv,
+        offsets_q,
+        offsets_kv,
+        backend,
+    )
     with ctx.device_scope():
         order = dim_order(qs, _element_strides(q, ctx.fw))
         o = out if out is not None else ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q), order, False)
         if not grad:
-            return _call(_ext.explain_forward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
-                         ctx.as_ext(o), None, **opts)
+            return _call(
+                _ext.explain_forward,
+                ctx.prepare(q),
+                ctx.prepare(k),
+                ctx.prepare(v),
+                ctx.as_ext(o),
+                None,
+                **opts,
+            )
         d_o = dout if dout is not None else ctx.empty(_shape(o), _dtype_of(q), order, False)
         if lse is None:
-            lse = (ctx.empty((qs[-2], qs[-3]), "float32", [0, 1], False) if varlen else
-                   ctx.empty((qs[0], qs[2], qs[1]), "float32", [0, 1, 2], False))
-        grads = [ctx.empty(_shape(x), _dtype_of(x), dim_order(_shape(x), _element_strides(x, framework(x))), False)
-                 for x in (q, k, v)]
-        return _call(_ext.explain_backward, ctx.prepare(q), ctx.prepare(k), ctx.prepare(v),
-                     ctx.as_ext(o), ctx.as_ext(d_o), ctx.as_ext(lse),
-                     *[ctx.as_ext(g) for g in grads], **opts)
+            lse = (
+                ctx.empty((qs[-2], qs[-3]), "float32", [0, 1], False)
+                if varlen
+                else ctx.empty((qs[0], qs[2], qs[1]), "float32", [0, 1, 2], False)
+            )
+        grads = [
+            ctx.empty(
+                _shape(x),
+                _dtype_of(x),
+                dim_order(_shape(x), _element_strides(x, framework(x))),
+                False,
+            )
+            for x in (q, k, v)
+        ]
+        return _call(
+            _ext.explain_backward,
+            ctx.prepare(q),
+            ctx.prepare(k),
+            ctx.prepare(v),
+            ctx.as_ext(o),
+            ctx.as_ext(d_o),
+            ctx.as_ext(lse),
+            *[ctx.as_ext(g) for g in grads],
+            **opts,
+        )
 
 
 def version() -> str:

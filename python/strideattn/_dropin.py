@@ -24,23 +24,36 @@ def _bhsd_to_bshd(x: Any, name: str) -> Any:
     """The [b, s, h, d] view of a [b, h, s, d] tensor (a stride permutation, no copy)."""
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) != 4:
-        raise ValueError(f"{name} must have 4 dimensions [batch, heads, seq, head_dim] (PyTorch "
-                         f"SDPA's layout); got {describe(x)}")
+        raise ValueError(
+            f"{name} must have 4 dimensions [batch, heads, seq, head_dim] (PyTorch "
+            f"SDPA's layout); got {describe(x)}"
+        )
     if framework(x) == "torch":
         return x.transpose(1, 2)
     if not hasattr(x, "transpose"):
-        raise ValueError(f"{name}: {describe(x)} has no transpose(); sdpa needs a numpy, torch, "
-                         "cupy or jax array")
+        raise ValueError(
+            f"{name}: {describe(x)} has no transpose(); sdpa needs a numpy, torch, "
+            "cupy or jax array"
+        )
     return x.transpose(0, 2, 1, 3)
 
 
 def _no(arg: str, value: Any, supported: str) -> NotImplementedError:
-    return NotImplementedError(f"{arg}={describe(value)} is not supported by strideattn; "
-                               f"supported: {supported}")
+    return NotImplementedError(
+        f"{arg}={describe(value)} is not supported by strideattn; supported: {supported}"
+    )
 
 
-def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-         is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False) -> Any:
+def sdpa(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> Any:
     """torch.nn.functional.scaled_dot_product_attention's arguments and meaning, computed by
     strideattn on any DLPack-capable tensors (numpy, torch, cupy, jax).
 
@@ -51,23 +64,30 @@ def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: flo
     dropout_p > 0 raise NotImplementedError. PyTorch tensors that require grad are
     differentiable (strideattn.torch's autograd op)."""
     if attn_mask is not None:
-        raise _no("attn_mask", attn_mask, "None (use is_causal for a causal mask; "
-                  "strideattn.attention's window= for sliding windows)")
+        raise _no(
+            "attn_mask",
+            attn_mask,
+            "None (use is_causal for a causal mask; "
+            "strideattn.attention's window= for sliding windows)",
+        )
     if dropout_p != 0.0:
         raise _no("dropout_p", dropout_p, "0.0")
     q, k, v = (_bhsd_to_bshd(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
     h_q, h_kv = int(q.shape[2]), int(k.shape[2])
     if h_q != h_kv and not enable_gqa:
-        raise ValueError(f"query has {h_q} heads but key/value have {h_kv}: different head "
-                         "counts need enable_gqa=True (as in PyTorch SDPA)")
+        raise ValueError(
+            f"query has {h_q} heads but key/value have {h_kv}: different head "
+            "counts need enable_gqa=True (as in PyTorch SDPA)"
+        )
     if not isinstance(is_causal, bool):
         raise ValueError(f"is_causal must be a bool, got {describe(is_causal)}")
     o = attention(q, k, v, mask="causal" if is_causal else "none", scale=scale)
     return o.transpose(1, 2) if framework(o) == "torch" else o.transpose(0, 2, 1, 3)
 
 
-def _flash_unsupported(dropout_p: float, softcap: float, alibi_slopes: Any,
-                       return_attn_probs: bool) -> None:
+def _flash_unsupported(
+    dropout_p: float, softcap: float, alibi_slopes: Any, return_attn_probs: bool
+) -> None:
     if dropout_p != 0.0:
         raise _no("dropout_p", dropout_p, "0.0")
     if softcap != 0.0:
@@ -75,16 +95,20 @@ def _flash_unsupported(dropout_p: float, softcap: float, alibi_slopes: Any,
     if alibi_slopes is not None:
         raise _no("alibi_slopes", alibi_slopes, "None")
     if return_attn_probs:
-        raise _no("return_attn_probs", return_attn_probs,
-                  "False (strideattn.attention(..., return_lse=True) returns the LSE)")
+        raise _no(
+            "return_attn_probs",
+            return_attn_probs,
+            "False (strideattn.attention(..., return_lse=True) returns the LSE)",
+        )
 
 
 def _flash_window(window_size: Any) -> Tuple[int, int]:
     try:
         left, right = window_size
     except (TypeError, ValueError):
-        raise ValueError(f"window_size must be (left, right) with -1 for unbounded, "
-                         f"got {describe(window_size)}") from None
+        raise ValueError(
+            f"window_size must be (left, right) with -1 for unbounded, got {describe(window_size)}"
+        ) from None
     left, right = int64(left, "window_size[0]"), int64(right, "window_size[1]")
     for side, w in (("window_size[0]", left), ("window_size[1]", right)):
         if w < -1:
@@ -92,11 +116,19 @@ def _flash_window(window_size: Any) -> Tuple[int, int]:
     return left, right
 
 
-def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0,
-                    softmax_scale: Optional[float] = None, causal: bool = False,
-                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                    alibi_slopes: Any = None, deterministic: bool = False,
-                    return_attn_probs: bool = False) -> Any:
+def flash_attn_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Any:
     """FlashAttention 2's flash_attn_func, computed by strideattn.
 
     q [b, s_q, h, d_qk], k [b, s_kv, h_kv, d_qk], v [b, s_kv, h_kv, d_v] (h % h_kv == 0);
@@ -107,9 +139,15 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0,
     backward. dropout_p > 0, softcap != 0, alibi_slopes and return_attn_probs raise
     NotImplementedError."""
     _flash_unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs)
-    return attention(q, k, v, mask="causal_bottom_right" if causal else "none",
-                     window=_flash_window(window_size), scale=softmax_scale,
-                     deterministic=bool(deterministic))
+    return attention(
+        q,
+        k,
+        v,
+        mask="causal_bottom_right" if causal else "none",
+        window=_flash_window(window_size),
+        scale=softmax_scale,
+        deterministic=bool(deterministic),
+    )
 
 
 def _lengths(cu: Any, name: str) -> Tuple[list, list]:
@@ -118,12 +156,16 @@ def _lengths(cu: Any, name: str) -> Tuple[list, list]:
         raise ValueError(f"{name} is required (cumulative sequence lengths, length batch + 1)")
     values = int_list(cu, name)
     if len(values) < 2:
-        raise ValueError(f"{name} has {len(values)} entries; supported: batch + 1 >= 2 "
-                         "cumulative sequence lengths starting at the first token")
+        raise ValueError(
+            f"{name} has {len(values)} entries; supported: batch + 1 >= 2 "
+            "cumulative sequence lengths starting at the first token"
+        )
     for i in range(1, len(values)):
         if values[i] < values[i - 1]:
-            raise ValueError(f"{name} decreases at index {i} ({values[i - 1]} -> {values[i]}); "
-                             "cumulative sequence lengths never decrease")
+            raise ValueError(
+                f"{name} decreases at index {i} ({values[i - 1]} -> {values[i]}); "
+                "cumulative sequence lengths never decrease"
+            )
     lengths = [b - a for a, b in zip(values, values[1:])]
     return lengths, values[:-1]
 
@@ -133,16 +175,30 @@ def _check_max(max_seqlen: Any, lengths: list, name: str) -> None:
     # sequence leaves that sequence's rows unprocessed there; refuse it instead.
     m = int64(max_seqlen, name)
     if lengths and m < max(lengths):
-        raise ValueError(f"{name} is {m} but the longest sequence has {max(lengths)} tokens; "
-                         f"supported: {name} >= every sequence's length")
+        raise ValueError(
+            f"{name} is {m} but the longest sequence has {max(lengths)} tokens; "
+            f"supported: {name} >= every sequence's length"
+        )
 
 
-def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
-                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
-                           softmax_scale: Optional[float] = None, causal: bool = False,
-                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                           alibi_slopes: Any = None, deterministic: bool = False,
-                           return_attn_probs: bool = False, block_table: Any = None) -> Any:
+def flash_attn_varlen_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Any = None,
+) -> Any:
     """FlashAttention 2's flash_attn_varlen_func, computed by strideattn.
 
     q [total_q, h, d_qk], k [total_k, h_kv, d_qk], v [total_k, h_kv, d_v]; cu_seqlens_q /
@@ -158,16 +214,28 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
     lens_q, offs_q = _lengths(cu_seqlens_q, "cu_seqlens_q")
     lens_k, offs_k = _lengths(cu_seqlens_k, "cu_seqlens_k")
     if len(lens_q) != len(lens_k):
-        raise ValueError(f"cu_seqlens_q has {len(lens_q) + 1} entries but cu_seqlens_k has "
-                         f"{len(lens_k) + 1}; both are batch + 1")
+        raise ValueError(
+            f"cu_seqlens_q has {len(lens_q) + 1} entries but cu_seqlens_k has "
+            f"{len(lens_k) + 1}; both are batch + 1"
+        )
     _check_max(max_seqlen_q, lens_q, "max_seqlen_q")
     _check_max(max_seqlen_k, lens_k, "max_seqlen_k")
     for name, x in (("q", q), ("k", k), ("v", v)):
         shape = getattr(x, "shape", None)
         if shape is None or len(shape) != 3:
-            raise ValueError(f"{name} must have 3 dimensions [total_tokens, heads, head_dim]; "
-                             f"got {describe(x)}")
-    return attention(q, k, v, mask="causal_bottom_right" if causal else "none",
-                     window=_flash_window(window_size), scale=softmax_scale,
-                     seqlens_q=lens_q, seqlens_kv=lens_k, offsets_q=offs_q, offsets_kv=offs_k,
-                     deterministic=bool(deterministic))
+            raise ValueError(
+                f"{name} must have 3 dimensions [total_tokens, heads, head_dim]; got {describe(x)}"
+            )
+    return attention(
+        q,
+        k,
+        v,
+        mask="causal_bottom_right" if causal else "none",
+        window=_flash_window(window_size),
+        scale=softmax_scale,
+        seqlens_q=lens_q,
+        seqlens_kv=lens_k,
+        offsets_q=offs_q,
+        offsets_kv=offs_k,
+        deterministic=bool(deterministic),
+    )

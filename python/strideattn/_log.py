@@ -30,14 +30,20 @@ def _level_name(level) -> str:
     if isinstance(level, bool):
         raise TypeError("log level must be a name, a logging level number or None, not a bool")
     if isinstance(level, int):  # a Python logging level: DEBUG, INFO, WARNING, ERROR, ...
-        for name, number in (("debug", logging.DEBUG), ("info", logging.INFO),
-                             ("warn", logging.WARNING), ("error", logging.CRITICAL)):
+        for name, number in (
+            ("debug", logging.DEBUG),
+            ("info", logging.INFO),
+            ("warn", logging.WARNING),
+            ("error", logging.CRITICAL),
+        ):
             if level <= number:
                 return name
         return "off"
     if isinstance(level, str):
         return level
-    raise TypeError(f"log level must be a name, a logging level number or None, not {type(level).__name__}")
+    raise TypeError(
+        f"log level must be a name, a logging level number or None, not {type(level).__name__}"
+    )
 
 
 def set_log_level(level) -> None:
@@ -64,8 +70,14 @@ def flush_log() -> None:
 def _sync_logger_level(force: bool) -> None:
     name = _ext.log_level()
     if name != "off" and (force or logger.level == logging.NOTSET):
-        logger.setLevel({"error": logging.ERROR, "warn": logging.WARNING,
-                         "info": logging.INFO, "debug": logging.DEBUG}[name])
+        logger.setLevel(
+            {
+                "error": logging.ERROR,
+                "warn": logging.WARNING,
+                "info": logging.INFO,
+                "debug": logging.DEBUG,
+            }[name]
+        )
 
 
 def _shutdown() -> None:

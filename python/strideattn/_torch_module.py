@@ -24,8 +24,14 @@ from ._torch_ops import attention
 from ._util import MASK_ALIASES, MASKS, canonical_mask, describe, int64, int_list, window_pair
 
 _FORMATS = ("sbhd", "bshd", "thd")
-_TE_MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
-                  "padding_causal_bottom_right")
+_TE_MASK_TYPES = (
+    "no_mask",
+    "padding",
+    "causal",
+    "padding_causal",
+    "causal_bottom_right",
+    "padding_causal_bottom_right",
+)
 
 
 def mask_type(t: Any) -> Tuple[str, bool]:
@@ -35,30 +41,37 @@ def mask_type(t: Any) -> Tuple[str, bool]:
         raise ValueError(f"attn_mask_type must be a string; got {describe(t)}")
     key = t.strip().replace(",", "_").replace("-", "_")
     if key == "arbitrary":
-        raise NotImplementedError("attn_mask_type='arbitrary' (a boolean mask tensor) is not "
-                                  "supported by strideattn; supported: " + ", ".join(_TE_MASK_TYPES))
+        raise NotImplementedError(
+            "attn_mask_type='arbitrary' (a boolean mask tensor) is not "
+            "supported by strideattn; supported: " + ", ".join(_TE_MASK_TYPES)
+        )
     padding = False
     if key == "padding":
         key, padding = "none", True
     elif key.startswith("padding_"):
-        key, padding = key[len("padding_"):], True
+        key, padding = key[len("padding_") :], True
     elif key.endswith("_padding"):
-        key, padding = key[:-len("_padding")], True
+        key, padding = key[: -len("_padding")], True
     try:
         return canonical_mask(key), padding
     except ValueError:
         raise ValueError(
             f"attn_mask_type='{t}' is not a mask type; supported: {', '.join(_TE_MASK_TYPES)} "
             f"(',' for '_', e.g. 'padding,causal'), or strideattn's {', '.join(MASKS)} "
-            f"(aliases {', '.join(MASK_ALIASES)})") from None
+            f"(aliases {', '.join(MASK_ALIASES)})"
+        ) from None
 
 
 def _refuse(arg: str, value: Any, supported: str) -> NotImplementedError:
-    return NotImplementedError(f"{arg}={describe(value)} is not supported by strideattn's "
-                               f"DotProductAttention; supported: {supported}")
+    return NotImplementedError(
+        f"{arg}={describe(value)} is not supported by strideattn's "
+        f"DotProductAttention; supported: {supported}"
+    )
 
 
-def _our_window(te_window: Tuple[int, int], top_left: bool, shift: int, why: str) -> Tuple[int, int]:
+def _our_window(
+    te_window: Tuple[int, int], top_left: bool, shift: int, why: str
+) -> Tuple[int, int]:
     """strideattn's window (measured from the bottom-right diagonal) equal to TE's window
     (left, right) aligned top-left or bottom-right, for a sequence with s_kv - s_q = shift."""
     left, right = te_window
@@ -70,23 +83,32 @@ def _our_window(te_window: Tuple[int, int], top_left: bool, shift: int, why: str
         raise NotImplementedError(
             f"window_size={te_window} aligned to the top-left diagonal ({why}) with "
             f"s_kv - s_q = {shift} has no bottom-right equivalent; supported: a window that "
-            "still covers the bottom-right diagonal, equal lengths, or a bottom-right mask type")
+            "still covers the bottom-right diagonal, equal lengths, or a bottom-right mask type"
+        )
     return new_left, new_right
 
 
 def _mask_lengths(m: Any, s: int, name: str) -> List[int]:
     """Sequence lengths from a TE padding mask [b, 1, 1, s] (True = padding), which must be
     right-padded (True only on a tail of each row)."""
-    if not isinstance(m, Tensor) or m.dtype != torch.bool or m.dim() != 4 or \
-            tuple(m.shape[1:]) != (1, 1, s):
-        raise ValueError(f"{name} must be a boolean tensor [batch, 1, 1, {s}] (True = padding); "
-                         f"got {describe(m)}")
+    if (
+        not isinstance(m, Tensor)
+        or m.dtype != torch.bool
+        or m.dim() != 4
+        or tuple(m.shape[1:]) != (1, 1, s)
+    ):
+        raise ValueError(
+            f"{name} must be a boolean tensor [batch, 1, 1, {s}] (True = padding); "
+            f"got {describe(m)}"
+        )
     rows = m[:, 0, 0, :]
     lens = (~rows).sum(dim=-1)
     tail = torch.arange(s, device=m.device)[None, :] >= lens[:, None]
     if not torch.equal(rows, tail):
-        raise NotImplementedError(f"{name} masks tokens other than a tail of each sequence; "
-                                  "supported: right padding (True only after the last token)")
+        raise NotImplementedError(
+            f"{name} masks tokens other than a tail of each sequence; "
+            "supported: right padding (True only after the last token)"
+        )
     return [int(x) for x in lens.tolist()]
 
 
@@ -104,26 +126,36 @@ def _unpack(qkv_layer, kv_layer, q, k, v, fmt: str, dim: int) -> Tuple[Tensor, T
     """query/key/value, or views of a packed qkv_layer / kv_layer (TE's declared packing)."""
     if qkv_layer is None and kv_layer is None:
         if q is None or k is None or v is None:
-            raise ValueError("query_layer, key_layer and value_layer are required unless "
-                             "qkv_layer or kv_layer is given")
+            raise ValueError(
+                "query_layer, key_layer and value_layer are required unless "
+                "qkv_layer or kv_layer is given"
+            )
         return q, k, v
     if dim not in (-3, -2):
         raise ValueError(f"qkv_interleave_dim is {dim}; supported: -3 (e.g. bs3hd) or -2 (bsh3d)")
     if qkv_layer is not None:
         if kv_layer is not None or q is not None or k is not None or v is not None:
-            raise ValueError("qkv_layer packs Q, K and V: kv_layer, query_layer, key_layer and "
-                             "value_layer must be None with it")
+            raise ValueError(
+                "qkv_layer packs Q, K and V: kv_layer, query_layer, key_layer and "
+                "value_layer must be None with it"
+            )
         rank = 4 if fmt == "thd" else 5
         if qkv_layer.dim() != rank or qkv_layer.shape[dim] != 3:
-            raise ValueError(f"qkv_layer must be {rank}-D with extent 3 at dim {dim} for "
-                             f"qkv_format '{fmt}'; got {describe(qkv_layer)}")
+            raise ValueError(
+                f"qkv_layer must be {rank}-D with extent 3 at dim {dim} for "
+                f"qkv_format '{fmt}'; got {describe(qkv_layer)}"
+            )
         return tuple(qkv_layer.select(dim, i) for i in range(3))
     if q is None or k is not None or v is not None:
-        raise ValueError("kv_layer packs K and V: query_layer is required and key_layer, "
-                         "value_layer must be None with it")
+        raise ValueError(
+            "kv_layer packs K and V: query_layer is required and key_layer, "
+            "value_layer must be None with it"
+        )
     if kv_layer.dim() != q.dim() + 1 or kv_layer.shape[dim] != 2:
-        raise ValueError(f"kv_layer must have one more dimension than query_layer and extent 2 "
-                         f"at dim {dim}; got {describe(kv_layer)}")
+        raise ValueError(
+            f"kv_layer must have one more dimension than query_layer and extent 2 "
+            f"at dim {dim}; got {describe(kv_layer)}"
+        )
     return (q,) + tuple(kv_layer.select(dim, i) for i in range(2))
 
 
@@ -147,19 +179,34 @@ class DotProductAttention(torch.nn.Module):
     longest sequence for thd).
     """
 
-    def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
-                 num_gqa_groups: Optional[int] = None, attention_dropout: float = 0.0,
-                 qkv_format: str = "sbhd", attn_mask_type: str = "causal",
-                 window_size: Optional[Tuple[int, int]] = None,
-                 bottom_right_diagonal: Optional[bool] = None, sequence_parallel: bool = False,
-                 tp_size: int = 1, get_rng_state_tracker: Optional[Callable] = None,
-                 tp_group: Any = None, layer_number: Optional[int] = None,
-                 attention_type: str = "self", cp_group: Any = None,
-                 cp_global_ranks: Optional[List[int]] = None, cp_stream: Any = None,
-                 cp_comm_type: str = "p2p", softmax_scale: Optional[float] = None,
-                 softmax_type: str = "vanilla", return_max_logit: Optional[bool] = False,
-                 name: Optional[str] = None, *, backend: str = "auto",
-                 deterministic: Optional[bool] = None):
+    def __init__(
+        self,
+        num_attention_heads: int,
+        kv_channels: Union[int, Tuple[int, int]],
+        num_gqa_groups: Optional[int] = None,
+        attention_dropout: float = 0.0,
+        qkv_format: str = "sbhd",
+        attn_mask_type: str = "causal",
+        window_size: Optional[Tuple[int, int]] = None,
+        bottom_right_diagonal: Optional[bool] = None,
+        sequence_parallel: bool = False,
+        tp_size: int = 1,
+        get_rng_state_tracker: Optional[Callable] = None,
+        tp_group: Any = None,
+        layer_number: Optional[int] = None,
+        attention_type: str = "self",
+        cp_group: Any = None,
+        cp_global_ranks: Optional[List[int]] = None,
+        cp_stream: Any = None,
+        cp_comm_type: str = "p2p",
+        softmax_scale: Optional[float] = None,
+        softmax_type: str = "vanilla",
+        return_max_logit: Optional[bool] = False,
+        name: Optional[str] = None,
+        *,
+        backend: str = "auto",
+        deterministic: Optional[bool] = None,
+    ):
         super().__init__()
         if attention_dropout != 0.0:
             raise _refuse("attention_dropout", attention_dropout, "0.0 (no dropout)")
@@ -174,12 +221,15 @@ class DotProductAttention(torch.nn.Module):
         if tp_group is not None:
             tp_size = torch.distributed.get_world_size(tp_group)
         if num_attention_heads % tp_size:
-            raise ValueError(f"num_attention_heads {num_attention_heads} is not divisible by "
-                             f"tp_size {tp_size}")
+            raise ValueError(
+                f"num_attention_heads {num_attention_heads} is not divisible by tp_size {tp_size}"
+            )
         groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if groups % tp_size or num_attention_heads % groups:
-            raise ValueError(f"num_gqa_groups {groups} must divide num_attention_heads "
-                             f"{num_attention_heads} and be divisible by tp_size {tp_size}")
+            raise ValueError(
+                f"num_gqa_groups {groups} must divide num_attention_heads "
+                f"{num_attention_heads} and be divisible by tp_size {tp_size}"
+            )
         self.num_heads = num_attention_heads // tp_size
         self.num_kv_heads = groups // tp_size
         if isinstance(kv_channels, int):
@@ -198,9 +248,15 @@ class DotProductAttention(torch.nn.Module):
         self.attention_type = attention_type
         self.name = name
 
-    def set_context_parallel_group(self, cp_group: Any, cp_global_ranks: Any = None,
-                                   cp_stream: Any = None, cp_comm_type: str = "p2p",
-                                   *args: Any, **kwargs: Any) -> None:
+    def set_context_parallel_group(
+        self,
+        cp_group: Any,
+        cp_global_ranks: Any = None,
+        cp_stream: Any = None,
+        cp_comm_type: str = "p2p",
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         """TE's context-parallel setter: only None (no context parallelism) is supported."""
         if cp_group is not None:
             raise _refuse("cp_group", cp_group, "None (no context parallelism)")
@@ -208,36 +264,57 @@ class DotProductAttention(torch.nn.Module):
     @staticmethod
     def _check_format(fmt: Any) -> str:
         if fmt not in _FORMATS:
-            raise ValueError(f"qkv_format={describe(fmt)} is not supported; supported: "
-                             f"{', '.join(_FORMATS)}")
+            raise ValueError(
+                f"qkv_format={describe(fmt)} is not supported; supported: {', '.join(_FORMATS)}"
+            )
         return fmt
 
     def extra_repr(self) -> str:
-        return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, d_qk={self.d_qk}, "
-                f"d_v={self.d_v}, qkv_format={self.qkv_format}, attn_mask_type={self.attn_mask_type}, "
-                f"window_size={self.window_size}, backend={self.backend}")
+        return (
+            f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, d_qk={self.d_qk}, "
+            f"d_v={self.d_v}, qkv_format={self.qkv_format}, attn_mask_type={self.attn_mask_type}, "
+            f"window_size={self.window_size}, backend={self.backend}"
+        )
 
     def _check_shapes(self, q: Tensor, k: Tensor, v: Tensor) -> None:
-        want = ((q, self.num_heads, self.d_qk, "query_layer"), (k, self.num_kv_heads, self.d_qk, "key_layer"),
-                (v, self.num_kv_heads, self.d_v, "value_layer"))
+        want = (
+            (q, self.num_heads, self.d_qk, "query_layer"),
+            (k, self.num_kv_heads, self.d_qk, "key_layer"),
+            (v, self.num_kv_heads, self.d_v, "value_layer"),
+        )
         for t, heads, dim, name in want:
             if t.shape[-2] != heads or t.shape[-1] != dim:
-                raise ValueError(f"{name} has {t.shape[-2]} heads of dim {t.shape[-1]}; this module "
-                                 f"expects {heads} heads of dim {dim}")
+                raise ValueError(
+                    f"{name} has {t.shape[-2]} heads of dim {t.shape[-1]}; this module "
+                    f"expects {heads} heads of dim {dim}"
+                )
 
     def _deterministic(self) -> bool:
         if self.deterministic is not None:
             return bool(self.deterministic)
-        return (torch.are_deterministic_algorithms_enabled()
-                or os.getenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0")
+        return (
+            torch.are_deterministic_algorithms_enabled()
+            or os.getenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
+        )
 
     @staticmethod
     def _refuse_unsupported(args: Dict[str, Any]) -> None:
-        neutral = (("core_attention_bias_type", "no_bias"), ("core_attention_bias", None),
-                   ("alibi_slopes", None), ("inference_params", None), ("fp8_output", False),
-                   ("bf16_backward", False), ("score_mod", None), ("score_mod_bprop", None),
-                   ("score_mod_tensors", None), ("score_mod_bprop_tensors", None), ("g", None),
-                   ("beta", None), ("initial_state", None), ("output_final_state", False))
+        neutral = (
+            ("core_attention_bias_type", "no_bias"),
+            ("core_attention_bias", None),
+            ("alibi_slopes", None),
+            ("inference_params", None),
+            ("fp8_output", False),
+            ("bf16_backward", False),
+            ("score_mod", None),
+            ("score_mod_bprop", None),
+            ("score_mod_tensors", None),
+            ("score_mod_bprop_tensors", None),
+            ("g", None),
+            ("beta", None),
+            ("initial_state", None),
+            ("output_final_state", False),
+        )
         for name, value in neutral:
             given = args[name]
             if given is None and value is False:
@@ -248,45 +325,74 @@ class DotProductAttention(torch.nn.Module):
         if n is not None and int64(n, "num_splits") < 1:
             raise ValueError(f"num_splits is {n}; supported: None or an integer >= 1")
 
-    def forward(self, query_layer: Optional[Tensor] = None, key_layer: Optional[Tensor] = None,
-                value_layer: Optional[Tensor] = None,
-                attention_mask: Union[Tensor, Tuple[Tensor, Tensor], None] = None,
-                qkv_format: Optional[str] = None, cu_seqlens_q: Optional[Tensor] = None,
-                cu_seqlens_kv: Optional[Tensor] = None,
-                cu_seqlens_q_padded: Optional[Tensor] = None,
-                cu_seqlens_kv_padded: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                max_seqlen_kv: Optional[int] = None, attn_mask_type: Optional[str] = None,
-                window_size: Optional[Tuple[int, int]] = None,
-                bottom_right_diagonal: Optional[bool] = None,
-                checkpoint_core_attention: bool = False,
-                core_attention_bias_type: str = "no_bias",
-                core_attention_bias: Optional[Tensor] = None,
-                alibi_slopes: Optional[Tensor] = None, fast_zero_fill: bool = True,
-                inference_params: Any = None, pad_between_seqs: Optional[bool] = None,
-                fp8_output: Optional[bool] = False, bf16_backward: Optional[bool] = False,
-                num_splits: Optional[int] = 1, score_mod: Optional[Callable] = None,
-                score_mod_bprop: Optional[Callable] = None,
-                score_mod_tensors: Optional[Dict[str, Tensor]] = None,
-                score_mod_bprop_tensors: Optional[Dict[str, Tensor]] = None,
-                qkv_layer: Optional[Tensor] = None, kv_layer: Optional[Tensor] = None,
-                qkv_interleave_dim: int = -3, g: Optional[Tensor] = None,
-                beta: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
-                output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False) -> Tensor:
-        self._refuse_unsupported(dict(
-            core_attention_bias_type=core_attention_bias_type,
-            core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
-            inference_params=inference_params, fp8_output=fp8_output,
-            bf16_backward=bf16_backward, score_mod=score_mod, score_mod_bprop=score_mod_bprop,
-            score_mod_tensors=score_mod_tensors, score_mod_bprop_tensors=score_mod_bprop_tensors,
-            g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
-            num_splits=num_splits))
+    def forward(
+        self,
+        query_layer: Optional[Tensor] = None,
+        key_layer: Optional[Tensor] = None,
+        value_layer: Optional[Tensor] = None,
+        attention_mask: Union[Tensor, Tuple[Tensor, Tensor], None] = None,
+        qkv_format: Optional[str] = None,
+        cu_seqlens_q: Optional[Tensor] = None,
+        cu_seqlens_kv: Optional[Tensor] = None,
+        cu_seqlens_q_padded: Optional[Tensor] = None,
+        cu_seqlens_kv_padded: Optional[Tensor] = None,
+        max_seqlen_q: Optional[int] = None,
+        max_seqlen_kv: Optional[int] = None,
+        attn_mask_type: Optional[str] = None,
+        window_size: Optional[Tuple[int, int]] = None,
+        bottom_right_diagonal: Optional[bool] = None,
+        checkpoint_core_attention: bool = False,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: Optional[Tensor] = None,
+        alibi_slopes: Optional[Tensor] = None,
+        fast_zero_fill: bool = True,
+        inference_params: Any = None,
+        pad_between_seqs: Optional[bool] = None,
+        fp8_output: Optional[bool] = False,
+        bf16_backward: Optional[bool] = False,
+        num_splits: Optional[int] = 1,
+        score_mod: Optional[Callable] = None,
+        score_mod_bprop: Optional[Callable] = None,
+        score_mod_tensors: Optional[Dict[str, Tensor]] = None,
+        score_mod_bprop_tensors: Optional[Dict[str, Tensor]] = None,
+        qkv_layer: Optional[Tensor] = None,
+        kv_layer: Optional[Tensor] = None,
+        qkv_interleave_dim: int = -3,
+        g: Optional[Tensor] = None,
+        beta: Optional[Tensor] = None,
+        initial_state: Optional[Tensor] = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+    ) -> Tensor:
+        self._refuse_unsupported(
+            dict(
+                core_attention_bias_type=core_attention_bias_type,
+                core_attention_bias=core_attention_bias,
+                alibi_slopes=alibi_slopes,
+                inference_params=inference_params,
+                fp8_output=fp8_output,
+                bf16_backward=bf16_backward,
+                score_mod=score_mod,
+                score_mod_bprop=score_mod_bprop,
+                score_mod_tensors=score_mod_tensors,
+                score_mod_bprop_tensors=score_mod_bprop_tensors,
+                g=g,
+                beta=beta,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                num_splits=num_splits,
+            )
+        )
         fmt = self._check_format(qkv_format or self.qkv_format)
         mask, padding = mask_type(attn_mask_type or self.attn_mask_type)
-        q, k, v = _unpack(qkv_layer, kv_layer, query_layer, key_layer, value_layer, fmt,
-                          qkv_interleave_dim)
+        q, k, v = _unpack(
+            qkv_layer, kv_layer, query_layer, key_layer, value_layer, fmt, qkv_interleave_dim
+        )
         if q.dim() != (3 if fmt == "thd" else 4) or k.dim() != q.dim() or v.dim() != q.dim():
-            raise ValueError(f"qkv_format '{fmt}' needs {3 if fmt == 'thd' else 4}-D query/key/value; "
-                             f"got {q.dim()}, {k.dim()}, {v.dim()}")
+            raise ValueError(
+                f"qkv_format '{fmt}' needs {3 if fmt == 'thd' else 4}-D query/key/value; "
+                f"got {q.dim()}, {k.dim()}, {v.dim()}"
+            )
         self._check_shapes(q, k, v)
         # TE's windows (its check_set_window_size): causal kinds end at the diagonal (the mask
         # is that edge here); other kinds take (-1, -1) or (>= 0, >= 0), (-1, 0) meaning no
@@ -297,59 +403,102 @@ class DotProductAttention(torch.nn.Module):
         elif (left, right) == (-1, 0):
             left, right = -1, -1
         elif (left, right) != (-1, -1) and (left < 0 or right < 0):
-            raise ValueError(f"window_size={(left, right)} with attn_mask_type "
-                             f"'{attn_mask_type or self.attn_mask_type}'; supported (as in TE): "
-                             "(-1, -1) or both sides >= 0")
-        brd = bottom_right_diagonal if bottom_right_diagonal is not None else self.bottom_right_diagonal
+            raise ValueError(
+                f"window_size={(left, right)} with attn_mask_type "
+                f"'{attn_mask_type or self.attn_mask_type}'; supported (as in TE): "
+                "(-1, -1) or both sides >= 0"
+            )
+        brd = (
+            bottom_right_diagonal
+            if bottom_right_diagonal is not None
+            else self.bottom_right_diagonal
+        )
         top_left = mask == "causal" or (mask == "none" and brd is False)
-        why = f"attn_mask_type '{attn_mask_type or self.attn_mask_type}'" if mask == "causal" \
+        why = (
+            f"attn_mask_type '{attn_mask_type or self.attn_mask_type}'"
+            if mask == "causal"
             else "bottom_right_diagonal=False"
-        opts = dict(mask=mask, scale=self.softmax_scale, backend=self.backend,
-                    deterministic=self._deterministic())
+        )
+        opts = dict(
+            mask=mask,
+            scale=self.softmax_scale,
+            backend=self.backend,
+            deterministic=self._deterministic(),
+        )
 
         def window(shifts: Sequence[int]) -> Tuple[int, int]:
             if top_left and (left, right) != (-1, -1) and len(set(shifts)) > 1:
                 raise NotImplementedError(
                     f"window_size={(left, right)} aligned to the top-left diagonal ({why}) with "
                     "sequences whose s_kv - s_q differ; supported: equal s_kv - s_q, or a "
-                    "bottom-right mask type")
+                    "bottom-right mask type"
+                )
             return _our_window((left, right), top_left, shifts[0] if shifts else 0, why)
 
         if fmt == "thd":
-            return self._thd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                             cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, pad_between_seqs,
-                             window, opts)
+            return self._thd(
+                q,
+                k,
+                v,
+                cu_seqlens_q,
+                cu_seqlens_kv,
+                cu_seqlens_q_padded,
+                cu_seqlens_kv_padded,
+                max_seqlen_q,
+                max_seqlen_kv,
+                pad_between_seqs,
+                window,
+                opts,
+            )
         if fmt == "sbhd":
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
-        for name, m, s in (("max_seqlen_q", max_seqlen_q, s_q), ("max_seqlen_kv", max_seqlen_kv, s_kv)):
+        for name, m, s in (
+            ("max_seqlen_q", max_seqlen_q, s_q),
+            ("max_seqlen_kv", max_seqlen_kv, s_kv),
+        ):
             if m is not None and int64(m, name) != s:
-                raise ValueError(f"{name} is {m} but the {fmt} tensors have sequence extent {s}; "
-                                 f"with qkv_format '{fmt}' it is that extent")
+                raise ValueError(
+                    f"{name} is {m} but the {fmt} tensors have sequence extent {s}; "
+                    f"with qkv_format '{fmt}' it is that extent"
+                )
         if not padding:  # attention_mask is ignored here, as TE ignores it
             o = attention(q, k, v, window=window([s_kv - s_q]), **opts)
         else:
-            lens_q, lens_kv = self._padding_lengths(b, s_q, s_kv, attention_mask, cu_seqlens_q,
-                                                    cu_seqlens_kv, cu_seqlens_q_padded,
-                                                    cu_seqlens_kv_padded, fmt,
-                                                    attn_mask_type or self.attn_mask_type)
+            lens_q, lens_kv = self._padding_lengths(
+                b,
+                s_q,
+                s_kv,
+                attention_mask,
+                cu_seqlens_q,
+                cu_seqlens_kv,
+                cu_seqlens_q_padded,
+                cu_seqlens_kv_padded,
+                fmt,
+                attn_mask_type or self.attn_mask_type,
+            )
             o = self._padded(q, k, v, lens_q, lens_kv, window, opts)
         if fmt == "sbhd":
             o = o.transpose(0, 1)
         return o.reshape(o.shape[0], o.shape[1], -1)
 
-    def _thd(self, q, k, v, cu_q, cu_kv, pad_q, pad_kv, max_q, max_kv, pad_between_seqs,
-             window, opts) -> Tensor:
+    def _thd(
+        self, q, k, v, cu_q, cu_kv, pad_q, pad_kv, max_q, max_kv, pad_between_seqs, window, opts
+    ) -> Tensor:
         if cu_q is None or cu_kv is None:
             raise ValueError("qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv")
         lens_q, offs_q = _cu_lengths(cu_q, "cu_seqlens_q")
         lens_kv, offs_kv = _cu_lengths(cu_kv, "cu_seqlens_kv")
         if len(lens_q) != len(lens_kv):
-            raise ValueError(f"cu_seqlens_q has {len(lens_q) + 1} entries, cu_seqlens_kv "
-                             f"{len(lens_kv) + 1}; both are batch + 1")
+            raise ValueError(
+                f"cu_seqlens_q has {len(lens_q) + 1} entries, cu_seqlens_kv "
+                f"{len(lens_kv) + 1}; both are batch + 1"
+            )
         if pad_between_seqs and (pad_q is None or pad_kv is None):
-            raise ValueError("pad_between_seqs=True needs cu_seqlens_q_padded and "
-                             "cu_seqlens_kv_padded (where each sequence starts)")
+            raise ValueError(
+                "pad_between_seqs=True needs cu_seqlens_q_padded and "
+                "cu_seqlens_kv_padded (where each sequence starts)"
+            )
         if pad_q is not None:
             offs_q = _cu_lengths(pad_q, "cu_seqlens_q_padded")[1]
         if pad_kv is not None:
@@ -357,57 +506,90 @@ class DotProductAttention(torch.nn.Module):
         for name, m, lens in (("max_seqlen_q", max_q, lens_q), ("max_seqlen_kv", max_kv, lens_kv)):
             if m is not None and lens and int64(m, name) < max(lens):
                 raise ValueError(f"{name} is {m} but the longest sequence has {max(lens)} tokens")
-        o = attention(q, k, v, seqlens_q=lens_q, seqlens_kv=lens_kv, offsets_q=offs_q,
-                      offsets_kv=offs_kv, window=window([b - a for a, b in zip(lens_q, lens_kv)]),
-                      **opts)
+        o = attention(
+            q,
+            k,
+            v,
+            seqlens_q=lens_q,
+            seqlens_kv=lens_kv,
+            offsets_q=offs_q,
+            offsets_kv=offs_kv,
+            window=window([b - a for a, b in zip(lens_q, lens_kv)]),
+            **opts,
+        )
         return o.reshape(o.shape[0], -1)
 
     @staticmethod
-    def _padding_lengths(b, s_q, s_kv, attention_mask, cu_q, cu_kv, pad_q, pad_kv, fmt,
-                         mask_type_name):
+    def _padding_lengths(
+        b, s_q, s_kv, attention_mask, cu_q, cu_kv, pad_q, pad_kv, fmt, mask_type_name
+    ):
         """Per-sequence lengths of a padded sbhd/bshd batch (padding at the end of each)."""
-        for name, pad, s in (("cu_seqlens_q_padded", pad_q, s_q), ("cu_seqlens_kv_padded", pad_kv, s_kv)):
+        for name, pad, s in (
+            ("cu_seqlens_q_padded", pad_q, s_q),
+            ("cu_seqlens_kv_padded", pad_kv, s_kv),
+        ):
             if pad is not None and int_list(pad, name) != [i * s for i in range(b + 1)]:
-                raise NotImplementedError(f"{name} with qkv_format '{fmt}': sequence i starts "
-                                          f"at row 0 of batch i; supported: None")
+                raise NotImplementedError(
+                    f"{name} with qkv_format '{fmt}': sequence i starts "
+                    f"at row 0 of batch i; supported: None"
+                )
         if cu_q is not None or cu_kv is not None:
             if cu_q is None or cu_kv is None:
                 raise ValueError("padding needs both cu_seqlens_q and cu_seqlens_kv")
-            lens_q, lens_kv = _cu_lengths(cu_q, "cu_seqlens_q")[0], _cu_lengths(cu_kv, "cu_seqlens_kv")[0]
+            lens_q, lens_kv = (
+                _cu_lengths(cu_q, "cu_seqlens_q")[0],
+                _cu_lengths(cu_kv, "cu_seqlens_kv")[0],
+            )
         elif attention_mask is not None:
             if isinstance(attention_mask, (tuple, list)):
                 if len(attention_mask) != 2:
-                    raise ValueError(f"attention_mask as a tuple holds (q mask, kv mask); got "
-                                     f"{len(attention_mask)} tensors")
+                    raise ValueError(
+                        f"attention_mask as a tuple holds (q mask, kv mask); got "
+                        f"{len(attention_mask)} tensors"
+                    )
                 lens_q = _mask_lengths(attention_mask[0], s_q, "attention_mask[0]")
                 lens_kv = _mask_lengths(attention_mask[1], s_kv, "attention_mask[1]")
             else:
                 if s_q != s_kv:
-                    raise ValueError(f"one attention_mask for s_q {s_q} != s_kv {s_kv}; pass "
-                                     "(q mask, kv mask) for cross-attention")
+                    raise ValueError(
+                        f"one attention_mask for s_q {s_q} != s_kv {s_kv}; pass "
+                        "(q mask, kv mask) for cross-attention"
+                    )
                 lens_q = lens_kv = _mask_lengths(attention_mask, s_q, "attention_mask")
         else:
-            raise ValueError(f"attn_mask_type '{mask_type_name}' has padding but nothing "
-                             "says where: pass cu_seqlens_q and cu_seqlens_kv, or a boolean "
-                             "attention_mask [b, 1, 1, s] (True = padding); without padding use a "
-                             "mask type without 'padding'")
+            raise ValueError(
+                f"attn_mask_type '{mask_type_name}' has padding but nothing "
+                "says where: pass cu_seqlens_q and cu_seqlens_kv, or a boolean "
+                "attention_mask [b, 1, 1, s] (True = padding); without padding use a "
+                "mask type without 'padding'"
+            )
         for name, lens, s in (("q", lens_q, s_q), ("kv", lens_kv, s_kv)):
             if len(lens) != b:
                 raise ValueError(f"{len(lens)} {name} sequence lengths for a batch of {b}")
             if any(n < 0 or n > s for n in lens):
-                raise ValueError(f"{name} sequence lengths {lens} must lie in [0, {s}] "
-                                 f"(the {fmt} sequence extent)")
+                raise ValueError(
+                    f"{name} sequence lengths {lens} must lie in [0, {s}] "
+                    f"(the {fmt} sequence extent)"
+                )
         return lens_q, lens_kv
 
     @staticmethod
-    def _padded(q: Tensor, k: Tensor, v: Tensor, lens_q: List[int], lens_kv: List[int],
-                window: Callable, opts: dict) -> Tensor:
+    def _padded(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        lens_q: List[int],
+        lens_kv: List[int],
+        window: Callable,
+        opts: dict,
+    ) -> Tensor:
         """Attention over a [b, s, h, d] batch whose sequence i is the first lens_q[i] /
         lens_kv[i] rows of batch i; [b, s_q, h, d_v] out, padding rows 0."""
         b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
         shifts = [lk - lq for lq, lk in zip(lens_q, lens_kv)]
-        mergeable = b == 1 or all(t.stride(0) == s * t.stride(1)
-                                  for t, s in ((q, s_q), (k, s_kv), (v, s_kv)))
+        mergeable = b == 1 or all(
+            t.stride(0) == s * t.stride(1) for t, s in ((q, s_q), (k, s_kv), (v, s_kv))
+        )
         one_window = None
         if mergeable:
             try:
@@ -417,9 +599,15 @@ class DotProductAttention(torch.nn.Module):
         if one_window is not None:
             # the batch and seq dims merge into one token dim (a view): one varlen call
             flat = [t.flatten(0, 1) for t in (q, k, v)]
-            o = attention(*flat, seqlens_q=lens_q, seqlens_kv=lens_kv,
-                          offsets_q=[i * s_q for i in range(b)],
-                          offsets_kv=[i * s_kv for i in range(b)], window=one_window, **opts)
+            o = attention(
+                *flat,
+                seqlens_q=lens_q,
+                seqlens_kv=lens_kv,
+                offsets_q=[i * s_q for i in range(b)],
+                offsets_kv=[i * s_kv for i in range(b)],
+                window=one_window,
+                **opts,
+            )
             return o.view(b, s_q, o.shape[-2], o.shape[-1])
         # e.g. sbhd memory, or per-sequence windows: one call per sequence on views of its rows
         outs = []
@@ -427,7 +615,12 @@ class DotProductAttention(torch.nn.Module):
             if lq == 0 or lk == 0:
                 outs.append(q.new_zeros(1, s_q, q.shape[2], v.shape[3]))
                 continue
-            o = attention(q[i:i + 1, :lq], k[i:i + 1, :lk], v[i:i + 1, :lk],
-                          window=window([lk - lq]), **opts)
+            o = attention(
+                q[i : i + 1, :lq],
+                k[i : i + 1, :lk],
+                v[i : i + 1, :lk],
+                window=window([lk - lq]),
+                **opts,
+            )
             outs.append(F.pad(o, (0, 0, 0, 0, 0, s_q - lq)))
         return torch.cat(outs, dim=0)

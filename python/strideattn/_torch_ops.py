@@ -24,8 +24,9 @@ from ._util import canonical_mask, describe, dim_order, int_list, raise_status, 
 # ----------------------------------------------------------------------------- helpers
 
 
-def _alloc(shape: Sequence[int], dtype: torch.dtype, device: torch.device, like: Tensor,
-           zero: bool) -> Tensor:
+def _alloc(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device, like: Tensor, zero: bool
+) -> Tensor:
     """A tensor of logical `shape` laid out in `like`'s dimension order (head dim innermost);
     the real and the fake implementations share this, so their strides agree."""
     order = dim_order(tuple(like.shape), tuple(like.stride()))
@@ -59,65 +60,154 @@ def _head_dim_dense(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def _options(mask, window_left, window_right, scale, backend, deterministic, sq, skv, oq, okv, stream):
-    return dict(mask=mask, window_left=window_left, window_right=window_right, scale=scale,
-                deterministic=deterministic, seqlens_q=_ints(sq), seqlens_kv=_ints(skv),
-                offsets_q=_ints(oq), offsets_kv=_ints(okv), backend=backend, stream=stream)
+def _options(
+    mask, window_left, window_right, scale, backend, deterministic, sq, skv, oq, okv, stream
+):
+    return dict(
+        mask=mask,
+        window_left=window_left,
+        window_right=window_right,
+        scale=scale,
+        deterministic=deterministic,
+        seqlens_q=_ints(sq),
+        seqlens_kv=_ints(skv),
+        offsets_q=_ints(oq),
+        offsets_kv=_ints(okv),
+        backend=backend,
+        stream=stream,
+    )
 
 
 # ----------------------------------------------------------------------------- custom ops
 
 
 @torch.library.custom_op("strideattn::attention_fwd", mutates_args=())
-def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens_q: Optional[Tensor],
-                   seqlens_kv: Optional[Tensor], offsets_q: Optional[Tensor],
-                   offsets_kv: Optional[Tensor], mask: str, window_left: int, window_right: int,
-                   scale: float, backend: str, deterministic: bool) -> Tuple[Tensor, Tensor]:
+def _attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    seqlens_q: Optional[Tensor],
+    seqlens_kv: Optional[Tensor],
+    offsets_q: Optional[Tensor],
+    offsets_kv: Optional[Tensor],
+    mask: str,
+    window_left: int,
+    window_right: int,
+    scale: float,
+    backend: str,
+    deterministic: bool,
+) -> Tuple[Tensor, Tensor]:
     varlen = seqlens_q is not None
     with _scope(q):
         out = _alloc(list(q.shape[:-1]) + [v.shape[-1]], q.dtype, q.device, q, zero=varlen)
         lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
         if varlen:
             lse.fill_(-math.inf)  # padding tokens: no sequence covers them
-        opts = _options(mask, window_left, window_right, scale, backend, deterministic,
-                        seqlens_q, seqlens_kv, offsets_q, offsets_kv, _stream(q))
+        opts = _options(
+            mask,
+            window_left,
+            window_right,
+            scale,
+            backend,
+            deterministic,
+            seqlens_q,
+            seqlens_kv,
+            offsets_q,
+            offsets_kv,
+            _stream(q),
+        )
         code, msg = _ext.forward(q, k, v, out, lse, **opts)
     raise_status(code, msg, opts, varlen)
     return out, lse
 
 
 @_attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, seqlens_q, seqlens_kv, offsets_q, offsets_kv, mask,
-                        window_left, window_right, scale, backend, deterministic):
+def _attention_fwd_fake(
+    q,
+    k,
+    v,
+    seqlens_q,
+    seqlens_kv,
+    offsets_q,
+    offsets_kv,
+    mask,
+    window_left,
+    window_right,
+    scale,
+    backend,
+    deterministic,
+):
     out = _alloc(list(q.shape[:-1]) + [v.shape[-1]], q.dtype, q.device, q, zero=False)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
     return out, lse
 
 
 @torch.library.custom_op("strideattn::attention_bwd", mutates_args=())
-def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                   seqlens_q: Optional[Tensor], seqlens_kv: Optional[Tensor],
-                   offsets_q: Optional[Tensor], offsets_kv: Optional[Tensor], mask: str,
-                   window_left: int, window_right: int, scale: float, backend: str,
-                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _attention_bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    seqlens_q: Optional[Tensor],
+    seqlens_kv: Optional[Tensor],
+    offsets_q: Optional[Tensor],
+    offsets_kv: Optional[Tensor],
+    mask: str,
+    window_left: int,
+    window_right: int,
+    scale: float,
+    backend: str,
+    deterministic: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
     varlen = seqlens_q is not None
     with _scope(q):
         dq = _alloc(q.shape, q.dtype, q.device, q, zero=varlen)
         dk = _alloc(k.shape, k.dtype, k.device, k, zero=varlen)
         dv = _alloc(v.shape, v.dtype, v.device, v, zero=varlen)
-        opts = _options(mask, window_left, window_right, scale, backend, deterministic,
-                        seqlens_q, seqlens_kv, offsets_q, offsets_kv, _stream(q))
+        opts = _options(
+            mask,
+            window_left,
+            window_right,
+            scale,
+            backend,
+            deterministic,
+            seqlens_q,
+            seqlens_kv,
+            offsets_q,
+            offsets_kv,
+            _stream(q),
+        )
         code, msg = _ext.backward(q, k, v, out, _head_dim_dense(dout), lse, dq, dk, dv, **opts)
     raise_status(code, msg, opts, varlen)
     return dq, dk, dv
 
 
 @_attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, out, lse, seqlens_q, seqlens_kv, offsets_q, offsets_kv,
-                        mask, window_left, window_right, scale, backend, deterministic):
-    return (_alloc(q.shape, q.dtype, q.device, q, zero=False),
-            _alloc(k.shape, k.dtype, k.device, k, zero=False),
-            _alloc(v.shape, v.dtype, v.device, v, zero=False))
+def _attention_bwd_fake(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    seqlens_q,
+    seqlens_kv,
+    offsets_q,
+    offsets_kv,
+    mask,
+    window_left,
+    window_right,
+    scale,
+    backend,
+    deterministic,
+):
+    return (
+        _alloc(q.shape, q.dtype, q.device, q, zero=False),
+        _alloc(k.shape, k.dtype, k.device, k, zero=False),
+        _alloc(v.shape, v.dtype, v.device, v, zero=False),
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -146,16 +236,29 @@ def _as_index_tensor(x, name: str) -> Optional[Tensor]:
         return None
     if isinstance(x, Tensor):
         if x.dim() != 1 or x.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a 1-D integer tensor, got shape {tuple(x.shape)} "
-                             f"dtype {x.dtype}")
+            raise ValueError(
+                f"{name} must be a 1-D integer tensor, got shape {tuple(x.shape)} dtype {x.dtype}"
+            )
         return x
     return torch.tensor(int_list(x, name), dtype=torch.int64)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: str = "none", window=None,
-              scale: Optional[float] = None, seqlens_q=None, seqlens_kv=None, offsets_q=None,
-              offsets_kv=None, backend: str = "auto", deterministic: bool = False,
-              return_lse: bool = False):
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: str = "none",
+    window=None,
+    scale: Optional[float] = None,
+    seqlens_q=None,
+    seqlens_kv=None,
+    offsets_q=None,
+    offsets_kv=None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
     """Differentiable strideattn.attention for PyTorch tensors (same arguments and shapes:
     q [b, s_q, h, d_qk] or varlen [tokens, h, d_qk] with seqlens_*/offsets_* as lists or 1-D
     integer tensors). Returns O (and the fp32, non-differentiable LSE)."""
@@ -164,12 +267,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: str = "none", window=Non
             raise ValueError(f"{name} must be a torch.Tensor, got {describe(x)}")
     mask = canonical_mask(mask)
     if not isinstance(backend, str):
-        raise ValueError(f"backend must be a string (auto, reference, cpu, cuda, cudnn); "
-                         f"got {describe(backend)}")
+        raise ValueError(
+            f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {describe(backend)}"
+        )
     left, right = window_pair(window)
     if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
-        raise ValueError(f"q, k, v must all have 4 dimensions [b, s, h, d] (or 3 for varlen "
-                         f"[tokens, h, d]); got {q.dim()}, {k.dim()}, {v.dim()}")
+        raise ValueError(
+            f"q, k, v must all have 4 dimensions [b, s, h, d] (or 3 for varlen "
+            f"[tokens, h, d]); got {q.dim()}, {k.dim()}, {v.dim()}"
+        )
     scale = _checks.scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] > 0 else 1.0
@@ -180,8 +286,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: str = "none", window=Non
     lifted = q.dim() == 3
     if lifted:
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    out, lse = torch.ops.strideattn.attention_fwd(q, k, v, sq, skv, oq, okv, mask, left, right,
-                                                  float(scale), backend, bool(deterministic))
+    out, lse = torch.ops.strideattn.attention_fwd(
+        q, k, v, sq, skv, oq, okv, mask, left, right, float(scale), backend, bool(deterministic)
+    )
     if lifted:
         out = out.squeeze(0)
     if sq is not None:

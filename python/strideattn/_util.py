@@ -82,7 +82,9 @@ def canonical_mask(mask: Any, what: str = "mask") -> str:
     """The canonical name (none, causal, causal_bottom_right) of a mask name or alias;
     ValueError naming the value and the vocabulary otherwise."""
     if not isinstance(mask, str):
-        raise ValueError(f"{what} must be a string, one of {mask_vocabulary()}; got {describe(mask)}")
+        raise ValueError(
+            f"{what} must be a string, one of {mask_vocabulary()}; got {describe(mask)}"
+        )
     key = mask.strip().replace("-", "_")
     if key in MASKS:
         return key
@@ -136,13 +138,15 @@ def window_pair(window: Any) -> Tuple[int, int]:
         return (-1, -1)
     shape = getattr(window, "shape", None)
     if shape is not None and tuple(shape) != (2,):
-        raise ValueError(f"window must be (left, right) with -1 or None for unbounded, "
-                         f"got {describe(window)}")
+        raise ValueError(
+            f"window must be (left, right) with -1 or None for unbounded, got {describe(window)}"
+        )
     try:
         left, right = window
     except (TypeError, ValueError):
-        raise ValueError(f"window must be (left, right) with -1 or None for unbounded, "
-                         f"got {describe(window)}") from None
+        raise ValueError(
+            f"window must be (left, right) with -1 or None for unbounded, got {describe(window)}"
+        ) from None
     left = -1 if left is None else left
     right = -1 if right is None else right
     return (int64(left, "window left"), int64(right, "window right"))
@@ -159,15 +163,19 @@ def cu_seqlens_hint(seqlens: dict) -> str:
     names = [n for n, v in seqlens.items() if v and looks_cumulative(v)]
     if not names:
         return ""
-    return (f" (hint: {' and '.join(names)} start at 0 and never decrease, like cumulative "
-            f"cu_seqlens of length batch + 1; seqlens_* are per-sequence lengths "
-            f"(cu_seqlens[1:] - cu_seqlens[:-1]); strideattn.flash_attn_varlen_func takes "
-            f"cu_seqlens)")
+    return (
+        f" (hint: {' and '.join(names)} start at 0 and never decrease, like cumulative "
+        f"cu_seqlens of length batch + 1; seqlens_* are per-sequence lengths "
+        f"(cu_seqlens[1:] - cu_seqlens[:-1]); strideattn.flash_attn_varlen_func takes "
+        f"cu_seqlens)"
+    )
 
 
 # Appended to shape errors of dense calls: the mistake they most often come from.
-LAYOUT_NOTE = (" (strideattn.attention reads q, k, v as [batch, seq, heads, head_dim]; "
-               "PyTorch SDPA's [batch, heads, seq, head_dim] tensors go to strideattn.sdpa)")
+LAYOUT_NOTE = (
+    " (strideattn.attention reads q, k, v as [batch, seq, heads, head_dim]; "
+    "PyTorch SDPA's [batch, heads, seq, head_dim] tensors go to strideattn.sdpa)"
+)
 _SHAPE_WORDS = ("head", "seq", "shape", "extent", "dimension")
 
 
@@ -177,8 +185,12 @@ def raise_status(code: str, message: str, opts: dict, varlen: bool) -> None:
     seqlens_q / seqlens_kv lists the call passed."""
     if code == "invalid_argument":
         if varlen:
-            message += cu_seqlens_hint({"seqlens_q": opts.get("seqlens_q") or [],
-                                        "seqlens_kv": opts.get("seqlens_kv") or []})
+            message += cu_seqlens_hint(
+                {
+                    "seqlens_q": opts.get("seqlens_q") or [],
+                    "seqlens_kv": opts.get("seqlens_kv") or [],
+                }
+            )
         elif any(w in message.lower() for w in _SHAPE_WORDS):
             message += LAYOUT_NOTE
     raise_for(code, message)
@@ -193,6 +205,8 @@ def dim_order(shape: Sequence[int], strides: Optional[Sequence[int]]) -> List[in
     if strides is None:
         return list(range(n))
     # extent-1 and broadcast (zero-stride) dims outermost; the head dim always innermost
-    outer = sorted(range(n - 1), key=lambda i: (0 if shape[i] == 1 or strides[i] == 0 else 1,
-                                                -abs(strides[i]), i))
+    outer = sorted(
+        range(n - 1),
+        key=lambda i: (0 if shape[i] == 1 or strides[i] == 0 else 1, -abs(strides[i]), i),
+    )
     return outer + [n - 1]

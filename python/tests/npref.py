@@ -65,7 +65,11 @@ def _seq(q, k, v, do, scale, m, lowp, o_given=None):
     s = np.einsum("ihd,jhd->hij", q, kk) * ct(scale)
     s = np.where(m[None], s, -np.inf)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mx = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf, ct)
+        mx = (
+            s.max(axis=-1, keepdims=True)
+            if s.shape[-1]
+            else np.full(s.shape[:-1] + (1,), -np.inf, ct)
+        )
         mx_safe = np.where(np.isfinite(mx), mx, 0)
         e = np.exp(s - mx_safe)
         l = e.sum(axis=-1, keepdims=True)
@@ -90,8 +94,22 @@ def _seq(q, k, v, do, scale, m, lowp, o_given=None):
     return o_r, lse, (rnd(dq), rnd(dk), rnd(dv))
 
 
-def attention_ref(q, k, v, *, mask="none", window=None, scale=None, do=None, seqlens_q=None,
-                  seqlens_kv=None, offsets_q=None, offsets_kv=None, lowp=None, o_given=None):
+def attention_ref(
+    q,
+    k,
+    v,
+    *,
+    mask="none",
+    window=None,
+    scale=None,
+    do=None,
+    seqlens_q=None,
+    seqlens_kv=None,
+    offsets_q=None,
+    offsets_kv=None,
+    lowp=None,
+    o_given=None,
+):
     """Reference over logical arrays: dense q [b,s_q,h,d] or varlen q [tokens,h,d].
     Returns dict with o (like q, d_v), lse ([b,h,s_q] or [h,tokens]) and, with do, dq/dk/dv.
     Tokens that no sequence covers are 0 (LSE -inf). o_given (like o): the O handed to the
@@ -108,8 +126,16 @@ def attention_ref(q, k, v, *, mask="none", window=None, scale=None, do=None, seq
         lse = np.zeros((b, h, s_q), ct)
         grads = [np.zeros(x.shape, ct) for x in (q, k, v)] if do is not None else None
         for bi in range(b):
-            r = _seq(q[bi], k[bi], v[bi], None if do is None else do[bi], scale, m, lowp,
-                     None if o_given is None else o_given[bi])
+            r = _seq(
+                q[bi],
+                k[bi],
+                v[bi],
+                None if do is None else do[bi],
+                scale,
+                m,
+                lowp,
+                None if o_given is None else o_given[bi],
+            )
             o[bi], lse[bi] = r[0], r[1]
             if grads is not None:
                 for g, x in zip(grads, r[2]):
@@ -117,8 +143,14 @@ def attention_ref(q, k, v, *, mask="none", window=None, scale=None, do=None, seq
         out = dict(o=o, lse=lse)
     else:
         t_q, h = q.shape[0], q.shape[1]
-        off_q = offsets_q if offsets_q is not None else np.concatenate([[0], np.cumsum(seqlens_q)[:-1]])
-        off_kv = offsets_kv if offsets_kv is not None else np.concatenate([[0], np.cumsum(seqlens_kv)[:-1]])
+        off_q = (
+            offsets_q if offsets_q is not None else np.concatenate([[0], np.cumsum(seqlens_q)[:-1]])
+        )
+        off_kv = (
+            offsets_kv
+            if offsets_kv is not None
+            else np.concatenate([[0], np.cumsum(seqlens_kv)[:-1]])
+        )
         o = np.zeros((t_q, h, v.shape[-1]), ct)
         lse = np.full((h, t_q), -np.inf, ct)
         grads = [np.zeros(x.shape, ct) for x in (q, k, v)] if do is not None else None
@@ -126,8 +158,16 @@ def attention_ref(q, k, v, *, mask="none", window=None, scale=None, do=None, seq
             qs = slice(off_q[i], off_q[i] + lq)
             ks = slice(off_kv[i], off_kv[i] + lk)
             m = visible(lq, lk, mask, window)
-            r = _seq(q[qs], k[ks], v[ks], None if do is None else do[qs], scale, m, lowp,
-                     None if o_given is None else o_given[qs])
+            r = _seq(
+                q[qs],
+                k[ks],
+                v[ks],
+                None if do is None else do[qs],
+                scale,
+                m,
+                lowp,
+                None if o_given is None else o_given[qs],
+            )
             o[qs], lse[:, qs] = r[0], r[1]
             if grads is not None:
                 grads[0][qs] = r[2][0]
@@ -163,8 +203,9 @@ def check(name, got, exact, naive, dtype, seed, lse=False, magnitude=None):
     assert got.shape == exact.shape, f"{name}: shape {got.shape} != {exact.shape} (seed {seed})"
     assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} NaN elements (seed {seed})"
     inf_exact = np.isinf(exact)
-    assert np.array_equal(np.isinf(got), inf_exact) and np.array_equal(got[inf_exact], exact[inf_exact]), \
-        f"{name}: infinities differ from the reference (seed {seed})"
+    assert np.array_equal(np.isinf(got), inf_exact) and np.array_equal(
+        got[inf_exact], exact[inf_exact]
+    ), f"{name}: infinities differ from the reference (seed {seed})"
     fin = ~inf_exact
     err = float(np.abs(got[fin] - exact[fin]).max()) if fin.any() else 0.0
     naive_err = float(np.abs(naive[fin] - exact[fin]).max()) if fin.any() else 0.0
@@ -172,9 +213,16 @@ def check(name, got, exact, naive, dtype, seed, lse=False, magnitude=None):
     if magnitude is None:
         magnitude = float(np.abs(exact[fin]).max()) if fin.any() else 0.0
     largest = float(np.abs(exact[fin]).max()) if fin.any() else 0.0
-    tol = 2 * naive_err + floor + 4e-6 * magnitude + half_ulp("float32" if lse else dtype_name(dtype), largest)
-    assert err <= tol, (f"{name}: max abs error {err:.3e} > tolerance {tol:.3e} "
-                        f"(naive {naive_err:.3e}, seed {seed})")
+    tol = (
+        2 * naive_err
+        + floor
+        + 4e-6 * magnitude
+        + half_ulp("float32" if lse else dtype_name(dtype), largest)
+    )
+    assert err <= tol, (
+        f"{name}: max abs error {err:.3e} > tolerance {tol:.3e} "
+        f"(naive {naive_err:.3e}, seed {seed})"
+    )
     return err, tol
 
 

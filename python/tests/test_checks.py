@@ -15,13 +15,24 @@ def _qkv(rng, dtype=np.float32):
     return tuple(rng.standard_normal((1, 8, 2, 16)).astype(dtype) for _ in range(3))
 
 
-@pytest.mark.parametrize("bad, kind", [("0.5", "str"), (True, "bool"), (np.bool_(True), "bool"),
-                                       (np.array([0.5]), r"ndarray of shape \(1,\), dtype float64"),
-                                       (np.array(0.5), r"ndarray of shape \(\), dtype float64"),
-                                       ([0.5], "list"), (None.__class__, "type"), (1 + 2j, "complex")])
+@pytest.mark.parametrize(
+    "bad, kind",
+    [
+        ("0.5", "str"),
+        (True, "bool"),
+        (np.bool_(True), "bool"),
+        (np.array([0.5]), r"ndarray of shape \(1,\), dtype float64"),
+        (np.array(0.5), r"ndarray of shape \(\), dtype float64"),
+        ([0.5], "list"),
+        (None.__class__, "type"),
+        (1 + 2j, "complex"),
+    ],
+)
 def test_scale_must_be_a_real_number(rng, bad, kind):
     q, k, v = _qkv(rng)
-    with pytest.raises(TypeError, match=rf"scale must be a real number \(int or float\), got {kind}"):
+    with pytest.raises(
+        TypeError, match=rf"scale must be a real number \(int or float\), got {kind}"
+    ):
         sa.attention(q, k, v, scale=bad)
     with pytest.raises(TypeError, match=r"scale must be a real number"):
         sa.explain(q, k, v, scale=bad)
@@ -37,11 +48,23 @@ def test_scale_real_numbers_accepted(rng):
         np.testing.assert_array_equal(sa.attention(q, k, v, scale=ok, backend="reference"), want)
 
 
-@pytest.mark.parametrize("bad, shown", [(1e39, "1e+39"), (1e-39, "1e-39"), (-1.0, "-1"), (0.0, "0"),
-                                        (float("nan"), "nan"), (float("inf"), "inf")])
+@pytest.mark.parametrize(
+    "bad, shown",
+    [
+        (1e39, "1e+39"),
+        (1e-39, "1e-39"),
+        (-1.0, "-1"),
+        (0.0, "0"),
+        (float("nan"), "nan"),
+        (float("inf"), "inf"),
+    ],
+)
 def test_scale_outside_normal_fp32_is_refused(rng, bad, shown):
     q, k, v = _qkv(rng)
-    with pytest.raises(ValueError, match=rf"scale is {re.escape(shown)}; supported: a finite value > 0 that is a normal fp32"):
+    with pytest.raises(
+        ValueError,
+        match=rf"scale is {re.escape(shown)}; supported: a finite value > 0 that is a normal fp32",
+    ):
         sa.attention(q, k, v, scale=bad)
     ex = sa.explain(q, k, v, scale=bad)
     assert ex["valid"] is False and f"scale is {shown}" in ex["error"]
@@ -51,8 +74,11 @@ def test_big_endian_input(rng):
     q, k, v = _qkv(rng)
     kb = k.astype(">f4")
     kb[...] = 12345.678
-    with pytest.raises(ValueError, match=r"k: byte order big-endian \(shape \(1, 8, 2, 16\), dtype >f4\); "
-                                         r"supported: the machine's native byte order") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"k: byte order big-endian \(shape \(1, 8, 2, 16\), dtype >f4\); "
+        r"supported: the machine's native byte order",
+    ) as e:
         sa.attention(q, kb, v)
     assert "12345" not in str(e.value)
     ex = sa.explain(q, kb, v)
@@ -64,8 +90,11 @@ def test_object_array(rng):
     q, k, v = _qkv(rng)
     vo = np.empty(v.shape, object)
     vo[...] = 12345.678
-    with pytest.raises(TypeError, match=r"v: dtype object \(shape \(1, 8, 2, 16\), dtype object\); "
-                                        r"supported: float16, bfloat16, float32") as e:
+    with pytest.raises(
+        TypeError,
+        match=r"v: dtype object \(shape \(1, 8, 2, 16\), dtype object\); "
+        r"supported: float16, bfloat16, float32",
+    ) as e:
         sa.attention(q, k, vo)
     assert "12345" not in str(e.value)
     ex = sa.explain(q, k, vo)
@@ -76,15 +105,18 @@ def test_read_only_output(rng):
     q, k, v = _qkv(rng)
     ro = np.zeros_like(q)
     ro.flags.writeable = False
-    with pytest.raises(ValueError, match=r"out is a read-only numpy array \(shape \(1, 8, 2, 16\), dtype float32\)"):
+    with pytest.raises(
+        ValueError, match=r"out is a read-only numpy array \(shape \(1, 8, 2, 16\), dtype float32\)"
+    ):
         sa.attention(q, k, v, out=ro)
     ex = sa.explain(q, k, v, out=ro)
     assert ex["valid"] is False and ex["error"].startswith("out is a read-only numpy array")
     # A read-only input is fine.
     qr = q.copy()
     qr.flags.writeable = False
-    np.testing.assert_array_equal(sa.attention(qr, k, v, backend="reference"),
-                                  sa.attention(q, k, v, backend="reference"))
+    np.testing.assert_array_equal(
+        sa.attention(qr, k, v, backend="reference"), sa.attention(q, k, v, backend="reference")
+    )
     assert sa.explain(qr, k, v)["valid"] is True
 
 
@@ -92,11 +124,16 @@ def test_messages_about_arrays_show_shape_not_contents(rng):
     q, k, v = _qkv(rng)
     t = rng.standard_normal((8, 2, 16)).astype(np.float32)
     secret = np.full((2, 2), 12345, np.int64)
-    with pytest.raises(ValueError, match=r"seqlens_q must be one-dimensional, got .*ndarray of shape \(2, 2\)"
-                                         r".*dtype int64") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"seqlens_q must be one-dimensional, got .*ndarray of shape \(2, 2\)"
+        r".*dtype int64",
+    ) as e:
         sa.attention(t, t, t, seqlens_q=secret, seqlens_kv=[4, 4])
     assert "12345" not in str(e.value)
-    with pytest.raises(ValueError, match=r"window must be \(left, right\).*got .*ndarray of shape \(3,\)") as e:
+    with pytest.raises(
+        ValueError, match=r"window must be \(left, right\).*got .*ndarray of shape \(3,\)"
+    ) as e:
         sa.attention(q, k, v, window=np.array([12345, 12345, 12345]))
     assert "12345" not in str(e.value)
 
@@ -124,14 +161,29 @@ def test_reversed_numpy_views(rng, backend, flip):
 
     want, want_lse = sa.attention(q, k, v, mask="causal", backend=backend, return_lse=True)
     out = reversed_copy(np.full_like(q, np.nan))
-    got, lse = sa.attention(reversed_copy(q), reversed_copy(k), reversed_copy(v), mask="causal",
-                            backend=backend, out=out, return_lse=True)
+    got, lse = sa.attention(
+        reversed_copy(q),
+        reversed_copy(k),
+        reversed_copy(v),
+        mask="causal",
+        backend=backend,
+        out=out,
+        return_lse=True,
+    )
     assert got is out or np.shares_memory(got, out)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-6)
     gw = sa.attention_backward(q, k, v, want, do, want_lse, mask="causal", backend=backend)
-    gr = sa.attention_backward(reversed_copy(q), reversed_copy(k), reversed_copy(v), reversed_copy(want),
-                               reversed_copy(do), want_lse, mask="causal", backend=backend)
+    gr = sa.attention_backward(
+        reversed_copy(q),
+        reversed_copy(k),
+        reversed_copy(v),
+        reversed_copy(want),
+        reversed_copy(do),
+        want_lse,
+        mask="causal",
+        backend=backend,
+    )
     for a, b in zip(gr, gw):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -139,7 +191,10 @@ def test_reversed_numpy_views(rng, backend, flip):
 def test_torch_scale_must_be_a_real_number():
     torch = pytest.importorskip("torch")
     import strideattn.torch as sat
+
     q = torch.zeros((1, 4, 2, 16))
     for bad, kind in (("0.5", "str"), (True, "bool"), (torch.tensor([0.5]), "Tensor of shape")):
-        with pytest.raises(TypeError, match=rf"scale must be a real number \(int or float\), got {kind}"):
+        with pytest.raises(
+            TypeError, match=rf"scale must be a real number \(int or float\), got {kind}"
+        ):
             sat.attention(q, q, q, scale=bad, backend="cpu")

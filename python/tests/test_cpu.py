@@ -50,8 +50,9 @@ def run_and_check(q, k, v, *, backend, seed, out=None, do=None, dgrads=None, **o
     check("lse", lse, exact["lse"], naive["lse"], dtype, seed, lse=True)
     if do is None:
         return o, lse
-    dq, dk, dv = sa.attention_backward(q, k, v, o, do, lse, backend=backend,
-                                       **(dgrads or {}), **opts)
+    dq, dk, dv = sa.attention_backward(
+        q, k, v, o, do, lse, backend=backend, **(dgrads or {}), **opts
+    )
     exact, naive = backward_targets(q, k, v, o, do, dtype, **ref_opts)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         check(name, got, exact[name], naive[name], dtype, seed, magnitude=grad_magnitude(exact))
@@ -69,8 +70,8 @@ def test_seed_fused_buffer(rng, seed, backend, mask):
     s, b, h, hg, d = 40, 2, 16, 1, 64
     buf = randn(rng, (s, b, h + 2 * hg, d), np.float16)
     q = buf[:, :, :h].transpose(1, 0, 2, 3)
-    k = buf[:, :, h:h + hg].transpose(1, 0, 2, 3)
-    v = buf[:, :, h + hg:].transpose(1, 0, 2, 3)
+    k = buf[:, :, h : h + hg].transpose(1, 0, 2, 3)
+    v = buf[:, :, h + hg :].transpose(1, 0, 2, 3)
     assert q.strides == (1152 * 2, 2304 * 2, 128, 2) and np.shares_memory(q, buf)
     out = Guarded((s, b, h, d + 8), np.float16, lambda x: x[..., :d].transpose(1, 0, 2, 3))
     run_and_check(q, k, v, backend=backend, seed=seed, out=out.view, mask=mask)
@@ -80,7 +81,7 @@ def test_seed_fused_buffer(rng, seed, backend, mask):
 def test_seed_output_follows_input_layout(rng, seed):
     s, b, h, hg, d = 24, 2, 16, 1, 64
     buf = randn(rng, (s, b, h + 2 * hg, d), np.float16)
-    q, k, v = (buf[:, :, :h], buf[:, :, h:h + hg], buf[:, :, h + hg:])
+    q, k, v = (buf[:, :, :h], buf[:, :, h : h + hg], buf[:, :, h + hg :])
     q, k, v = (x.transpose(1, 0, 2, 3) for x in (q, k, v))
     o = sa.attention(q, k, v, mask="causal")
     assert o.shape == (b, s, h, d) and o.dtype == np.float16
@@ -95,17 +96,18 @@ def test_seed_backward_into_fused_grad_buffer(rng, seed):
     # Gradients written straight into views of one fused gradient buffer (plus a guard slot).
     s, b, h, hg, d = 32, 2, 16, 1, 64
     buf = randn(rng, (s, b, h + 2 * hg, d), np.float16)
-    q, k, v = (buf[:, :, :h], buf[:, :, h:h + hg], buf[:, :, h + hg:])
+    q, k, v = (buf[:, :, :h], buf[:, :, h : h + hg], buf[:, :, h + hg :])
     q, k, v = (x.transpose(1, 0, 2, 3) for x in (q, k, v))
     do = randn(rng, (s, b, h, d), np.float16).transpose(1, 0, 2, 3)
     gbuf = np.full((s, b, h + 2 * hg + 1, d), np.nan, np.float16)
     dq = gbuf[:, :, :h].transpose(1, 0, 2, 3)
-    dk = gbuf[:, :, h:h + hg].transpose(1, 0, 2, 3)
-    dv = gbuf[:, :, h + hg:h + 2 * hg].transpose(1, 0, 2, 3)
-    _, _, grads = run_and_check(q, k, v, backend="auto", seed=seed, do=do, mask="causal",
-                                dgrads=dict(dq=dq, dk=dk, dv=dv))
+    dk = gbuf[:, :, h : h + hg].transpose(1, 0, 2, 3)
+    dv = gbuf[:, :, h + hg : h + 2 * hg].transpose(1, 0, 2, 3)
+    _, _, grads = run_and_check(
+        q, k, v, backend="auto", seed=seed, do=do, mask="causal", dgrads=dict(dq=dq, dk=dk, dv=dv)
+    )
     assert grads[0] is dq and grads[1] is dk and grads[2] is dv
-    assert not np.isnan(gbuf[:, :, :h + 2 * hg]).any(), "gradient elements left unwritten"
+    assert not np.isnan(gbuf[:, :, : h + 2 * hg]).any(), "gradient elements left unwritten"
     assert np.isnan(gbuf[:, :, h + 2 * hg]).all(), "guard slot of the gradient buffer written"
 
 
@@ -121,18 +123,23 @@ def _views(kind, rng, b, s, h, hg, d, dtype):
     elif kind == "padded_head_dim":
         mk = lambda heads: randn(rng, (b, s, heads, d + 64), dtype)[..., :d]
     elif kind == "odd_offset":
+
         def mk(heads):
             n = b * s * heads * d
             flat = randn(rng, n + 3, dtype)
             return flat[3:].reshape(b, s, heads, d)
     elif kind == "garbage_size1_strides":
+
         def mk(heads):
             x = randn(rng, (s, heads, d), dtype)
             st = x.strides
             # batch extent 1 and (for hg=1) head extent 1 carry meaningless strides
             hs = st[1] if heads > 1 else 7777 * x.itemsize
-            return np.lib.stride_tricks.as_strided(x, (1, s, heads, d), (123457 * x.itemsize, st[0], hs, st[2]))
+            return np.lib.stride_tricks.as_strided(
+                x, (1, s, heads, d), (123457 * x.itemsize, st[0], hs, st[2])
+            )
     elif kind == "broadcast_batch":
+
         def mk(heads):
             x = randn(rng, (1, s, heads, d), dtype)
             return np.broadcast_to(x, (b, s, heads, d))  # zero batch stride, read-only
@@ -141,8 +148,17 @@ def _views(kind, rng, b, s, h, hg, d, dtype):
     return mk(h), mk(hg), mk(hg)
 
 
-@pytest.mark.parametrize("kind", ["bhsd_transposed", "sbhd_as_bshd", "padded_head_dim", "odd_offset",
-                                  "garbage_size1_strides", "broadcast_batch"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "bhsd_transposed",
+        "sbhd_as_bshd",
+        "padded_head_dim",
+        "odd_offset",
+        "garbage_size1_strides",
+        "broadcast_batch",
+    ],
+)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_odd_views(rng, seed, kind, dtype):
     b, s, h, hg, d = 2, 19, 4, 1, 32
@@ -200,13 +216,19 @@ def test_varlen_with_padding(rng, seed, backend, rank, mask):
     k, v = kv[:, :hg], kv[:, hg:]
     do = randn(rng, (t_q, h, d), np.float16)
     out = Guarded((t_q, h, d + 5), np.float16, lambda x: x[..., :d])
-    opts = dict(seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, offsets_q=offsets_q,
-                offsets_kv=offsets_kv, mask=mask)
+    opts = dict(
+        seqlens_q=seqlens_q,
+        seqlens_kv=seqlens_kv,
+        offsets_q=offsets_q,
+        offsets_kv=offsets_kv,
+        mask=mask,
+    )
     exact = attention_ref(q, k, v, **opts)
     naive = attention_ref(q, k, v, lowp=np.float16, **opts)
     lift = (lambda x: x[None]) if rank == 4 else (lambda x: x)
-    o, lse = sa.attention(lift(q), lift(k), lift(v), out=lift(out.view), return_lse=True,
-                          backend=backend, **opts)
+    o, lse = sa.attention(
+        lift(q), lift(k), lift(v), out=lift(out.view), return_lse=True, backend=backend, **opts
+    )
     out.check("o")
     assert lse.shape == (h, t_q)
     o = o[0] if rank == 4 else o
@@ -214,24 +236,29 @@ def test_varlen_with_padding(rng, seed, backend, rank, mask):
     check("lse", lse, exact["lse"], naive["lse"], np.float16, seed, lse=True)
     covered = np.zeros(t_q, bool)
     for off, n in zip(offsets_q, seqlens_q):
-        covered[off:off + n] = True
+        covered[off : off + n] = True
     assert (o[~covered] == 0).all(), "padding tokens of O must be 0"
     assert np.isneginf(lse[:, ~covered]).all(), "padding tokens of LSE must be -inf"
     # sequence 1 has 0 queries; sequence 2 has 17 queries and 0 keys: O = 0, LSE = -inf
     assert (o[10:27] == 0).all() and np.isneginf(lse[:, 10:27]).all()
-    dq, dk, dv = sa.attention_backward(lift(q), lift(k), lift(v), lift(o), lift(do), lse,
-                                       backend=backend, **opts)
+    dq, dk, dv = sa.attention_backward(
+        lift(q), lift(k), lift(v), lift(o), lift(do), lse, backend=backend, **opts
+    )
     dq, dk, dv = (x[0] if rank == 4 else x for x in (dq, dk, dv))
     exact, naive = backward_targets(q, k, v, o, do, np.float16, **opts)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
-        check(name, got, exact[name], naive[name], np.float16, seed, magnitude=grad_magnitude(exact))
+        check(
+            name, got, exact[name], naive[name], np.float16, seed, magnitude=grad_magnitude(exact)
+        )
 
 
 # ----------------------------------------------------------------------------- backward
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mask,window", [("none", None), ("causal", None), ("causal-bottom-right", (5, 1))])
+@pytest.mark.parametrize(
+    "mask,window", [("none", None), ("causal", None), ("causal-bottom-right", (5, 1))]
+)
 def test_backward_gqa(rng, seed, backend, mask, window):
     b, s_q, s_kv, h, hg, d = 2, 17, 23, 6, 3, 32
     q = randn(rng, (b, s_q, h, d), np.float16)
@@ -239,8 +266,17 @@ def test_backward_gqa(rng, seed, backend, mask, window):
     v = randn(rng, (b, s_kv, hg, d), np.float16)
     do = randn(rng, (s_q, b, h, d), np.float16).transpose(1, 0, 2, 3)  # non-contiguous dO
     dq = Guarded((b, h, s_q, d), np.float16, lambda x: x.transpose(0, 2, 1, 3))
-    run_and_check(q, k, v, backend=backend, seed=seed, do=do, mask=mask, window=window,
-                  dgrads=dict(dq=dq.view))
+    run_and_check(
+        q,
+        k,
+        v,
+        backend=backend,
+        seed=seed,
+        do=do,
+        mask=mask,
+        window=window,
+        dgrads=dict(dq=dq.view),
+    )
     dq.check("dq")
 
 
@@ -251,8 +287,10 @@ def test_deterministic_backward_is_bitwise_reproducible(rng, seed):
     v = randn(rng, (b, s, hg, d), np.float16)
     do = randn(rng, (b, s, h, d), np.float16)
     o, lse = sa.attention(q, k, v, mask="causal", return_lse=True)
-    runs = [sa.attention_backward(q, k, v, o, do, lse, mask="causal", deterministic=True)
-            for _ in range(2)]
+    runs = [
+        sa.attention_backward(q, k, v, o, do, lse, mask="causal", deterministic=True)
+        for _ in range(2)
+    ]
     for a, c in zip(*runs):
         assert a.tobytes() == c.tobytes()
 
@@ -326,7 +364,10 @@ def test_bad_integers_and_scale_give_value_errors(rng):
     # "could not be read through DLPack" message; a huge int scale raised OverflowError;
     # float seqlens were silently truncated; numpy integer windows were refused.
     q, k, v = _qkv(rng)
-    with pytest.raises(ValueError, match=r"window left is 1180591620717411303424; supported: a value that fits in int64"):
+    with pytest.raises(
+        ValueError,
+        match=r"window left is 1180591620717411303424; supported: a value that fits in int64",
+    ):
         sa.attention(q, k, v, window=(2**70, 0))
     with pytest.raises(ValueError, match=r"window right must be an integer, got 1\.5"):
         sa.attention(q, k, v, window=(0, 1.5))
@@ -356,7 +397,9 @@ def test_explain_rejects_wrong_rank(rng):
 
 def test_misaligned_array_is_refused(rng):
     # an f16 array at an odd byte address was accepted and read through uint16_t pointers
-    raw = np.frombuffer(bytearray(1 + 2 * 8 * 4 * 16), dtype=np.float16, offset=1).reshape(1, 8, 4, 16)
+    raw = np.frombuffer(bytearray(1 + 2 * 8 * 4 * 16), dtype=np.float16, offset=1).reshape(
+        1, 8, 4, 16
+    )
     q, k, v = _qkv(rng)
     with pytest.raises(ValueError, match=r"q: data pointer is 1 bytes past a 2-byte boundary"):
         sa.attention(raw, k, v)

@@ -42,7 +42,9 @@ def sdpa_ref(query, key, value, is_causal=False, scale=None, enable_gqa=False):
     out = np.zeros((b, h, L, value.shape[-1]))
     for bi in range(b):
         for hi in range(h):
-            out[bi, hi] = softmax_attention(query[bi, hi], key[bi, hi], value[bi, hi], allowed, scale)
+            out[bi, hi] = softmax_attention(
+                query[bi, hi], key[bi, hi], value[bi, hi], allowed, scale
+            )
     return out
 
 
@@ -72,7 +74,9 @@ def flash_ref(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None):
     for bi in range(b):
         for hi in range(h):
             kh = hi // (h // h_k)
-            out[bi, :, hi] = softmax_attention(q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], allowed, scale)
+            out[bi, :, hi] = softmax_attention(
+                q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], allowed, scale
+            )
     return out
 
 
@@ -103,15 +107,22 @@ def test_sdpa_matches_its_definition(rng, is_causal, s_q, s_kv, scale):
     assert o.flags.c_contiguous, "output laid out like the [b, h, s, d] inputs"
     if is_causal:  # bottom-right alignment would be a different answer
         with pytest.raises(AssertionError):
-            assert_close(o, flash_ref(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), causal=True,
-                                      softmax_scale=scale).transpose(0, 2, 1, 3), "bottom-right")
+            assert_close(
+                o,
+                flash_ref(
+                    *(x.transpose(0, 2, 1, 3) for x in (q, k, v)), causal=True, softmax_scale=scale
+                ).transpose(0, 2, 1, 3),
+                "bottom-right",
+            )
 
 
 def test_sdpa_reads_strided_views(rng):
     # q, k, v as [b, h, s, d] views of one fused [b, s, h + 2, d] projection buffer
     b, s, h, d = 2, 9, 4, 32
     buf = randn(rng, b, s, h + 2, d)
-    q, k, v = (x.transpose(0, 2, 1, 3) for x in (buf[:, :, :h], buf[:, :, h:h + 1], buf[:, :, h + 1:]))
+    q, k, v = (
+        x.transpose(0, 2, 1, 3) for x in (buf[:, :, :h], buf[:, :, h : h + 1], buf[:, :, h + 1 :])
+    )
     o = sa.sdpa(q, k, v, is_causal=True, enable_gqa=True)
     assert_close(o, sdpa_ref(q, k, v, is_causal=True, enable_gqa=True), "sdpa views")
 
@@ -133,7 +144,11 @@ def test_sdpa_torch_forward_and_grad(rng):
     import torch.nn.functional as F
 
     b, h, h_kv, s_q, s_kv, d = 2, 4, 2, 6, 10, 16
-    q0, k0, v0 = randn(rng, b, h, s_q, d), randn(rng, b, h_kv, s_kv, d), randn(rng, b, h_kv, s_kv, d)
+    q0, k0, v0 = (
+        randn(rng, b, h, s_q, d),
+        randn(rng, b, h_kv, s_kv, d),
+        randn(rng, b, h_kv, s_kv, d),
+    )
     q, k, v = (torch.tensor(x, requires_grad=True) for x in (q0, k0, v0))
     o = sa.sdpa(q, k, v, is_causal=True, enable_gqa=True)
     assert o.shape == (b, h, s_q, d)
@@ -143,7 +158,11 @@ def test_sdpa_torch_forward_and_grad(rng):
     ro = F.scaled_dot_product_attention(rq, rk, rv, is_causal=True, enable_gqa=True)
     ro.backward(g.double())
     assert_close(o.detach().numpy(), ro.detach().numpy(), "o vs torch SDPA fp64")
-    for name, got, want in (("dq", q.grad, rq.grad), ("dk", k.grad, rk.grad), ("dv", v.grad, rv.grad)):
+    for name, got, want in (
+        ("dq", q.grad, rq.grad),
+        ("dk", k.grad, rk.grad),
+        ("dv", v.grad, rv.grad),
+    ):
         assert_close(got.numpy(), want.numpy(), f"{name} vs torch SDPA fp64")
 
 
@@ -157,33 +176,43 @@ def test_flash_attn_func_matches_its_definition(rng, causal, window_size, s_q, s
     b, h, h_kv, d, dv = 2, 4, 2, 16, 8
     q, k, v = randn(rng, b, s_q, h, d), randn(rng, b, s_kv, h_kv, d), randn(rng, b, s_kv, h_kv, dv)
     o = sa.flash_attn_func(q, k, v, causal=causal, window_size=window_size, softmax_scale=0.4)
-    assert_close(o, flash_ref(q, k, v, causal=causal, window_size=window_size, softmax_scale=0.4),
-                 "flash_attn_func")
+    assert_close(
+        o,
+        flash_ref(q, k, v, causal=causal, window_size=window_size, softmax_scale=0.4),
+        "flash_attn_func",
+    )
 
 
 def test_flash_causal_is_bottom_right(rng):
     b, h, d, s_q, s_kv = 1, 2, 16, 4, 10
     q, k, v = randn(rng, b, s_q, h, d), randn(rng, b, s_kv, h, d), randn(rng, b, s_kv, h, d)
     o = sa.flash_attn_func(q, k, v, causal=True)
-    top_left = sdpa_ref(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), is_causal=True).transpose(0, 2, 1, 3)
+    top_left = sdpa_ref(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), is_causal=True).transpose(
+        0, 2, 1, 3
+    )
     assert np.abs(o - top_left).max() > 1e-2, "FlashAttention's causal=True read as top-left"
     # s_q > s_kv: the first s_q - s_kv queries see no key and give 0 (not NaN)
     o = sa.flash_attn_func(k, q, q, causal=True)
-    assert (o[:, :s_kv - s_q] == 0).all()
+    assert (o[:, : s_kv - s_q] == 0).all()
     assert_close(o, flash_ref(k, q, q, causal=True), "s_q > s_kv")
 
 
 def test_flash_refusals(rng):
     q = randn(rng, 1, 6, 2, 16)
-    for kwargs, name in ((dict(dropout_p=0.1), "dropout_p"), (dict(softcap=30.0), "softcap"),
-                         (dict(alibi_slopes=np.ones(2, np.float32)), "alibi_slopes"),
-                         (dict(return_attn_probs=True), "return_attn_probs")):
+    for kwargs, name in (
+        (dict(dropout_p=0.1), "dropout_p"),
+        (dict(softcap=30.0), "softcap"),
+        (dict(alibi_slopes=np.ones(2, np.float32)), "alibi_slopes"),
+        (dict(return_attn_probs=True), "return_attn_probs"),
+    ):
         with pytest.raises(NotImplementedError, match=name):
             sa.flash_attn_func(q, q, q, **kwargs)
         with pytest.raises(NotImplementedError, match=name):
             sa.flash_attn_varlen_func(q[0], q[0], q[0], [0, 6], [0, 6], 6, 6, **kwargs)
     with pytest.raises(NotImplementedError, match="block_table"):
-        sa.flash_attn_varlen_func(q[0], q[0], q[0], [0, 6], [0, 6], 6, 6, block_table=np.zeros((1, 1), np.int32))
+        sa.flash_attn_varlen_func(
+            q[0], q[0], q[0], [0, 6], [0, 6], 6, 6, block_table=np.zeros((1, 1), np.int32)
+        )
     with pytest.raises(ValueError, match=r"window_size\[0\] is -2"):
         sa.flash_attn_func(q, q, q, window_size=(-2, 0))
 
@@ -203,8 +232,9 @@ def test_flash_attn_varlen_func_matches_its_definition(rng, causal, window_size)
     want = np.zeros((t_q, h, d))
     for i in range(len(cu_q) - 1):
         sq, sk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
-        want[sq] = flash_ref(q[None, sq], k[None, sk], v[None, sk], causal=causal,
-                             window_size=window_size)[0]
+        want[sq] = flash_ref(
+            q[None, sq], k[None, sk], v[None, sk], causal=causal, window_size=window_size
+        )[0]
     assert_close(o, want, "flash_attn_varlen_func")
     assert (o[14:] == 0).all(), "tokens after the last sequence are 0"
 
@@ -228,20 +258,30 @@ def test_readme_coming_from_section_holds(rng):
     import re
 
     text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    m = re.search(r"## Coming from SDPA / FlashAttention / TransformerEngine\n(.*?)\n## ", text, re.S)
+    m = re.search(
+        r"## Coming from SDPA / FlashAttention / TransformerEngine\n(.*?)\n## ", text, re.S
+    )
     assert m, "README.md has no 'Coming from SDPA / FlashAttention / TransformerEngine' section"
     section = m.group(1)
-    for name in ("strideattn.sdpa", "strideattn.flash_attn_func", "flash_attn_varlen_func",
-                 "strideattn.torch.DotProductAttention", "cu_seqlens", "[b, h, s, d]"):
+    for name in (
+        "strideattn.sdpa",
+        "strideattn.flash_attn_func",
+        "flash_attn_varlen_func",
+        "strideattn.torch.DotProductAttention",
+        "cu_seqlens",
+        "[b, h, s, d]",
+    ):
         assert name in section, name
     assert re.search(r"FlashAttention's `causal=True` is our `causal_bottom_right`", section)
     assert re.search(r"Our `causal` is top-left, like SDPA's `is_causal`", section)
     q, k, v = randn(rng, 1, 4, 2, 16), randn(rng, 1, 9, 2, 16), randn(rng, 1, 9, 2, 16)
-    np.testing.assert_array_equal(sa.flash_attn_func(q, k, v, causal=True),
-                                  sa.attention(q, k, v, mask="causal_bottom_right"))
+    np.testing.assert_array_equal(
+        sa.flash_attn_func(q, k, v, causal=True), sa.attention(q, k, v, mask="causal_bottom_right")
+    )
     bhsd = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]
-    np.testing.assert_array_equal(sa.sdpa(*bhsd, is_causal=True).transpose(0, 2, 1, 3),
-                                  sa.attention(q, k, v, mask="causal"))
+    np.testing.assert_array_equal(
+        sa.sdpa(*bhsd, is_causal=True).transpose(0, 2, 1, 3), sa.attention(q, k, v, mask="causal")
+    )
 
 
 def test_dropins_on_cuda_torch(rng, seed):
@@ -252,20 +292,42 @@ def test_dropins_on_cuda_torch(rng, seed):
     from npref import attention_ref, check
 
     h, h_kv, d, s_q, s_kv = 8, 2, 64, 48, 80
-    host = [rng.standard_normal(sh).astype(np.float16)
-            for sh in ((2, s_q, h, d), (2, s_kv, h_kv, d), (2, s_kv, h_kv, d))]
+    host = [
+        rng.standard_normal(sh).astype(np.float16)
+        for sh in ((2, s_q, h, d), (2, s_kv, h_kv, d), (2, s_kv, h_kv, d))
+    ]
     q, k, v = (torch.from_numpy(x).cuda() for x in host)
     o = sa.flash_attn_func(q, k, v, causal=True, window_size=(16, -1))
     assert o.is_cuda and o.dtype == torch.float16
     opts = dict(mask="causal_bottom_right", window=(16, -1))
-    check("flash", o.float().cpu().numpy(), attention_ref(*host, **opts)["o"],
-          attention_ref(*host, lowp=np.float16, **opts)["o"], np.float16, seed)
-    o = sa.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
-    check("sdpa", o.transpose(1, 2).float().cpu().numpy(), attention_ref(*host, mask="causal")["o"],
-          attention_ref(*host, mask="causal", lowp=np.float16)["o"], np.float16, seed)
+    check(
+        "flash",
+        o.float().cpu().numpy(),
+        attention_ref(*host, **opts)["o"],
+        attention_ref(*host, lowp=np.float16, **opts)["o"],
+        np.float16,
+        seed,
+    )
+    o = sa.sdpa(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
+    check(
+        "sdpa",
+        o.transpose(1, 2).float().cpu().numpy(),
+        attention_ref(*host, mask="causal")["o"],
+        attention_ref(*host, mask="causal", lowp=np.float16)["o"],
+        np.float16,
+        seed,
+    )
     cu_q = torch.tensor([0, 30, 48], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 50, 80], dtype=torch.int32, device="cuda")
     o = sa.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 30, 50, causal=True)
     opts = dict(mask="causal_bottom_right", seqlens_q=[30, 18], seqlens_kv=[50, 30])
-    check("varlen", o.float().cpu().numpy(), attention_ref(*(x[0] for x in host), **opts)["o"],
-          attention_ref(*(x[0] for x in host), lowp=np.float16, **opts)["o"], np.float16, seed)
+    check(
+        "varlen",
+        o.float().cpu().numpy(),
+        attention_ref(*(x[0] for x in host), **opts)["o"],
+        attention_ref(*(x[0] for x in host), lowp=np.float16, **opts)["o"],
+        np.float16,
+        seed,
+    )

@@ -31,12 +31,24 @@ def qkv(rng):
 
 def test_level_names_aliases_and_logging_levels():
     try:
-        for given, want in [("INFO", "info"), ("Debug", "debug"), ("warning", "warn"), ("1", "info"),
-                            ("verbose", "debug"), (logging.DEBUG, "debug"), (logging.INFO, "info"),
-                            (logging.WARNING, "warn"), (logging.ERROR, "error"), (None, "off")]:
+        for given, want in [
+            ("INFO", "info"),
+            ("Debug", "debug"),
+            ("warning", "warn"),
+            ("1", "info"),
+            ("verbose", "debug"),
+            (logging.DEBUG, "debug"),
+            (logging.INFO, "info"),
+            (logging.WARNING, "warn"),
+            (logging.ERROR, "error"),
+            (None, "off"),
+        ]:
             sa.set_log_level(given)
             assert sa.get_log_level() == want, given
-        with pytest.raises(ValueError, match="log level 'loud' is unknown; accepted .*off, error, warn, info, debug"):
+        with pytest.raises(
+            ValueError,
+            match="log level 'loud' is unknown; accepted .*off, error, warn, info, debug",
+        ):
             sa.set_log_level("loud")
         with pytest.raises(TypeError):
             sa.set_log_level(True)
@@ -53,7 +65,9 @@ def test_repeated_calls_log_once_then_counts(records, rng):
     msgs = [r.getMessage() for r in records()]
     assert msgs[0].startswith("forward runs on cpu"), msgs
     first = msgs[0]
-    assert msgs == [first] + [f"... repeated {n} time{'s' * (n > 1)}: {first}" for n in (1, 2, 4, 8, 9)]
+    assert msgs == [first] + [
+        f"... repeated {n} time{'s' * (n > 1)}: {first}" for n in (1, 2, 4, 8, 9)
+    ]
     assert all(r.levelno == logging.INFO for r in records())
 
 
@@ -92,8 +106,9 @@ def test_nothing_while_off(records, rng):
 
 def run_python(code, log_value):
     env = dict(os.environ, STRIDEATTN_LOG=log_value)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_environment_level_and_unknown_value_warning():
@@ -103,21 +118,30 @@ def test_environment_level_and_unknown_value_warning():
     # no logging configuration: the library's own stderr line
     p = run_python("import strideattn as sa; print(sa.get_log_level())", "loud")
     assert p.stdout.strip() == "warn"
-    assert "[strideattn] warning: STRIDEATTN_LOG='loud' is not a log level; accepted (any case): " \
-           "off, error, warn, info, debug" in p.stderr
+    assert (
+        "[strideattn] warning: STRIDEATTN_LOG='loud' is not a log level; accepted (any case): "
+        "off, error, warn, info, debug" in p.stderr
+    )
     # configured logging: a WARNING record of the "strideattn" logger
-    p = run_python("import logging; logging.basicConfig(format='%(levelname)s|%(name)s|%(message)s')\n"
-                   "import strideattn", "Loud")
+    p = run_python(
+        "import logging; logging.basicConfig(format='%(levelname)s|%(name)s|%(message)s')\n"
+        "import strideattn",
+        "Loud",
+    )
     assert "WARNING|strideattn|STRIDEATTN_LOG='Loud' is not a log level" in p.stderr, p.stderr
 
 
 def test_counts_pending_at_exit_are_logged(tmp_path):
-    code = ("import numpy as np, strideattn as sa\n"
-            "q = np.ones((1, 4, 1, 8), np.float32)\n"
-            "for _ in range(4): sa.attention(q, q, q, backend='cpu')\n")
+    code = (
+        "import numpy as np, strideattn as sa\n"
+        "q = np.ones((1, 4, 1, 8), np.float32)\n"
+        "for _ in range(4): sa.attention(q, q, q, backend='cpu')\n"
+    )
     p = run_python(code, "info")
     assert p.returncode == 0, p.stderr
     lines = p.stderr.strip().splitlines()
     assert lines[0].startswith("[strideattn] forward runs on cpu"), p.stderr
-    first = lines[0][len("[strideattn] "):]
-    assert lines[1:] == [f"[strideattn] ... repeated {n} time{'s' * (n > 1)}: {first}" for n in (1, 2, 3)]
+    first = lines[0][len("[strideattn] ") :]
+    assert lines[1:] == [
+        f"[strideattn] ... repeated {n} time{'s' * (n > 1)}: {first}" for n in (1, 2, 3)
+    ]

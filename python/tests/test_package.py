@@ -13,8 +13,8 @@ import pytest
 
 import strideattn as sa
 
-PKG = pathlib.Path(sa.__file__).parent          # the installed package
-SRC = pathlib.Path(__file__).parents[2]          # the repository root
+PKG = pathlib.Path(sa.__file__).parent  # the installed package
+SRC = pathlib.Path(__file__).parents[2]  # the repository root
 
 
 def _imports(path):
@@ -26,7 +26,9 @@ def _imports(path):
         elif isinstance(node, ast.ImportFrom):
             base = "." * node.level + (node.module or "")
             names.add(base)
-            names.update(f"{base}.{a.name}" if node.module else f"{base}{a.name}" for a in node.names)
+            names.update(
+                f"{base}.{a.name}" if node.module else f"{base}{a.name}" for a in node.names
+            )
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
             names.update(a.value for a in node.args if isinstance(a, ast.Constant))
     return names
@@ -35,7 +37,9 @@ def _imports(path):
 def test_core_never_imports_the_torch_layer():
     # _core.py imported torch.py (for the autograd redirect) and torch.py imported _core.py.
     names = _imports(SRC / "python/strideattn/_core.py")
-    assert not {n for n in names if n in (".torch", "strideattn.torch") or n.endswith(".torch")}, names
+    assert not {n for n in names if n in (".torch", "strideattn.torch") or n.endswith(".torch")}, (
+        names
+    )
 
 
 def test_torch_layer_uses_no_private_core_helpers():
@@ -46,8 +50,10 @@ def test_torch_layer_uses_no_private_core_helpers():
 
 
 def test_core_import_alone_does_not_load_the_torch_layer():
-    code = ("import sys, strideattn._core; "
-            "assert 'strideattn.torch' not in sys.modules and 'torch' not in sys.modules")
+    code = (
+        "import sys, strideattn._core; "
+        "assert 'strideattn.torch' not in sys.modules and 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -109,18 +115,29 @@ def test_extension_stubs_are_current(tmp_path):
     # the checked-in _ext.pyi against what nanobind's stubgen writes for the built extension
     pytest.importorskip("nanobind.stubgen", reason="nanobind is not installed")
     out = tmp_path / "_ext.pyi"
-    subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-q", "-m", "strideattn._ext",
-                    "-o", str(out)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "nanobind.stubgen", "-q", "-m", "strideattn._ext", "-o", str(out)],
+        check=True,
+    )
     checked_in = (SRC / "python/strideattn/_ext.pyi").read_text()
     assert _strip_header(out.read_text()) == _strip_header(checked_in), (
-        "python/strideattn/_ext.pyi is stale: regenerate it with the command in its header")
+        "python/strideattn/_ext.pyi is stale: regenerate it with the command in its header"
+    )
 
 
 def test_public_functions_have_type_hints():
     import inspect
 
-    for name in ("attention", "attention_backward", "explain", "sdpa", "flash_attn_func",
-                 "flash_attn_varlen_func", "version", "compiled_backends"):
+    for name in (
+        "attention",
+        "attention_backward",
+        "explain",
+        "sdpa",
+        "flash_attn_func",
+        "flash_attn_varlen_func",
+        "version",
+        "compiled_backends",
+    ):
         sig = inspect.signature(getattr(sa, name))
         assert sig.return_annotation is not inspect.Signature.empty, name
         for p in sig.parameters.values():
@@ -131,7 +148,9 @@ def test_public_functions_have_type_hints():
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "strideattn", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "strideattn", *args], capture_output=True, text=True
+    )
 
 
 def test_main_demo_runs_the_seed_case_on_every_cpu_backend():
@@ -151,6 +170,10 @@ def test_main_version_backends_help_and_errors():
     r = _run("help")
     assert r.returncode == 0 and "usage: python -m strideattn" in r.stdout
     r = _run("fuzz")
-    assert r.returncode == 2 and "unknown command 'fuzz'" in r.stderr and "tools/strideattn" in r.stderr
+    assert (
+        r.returncode == 2
+        and "unknown command 'fuzz'" in r.stderr
+        and "tools/strideattn" in r.stderr
+    )
     r = _run("version", "--json")
     assert r.returncode == 2 and "takes no arguments" in r.stderr

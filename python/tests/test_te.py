@@ -21,20 +21,68 @@ DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 # TE 2.x DotProductAttention.__init__ / forward parameters, in order (from the TE source,
 # transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py).
-TE_INIT = ["num_attention_heads", "kv_channels", "num_gqa_groups", "attention_dropout",
-           "qkv_format", "attn_mask_type", "window_size", "bottom_right_diagonal",
-           "sequence_parallel", "tp_size", "get_rng_state_tracker", "tp_group", "layer_number",
-           "attention_type", "cp_group", "cp_global_ranks", "cp_stream", "cp_comm_type",
-           "softmax_scale", "softmax_type", "return_max_logit", "name"]
-TE_FORWARD = ["query_layer", "key_layer", "value_layer", "attention_mask", "qkv_format",
-              "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
-              "max_seqlen_q", "max_seqlen_kv", "attn_mask_type", "window_size",
-              "bottom_right_diagonal", "checkpoint_core_attention", "core_attention_bias_type",
-              "core_attention_bias", "alibi_slopes", "fast_zero_fill", "inference_params",
-              "pad_between_seqs", "fp8_output", "bf16_backward", "num_splits", "score_mod",
-              "score_mod_bprop", "score_mod_tensors", "score_mod_bprop_tensors", "qkv_layer",
-              "kv_layer", "qkv_interleave_dim", "g", "beta", "initial_state",
-              "output_final_state", "use_qk_l2norm_in_kernel"]
+TE_INIT = [
+    "num_attention_heads",
+    "kv_channels",
+    "num_gqa_groups",
+    "attention_dropout",
+    "qkv_format",
+    "attn_mask_type",
+    "window_size",
+    "bottom_right_diagonal",
+    "sequence_parallel",
+    "tp_size",
+    "get_rng_state_tracker",
+    "tp_group",
+    "layer_number",
+    "attention_type",
+    "cp_group",
+    "cp_global_ranks",
+    "cp_stream",
+    "cp_comm_type",
+    "softmax_scale",
+    "softmax_type",
+    "return_max_logit",
+    "name",
+]
+TE_FORWARD = [
+    "query_layer",
+    "key_layer",
+    "value_layer",
+    "attention_mask",
+    "qkv_format",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+    "attn_mask_type",
+    "window_size",
+    "bottom_right_diagonal",
+    "checkpoint_core_attention",
+    "core_attention_bias_type",
+    "core_attention_bias",
+    "alibi_slopes",
+    "fast_zero_fill",
+    "inference_params",
+    "pad_between_seqs",
+    "fp8_output",
+    "bf16_backward",
+    "num_splits",
+    "score_mod",
+    "score_mod_bprop",
+    "score_mod_tensors",
+    "score_mod_bprop_tensors",
+    "qkv_layer",
+    "kv_layer",
+    "qkv_interleave_dim",
+    "g",
+    "beta",
+    "initial_state",
+    "output_final_state",
+    "use_qk_l2norm_in_kernel",
+]
 
 
 def t(rng, *shape):
@@ -63,7 +111,7 @@ def cu(lens):
 def test_signatures_follow_te():
     init = list(inspect.signature(DPA.__init__).parameters)[1:]
     fwd = list(inspect.signature(DPA.forward).parameters)[1:]
-    assert init[:len(TE_INIT)] == TE_INIT
+    assert init[: len(TE_INIT)] == TE_INIT
     assert fwd == TE_FORWARD
 
 
@@ -71,23 +119,102 @@ def test_every_argument_at_its_te_default_runs(rng, seed):
     b, s, h, d = 2, 9, 4, 16
     q, k, v = t(rng, b, s, h, d), t(rng, b, s, 2, d), t(rng, b, s, 2, d)
     # positional, in TE's order, each at TE's default
-    mod = DPA(h, d, 2, 0.0, "bshd", "causal", None, None, False, 1, None, None, None, "self",
-              None, None, None, "p2p", None, "vanilla", False, None)
-    o = mod(q, k, v, None, None, None, None, None, None, None, None, None, None, None, False,
-            "no_bias", None, None, True, None, None, False, False, 1, None, None, None, None,
-            None, None, -3, None, None, None, False, False)
+    mod = DPA(
+        h,
+        d,
+        2,
+        0.0,
+        "bshd",
+        "causal",
+        None,
+        None,
+        False,
+        1,
+        None,
+        None,
+        None,
+        "self",
+        None,
+        None,
+        None,
+        "p2p",
+        None,
+        "vanilla",
+        False,
+        None,
+    )
+    o = mod(
+        q,
+        k,
+        v,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        False,
+        "no_bias",
+        None,
+        None,
+        True,
+        None,
+        None,
+        False,
+        False,
+        1,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        -3,
+        None,
+        None,
+        None,
+        False,
+        False,
+    )
     ref_check("o", o.view(b, s, h, d), q, k, v, seed, mask="causal")
-    o2 = mod(q, k, v, checkpoint_core_attention=True, fast_zero_fill=False, num_splits=4,
-             inference_params=None, max_seqlen_q=s, max_seqlen_kv=s)
+    o2 = mod(
+        q,
+        k,
+        v,
+        checkpoint_core_attention=True,
+        fast_zero_fill=False,
+        num_splits=4,
+        inference_params=None,
+        max_seqlen_q=s,
+        max_seqlen_kv=s,
+    )
     torch.testing.assert_close(o2, o, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("arg,value", [
-    ("core_attention_bias_type", "post_scale_bias"), ("core_attention_bias", "tensor"),
-    ("alibi_slopes", "tensor"), ("inference_params", object()), ("fp8_output", True),
-    ("bf16_backward", True), ("score_mod", lambda s: s), ("score_mod_bprop", lambda s: s),
-    ("score_mod_tensors", {}), ("score_mod_bprop_tensors", {}), ("g", "tensor"),
-    ("beta", "tensor"), ("initial_state", "tensor"), ("output_final_state", True)])
+@pytest.mark.parametrize(
+    "arg,value",
+    [
+        ("core_attention_bias_type", "post_scale_bias"),
+        ("core_attention_bias", "tensor"),
+        ("alibi_slopes", "tensor"),
+        ("inference_params", object()),
+        ("fp8_output", True),
+        ("bf16_backward", True),
+        ("score_mod", lambda s: s),
+        ("score_mod_bprop", lambda s: s),
+        ("score_mod_tensors", {}),
+        ("score_mod_bprop_tensors", {}),
+        ("g", "tensor"),
+        ("beta", "tensor"),
+        ("initial_state", "tensor"),
+        ("output_final_state", True),
+    ],
+)
 def test_unsupported_forward_arguments_are_named(rng, arg, value):
     q = t(rng, 1, 4, 2, 8)
     if value == "tensor":
@@ -96,9 +223,15 @@ def test_unsupported_forward_arguments_are_named(rng, arg, value):
         DPA(2, 8, qkv_format="bshd")(q, q, q, **{arg: value})
 
 
-@pytest.mark.parametrize("arg,value", [
-    ("attention_dropout", 0.1), ("cp_group", object()), ("softmax_type", "off-by-one"),
-    ("return_max_logit", True)])
+@pytest.mark.parametrize(
+    "arg,value",
+    [
+        ("attention_dropout", 0.1),
+        ("cp_group", object()),
+        ("softmax_type", "off-by-one"),
+        ("return_max_logit", True),
+    ],
+)
 def test_unsupported_constructor_arguments_are_named(arg, value):
     with pytest.raises(NotImplementedError, match=arg):
         DPA(2, 8, **{arg: value})
@@ -119,21 +252,37 @@ def test_packed_qkv_layer_and_kv_layer(rng, seed):
 # ----------------------------------------------------------------------------- mask types, padding
 
 
-@pytest.mark.parametrize("spelling,mask", [
-    ("padding,causal", "causal"), ("causal,padding", "causal"), ("causal_padding", "causal"),
-    ("padding_causal", "causal"), ("padding,causal_bottom_right", "causal_bottom_right"),
-    ("padding_causal_bottom_right", "causal_bottom_right"), ("padding", "none"),
-    ("padding,bottom_right", "causal_bottom_right")])
+@pytest.mark.parametrize(
+    "spelling,mask",
+    [
+        ("padding,causal", "causal"),
+        ("causal,padding", "causal"),
+        ("causal_padding", "causal"),
+        ("padding_causal", "causal"),
+        ("padding,causal_bottom_right", "causal_bottom_right"),
+        ("padding_causal_bottom_right", "causal_bottom_right"),
+        ("padding", "none"),
+        ("padding,bottom_right", "causal_bottom_right"),
+    ],
+)
 def test_padding_mask_type_spellings(rng, seed, spelling, mask):
     b, s_q, s_kv, h, d = 3, 8, 12, 2, 16
     q, k, v = t(rng, b, s_q, h, d), t(rng, b, s_kv, h, d), t(rng, b, s_kv, h, d)
     lq, lk = [8, 3, 5], [12, 7, 2]
     o = DPA(h, d, qkv_format="bshd", attn_mask_type=spelling)(
-        q, k, v, cu_seqlens_q=cu(lq), cu_seqlens_kv=cu(lk)).view(b, s_q, h, d)
+        q, k, v, cu_seqlens_q=cu(lq), cu_seqlens_kv=cu(lk)
+    ).view(b, s_q, h, d)
     for i in range(b):
-        ref_check(f"seq {i}", o[i:i + 1, :lq[i]], q[i:i + 1, :lq[i]], k[i:i + 1, :lk[i]],
-                  v[i:i + 1, :lk[i]], seed, mask=mask)
-        assert (o[i, lq[i]:] == 0).all()
+        ref_check(
+            f"seq {i}",
+            o[i : i + 1, : lq[i]],
+            q[i : i + 1, : lq[i]],
+            k[i : i + 1, : lk[i]],
+            v[i : i + 1, : lk[i]],
+            seed,
+            mask=mask,
+        )
+        assert (o[i, lq[i] :] == 0).all()
 
 
 def test_bad_mask_types():
@@ -156,7 +305,8 @@ def test_padding_with_split_views_and_grads(rng, seed, fmt, device):
     q, k, v = qkv.split([h, hg, hg], dim=2)
     lens = [10, 4, 0]
     o = DPA(h, d, num_gqa_groups=hg, qkv_format=fmt, attn_mask_type="padding_causal")(
-        q, k, v, cu_seqlens_q=cu(lens).to(device), cu_seqlens_kv=cu(lens).to(device))
+        q, k, v, cu_seqlens_q=cu(lens).to(device), cu_seqlens_kv=cu(lens).to(device)
+    )
     assert o.device.type == device and o.dtype == dtype
     g = t(rng, *o.shape).to(device=device, dtype=dtype)
     o.backward(g)
@@ -170,15 +320,23 @@ def test_padding_with_split_views_and_grads(rng, seed, fmt, device):
             assert (gr[i, n:] == 0).all(), "padding rows get no gradient"
         if n == 0:
             continue
-        args = [np64(x[i:i + 1, :n]) for x in (qb, kb, vb)]
+        args = [np64(x[i : i + 1, :n]) for x in (qb, kb, vb)]
         exact = attention_ref(*args, mask="causal")
         naive = attention_ref(*args, mask="causal", lowp=lowp)
-        check(f"o[{i}]", np64(ob[i:i + 1, :n]), exact["o"], naive["o"], lowp, seed)
-        gexact, gnaive = backward_targets(*args, np64(ob[i:i + 1, :n]), np64(gb[i:i + 1, :n]),
-                                          lowp, mask="causal")
+        check(f"o[{i}]", np64(ob[i : i + 1, :n]), exact["o"], naive["o"], lowp, seed)
+        gexact, gnaive = backward_targets(
+            *args, np64(ob[i : i + 1, :n]), np64(gb[i : i + 1, :n]), lowp, mask="causal"
+        )
         for name, gr in zip(("dq", "dk", "dv"), grads):
-            check(f"{name}[{i}]", np64(gr[i:i + 1, :n]), gexact[name], gnaive[name], lowp, seed,
-                  magnitude=grad_magnitude(gexact))
+            check(
+                f"{name}[{i}]",
+                np64(gr[i : i + 1, :n]),
+                gexact[name],
+                gnaive[name],
+                lowp,
+                seed,
+                magnitude=grad_magnitude(gexact),
+            )
 
 
 def test_padding_from_attention_mask(rng, seed):
@@ -190,8 +348,15 @@ def test_padding_from_attention_mask(rng, seed):
     o = mod(q, k, v, attention_mask=mask[:, None, None, :])
     want = mod(q, k, v, cu_seqlens_q=cu(lens), cu_seqlens_kv=cu(lens))
     torch.testing.assert_close(o, want, rtol=0, atol=0)
-    ref_check("seq 1", o.view(b, s, h, d)[1:2, :5], q[1:2, :5], k[1:2, :5], v[1:2, :5], seed,
-              mask="causal")
+    ref_check(
+        "seq 1",
+        o.view(b, s, h, d)[1:2, :5],
+        q[1:2, :5],
+        k[1:2, :5],
+        v[1:2, :5],
+        seed,
+        mask="causal",
+    )
     holes = mask.clone()
     holes[0, 2] = True  # a padded token inside sequence 0
     with pytest.raises(NotImplementedError, match="right padding"):
@@ -223,13 +388,22 @@ def test_attention_mask_is_ignored_for_non_padding_types(rng, seed):
 def test_max_seqlen_is_checked(rng):
     q = t(rng, 2, 6, 2, 8)
     mod = DPA(2, 8, qkv_format="bshd", attn_mask_type="no_mask")
-    with pytest.raises(ValueError, match="max_seqlen_q is 5 but the bshd tensors have sequence extent 6"):
+    with pytest.raises(
+        ValueError, match="max_seqlen_q is 5 but the bshd tensors have sequence extent 6"
+    ):
         mod(q, q, q, max_seqlen_q=5)
     thd = DPA(2, 8, qkv_format="thd", attn_mask_type="padding")
     tq = t(rng, 10, 2, 8)
     with pytest.raises(ValueError, match="max_seqlen_kv is 5 but the longest sequence has 6"):
-        thd(tq, tq, tq, cu_seqlens_q=cu([4, 6]), cu_seqlens_kv=cu([4, 6]), max_seqlen_q=6,
-            max_seqlen_kv=5)
+        thd(
+            tq,
+            tq,
+            tq,
+            cu_seqlens_q=cu([4, 6]),
+            cu_seqlens_kv=cu([4, 6]),
+            max_seqlen_q=6,
+            max_seqlen_kv=5,
+        )
 
 
 # ----------------------------------------------------------------------------- windows
@@ -258,10 +432,16 @@ def test_te_top_left_windows(rng):
         ("causal_bottom_right", (3, 0), False, (j <= i + 4) & (j >= i + 4 - 3)),
     ]
     for mt, window, brd, allowed in cases:
-        mod = DPA(h, d, qkv_format="bshd", attn_mask_type=mt, window_size=window,
-                  bottom_right_diagonal=brd)
+        mod = DPA(
+            h,
+            d,
+            qkv_format="bshd",
+            attn_mask_type=mt,
+            window_size=window,
+            bottom_right_diagonal=brd,
+        )
         o = mod(q, k, v).view(1, 6, h, d)
-        want = window_ref(q, k, v, allowed, d ** -0.5)
+        want = window_ref(q, k, v, allowed, d**-0.5)
         err = np.abs(np64(o) - want).max()
         assert err < 2e-5, f"{mt} {window} brd={brd}: max error {err:.3e}"
     # TE's rules for windows of non-causal types: (-1, 0) is no window, one open side an error

@@ -19,7 +19,10 @@ import strideattn.torch as sat  # noqa: E402
 from npref import attention_ref, backward_targets, check, grad_magnitude, visible  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
+]
 DTYPES = [torch.float16, torch.bfloat16]
 
 
@@ -41,8 +44,9 @@ def sdpa_fp64(q, k, v, mask="none", window=None, scale=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.MATH):
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
-                                           attn_mask=m, scale=scale)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=m, scale=scale
+        )
     return o.transpose(1, 2)
 
 
@@ -64,7 +68,9 @@ def test_seed_split_views_module(rng, seed, device, dtype, mask_type):
     qkv = torch.randn(s, b, h + 2 * hg, d, device=device).to(dtype).requires_grad_()
     q, k, v = qkv.split([h, hg, hg], dim=2)  # sbhd views, strides (b*1152, 1152, 64, 1)
     assert not q.is_contiguous() and q.stride() == (b * (h + 2 * hg) * d, (h + 2 * hg) * d, d, 1)
-    mod = sat.DotProductAttention(h, d, num_gqa_groups=hg, qkv_format="sbhd", attn_mask_type=mask_type)
+    mod = sat.DotProductAttention(
+        h, d, num_gqa_groups=hg, qkv_format="sbhd", attn_mask_type=mask_type
+    )
     o = mod(q, k, v)
     assert o.shape == (s, b, h * d) and o.dtype == dtype and o.device.type == device
     g = torch.randn(s, b, h * d, device=device).to(dtype)
@@ -78,17 +84,33 @@ def test_seed_split_views_module(rng, seed, device, dtype, mask_type):
 
     bshd = lambda x: np32(x.transpose(0, 1))
     naive = attention_ref(bshd(q), bshd(k), bshd(v), mask=mask, lowp=dtype)
-    check("o", np32(o), np32(ro), naive["o"].transpose(1, 0, 2, 3).reshape(s, b, h * d), dtype, seed)
+    check(
+        "o", np32(o), np32(ro), naive["o"].transpose(1, 0, 2, 3).reshape(s, b, h * d), dtype, seed
+    )
     # Gradients against the backward of the O the op handed it (docs/semantics.md).
-    exact, naive = backward_targets(bshd(q), bshd(k), bshd(v), bshd(o.view(s, b, h, d)),
-                                    bshd(g.view(s, b, h, d)), dtype, mask=mask)
+    exact, naive = backward_targets(
+        bshd(q),
+        bshd(k),
+        bshd(v),
+        bshd(o.view(s, b, h, d)),
+        bshd(g.view(s, b, h, d)),
+        dtype,
+        mask=mask,
+    )
     for name, got in zip(("dq", "dk", "dv"), qkv.grad.split([h, hg, hg], dim=2)):
-        check(name, bshd(got), exact[name], naive[name], dtype, seed, magnitude=grad_magnitude(exact))
+        check(
+            name, bshd(got), exact[name], naive[name], dtype, seed, magnitude=grad_magnitude(exact)
+        )
     # The numpy answer key itself agrees with PyTorch's math backend in fp64 (true gradients).
     true = attention_ref(bshd(q), bshd(k), bshd(v), mask=mask, do=bshd(g.view(s, b, h, d)))
     for name, r in zip(("dq", "dk", "dv"), ref.grad.split([h, hg, hg], dim=2)):
-        np.testing.assert_allclose(true[name], r.transpose(0, 1).cpu().numpy(), rtol=1e-7, atol=1e-9,
-                                   err_msg=f"{name}: numpy fp64 reference vs torch math fp64 (seed {seed})")
+        np.testing.assert_allclose(
+            true[name],
+            r.transpose(0, 1).cpu().numpy(),
+            rtol=1e-7,
+            atol=1e-9,
+            err_msg=f"{name}: numpy fp64 reference vs torch math fp64 (seed {seed})",
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -101,20 +123,41 @@ def test_seed_functional_expanded_grad(rng, seed, device):
     o = sa.attention(q, k, v, mask="causal")  # torch + requires_grad -> the autograd op
     assert o.requires_grad
     o.float().sum().backward()
-    exact, naive = backward_targets(np32(q), np32(k), np32(v), np32(o),
-                                    np.ones((b, s, h, d), np.float32), torch.float16, mask="causal")
+    exact, naive = backward_targets(
+        np32(q),
+        np32(k),
+        np32(v),
+        np32(o),
+        np.ones((b, s, h, d), np.float32),
+        torch.float16,
+        mask="causal",
+    )
     for name, got in zip(("dq", "dk", "dv"), qkv.grad.split([h, hg, hg], dim=2)):
-        check(name, np32(got.transpose(0, 1)), exact[name], naive[name], torch.float16, seed,
-              magnitude=grad_magnitude(exact))
+        check(
+            name,
+            np32(got.transpose(0, 1)),
+            exact[name],
+            naive[name],
+            torch.float16,
+            seed,
+            magnitude=grad_magnitude(exact),
+        )
 
 
 # ----------------------------------------------------------------------------- GQA, windows
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mask,window,s_q,s_kv", [
-    ("none", (8, 8), 40, 40), ("causal", (16, 0), 40, 40), ("causal-bottom-right", None, 24, 56),
-    ("none", (-1, 40), 56, 24), ("causal-bottom-right", (5, 0), 24, 56)])
+@pytest.mark.parametrize(
+    "mask,window,s_q,s_kv",
+    [
+        ("none", (8, 8), 40, 40),
+        ("causal", (16, 0), 40, 40),
+        ("causal-bottom-right", None, 24, 56),
+        ("none", (-1, 40), 56, 24),
+        ("causal-bottom-right", (5, 0), 24, 56),
+    ],
+)
 def test_gqa_windows(rng, seed, device, mask, window, s_q, s_kv):
     b, h, hg, d_qk, d_v = 2, 8, 2, 64, 32
     torch.manual_seed(seed)
@@ -133,8 +176,9 @@ def test_gqa_windows(rng, seed, device, mask, window, s_q, s_kv):
     exact = attention_ref(np32(q), np32(k), np32(v), mask=mask, window=window)
     check("o", np32(o), np32(ro), naive["o"], dtype, seed)
     check("lse", np32(lse), exact["lse"], naive["lse"], dtype, seed, lse=True)
-    exact, naive = backward_targets(np32(q), np32(k), np32(v), np32(o), np32(do), dtype,
-                                    mask=mask, window=window)
+    exact, naive = backward_targets(
+        np32(q), np32(k), np32(v), np32(o), np32(do), dtype, mask=mask, window=window
+    )
     mag = grad_magnitude(exact)
     check("dq", np32(q.grad), exact["dq"], naive["dq"], dtype, seed, magnitude=mag)
     dk, dv = kv.grad.split([d_qk, d_v], dim=3)
@@ -163,22 +207,37 @@ def test_varlen_thd_module(rng, seed, device, padded):
     kvbuf = torch.randn(t_kv, 2 * hg, d, device=device).to(dtype).requires_grad_()
     k, v = kvbuf.split([hg, hg], dim=1)
     ti = lambda a: torch.tensor(a, dtype=torch.int32, device=device)
-    mod = sat.DotProductAttention(h, d, num_gqa_groups=hg, qkv_format="thd", attn_mask_type="padding_causal")
-    o = mod(qbuf, k, v, cu_seqlens_q=ti(cu_q), cu_seqlens_kv=ti(cu_kv),
-            cu_seqlens_q_padded=ti(pad_q) if padded else None,
-            cu_seqlens_kv_padded=ti(pad_kv) if padded else None,
-            max_seqlen_q=max(lens_q), max_seqlen_kv=max(lens_kv))
+    mod = sat.DotProductAttention(
+        h, d, num_gqa_groups=hg, qkv_format="thd", attn_mask_type="padding_causal"
+    )
+    o = mod(
+        qbuf,
+        k,
+        v,
+        cu_seqlens_q=ti(cu_q),
+        cu_seqlens_kv=ti(cu_kv),
+        cu_seqlens_q_padded=ti(pad_q) if padded else None,
+        cu_seqlens_kv_padded=ti(pad_kv) if padded else None,
+        max_seqlen_q=max(lens_q),
+        max_seqlen_kv=max(lens_kv),
+    )
     assert o.shape == (t_q, h * d)
     do = torch.randn_like(o)
     o.backward(do)
-    opts = dict(mask="causal", seqlens_q=lens_q, seqlens_kv=lens_kv,
-                offsets_q=pad_q[:-1] if padded else None, offsets_kv=pad_kv[:-1] if padded else None)
+    opts = dict(
+        mask="causal",
+        seqlens_q=lens_q,
+        seqlens_kv=lens_kv,
+        offsets_q=pad_q[:-1] if padded else None,
+        offsets_kv=pad_kv[:-1] if padded else None,
+    )
     args = (np32(qbuf), np32(k), np32(v))
     exact = attention_ref(*args, **opts)
     naive = attention_ref(*args, lowp=dtype, **opts)
     check("o", np32(o.view(t_q, h, d)), exact["o"], naive["o"], dtype, seed)
-    gexact, gnaive = backward_targets(*args, np32(o.view(t_q, h, d)), np32(do.view(t_q, h, d)),
-                                      dtype, **opts)
+    gexact, gnaive = backward_targets(
+        *args, np32(o.view(t_q, h, d)), np32(do.view(t_q, h, d)), dtype, **opts
+    )
     mag = grad_magnitude(gexact)
     check("dq", np32(qbuf.grad), gexact["dq"], gnaive["dq"], dtype, seed, magnitude=mag)
     dk, dv = kvbuf.grad.split([hg, hg], dim=1)
@@ -188,8 +247,12 @@ def test_varlen_thd_module(rng, seed, device, padded):
     i = 2
     sq = slice(int(pad_q[i]), int(pad_q[i]) + lens_q[i])
     skv = slice(int(pad_kv[i]), int(pad_kv[i]) + lens_kv[i])
-    r = sdpa_fp64(qbuf.detach().double()[sq][None], k.detach().double()[skv][None],
-                  v.detach().double()[skv][None], "causal")[0]
+    r = sdpa_fp64(
+        qbuf.detach().double()[sq][None],
+        k.detach().double()[skv][None],
+        v.detach().double()[skv][None],
+        "causal",
+    )[0]
     check("o[seq 2]", np32(o.view(t_q, h, d)[sq]), np32(r), naive["o"][sq], dtype, seed)
 
 
@@ -203,10 +266,10 @@ def test_bshd_padding_mask(rng, seed, device):
     mod = sat.DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="padding_causal")
     o = mod(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu).view(b, s, h, d)
     for i, n in enumerate(lens):
-        args = [np32(x[i:i + 1, :n]) for x in (q, k, v)]
+        args = [np32(x[i : i + 1, :n]) for x in (q, k, v)]
         exact = attention_ref(*args, mask="causal")
         naive = attention_ref(*args, mask="causal", lowp=torch.float16)
-        check(f"o[{i}]", np32(o[i:i + 1, :n]), exact["o"], naive["o"], torch.float16, seed)
+        check(f"o[{i}]", np32(o[i : i + 1, :n]), exact["o"], naive["o"], torch.float16, seed)
         assert (o[i, n:] == 0).all(), "padding rows of O must be 0"
 
 
@@ -218,8 +281,9 @@ class Block(torch.nn.Module):
         super().__init__()
         self.h, self.hg = h, hg
         self.proj = torch.nn.Linear(d * 4, (h + 2 * hg) * d, bias=False)
-        self.attn = sat.DotProductAttention(h, d, num_gqa_groups=hg, qkv_format="sbhd",
-                                            attn_mask_type="causal")
+        self.attn = sat.DotProductAttention(
+            h, d, num_gqa_groups=hg, qkv_format="sbhd", attn_mask_type="causal"
+        )
 
     def forward(self, x):  # x [s, b, 4d]
         s, b, _ = x.shape
@@ -290,12 +354,22 @@ def test_stream_and_cupy_in_out(rng, seed):
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         buf = cupy.asarray(host)
-        q, k, v = (x.transpose(1, 0, 2, 3) for x in (buf[:, :, :h], buf[:, :, h:h + hg], buf[:, :, h + hg:]))
+        q, k, v = (
+            x.transpose(1, 0, 2, 3)
+            for x in (buf[:, :, :h], buf[:, :, h : h + hg], buf[:, :, h + hg :])
+        )
         o, lse = sa.attention(q, k, v, mask="causal", return_lse=True)
-        assert isinstance(o, cupy.ndarray) and o.dtype == cupy.float16 and isinstance(lse, cupy.ndarray)
+        assert (
+            isinstance(o, cupy.ndarray)
+            and o.dtype == cupy.float16
+            and isinstance(lse, cupy.ndarray)
+        )
         o_host, lse_host = cupy.asnumpy(o, stream=stream), cupy.asnumpy(lse, stream=stream)
         stream.synchronize()
-    args = [x.transpose(1, 0, 2, 3) for x in (host[:, :, :h], host[:, :, h:h + hg], host[:, :, h + hg:])]
+    args = [
+        x.transpose(1, 0, 2, 3)
+        for x in (host[:, :, :h], host[:, :, h : h + hg], host[:, :, h + hg :])
+    ]
     exact = attention_ref(*args, mask="causal")
     naive = attention_ref(*args, mask="causal", lowp=np.float16)
     check("o", o_host, exact["o"], naive["o"], np.float16, seed)
@@ -335,9 +409,11 @@ def test_attention_needing_grad_loads_the_torch_layer_on_first_use():
     import subprocess
     import sys
 
-    code = ("import sys, torch, strideattn as sa\n"
-            "q = torch.randn(1, 6, 2, 16, requires_grad=True)\n"
-            "o = sa.attention(q, q.detach(), q.detach(), mask='top_left')\n"
-            "assert 'strideattn.torch' in sys.modules and o.requires_grad\n"
-            "o.sum().backward(); assert q.grad is not None and q.grad.abs().sum() > 0\n")
+    code = (
+        "import sys, torch, strideattn as sa\n"
+        "q = torch.randn(1, 6, 2, 16, requires_grad=True)\n"
+        "o = sa.attention(q, q.detach(), q.detach(), mask='top_left')\n"
+        "assert 'strideattn.torch' in sys.modules and o.requires_grad\n"
+        "o.sum().backward(); assert q.grad is not None and q.grad.abs().sum() > 0\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

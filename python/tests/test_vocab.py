@@ -15,21 +15,31 @@ B, SQ, SKV, H, D = 2, 7, 12, 2, 16
 SPELLINGS = {
     "none": ["none", "no_mask", "no-mask"],
     "causal": ["causal", "top_left", "causal_top_left", "causal-top-left", "top-left"],
-    "causal_bottom_right": ["causal_bottom_right", "causal-bottom-right", "bottom_right",
-                            "bottom-right"],
+    "causal_bottom_right": [
+        "causal_bottom_right",
+        "causal-bottom-right",
+        "bottom_right",
+        "bottom-right",
+    ],
 }
 
 
 def _qkv(rng, dtype=np.float32):
-    return (rng.standard_normal((B, SQ, H, D)).astype(dtype),
-            rng.standard_normal((B, SKV, H, D)).astype(dtype),
-            rng.standard_normal((B, SKV, H, D)).astype(dtype))
+    return (
+        rng.standard_normal((B, SQ, H, D)).astype(dtype),
+        rng.standard_normal((B, SKV, H, D)).astype(dtype),
+        rng.standard_normal((B, SKV, H, D)).astype(dtype),
+    )
 
 
 def test_canonical_names():
     assert sa.MASKS == ("none", "causal", "causal_bottom_right")
-    assert sa.MASK_ALIASES == {"no_mask": "none", "top_left": "causal",
-                               "causal_top_left": "causal", "bottom_right": "causal_bottom_right"}
+    assert sa.MASK_ALIASES == {
+        "no_mask": "none",
+        "top_left": "causal",
+        "causal_top_left": "causal",
+        "bottom_right": "causal_bottom_right",
+    }
 
 
 @pytest.mark.parametrize("canonical", list(SPELLINGS))
@@ -67,8 +77,15 @@ def test_unknown_mask_lists_the_vocabulary(rng):
         sa.attention(q, k, v, mask="bottom_left")
     msg = str(e.value)
     assert "mask='bottom_left' is not a mask" in msg
-    for name in ("none", "causal", "causal_bottom_right", "no_mask", "top_left",
-                 "causal_top_left", "bottom_right"):
+    for name in (
+        "none",
+        "causal",
+        "causal_bottom_right",
+        "no_mask",
+        "top_left",
+        "causal_top_left",
+        "bottom_right",
+    ):
         assert name in msg
     with pytest.raises(ValueError, match="mask='top_left ish' is not a mask"):
         sa.explain(q, k, v, mask="top_left ish")
@@ -79,10 +96,12 @@ def test_an_array_as_mask_is_described_not_printed(rng):
     q, k, v = _qkv(rng)
     big = np.zeros((B, 1, SQ, SKV), bool)
     big[0, 0, 3, 5] = True
-    for fn in (lambda: sa.attention(q, k, v, mask=big),
-               lambda: sa.explain(q, k, v, mask=big),
-               lambda: sa.attention(q, k, v, window=big),
-               lambda: sa.attention(q, k, v, backend=big)):
+    for fn in (
+        lambda: sa.attention(q, k, v, mask=big),
+        lambda: sa.explain(q, k, v, mask=big),
+        lambda: sa.attention(q, k, v, window=big),
+        lambda: sa.attention(q, k, v, backend=big),
+    ):
         with pytest.raises(ValueError) as e:
             fn()
         msg = str(e.value)
@@ -96,7 +115,9 @@ def test_an_array_as_mask_is_described_not_printed(rng):
 def test_cu_seqlens_passed_as_lengths_gets_a_hint(rng):
     t = rng.standard_normal((12, 2, 16)).astype(np.float16)
     cu = np.array([0, 5, 12], np.int32)
-    with pytest.raises(ValueError, match=r"hint: seqlens_q and seqlens_kv start at 0 .*cumulative cu_seqlens"):
+    with pytest.raises(
+        ValueError, match=r"hint: seqlens_q and seqlens_kv start at 0 .*cumulative cu_seqlens"
+    ):
         sa.attention(t, t, t, seqlens_q=cu, seqlens_kv=cu)
     # real lengths whose error has another cause get no such hint
     with pytest.raises(ValueError) as e:

@@ -38,8 +38,7 @@ BackendImpl* cudnn_backend() { return nullptr; }
 
 }  // namespace strideattn::detail
 
-extern "C" __attribute__((visibility("default"))) void strideattn_gpu_module_v1(
-    strideattn::detail::GpuModule* out) {
+extern "C" __attribute__((visibility("default"))) void strideattn_gpu_module_v1(strideattn::detail::GpuModule* out) {
   using namespace strideattn::detail;
   // abi and size sit at the same offsets in every version: answer them first, and fill in
   // the rest only for the interface this module implements.

@@ -45,9 +45,7 @@ struct MaskRule {
     if (right >= 0) hi = min64(hi, i + shift() + right + 1);
     return max64(hi, key_begin(i));  // empty rows give an empty range, never a negative one
   }
-  SA_HD bool visible(std::int64_t i, std::int64_t j) const {
-    return j >= key_begin(i) && j < key_end(i);
-  }
+  SA_HD bool visible(std::int64_t i, std::int64_t j) const { return j >= key_begin(i) && j < key_end(i); }
 
   // Queries that see key j: [query_begin(j), query_end(j)), the inverse of the key range.
   SA_HD std::int64_t query_begin(std::int64_t j) const {
@@ -94,8 +92,7 @@ SA_HD TileRange queries_seeing_key(const MaskRule& m, std::int64_t j) {
 }
 
 // True when every (row, key) pair of the tile is visible, so the kernel may skip masking.
-SA_HD bool tile_fully_visible(const MaskRule& m, std::int64_t r0, std::int64_t r1,
-                              std::int64_t c0, std::int64_t c1) {
+SA_HD bool tile_fully_visible(const MaskRule& m, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
   if (r1 <= r0 || c1 <= c0) return true;
   // The latest begin is at the last row; the earliest end at the first row.
   return m.key_begin(r1 - 1) <= c0 && m.key_end(r0) >= c1;
@@ -141,9 +138,7 @@ struct SequenceTable {
   std::int64_t max_len = 0;
 
   SA_HD bool varlen() const { return seqlens != nullptr; }
-  SA_HD std::int64_t length(std::int64_t batch) const {
-    return varlen() ? seqlens[batch] : max_len;
-  }
+  SA_HD std::int64_t length(std::int64_t batch) const { return varlen() ? seqlens[batch] : max_len; }
   // Position of the sequence's token 0 along the tensor's seq dimension, and batch index.
   SA_HD std::int64_t first_token(std::int64_t batch) const { return varlen() ? offsets[batch] : 0; }
   SA_HD std::int64_t batch_index(std::int64_t batch) const { return varlen() ? 0 : batch; }
@@ -154,8 +149,7 @@ struct SequenceTable {
 };
 
 // Element offset of (token, head) within a sequence span; add the head-dim index.
-SA_HD std::int64_t row_offset(const SequenceSpan& span, const Strides& st, std::int64_t token,
-                              std::int64_t head) {
+SA_HD std::int64_t row_offset(const SequenceSpan& span, const Strides& st, std::int64_t token, std::int64_t head) {
   return span.base + token * st.s + head * st.h;
 }
 
@@ -163,8 +157,8 @@ SA_HD std::int64_t row_offset(const SequenceSpan& span, const Strides& st, std::
 struct LseStrides {
   std::int64_t b = 0, h = 0, s = 0;
 };
-SA_HD std::int64_t lse_offset(const SequenceTable& q, const LseStrides& st, std::int64_t batch,
-                              std::int64_t head, std::int64_t token) {
+SA_HD std::int64_t lse_offset(const SequenceTable& q, const LseStrides& st, std::int64_t batch, std::int64_t head,
+                              std::int64_t token) {
   return q.batch_index(batch) * st.b + head * st.h + (q.first_token(batch) + token) * st.s;
 }
 
@@ -174,8 +168,8 @@ SA_HD std::int64_t kv_head_of(std::int64_t head, std::int64_t heads, std::int64_
 }
 
 // The mask rule of sequence `batch` given the problem-wide mask and window.
-SA_HD MaskRule mask_for(const SequenceTable& q, const SequenceTable& kv, std::int64_t batch,
-                        int kind, std::int64_t left, std::int64_t right) {
+SA_HD MaskRule mask_for(const SequenceTable& q, const SequenceTable& kv, std::int64_t batch, int kind,
+                        std::int64_t left, std::int64_t right) {
   MaskRule m;
   m.s_q = q.length(batch);
   m.s_kv = kv.length(batch);
@@ -212,9 +206,7 @@ struct AttentionParams {
   Strides q_st, k_st, v_st, o_st, do_st, dq_st, dk_st, dv_st;
   LseStrides lse_st;
 
-  SA_HD MaskRule mask(std::int64_t b) const {
-    return mask_for(q_seq, kv_seq, b, mask_kind, window_left, window_right);
-  }
+  SA_HD MaskRule mask(std::int64_t b) const { return mask_for(q_seq, kv_seq, b, mask_kind, window_left, window_right); }
 };
 
 }  // namespace strideattn::kernel

@@ -45,9 +45,9 @@ inline std::uint16_t float_to_f16(float f) {
   const std::uint32_t u = float_to_bits(f);
   const std::uint16_t sign = std::uint16_t((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;                 // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;                // overflow -> inf
-  if (abs < 0x38800000u) {                                      // subnormal or zero
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow -> inf
+  if (abs < 0x38800000u) {                        // subnormal or zero
     const float a = bits_to_float(abs);
     // round(a * 2^24) with ties to even via float arithmetic
     const float scaled = a * 16777216.0f;
@@ -64,25 +64,37 @@ inline std::uint16_t float_to_f16(float f) {
 // Load element `i` (element offset from base) of a tensor of `dtype` as float / double.
 inline float load_as_float(const void* base, DType dtype, std::int64_t i) {
   switch (dtype) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f16: return f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::f32:
+      return static_cast<const float*>(base)[i];
+    case DType::f16:
+      return f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::bf16:
+      return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
   }
   return 0.f;
 }
 inline void store_from_float(void* base, DType dtype, std::int64_t i, float x) {
   switch (dtype) {
-    case DType::f32: static_cast<float*>(base)[i] = x; return;
-    case DType::f16: static_cast<std::uint16_t*>(base)[i] = float_to_f16(x); return;
-    case DType::bf16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(x); return;
+    case DType::f32:
+      static_cast<float*>(base)[i] = x;
+      return;
+    case DType::f16:
+      static_cast<std::uint16_t*>(base)[i] = float_to_f16(x);
+      return;
+    case DType::bf16:
+      static_cast<std::uint16_t*>(base)[i] = float_to_bf16(x);
+      return;
   }
 }
 // Round a float to the precision of `dtype` (identity for f32).
 inline float round_to(DType dtype, float x) {
   switch (dtype) {
-    case DType::f32: return x;
-    case DType::f16: return f16_to_float(float_to_f16(x));
-    case DType::bf16: return bf16_to_float(float_to_bf16(x));
+    case DType::f32:
+      return x;
+    case DType::f16:
+      return f16_to_float(float_to_f16(x));
+    case DType::bf16:
+      return bf16_to_float(float_to_bf16(x));
   }
   return x;
 }

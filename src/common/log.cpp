@@ -55,8 +55,7 @@ std::string lower(std::string_view text) {
 }
 
 std::string repeated_text(std::uint64_t n, std::string_view message) {
-  return "... repeated " + std::to_string(n) + (n == 1 ? " time: " : " times: ") +
-         std::string(message);
+  return "... repeated " + std::to_string(n) + (n == 1 ? " time: " : " times: ") + std::string(message);
 }
 
 bool power_of_two(std::uint64_t n) { return n != 0 && (n & (n - 1)) == 0; }
@@ -120,10 +119,9 @@ void reset_then(Change change) {
 }
 
 void warn_unknown_env(const std::string& value) {
-  detail::log_line(LogLevel::warn,
-                   "STRIDEATTN_LOG='" + value +
-                       "' is not a log level; accepted (any case): off, error, warn, info, debug, "
-                       "warning, verbose, 0, 1, 2, true, false, yes, no, on, none; using 'warn'");
+  detail::log_line(LogLevel::warn, "STRIDEATTN_LOG='" + value +
+                                       "' is not a log level; accepted (any case): off, error, warn, info, debug, "
+                                       "warning, verbose, 0, 1, 2, true, false, yes, no, on, none; using 'warn'");
 }
 
 // At exit, pending counts go to stderr when no user sink is installed (a user sink may
@@ -145,11 +143,16 @@ struct ExitFlush {
 
 std::string_view to_string(LogLevel level) {
   switch (level) {
-    case LogLevel::off: return "off";
-    case LogLevel::error: return "error";
-    case LogLevel::warn: return "warn";
-    case LogLevel::info: return "info";
-    case LogLevel::debug: return "debug";
+    case LogLevel::off:
+      return "off";
+    case LogLevel::error:
+      return "error";
+    case LogLevel::warn:
+      return "warn";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::debug:
+      return "debug";
   }
   return "unknown";
 }

@@ -17,7 +17,7 @@ enum class PointerKind {
   host,         // ordinary (unregistered) host memory
   pinned_host,  // page-locked host memory (reachable from both sides)
   device,
-  managed,      // unified memory (reachable from both sides)
+  managed,  // unified memory (reachable from both sides)
 };
 
 // Defined in the CUDA backend (src/backends/cuda/cuda_backend.cu), part of the GPU module;
@@ -26,27 +26,30 @@ enum class PointerKind {
 
 [[nodiscard]] inline std::string_view to_string(PointerKind kind) {
   switch (kind) {
-    case PointerKind::unknown: return "unknown";
-    case PointerKind::host: return "host memory";
-    case PointerKind::pinned_host: return "pinned host memory";
-    case PointerKind::device: return "device memory";
-    case PointerKind::managed: return "managed memory";
+    case PointerKind::unknown:
+      return "unknown";
+    case PointerKind::host:
+      return "host memory";
+    case PointerKind::pinned_host:
+      return "pinned host memory";
+    case PointerKind::device:
+      return "device memory";
+    case PointerKind::managed:
+      return "managed memory";
   }
   return "unknown";
 }
 
 // The error for using a pointer of kind `found` as `memory`, or nullopt when that is fine.
-[[nodiscard]] inline std::optional<std::string> memory_mismatch(std::string_view tensor,
-                                                                Memory memory, PointerKind found) {
+[[nodiscard]] inline std::optional<std::string> memory_mismatch(std::string_view tensor, Memory memory,
+                                                                PointerKind found) {
   const bool host = memory == Memory::host;
-  const bool ok = found == PointerKind::unknown || found == PointerKind::managed ||
-                  found == PointerKind::pinned_host ||
+  const bool ok = found == PointerKind::unknown || found == PointerKind::managed || found == PointerKind::pinned_host ||
                   (host ? found == PointerKind::host : found == PointerKind::device);
   if (ok) return std::nullopt;
-  return std::string(tensor) + ".data points to " + std::string(to_string(found)) +
-         " but memory is " + (host ? "host" : "device") + "; pass memory = " +
-         (host ? "device" : "host") + " for these tensors, or copy them to " +
-         (host ? "the host" : "the device");
+  return std::string(tensor) + ".data points to " + std::string(to_string(found)) + " but memory is " +
+         (host ? "host" : "device") + "; pass memory = " + (host ? "device" : "host") +
+         " for these tensors, or copy them to " + (host ? "the host" : "the device");
 }
 
 using PointerClassifier = PointerKind (*)(const void* ptr);
@@ -60,25 +63,22 @@ template <std::size_t N>
 Status check(const Named (&list)[N], Memory memory, PointerClassifier classify) {
   for (const Named& t : list) {
     if (!t.ptr) continue;  // absent optional tensors (LSE, workspace); validation covers the rest
-    if (auto err = memory_mismatch(t.name, memory, classify(t.ptr)))
-      return Status(StatusCode::invalid_argument, *err);
+    if (auto err = memory_mismatch(t.name, memory, classify(t.ptr))) return Status(StatusCode::invalid_argument, *err);
   }
   return Status::Ok();
 }
 }  // namespace memory_check_impl
 
 [[nodiscard]] inline Status check_memory(const ForwardArgs& a, PointerClassifier classify) {
-  const memory_check_impl::Named list[] = {{"q", a.q.data},     {"k", a.k.data},
-                                           {"v", a.v.data},     {"o", a.o.data},
-                                           {"lse", a.lse.data}, {"workspace", a.workspace}};
+  const memory_check_impl::Named list[] = {{"q", a.q.data}, {"k", a.k.data},     {"v", a.v.data},
+                                           {"o", a.o.data}, {"lse", a.lse.data}, {"workspace", a.workspace}};
   return memory_check_impl::check(list, a.memory, classify);
 }
 
 [[nodiscard]] inline Status check_memory(const BackwardArgs& a, PointerClassifier classify) {
   const memory_check_impl::Named list[] = {
-      {"q", a.q.data},   {"k", a.k.data},   {"v", a.v.data},   {"o", a.o.data},
-      {"d_o", a.d_o.data}, {"lse", a.lse.data}, {"dq", a.dq.data}, {"dk", a.dk.data},
-      {"dv", a.dv.data}, {"workspace", a.workspace}};
+      {"q", a.q.data},     {"k", a.k.data},   {"v", a.v.data},   {"o", a.o.data},   {"d_o", a.d_o.data},
+      {"lse", a.lse.data}, {"dq", a.dq.data}, {"dk", a.dk.data}, {"dv", a.dv.data}, {"workspace", a.workspace}};
   return memory_check_impl::check(list, a.memory, classify);
 }
 

@@ -22,8 +22,7 @@ struct SupportRule {
 };
 
 // Runs the rules in order; the first failure becomes the verdict.
-[[nodiscard]] Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules,
-                                     const Problem& problem);
+[[nodiscard]] Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules, const Problem& problem);
 
 class BackendImpl {
  public:

@@ -26,8 +26,7 @@ std::string last_dl_error() {
 // "" when dladdr cannot tell.
 std::string core_directory() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&core_directory), &info) == 0 || info.dli_fname == nullptr)
-    return "";
+  if (dladdr(reinterpret_cast<void*>(&core_directory), &info) == 0 || info.dli_fname == nullptr) return "";
   const std::string file = info.dli_fname;
   const auto slash = file.rfind('/');
   return slash == std::string::npos ? "" : file.substr(0, slash + 1);
@@ -66,8 +65,8 @@ GpuModuleLoad load_gpu_module(const std::string& path) {
   dlerror();
   void* sym = dlsym(handle, STRIDEATTN_GPU_MODULE_ENTRY);
   if (sym == nullptr) {
-    out.error = "the GPU backend module " + path + " has no entry point " +
-                STRIDEATTN_GPU_MODULE_ENTRY + ": " + last_dl_error();
+    out.error = "the GPU backend module " + path + " has no entry point " + STRIDEATTN_GPU_MODULE_ENTRY + ": " +
+                last_dl_error();
     dlclose(handle);
     return out;
   }
@@ -76,10 +75,9 @@ GpuModuleLoad load_gpu_module(const std::string& path) {
   reinterpret_cast<strideattn_gpu_module_fn>(sym)(mod.get());
   if (mod->abi != kGpuModuleAbi || mod->size != sizeof(GpuModule) || mod->cuda == nullptr ||
       mod->query_platform == nullptr) {
-    out.error = "the GPU backend module " + path + " is from another build (interface " +
-                std::to_string(mod->abi) + ", " + std::to_string(mod->size) +
-                " bytes; this library expects " + std::to_string(kGpuModuleAbi) + ", " +
-                std::to_string(sizeof(GpuModule)) + ")";
+    out.error = "the GPU backend module " + path + " is from another build (interface " + std::to_string(mod->abi) +
+                ", " + std::to_string(mod->size) + " bytes; this library expects " + std::to_string(kGpuModuleAbi) +
+                ", " + std::to_string(sizeof(GpuModule)) + ")";
     return out;
   }
   // The module stays loaded for the life of the process (its backends hold GPU state and
@@ -94,8 +92,7 @@ GpuModuleLoad load_gpu_module(const std::string& path) {
 const GpuModuleLoad& gpu_module() {
   static const GpuModuleLoad loaded = [] {
     GpuModuleLoad l = load_build_module();
-    log_line(LogLevel::debug, l.module != nullptr ? std::string("GPU backend module loaded")
-                                                  : l.error);
+    log_line(LogLevel::debug, l.module != nullptr ? std::string("GPU backend module loaded") : l.error);
     return l;
   }();
   return loaded;

@@ -18,9 +18,9 @@ inline constexpr int kGpuModuleAbi = 1;
 
 struct GpuModule {
   int abi = 0;
-  std::size_t size = 0;                  // sizeof(GpuModule) as the module was built
+  std::size_t size = 0;  // sizeof(GpuModule) as the module was built
   BackendImpl* cuda = nullptr;
-  BackendImpl* cudnn = nullptr;          // nullptr: the module was built without cuDNN
+  BackendImpl* cudnn = nullptr;  // nullptr: the module was built without cuDNN
   Platform (*query_platform)() = nullptr;
   // Where a pointer lives (cudaPointerGetAttributes): the memory check of every call.
   PointerKind (*classify_pointer)(const void* ptr) = nullptr;

@@ -69,24 +69,27 @@ BackendImpl* backend_impl(Backend backend) {
     if (g_state.overridden[slot(backend)]) return g_state.impl[slot(backend)];
   }
   switch (backend) {
-    case Backend::reference: return reference_backend();
-    case Backend::cpu: return cpu_backend();
-    case Backend::cuda: return gpu_module().module ? gpu_module().module->cuda : nullptr;
-    case Backend::cudnn: return gpu_module().module ? gpu_module().module->cudnn : nullptr;
-    case Backend::automatic: return nullptr;
+    case Backend::reference:
+      return reference_backend();
+    case Backend::cpu:
+      return cpu_backend();
+    case Backend::cuda:
+      return gpu_module().module ? gpu_module().module->cuda : nullptr;
+    case Backend::cudnn:
+      return gpu_module().module ? gpu_module().module->cudnn : nullptr;
+    case Backend::automatic:
+      return nullptr;
   }
   return nullptr;
 }
 
 std::string missing_backend_reason(Backend backend) {
   const std::string name(to_string(backend));
-  if (backend != Backend::cuda && backend != Backend::cudnn)
-    return "backend '" + name + "' is not part of this build";
+  if (backend != Backend::cuda && backend != Backend::cudnn) return "backend '" + name + "' is not part of this build";
   const GpuModuleLoad& gpu = gpu_module();
   if (gpu.module == nullptr) {
     if (std::string(STRIDEATTN_GPU_MODULE_FILE).empty())
-      return "backend '" + name + "' is not part of this build (built without CUDA: " +
-             STRIDEATTN_CUDA_NOTE + ")";
+      return "backend '" + name + "' is not part of this build (built without CUDA: " + STRIDEATTN_CUDA_NOTE + ")";
     return "backend '" + name + "' is unavailable: " + gpu.error;
   }
   if (backend == Backend::cudnn && !std::string(STRIDEATTN_CUDNN_NOTE).empty())

@@ -13,9 +13,9 @@
 namespace strideattn::detail {
 
 struct Platform {
-  bool gpu = false;       // a CUDA device is usable
-  int sm = 0;             // compute capability major*10 + minor of the current device
-  std::string gpu_name;   // e.g. "NVIDIA H200"
+  bool gpu = false;      // a CUDA device is usable
+  int sm = 0;            // compute capability major*10 + minor of the current device
+  std::string gpu_name;  // e.g. "NVIDIA H200"
 };
 
 // The current device's facts (queried once; CPU-only builds report no GPU), or the faked

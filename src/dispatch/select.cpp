@@ -50,8 +50,7 @@ std::string verdict_line(const Verdict& v) {
 }  // namespace
 
 SpeedClass speed_class(const Problem& problem) {
-  const std::vector<Backend> gpu_first{Backend::cudnn, Backend::cuda, Backend::cpu,
-                                       Backend::reference};
+  const std::vector<Backend> gpu_first{Backend::cudnn, Backend::cuda, Backend::cpu, Backend::reference};
   if (problem.memory == Memory::host)
     return {"host memory",
             {Backend::cpu, Backend::reference, Backend::cudnn, Backend::cuda},
@@ -63,16 +62,13 @@ SpeedClass speed_class(const Problem& problem) {
   return {"sm" + std::to_string(plat.sm) + " device", gpu_first, kAmpereSource};
 }
 
-std::vector<Backend> preference_order(const Problem& problem) {
-  return speed_class(problem).order;
-}
+std::vector<Backend> preference_order(const Problem& problem) { return speed_class(problem).order; }
 
 SupportRule memory_rule(Memory required) {
   return {"memory", [required](const Problem& p) -> std::optional<std::string> {
             if (p.memory == required) return std::nullopt;
             return std::string("tensors are in ") + (p.memory == Memory::host ? "host" : "device") +
-                   " memory; this backend runs on " + (required == Memory::host ? "host" : "device") +
-                   " memory";
+                   " memory; this backend runs on " + (required == Memory::host ? "host" : "device") + " memory";
           }};
 }
 
@@ -82,8 +78,7 @@ SupportRule work_rule(double max_flops, double typical_rate) {
             for (std::int64_t b = 0; b < p.batch; ++b)
               pairs += double(p.varlen ? p.seqlens_q[std::size_t(b)] : p.s_q) *
                        double(p.varlen ? p.seqlens_kv[std::size_t(b)] : p.s_kv);
-            const double flops = 2.0 * pairs * double(p.heads) * double(p.d_qk + p.d_v) *
-                                 (p.is_backward() ? 2.5 : 1.0);
+            const double flops = 2.0 * pairs * double(p.heads) * double(p.d_qk + p.d_v) * (p.is_backward() ? 2.5 : 1.0);
             if (flops <= max_flops) return std::nullopt;
             std::ostringstream os;
             os.precision(3);
@@ -95,8 +90,7 @@ SupportRule work_rule(double max_flops, double typical_rate) {
           }};
 }
 
-Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules,
-                       const Problem& problem) {
+Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules, const Problem& problem) {
   Verdict v;
   v.backend = backend;
   for (const auto& rule : rules) {
@@ -115,9 +109,8 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
   Selection sel;
   std::string why = "requested";
   if (to_string(requested) == "unknown") {
-    sel.status = Status(StatusCode::invalid_argument,
-                        "backend " + std::to_string(static_cast<int>(requested)) +
-                            " is unknown; supported: auto, reference, cpu, cuda, cudnn");
+    sel.status = Status(StatusCode::invalid_argument, "backend " + std::to_string(static_cast<int>(requested)) +
+                                                          " is unknown; supported: auto, reference, cpu, cuda, cudnn");
     return sel;
   }
   if (requested == Backend::automatic) {
@@ -142,11 +135,10 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
   }
 
   if (log_level() >= LogLevel::debug) {
-    log_line(LogLevel::debug, std::string(to_string(problem.direction)) + ": class '" + cls.name +
-                                  "', order " + order_text(cls.order) + " (" + cls.source + ")");
+    log_line(LogLevel::debug, std::string(to_string(problem.direction)) + ": class '" + cls.name + "', order " +
+                                  order_text(cls.order) + " (" + cls.source + ")");
     for (std::size_t i = 0; i < sel.verdicts.size(); ++i)
-      log_line(LogLevel::debug, "verdict " + std::to_string(i + 1) + "/" +
-                                    std::to_string(sel.verdicts.size()) + " " +
+      log_line(LogLevel::debug, "verdict " + std::to_string(i + 1) + "/" + std::to_string(sel.verdicts.size()) + " " +
                                     verdict_line(sel.verdicts[i]));
   }
   const std::string dir(to_string(problem.direction));
@@ -167,12 +159,11 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
         sel.why = dir + runs + std::string(to_string(requested)) + " (" + why + ")";
         report(sel.why);
       } else {
-        sel.status = Status(StatusCode::unsupported,
-                            std::string("backend '") + std::string(to_string(requested)) +
-                                "' (" + why + ") cannot run this problem: " + v.rule + ": " +
-                                v.reason);
-        sel.why = dir + " cannot run on " + std::string(to_string(requested)) + " (" + why +
-                  "): " + v.rule + ": " + v.reason;
+        sel.status =
+            Status(StatusCode::unsupported, std::string("backend '") + std::string(to_string(requested)) + "' (" + why +
+                                                ") cannot run this problem: " + v.rule + ": " + v.reason);
+        sel.why =
+            dir + " cannot run on " + std::string(to_string(requested)) + " (" + why + "): " + v.rule + ": " + v.reason;
         report(sel.why);
       }
       return sel;
@@ -185,13 +176,12 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
       if (!sel.chosen) {
         sel.chosen = v.backend;
         v.reason = "chosen: fastest supported backend for class '" + cls.name + "'";
-        sel.why = dir + runs + std::string(to_string(v.backend)) + " (auto, class '" +
-                  cls.name + "', order " + order_text(cls.order) + "; " +
+        sel.why = dir + runs + std::string(to_string(v.backend)) + " (auto, class '" + cls.name + "', order " +
+                  order_text(cls.order) + "; " +
                   (skipped.empty() ? std::string("first in order") : "skipped " + skipped) + ")";
         report(sel.why);
       } else {
-        v.reason = "supported; ranks after " + std::string(to_string(*sel.chosen)) +
-                   " for class '" + cls.name + "'";
+        v.reason = "supported; ranks after " + std::string(to_string(*sel.chosen)) + " for class '" + cls.name + "'";
       }
       continue;
     }

@@ -30,10 +30,14 @@ enum class Format { bshd, sbhd, bhsd, thd };
 
 const char* format_name(Format f) {
   switch (f) {
-    case Format::bshd: return "bshd";
-    case Format::sbhd: return "sbhd";
-    case Format::bhsd: return "bhsd";
-    case Format::thd: return "thd";
+    case Format::bshd:
+      return "bshd";
+    case Format::sbhd:
+      return "sbhd";
+    case Format::bhsd:
+      return "bhsd";
+    case Format::thd:
+      return "thd";
   }
   return "?";
 }
@@ -41,10 +45,14 @@ const char* format_name(Format f) {
 // Prefix of a packed name for the q-side format: "sb", "bs", "t".
 const char* row_prefix(Format f) {
   switch (f) {
-    case Format::sbhd: return "sb";
-    case Format::bshd: return "bs";
-    case Format::thd: return "t";
-    case Format::bhsd: break;
+    case Format::sbhd:
+      return "sb";
+    case Format::bshd:
+      return "bs";
+    case Format::thd:
+      return "t";
+    case Format::bhsd:
+      break;
   }
   return "?";
 }
@@ -62,9 +70,12 @@ bool matches_rows(const TensorView& v, Format format, i64 row, i64 head_stride) 
   const i64 b = v.shape[kBatch], s = v.shape[kSeq];
   switch (format) {
     case Format::bshd:
-    case Format::thd: return strides_match(v, {s * row, row, head_stride, 1});
-    case Format::sbhd: return strides_match(v, {row, b * row, head_stride, 1});
-    case Format::bhsd: break;
+    case Format::thd:
+      return strides_match(v, {s * row, row, head_stride, 1});
+    case Format::sbhd:
+      return strides_match(v, {row, b * row, head_stride, 1});
+    case Format::bhsd:
+      break;
   }
   return false;
 }
@@ -91,8 +102,8 @@ std::optional<i64> element_delta(const TensorView& a, const TensorView& b) {
 std::string strides_text(const TensorView& v) {
   return "shape [" + std::to_string(v.shape[0]) + ", " + std::to_string(v.shape[1]) + ", " +
          std::to_string(v.shape[2]) + ", " + std::to_string(v.shape[3]) + "] strides (b " +
-         std::to_string(v.stride[0]) + ", s " + std::to_string(v.stride[1]) + ", h " +
-         std::to_string(v.stride[2]) + ", d " + std::to_string(v.stride[3]) + ")";
+         std::to_string(v.stride[0]) + ", s " + std::to_string(v.stride[1]) + ", h " + std::to_string(v.stride[2]) +
+         ", d " + std::to_string(v.stride[3]) + ")";
 }
 
 // The named contiguous format of one tensor, or a description of its strides.
@@ -189,8 +200,7 @@ std::optional<SharedRows> shared_rows(const Problem& p, const std::vector<const 
     const int row_dim = (f == Format::sbhd) ? kBatch : kSeq;
     const int other_dim = (f == Format::sbhd) ? kSeq : kBatch;
     i64 row = first.shape[row_dim] > 1 ? first.stride[row_dim] : 0;
-    if (row == 0 && first.shape[other_dim] > 1)
-      row = first.stride[other_dim] / std::max<i64>(first.shape[row_dim], 1);
+    if (row == 0 && first.shape[other_dim] > 1) row = first.stride[other_dim] / std::max<i64>(first.shape[row_dim], 1);
     if (row <= 0) continue;
     bool ok = true;
     for (std::size_t i = 0; i < views.size() && ok; ++i) {
@@ -230,9 +240,9 @@ std::optional<std::string> describe_shared(const Problem& p) {
            "), " + geometry_text(*g, p.q) + ", not a named layout";
   }
   if (auto g = shared_rows(p, {&p.k, &p.v}, &deltas)) {
-    return describe_tensor(p, "q", p.q) + "; k, v share one buffer of " + row_prefix(g->format) +
-           "-ordered rows of " + std::to_string(g->row) + " elements (v at element " + std::to_string(deltas[1]) +
-           " from k), " + geometry_text(*g, p.k) + ", not a named layout";
+    return describe_tensor(p, "q", p.q) + "; k, v share one buffer of " + row_prefix(g->format) + "-ordered rows of " +
+           std::to_string(g->row) + " elements (v at element " + std::to_string(deltas[1]) + " from k), " +
+           geometry_text(*g, p.k) + ", not a named layout";
   }
   return std::nullopt;
 }
@@ -255,10 +265,14 @@ std::string output_notes(const Problem& p) {
 
 std::string describe_layout(const Problem& p) {
   std::string name;
-  if (auto n = packed_qkv(p)) name = *n;
-  else if (auto n2 = packed_kv(p)) name = *n2;
-  else if (auto n3 = separate(p)) name = *n3;
-  else if (auto n4 = describe_shared(p)) name = *n4;
+  if (auto n = packed_qkv(p))
+    name = *n;
+  else if (auto n2 = packed_kv(p))
+    name = *n2;
+  else if (auto n3 = separate(p))
+    name = *n3;
+  else if (auto n4 = describe_shared(p))
+    name = *n4;
   else
     name = describe_tensor(p, "q", p.q) + "; " + describe_tensor(p, "k", p.k) + "; " + describe_tensor(p, "v", p.v);
   return name + output_notes(p);

@@ -37,8 +37,7 @@ void finish_region(Region* r) {
   r->hi = r->base + reach;
 }
 
-Region make_region(const void* data, i64 elem_bytes, const i64* shape, const i64* stride,
-                   int rank) {
+Region make_region(const void* data, i64 elem_bytes, const i64* shape, const i64* stride, int rank) {
   Region r;
   r.base = static_cast<i128>(reinterpret_cast<std::uintptr_t>(data));
   r.run = elem_bytes;
@@ -73,9 +72,7 @@ Region make_region(const void* data, i64 elem_bytes, const i64* shape, const i64
       }
     }
   }
-  std::sort(r.dims.begin(), r.dims.end(), [](const Region::D& a, const Region::D& b) {
-    return a.stride < b.stride;
-  });
+  std::sort(r.dims.begin(), r.dims.end(), [](const Region::D& a, const Region::D& b) { return a.stride < b.stride; });
   finish_region(&r);
   return r;
 }
@@ -128,9 +125,7 @@ std::vector<i128> row_starts(const Region& r) {
 Region region_of(const TensorView& v) {
   return make_region(v.data, static_cast<i64>(size_of(v.dtype)), v.shape.data(), v.stride.data(), 4);
 }
-Region region_of(const LseView& v) {
-  return make_region(v.data, 4, v.shape.data(), v.stride.data(), 3);
-}
+Region region_of(const LseView& v) { return make_region(v.data, 4, v.shape.data(), v.stride.data(), 3); }
 
 OverlapResult overlap_regions(const Region& a, const Region& b) {
   OverlapResult res;
@@ -210,7 +205,10 @@ OverlapResult overlap_regions(const Region& a, const Region& b) {
         res.witness = lo;
         return res;
       }
-      if (ra[i].hi < rb[j].hi) ++i; else ++j;
+      if (ra[i].hi < rb[j].hi)
+        ++i;
+      else
+        ++j;
     }
     return res;
   }

@@ -12,9 +12,7 @@
 
 namespace strideattn::detail {
 
-std::string_view to_string(Direction d) {
-  return d == Direction::forward ? "forward" : "backward";
-}
+std::string_view to_string(Direction d) { return d == Direction::forward ? "forward" : "backward"; }
 
 namespace {
 
@@ -25,9 +23,8 @@ std::vector<std::int64_t> packed_offsets(const std::vector<std::int64_t>& seqlen
     offsets[i] = next;
     // Saturate: garbage lengths must reach validation (which names them), not overflow here.
     const std::int64_t len = seqlens[i] > 0 ? seqlens[i] : 0;
-    next = len > std::numeric_limits<std::int64_t>::max() - next
-               ? std::numeric_limits<std::int64_t>::max()
-               : next + len;
+    next =
+        len > std::numeric_limits<std::int64_t>::max() - next ? std::numeric_limits<std::int64_t>::max() : next + len;
   }
   return offsets;
 }

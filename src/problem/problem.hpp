@@ -20,8 +20,8 @@ struct Problem {
   Memory memory = Memory::host;
 
   // sizes
-  std::int64_t batch = 0;            // number of sequences
-  std::int64_t s_q = 0, s_kv = 0;    // dense: extents; varlen: longest sequence
+  std::int64_t batch = 0;          // number of sequences
+  std::int64_t s_q = 0, s_kv = 0;  // dense: extents; varlen: longest sequence
   std::int64_t heads = 0, kv_heads = 0;
   std::int64_t d_qk = 0, d_v = 0;
 
@@ -38,7 +38,7 @@ struct Problem {
 
   // the caller's views (unchanged)
   TensorView q, k, v, o;
-  LseView lse;  // forward: optional output; backward: required input
+  LseView lse;                 // forward: optional output; backward: required input
   TensorView d_o, dq, dk, dv;  // backward only
 
   void* stream = nullptr;

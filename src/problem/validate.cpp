@@ -93,8 +93,7 @@ NamedRegion named_region(const char* name, const LseView& v) {
 // One view alone: sizes, strides, extent overflow, null data.
 template <std::size_t N>
 Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std::array<i64, N>& shape,
-                        const std::array<i64, N>& stride, const char* const* dim_names,
-                        int unit_stride_dim) {
+                        const std::array<i64, N>& stride, const char* const* dim_names, int unit_stride_dim) {
   for (std::size_t i = 0; i < N; ++i) {
     if (shape[i] < 0)
       return invalid(std::string(name) + ": " + dim_names[i] + " extent is " + std::to_string(shape[i]) +
@@ -146,10 +145,8 @@ Status check_tensor_alone(const char* name, const TensorView& v) {
   if (!valid_dtype(v.dtype))
     return invalid(std::string(name) + ": dtype " + std::to_string(static_cast<int>(v.dtype)) +
                    " is unknown; supported: f16, bf16, f32");
-  if (v.shape[kHeadDim] == 0)
-    return invalid(std::string(name) + ": head-dim extent is 0; supported: >= 1");
-  return check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride, kTensorDims,
-                          kHeadDim);
+  if (v.shape[kHeadDim] == 0) return invalid(std::string(name) + ": head-dim extent is 0; supported: >= 1");
+  return check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride, kTensorDims, kHeadDim);
 }
 
 // `a`'s extent of `dim` must equal `b`'s.
@@ -171,11 +168,9 @@ Status check_shapes(const Problem& p) {
     const TensorView *va, *vb;
     int dim;
   } rules[] = {
-      {"k", "q", &p.k, &p.q, kBatch},     {"v", "q", &p.v, &p.q, kBatch},
-      {"v", "k", &p.v, &p.k, kSeq},       {"v", "k", &p.v, &p.k, kHead},
-      {"k", "q", &p.k, &p.q, kHeadDim},   {"o", "q", &p.o, &p.q, kBatch},
-      {"o", "q", &p.o, &p.q, kSeq},       {"o", "q", &p.o, &p.q, kHead},
-      {"o", "v", &p.o, &p.v, kHeadDim},
+      {"k", "q", &p.k, &p.q, kBatch}, {"v", "q", &p.v, &p.q, kBatch},   {"v", "k", &p.v, &p.k, kSeq},
+      {"v", "k", &p.v, &p.k, kHead},  {"k", "q", &p.k, &p.q, kHeadDim}, {"o", "q", &p.o, &p.q, kBatch},
+      {"o", "q", &p.o, &p.q, kSeq},   {"o", "q", &p.o, &p.q, kHead},    {"o", "v", &p.o, &p.v, kHeadDim},
   };
   for (const auto& r : rules)
     if (Status s = same_extent(r.a, *r.va, r.b, *r.vb, r.dim); !s.ok()) return s;
@@ -183,9 +178,9 @@ Status check_shapes(const Problem& p) {
     return invalid("q has " + std::to_string(p.heads) + " heads but k and v have " + std::to_string(p.kv_heads) +
                    "; supported: heads % kv_heads == 0, or both 0 (an empty problem)");
   if (p.kv_heads > 0 && p.heads % p.kv_heads != 0)
-    return invalid("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " +
-                   std::to_string(p.kv_heads) + " (q has " + std::to_string(p.heads) + " heads, k and v " +
-                   std::to_string(p.kv_heads) + "); supported: heads % kv_heads == 0");
+    return invalid("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " + std::to_string(p.kv_heads) +
+                   " (q has " + std::to_string(p.heads) + " heads, k and v " + std::to_string(p.kv_heads) +
+                   "); supported: heads % kv_heads == 0");
   if (p.is_backward()) {
     if (Status s = same_shape("dO", p.d_o, "o", p.o); !s.ok()) return s;
     if (Status s = same_shape("dq", p.dq, "q", p.q); !s.ok()) return s;
@@ -197,8 +192,7 @@ Status check_shapes(const Problem& p) {
 
 Status check_options(const Problem& p) {
   if (p.memory != Memory::host && p.memory != Memory::device)
-    return invalid("memory " + std::to_string(static_cast<int>(p.memory)) +
-                   " is unknown; supported: host, device");
+    return invalid("memory " + std::to_string(static_cast<int>(p.memory)) + " is unknown; supported: host, device");
   const int mask = static_cast<int>(p.mask);
   if (mask < 0 || mask > static_cast<int>(MaskKind::causal_bottom_right))
     return invalid("mask kind " + std::to_string(mask) + " is unknown; supported: none, causal, causal_bottom_right");
@@ -210,8 +204,8 @@ Status check_options(const Problem& p) {
   // a window near INT64_MAX would overflow it and silently mask every key.
   for (const auto& [side, w] : {std::pair{"left", p.window.left}, std::pair{"right", p.window.right}})
     if (w > kMaxWindow)
-      return invalid(std::string("window ") + side + " is " + std::to_string(w) +
-                     "; supported: -1 (unbounded) or 0.." + std::to_string(kMaxWindow) +
+      return invalid(std::string("window ") + side + " is " + std::to_string(w) + "; supported: -1 (unbounded) or 0.." +
+                     std::to_string(kMaxWindow) +
                      " (2^62; a window as wide as the sequence already acts as unbounded)");
   // Normal fp32 range: backends multiply fp32 scores by the scale rounded to fp32, so a
   // value that rounds to inf, 0 or a subnormal would change the answer.
@@ -223,8 +217,8 @@ Status check_options(const Problem& p) {
       return std::string(buf, r.ptr);
     };
     return invalid("scale is " + shortest(p.scale) + "; supported: a finite value > 0 that is a normal fp32 number (" +
-                   shortest(std::numeric_limits<float>::min()) + " to " +
-                   shortest(std::numeric_limits<float>::max()) + ")");
+                   shortest(std::numeric_limits<float>::min()) + " to " + shortest(std::numeric_limits<float>::max()) +
+                   ")");
   }
   return Status::Ok();
 }
@@ -250,8 +244,8 @@ Status check_varlen_side(const char* side, const char* tensor, const std::vector
                      std::to_string(offsets[i]) + "; supported: >= 0");
     const i128 end = static_cast<i128>(offsets[i]) + seqlens[i];
     if (end > tokens)
-      return invalid(std::string(tensor) + ": sequence " + std::to_string(i) + " runs to token " + str(end) +
-                     " but " + tensor + " has " + std::to_string(tokens) + " tokens");
+      return invalid(std::string(tensor) + ": sequence " + std::to_string(i) + " runs to token " + str(end) + " but " +
+                     tensor + " has " + std::to_string(tokens) + " tokens");
     if (seqlens[i] > 0) seqs.push_back({offsets[i], static_cast<i64>(end), i});
   }
   std::sort(seqs.begin(), seqs.end(), [](const Seq& a, const Seq& b) { return a.begin < b.begin; });
@@ -287,8 +281,7 @@ Status check_lse(const Problem& p) {
       return invalid("lse: data is null; supported: backward needs the forward's LSE [b, h, s_q] (fp32)");
     return Status::Ok();  // forward: LSE not requested
   }
-  if (Status s = check_view_alone("lse", p.lse.data, 4, p.lse.shape, p.lse.stride, kLseDims, -1); !s.ok())
-    return s;
+  if (Status s = check_view_alone("lse", p.lse.data, 4, p.lse.shape, p.lse.stride, kLseDims, -1); !s.ok()) return s;
   const std::array<i64, 3> want{p.varlen ? 1 : p.q.shape[kBatch], p.q.shape[kHead], p.q.shape[kSeq]};
   if (p.lse.shape != want)
     return invalid("lse: shape " + shape_str(p.lse.shape) + " differs from " +
@@ -334,8 +327,8 @@ Status check_overlap(const Problem& p) {
       return invalid(std::string(out.name) + " may overlap " + other.name +
                      " in memory (byte ranges intersect and the strides are too irregular to check "
                      "exactly); supported: outputs disjoint from every other tensor");
-    return invalid(std::string(out.name) + " overlaps " + other.name + " in memory " +
-                   witness_text(out, other, r) + "; supported: outputs disjoint from every other tensor");
+    return invalid(std::string(out.name) + " overlaps " + other.name + " in memory " + witness_text(out, other, r) +
+                   "; supported: outputs disjoint from every other tensor");
   };
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     for (const NamedRegion& in : inputs)

@@ -5,6 +5,7 @@ field's offset equal the C compiler's (SA_CXX: a compiler to build the probe wit
 SA_C_LIB set to libstrideattn_c.so, calls through it reach the library with the fields where
 the library reads them (a reference-backend forward on host memory against a plain-Python
 softmax, and a bad head-dim stride refused with its message). Runs without a GPU."""
+
 import ctypes
 import math
 import os
@@ -22,8 +23,12 @@ import sa_abi  # noqa: E402
 
 
 def structs():
-    return [(name, getattr(sa_abi, name)) for name in dir(sa_abi)
-            if isinstance(getattr(sa_abi, name), type) and issubclass(getattr(sa_abi, name), ctypes.Structure)]
+    return [
+        (name, getattr(sa_abi, name))
+        for name in dir(sa_abi)
+        if isinstance(getattr(sa_abi, name), type)
+        and issubclass(getattr(sa_abi, name), ctypes.Structure)
+    ]
 
 
 class GeneratedModuleTest(unittest.TestCase):
@@ -31,27 +36,37 @@ class GeneratedModuleTest(unittest.TestCase):
         with open(gen_abi.HEADER) as f:
             expected = gen_abi.generate(f.read())
         with open(gen_abi.MODULE) as f:
-            self.assertEqual(f.read(), expected, "bench/sa_abi.py is stale: run python3 bench/gen_abi.py")
+            self.assertEqual(
+                f.read(), expected, "bench/sa_abi.py is stale: run python3 bench/gen_abi.py"
+            )
 
     def test_a_header_change_is_seen(self):
         with open(gen_abi.HEADER) as f:
             header = f.read()
-        changed = header.replace("int32_t deterministic;", "int32_t deterministic;\n  int64_t planted;")
+        changed = header.replace(
+            "int32_t deterministic;", "int32_t deterministic;\n  int64_t planted;"
+        )
         self.assertNotEqual(changed, header)
         self.assertIn('("planted", ctypes.c_int64)', gen_abi.generate(changed))
         self.assertNotEqual(gen_abi.generate(changed), gen_abi.generate(header))
 
     def test_unknown_syntax_is_an_error_not_a_guess(self):
         with self.assertRaises(gen_abi.ParseError):
-            gen_abi.generate("typedef struct sa_x { unsigned long long v; } sa_x;\n"
-                             "enum sa_e { A = 0 };\nSA_API int sa_f(void);")
+            gen_abi.generate(
+                "typedef struct sa_x { unsigned long long v; } sa_x;\n"
+                "enum sa_e { A = 0 };\nSA_API int sa_f(void);"
+            )
 
     def test_layout_matches_the_compiler(self):
         cxx = os.environ.get("SA_CXX") or shutil.which("c++") or shutil.which("g++")
         if not cxx:
             self.skipTest("no C++ compiler found (set SA_CXX)")
-        lines = ['#include <cstddef>', '#include <cstdio>', '#include "strideattn/strideattn.h"',
-                 "int main() {"]
+        lines = [
+            "#include <cstddef>",
+            "#include <cstdio>",
+            '#include "strideattn/strideattn.h"',
+            "int main() {",
+        ]
         expected = []
         for name, cls in structs():
             lines.append(f'  std::printf("%zu\\n", sizeof({name}));')
@@ -64,10 +79,15 @@ class GeneratedModuleTest(unittest.TestCase):
             src, exe = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe")
             with open(src, "w") as f:
                 f.write("\n".join(lines) + "\n")
-            subprocess.run([cxx, "-std=c++17", "-I", os.path.join(REPO, "include"), src, "-o", exe],
-                           check=True)
-            got = [int(x) for x in subprocess.run([exe], capture_output=True, text=True,
-                                                  check=True).stdout.split()]
+            subprocess.run(
+                [cxx, "-std=c++17", "-I", os.path.join(REPO, "include"), src, "-o", exe], check=True
+            )
+            got = [
+                int(x)
+                for x in subprocess.run(
+                    [exe], capture_output=True, text=True, check=True
+                ).stdout.split()
+            ]
         self.assertEqual(got, expected)
         self.assertGreater(len(expected), 40)
 
@@ -81,16 +101,27 @@ class LibraryCallTest(unittest.TestCase):
     def view(self, buf, shape):
         # [b, s, h, d] contiguous f32 strides
         b, s, h, d = shape
-        return sa_abi.sa_tensor_view(ctypes.addressof(buf), sa_abi.SA_F32, (ctypes.c_int64 * 4)(*shape),
-                                     (ctypes.c_int64 * 4)(s * h * d, h * d, d, 1))
+        return sa_abi.sa_tensor_view(
+            ctypes.addressof(buf),
+            sa_abi.SA_F32,
+            (ctypes.c_int64 * 4)(*shape),
+            (ctypes.c_int64 * 4)(s * h * d, h * d, d, 1),
+        )
 
     def args(self, q, k, v, o, lse, s_q, s_kv, d, causal):
         a = sa_abi.sa_forward_args()
         a.struct_size = ctypes.sizeof(a)
-        a.q, a.k, a.v = self.view(q, (1, s_q, 1, d)), self.view(k, (1, s_kv, 1, d)), self.view(v, (1, s_kv, 1, d))
+        a.q, a.k, a.v = (
+            self.view(q, (1, s_q, 1, d)),
+            self.view(k, (1, s_kv, 1, d)),
+            self.view(v, (1, s_kv, 1, d)),
+        )
         a.o = self.view(o, (1, s_q, 1, d))
-        a.lse = sa_abi.sa_lse_view(ctypes.addressof(lse), (ctypes.c_int64 * 3)(1, 1, s_q),
-                                   (ctypes.c_int64 * 3)(s_q, s_q, 1))
+        a.lse = sa_abi.sa_lse_view(
+            ctypes.addressof(lse),
+            (ctypes.c_int64 * 3)(1, 1, s_q),
+            (ctypes.c_int64 * 3)(s_q, s_q, 1),
+        )
         a.options.mask = sa_abi.SA_MASK_CAUSAL if causal else sa_abi.SA_MASK_NONE
         a.backend = sa_abi.SA_BACKEND_REFERENCE
         a.memory = sa_abi.SA_MEMORY_HOST

@@ -2,6 +2,7 @@
 """bench/compare_sdpa.py where no GPU is needed: its command line (--help, bad --runs, an
 --only that matches nothing, no PyTorch / no CUDA device: exit 2 saying why), the shape list
 against the recorded data, and how measured rows become the data file and the table."""
+
 import os
 import subprocess
 import sys
@@ -22,8 +23,18 @@ class CommandLineTest(unittest.TestCase):
     def test_help(self):
         r = run("--help")
         self.assertEqual(r.returncode, 0, r.stderr)
-        for opt in ("--lib", "--quick", "--only", "--backends", "--runs", "--out", "--results-dir",
-                    "--append-results", "--fwd-only", "--strideattn"):
+        for opt in (
+            "--lib",
+            "--quick",
+            "--only",
+            "--backends",
+            "--runs",
+            "--out",
+            "--results-dir",
+            "--append-results",
+            "--fwd-only",
+            "--strideattn",
+        ):
             self.assertIn(opt, r.stdout)
 
     def test_runs_below_protocol_is_refused(self):
@@ -40,6 +51,7 @@ class CommandLineTest(unittest.TestCase):
     def test_without_torch_or_gpu_exits_2_saying_why(self):
         try:
             import torch
+
             if torch.cuda.is_available():
                 self.skipTest("a CUDA device is present: this path is for machines without one")
         except ImportError:
@@ -56,36 +68,63 @@ class ShapesAndRecordsTest(unittest.TestCase):
         shapes = cs.design_shapes(False)
         self.assertEqual(len(shapes), 3 * 5 * 2 + 5 + 2)
         self.assertEqual(len(cs.design_shapes(True)), 2 * 2 + 1 + 2)
-        full = [(p, d) for p, d in render.data_files(render.RESULTS) if len(d["rows"]) == 2 * len(shapes)]
+        full = [
+            (p, d)
+            for p, d in render.data_files(render.RESULTS)
+            if len(d["rows"]) == 2 * len(shapes)
+        ]
         self.assertTrue(full, "no full-list data file in bench/results/")
-        recorded = [(r["shape"], r["mask"], r["dtype"], r["b"], r["h"], r["hg"], r["s"], r["d"])
-                    for r in full[-1][1]["rows"] if r["mode"] == "fwd"]
-        ours = [(s.name, "causal" if s.causal else "none", s.dtype, s.b, s.h, s.hg, s.s, s.d)
-                for s in shapes]
+        recorded = [
+            (r["shape"], r["mask"], r["dtype"], r["b"], r["h"], r["hg"], r["s"], r["d"])
+            for r in full[-1][1]["rows"]
+            if r["mode"] == "fwd"
+        ]
+        ours = [
+            (s.name, "causal" if s.causal else "none", s.dtype, s.b, s.h, s.hg, s.s, s.d)
+            for s in shapes
+        ]
         self.assertEqual(ours, recorded)
 
     def test_rows_become_data_and_table(self):
         sh = cs.Shape("gqa 64/8 s8k", 2, 8192, 64, 8, 128, True)
-        row = cs.Row(sh, {("sdpa-flash", "fwd"): 336.4, ("sdpa-cudnn", "fwd"): 605.0,
-                          ("cuda", "fwd"): 412.0, ("cudnn", "fwd"): "error: graph build failed"})
+        row = cs.Row(
+            sh,
+            {
+                ("sdpa-flash", "fwd"): 336.4,
+                ("sdpa-cudnn", "fwd"): 605.0,
+                ("cuda", "fwd"): 412.0,
+                ("cudnn", "fwd"): "error: graph build failed",
+            },
+        )
         data = cs.data_rows([row], ["cuda", "cudnn"], ["fwd"])
         self.assertEqual(len(data), 1)
         d = data[0]
-        self.assertEqual((d["h"], d["hg"], d["mask"], d["dtype"], d["layout"]), (64, 8, "causal", "bf16", "bshd"))
-        self.assertEqual(d["tflops"], {"sdpa-flash": 336.4, "sdpa-cudnn": 605.0, "cuda": 412.0, "cudnn": None})
+        self.assertEqual(
+            (d["h"], d["hg"], d["mask"], d["dtype"], d["layout"]), (64, 8, "causal", "bf16", "bshd")
+        )
+        self.assertEqual(
+            d["tflops"], {"sdpa-flash": 336.4, "sdpa-cudnn": 605.0, "cuda": 412.0, "cudnn": None}
+        )
         self.assertAlmostEqual(d["ratios"]["cuda/flash"], 412.0 / 336.4)
         self.assertIsNone(d["ratios"]["cudnn/flash"])
         self.assertEqual(d["not_measured"], {"cudnn": "error: graph build failed"})
         table = render.table(data, ["cuda", "cudnn"])
-        self.assertIn("| gqa 64/8 s8k: 2, 64/8, 8192, 128 | causal | bf16 | fwd | 336 | 605 | 412 | 1.22 | 0.68 "
-                      "| — | — | — |", table)
+        self.assertIn(
+            "| gqa 64/8 s8k: 2, 64/8, 8192, 128 | causal | bf16 | fwd | 336 | 605 | 412 | 1.22 | 0.68 "
+            "| — | — | — |",
+            table,
+        )
         self.assertIn("- gqa 64/8 s8k fwd cudnn: error: graph build failed", table)
 
     def test_data_file_name(self):
-        self.assertEqual(cs.data_file_name("2026-12-01", "NVIDIA H200", "abc1234"),
-                         "2026-12-01-nvidia-h200-abc1234.json")
-        self.assertEqual(cs.data_file_name("2026-12-01", "NVIDIA A100-SXM4-80GB", "unknown"),
-                         "2026-12-01-nvidia-a100-sxm4-80gb-unknown.json")
+        self.assertEqual(
+            cs.data_file_name("2026-12-01", "NVIDIA H200", "abc1234"),
+            "2026-12-01-nvidia-h200-abc1234.json",
+        )
+        self.assertEqual(
+            cs.data_file_name("2026-12-01", "NVIDIA A100-SXM4-80GB", "unknown"),
+            "2026-12-01-nvidia-a100-sxm4-80gb-unknown.json",
+        )
 
     def test_flops_convention(self):
         sh = cs.Shape("x", 2, 4, 3, 3, 8, True)

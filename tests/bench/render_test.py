@@ -3,6 +3,7 @@
 the data files in bench/results/ render to; rendering is deterministic; the table has the
 columns compare_sdpa.py has always printed; a changed number or a missing marker is caught.
 Runs without a GPU (stdlib only)."""
+
 import copy
 import json
 import os
@@ -23,8 +24,11 @@ def newest_file():
 
 class RenderTest(unittest.TestCase):
     def test_readme_is_up_to_date_with_the_data(self):
-        rc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "render.py"), "--check"],
-                            capture_output=True, text=True)
+        rc = subprocess.run(
+            [sys.executable, os.path.join(REPO, "bench", "render.py"), "--check"],
+            capture_output=True,
+            text=True,
+        )
         self.assertEqual(rc.returncode, 0, rc.stderr)
 
     def test_every_data_file_loads_and_has_the_table_columns(self):
@@ -49,18 +53,33 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(render.summary(render.RESULTS), render.summary(render.RESULTS))
 
     def test_table_format_is_compare_sdpa_s(self):
-        rows = [{"shape": "seed strided", "b": 8, "h": 16, "hg": 1, "s": 2048, "d": 64,
-                 "mask": "causal", "dtype": "fp16", "mode": "fwd",
-                 "tflops": {"sdpa-flash": 183.4, "sdpa-cudnn": 290.0, "cuda": 238.2, "cudnn": None},
-                 "not_measured": {"cudnn": "n/a: unsupported"}}]
+        rows = [
+            {
+                "shape": "seed strided",
+                "b": 8,
+                "h": 16,
+                "hg": 1,
+                "s": 2048,
+                "d": 64,
+                "mask": "causal",
+                "dtype": "fp16",
+                "mode": "fwd",
+                "tflops": {"sdpa-flash": 183.4, "sdpa-cudnn": 290.0, "cuda": 238.2, "cudnn": None},
+                "not_measured": {"cudnn": "n/a: unsupported"},
+            }
+        ]
         got = render.table(rows, ["cuda", "cudnn"])
-        self.assertEqual(got.splitlines()[0],
-                         "| shape (b, h/hg, s, d) | mask | dtype | mode | SDPA flash | SDPA cuDNN | "
-                         "ours cuda | cuda/flash | cuda/sdpa-cudnn | ours cudnn | cudnn/flash | "
-                         "cudnn/sdpa-cudnn |")
-        self.assertEqual(got.splitlines()[2],
-                         "| seed strided: 8, 16/1, 2048, 64 | causal | fp16 | fwd | 183 | 290 | 238 | "
-                         "1.30 | 0.82 | — | — | — |")
+        self.assertEqual(
+            got.splitlines()[0],
+            "| shape (b, h/hg, s, d) | mask | dtype | mode | SDPA flash | SDPA cuDNN | "
+            "ours cuda | cuda/flash | cuda/sdpa-cudnn | ours cudnn | cudnn/flash | "
+            "cudnn/sdpa-cudnn |",
+        )
+        self.assertEqual(
+            got.splitlines()[2],
+            "| seed strided: 8, 16/1, 2048, 64 | causal | fp16 | fwd | 183 | 290 | 238 | "
+            "1.30 | 0.82 | — | — | — |",
+        )
         self.assertIn("Not measured:\n- seed strided fwd cudnn: n/a: unsupported", got)
 
     def test_a_changed_number_makes_the_check_fail(self):
@@ -72,8 +91,15 @@ class RenderTest(unittest.TestCase):
                 shutil.copy(p, results)
             readme = os.path.join(tmp, "README.md")
             shutil.copy(render.README, readme)
-            check = [sys.executable, os.path.join(REPO, "bench", "render.py"), "--check",
-                     "--results", results, "--readme", readme]
+            check = [
+                sys.executable,
+                os.path.join(REPO, "bench", "render.py"),
+                "--check",
+                "--results",
+                results,
+                "--readme",
+                readme,
+            ]
             self.assertEqual(subprocess.run(check, capture_output=True).returncode, 0)
             planted = copy.deepcopy(data)
             planted["rows"][0]["tflops"]["cuda"] = 9999

@@ -96,14 +96,13 @@ TEST(CApi, OversizedStructSizeIsRefusedWithoutReadingPastTheStruct) {
   auto* f = reinterpret_cast<sa_forward_args*>(bytes + page - sizeof(sa_forward_args));
   *f = sa_test_default_forward_args_c();
   char msg[512];
-  for (std::size_t size : {std::size_t{560}, sizeof(sa_forward_args) + 33, std::size_t{1} << 40,
-                           ~std::size_t{0}}) {
+  for (std::size_t size : {std::size_t{560}, sizeof(sa_forward_args) + 33, std::size_t{1} << 40, ~std::size_t{0}}) {
     f->struct_size = size;
     EXPECT_EQ(sa_forward(f, msg, sizeof msg), SA_INVALID_ARGUMENT);
     EXPECT_NE(std::string(msg).find("sa_forward_args.struct_size is " + std::to_string(size) + "; supported: "),
-              std::string::npos) << msg;
-    EXPECT_NE(std::string(msg).find(" to " + std::to_string(sizeof(sa_forward_args) + 32)), std::string::npos)
+              std::string::npos)
         << msg;
+    EXPECT_NE(std::string(msg).find(" to " + std::to_string(sizeof(sa_forward_args) + 32)), std::string::npos) << msg;
     EXPECT_EQ(sa_workspace_size(f, nullptr, msg, sizeof msg), SA_INVALID_ARGUMENT);
   }
   // Backward likewise.
@@ -112,7 +111,8 @@ TEST(CApi, OversizedStructSizeIsRefusedWithoutReadingPastTheStruct) {
   b->struct_size = sizeof(sa_backward_args) + 64;
   EXPECT_EQ(sa_backward(b, msg, sizeof msg), SA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(msg).find("sa_backward_args.struct_size is " + std::to_string(sizeof(sa_backward_args) + 64)),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   // The largest accepted size: its 32-byte tail is read (zero here), then validation runs.
   auto* g = reinterpret_cast<sa_forward_args*>(bytes + page - sizeof(sa_forward_args) - 32);
   std::memset(static_cast<void*>(g), 0, sizeof(sa_forward_args) + 32);
@@ -126,8 +126,7 @@ TEST(CApi, OversizedStructSizeIsRefusedWithoutReadingPastTheStruct) {
 // A valid forward problem over separate bshd host buffers, for error-path tests.
 struct Small {
   static constexpr std::int64_t B = 1, S = 4, H = 2, D = 8;
-  std::vector<std::uint16_t> q = std::vector<std::uint16_t>(B * S * H * D, 0x3f80),
-                             k = q, v = q, o = q;
+  std::vector<std::uint16_t> q = std::vector<std::uint16_t>(B * S * H * D, 0x3f80), k = q, v = q, o = q;
   sa_forward_args args() {
     sa_forward_args a = sa_test_default_forward_args_c();
     const Dims4 shape{B, S, H, D}, stride{S * H * D, H * D, D, 1};
@@ -261,7 +260,7 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
   for (double x : exact)
     if (std::isfinite(x)) max_abs = std::max(max_abs, std::fabs(x));
   const double tol = harness::tolerance(is_lse ? DType::f32 : DType::bf16,
-                                       {.naive_err = naive_err.max_abs_err, .magnitude = max_abs, .largest = max_abs});
+                                        {.naive_err = naive_err.max_abs_err, .magnitude = max_abs, .largest = max_abs});
   const harness::ErrorStats err = harness::compare(got, exact);
   EXPECT_EQ(err.non_finite, 0) << what;
   EXPECT_LE(err.max_abs_err, tol) << what << ": worst element " << err.worst_index << " = " << err.worst_value

@@ -41,8 +41,8 @@ TEST(AttentionMath, TileFullyVisibleMatchesElementRule) {
         for (std::int64_t c0 = 0; c0 < m.s_kv; ++c0)
           for (std::int64_t c1 = c0 + 1; c1 <= m.s_kv; ++c1, ++checked)
             ASSERT_EQ(strideattn::kernel::tile_fully_visible(m, r0, r1, c0, c1), all_visible(m, r0, r1, c0, c1))
-                << "kind " << m.kind << " s_q " << m.s_q << " s_kv " << m.s_kv << " left " << m.left
-                << " right " << m.right << " rows [" << r0 << ", " << r1 << ") keys [" << c0 << ", " << c1 << ")";
+                << "kind " << m.kind << " s_q " << m.s_q << " s_kv " << m.s_kv << " left " << m.left << " right "
+                << m.right << " rows [" << r0 << ", " << r1 << ") keys [" << c0 << ", " << c1 << ")";
   });
   EXPECT_GT(checked, 100000);
 }
@@ -60,9 +60,9 @@ TEST(AttentionMath, RowsSeeingAllKeysIsTheHoistedTileTest) {
             const bool expect = all_visible(m, r0, r1, c0, c1);
             full += expect;
             ASSERT_EQ(r0 >= rows.begin && r1 <= rows.end, expect)
-                << "kind " << m.kind << " s_q " << m.s_q << " s_kv " << m.s_kv << " left " << m.left
-                << " right " << m.right << " rows [" << r0 << ", " << r1 << ") keys [" << c0 << ", " << c1
-                << ") interval [" << rows.begin << ", " << rows.end << ")";
+                << "kind " << m.kind << " s_q " << m.s_q << " s_kv " << m.s_kv << " left " << m.left << " right "
+                << m.right << " rows [" << r0 << ", " << r1 << ") keys [" << c0 << ", " << c1 << ") interval ["
+                << rows.begin << ", " << rows.end << ")";
           }
       }
   });
@@ -82,9 +82,8 @@ TEST(AttentionMath, QueriesSeeingKeyIsTheElementRule) {
         const bool expect = j < m.s_kv && m.visible(i, j);
         seen += expect;
         ASSERT_EQ(i >= q.begin && i < q.end, expect)
-            << "kind " << m.kind << " s_q " << m.s_q << " s_kv " << m.s_kv << " left " << m.left
-            << " right " << m.right << " query " << i << " key " << j << " interval [" << q.begin << ", "
-            << q.end << ")";
+            << "kind " << m.kind << " s_q " << m.s_q << " s_kv " << m.s_kv << " left " << m.left << " right " << m.right
+            << " query " << i << " key " << j << " interval [" << q.begin << ", " << q.end << ")";
       }
     }
   });

@@ -31,8 +31,7 @@ double formula(const Format& f, std::uint16_t bits) {
   const int e = (bits >> f.man_bits) & ((1 << f.exp_bits) - 1);
   const int m = bits & ((1 << f.man_bits) - 1);
   const double sign = (bits & 0x8000) ? -1.0 : 1.0;
-  if (e == (1 << f.exp_bits) - 1)
-    return m ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
+  if (e == (1 << f.exp_bits) - 1) return m ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
   if (e == 0) return sign * std::ldexp(m, 1 - bias - f.man_bits);
   return sign * std::ldexp(1.0 + std::ldexp(m, -f.man_bits), e - bias);
 }
@@ -89,8 +88,7 @@ TEST(HalfConvert, MidpointsTieToEvenAndNeighboursRoundToNearer) {
         const auto hi = static_cast<std::uint16_t>(sign | (mag + 1));
         const double a = formula(f, lo);
         // the top finite value's upper neighbour, for rounding, is one step further on
-        const double b = mag + 1 == inf ? a + (a - formula(f, static_cast<std::uint16_t>(lo - 1)))
-                                        : formula(f, hi);
+        const double b = mag + 1 == inf ? a + (a - formula(f, static_cast<std::uint16_t>(lo - 1))) : formula(f, hi);
         const float mid = static_cast<float>((a + b) / 2);
         ASSERT_EQ(static_cast<double>(mid), (a + b) / 2) << "midpoint not exact in float";
         const std::uint16_t even = (mag & 1) ? hi : lo;
@@ -129,9 +127,12 @@ TEST(HalfConvert, RandomFloatsMatchANearestValueSearch) {
         const auto it = std::upper_bound(table.begin(), table.end(), ax);  // table[j] > ax
         const auto j = static_cast<std::uint16_t>(it - table.begin());
         const double below = table[j - 1u], above = table[j];
-        if (ax - below < above - ax) want = static_cast<std::uint16_t>(j - 1u);
-        else if (ax - below > above - ax) want = j;
-        else want = ((j - 1u) & 1u) ? j : static_cast<std::uint16_t>(j - 1u);
+        if (ax - below < above - ax)
+          want = static_cast<std::uint16_t>(j - 1u);
+        else if (ax - below > above - ax)
+          want = j;
+        else
+          want = ((j - 1u) & 1u) ? j : static_cast<std::uint16_t>(j - 1u);
       }
       if (std::signbit(x)) want |= 0x8000;
       ASSERT_EQ(f.from_float(x), want) << x;

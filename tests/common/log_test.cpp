@@ -51,13 +51,11 @@ class LogTest : public ::testing::Test {
 
 TEST(LogLevelNames, CaseInsensitiveWithAliases) {
   const std::pair<const char*, LogLevel> cases[] = {
-      {"off", LogLevel::off},     {"OFF", LogLevel::off},      {"0", LogLevel::off},
-      {"false", LogLevel::off},   {"None", LogLevel::off},     {"no", LogLevel::off},
-      {"error", LogLevel::error}, {"ERROR", LogLevel::error},  {"warn", LogLevel::warn},
-      {"Warning", LogLevel::warn}, {"info", LogLevel::info},   {"INFO", LogLevel::info},
-      {"1", LogLevel::info},      {"true", LogLevel::info},    {"On", LogLevel::info},
-      {"yes", LogLevel::info},    {"debug", LogLevel::debug},  {"DeBuG", LogLevel::debug},
-      {"verbose", LogLevel::debug}, {"2", LogLevel::debug}};
+      {"off", LogLevel::off},     {"OFF", LogLevel::off},      {"0", LogLevel::off},         {"false", LogLevel::off},
+      {"None", LogLevel::off},    {"no", LogLevel::off},       {"error", LogLevel::error},   {"ERROR", LogLevel::error},
+      {"warn", LogLevel::warn},   {"Warning", LogLevel::warn}, {"info", LogLevel::info},     {"INFO", LogLevel::info},
+      {"1", LogLevel::info},      {"true", LogLevel::info},    {"On", LogLevel::info},       {"yes", LogLevel::info},
+      {"debug", LogLevel::debug}, {"DeBuG", LogLevel::debug},  {"verbose", LogLevel::debug}, {"2", LogLevel::debug}};
   for (const auto& [text, level] : cases) {
     SCOPED_TRACE(text);
     ASSERT_TRUE(log_level_from_string(text).has_value());
@@ -117,15 +115,14 @@ TEST_F(LogEnvDeathTest, PendingRepeatsReachStderrAtExit) {
 
 TEST_F(LogTest, RepeatsFoldIntoPowerOfTwoCountsAndAFinalFlush) {
   for (int i = 0; i < 100; ++i) detail::log_line(LogLevel::info, "forward runs on cpu (x)");
-  const std::vector<std::string> want = {
-      "forward runs on cpu (x)",
-      "... repeated 1 time: forward runs on cpu (x)",
-      "... repeated 2 times: forward runs on cpu (x)",
-      "... repeated 4 times: forward runs on cpu (x)",
-      "... repeated 8 times: forward runs on cpu (x)",
-      "... repeated 16 times: forward runs on cpu (x)",
-      "... repeated 32 times: forward runs on cpu (x)",
-      "... repeated 64 times: forward runs on cpu (x)"};
+  const std::vector<std::string> want = {"forward runs on cpu (x)",
+                                         "... repeated 1 time: forward runs on cpu (x)",
+                                         "... repeated 2 times: forward runs on cpu (x)",
+                                         "... repeated 4 times: forward runs on cpu (x)",
+                                         "... repeated 8 times: forward runs on cpu (x)",
+                                         "... repeated 16 times: forward runs on cpu (x)",
+                                         "... repeated 32 times: forward runs on cpu (x)",
+                                         "... repeated 64 times: forward runs on cpu (x)"};
   EXPECT_EQ(messages(), want);
   flush_log();
   ASSERT_EQ(g_recs.size(), want.size() + 1);
@@ -154,8 +151,7 @@ TEST_F(LogTest, DebugLogsEveryMessage) {
 
 TEST_F(LogTest, NothingBelowTheLevel) {
   set_log_level(LogLevel::off);
-  for (LogLevel l : {LogLevel::error, LogLevel::warn, LogLevel::info, LogLevel::debug})
-    detail::log_line(l, "m");
+  for (LogLevel l : {LogLevel::error, LogLevel::warn, LogLevel::info, LogLevel::debug}) detail::log_line(l, "m");
   flush_log();
   EXPECT_TRUE(g_recs.empty());
   set_log_level(LogLevel::warn);
@@ -170,8 +166,7 @@ TEST_F(LogTest, SettingTheLevelFlushesThenForgetsCounts) {
   for (int i = 0; i < 3; ++i) detail::log_line(LogLevel::info, "m");  // first, 1, 2
   set_log_level(LogLevel::info);
   detail::log_line(LogLevel::info, "m");  // a fresh first occurrence
-  EXPECT_EQ(messages(), (std::vector<std::string>{"m", "... repeated 1 time: m",
-                                                  "... repeated 2 times: m", "m"}));
+  EXPECT_EQ(messages(), (std::vector<std::string>{"m", "... repeated 1 time: m", "... repeated 2 times: m", "m"}));
 }
 
 TEST_F(LogTest, SinkGetsUserDataAndMayCallTheLibrary) {
@@ -203,8 +198,7 @@ TEST_F(LogTest, ManyThreadsOneFirstLineAndAnExactTotal) {
   int firsts = 0;
   for (const Rec& r : g_recs) firsts += r.message == "threaded";
   EXPECT_EQ(firsts, 1);
-  EXPECT_EQ(g_recs.back().message,
-            "... repeated " + std::to_string(kThreads * kEach - 1) + " times: threaded");
+  EXPECT_EQ(g_recs.back().message, "... repeated " + std::to_string(kThreads * kEach - 1) + " times: threaded");
   EXPECT_EQ(g_recs.size(), 1u + 13u + 1u);  // first, 1..4096, final 7999
 }
 

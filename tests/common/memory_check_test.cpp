@@ -43,16 +43,15 @@ TEST(MemoryCheck, EveryForwardTensorIsChecked) {
   g_device = nullptr, g_asked.clear();
   EXPECT_TRUE(check_memory(a, &fake).ok());
   EXPECT_EQ(g_asked.size(), 4u);  // absent LSE and workspace are not asked about
-  const std::pair<const char*, void*> tensors[] = {
-      {"q", buf}, {"k", buf + 1}, {"v", buf + 2}, {"o", buf + 3}, {"lse", buf + 4}, {"workspace", buf + 5}};
+  const std::pair<const char*, void*> tensors[] = {{"q", buf},     {"k", buf + 1},   {"v", buf + 2},
+                                                   {"o", buf + 3}, {"lse", buf + 4}, {"workspace", buf + 5}};
   a.lse.data = reinterpret_cast<float*>(buf + 4);
   a.workspace = buf + 5;
   for (const auto& [name, ptr] : tensors) {
     g_device = ptr;
     const Status s = check_memory(a, &fake);
     EXPECT_EQ(s.code(), StatusCode::invalid_argument) << name;
-    EXPECT_EQ(s.message().rfind(std::string(name) + ".data points to device memory", 0), 0u)
-        << s.message();
+    EXPECT_EQ(s.message().rfind(std::string(name) + ".data points to device memory", 0), 0u) << s.message();
   }
   a.memory = Memory::device;  // now every host pointer is the mismatch; q comes first
   g_device = nullptr;
@@ -67,16 +66,15 @@ TEST(MemoryCheck, EveryBackwardTensorIsChecked) {
   a.lse.data = reinterpret_cast<float*>(buf + 8);
   a.workspace = buf + 9;
   const std::pair<const char*, const void*> tensors[] = {
-      {"q", buf},      {"k", buf + 1},  {"v", buf + 2},   {"o", buf + 3},        {"d_o", buf + 4},
-      {"dq", buf + 5}, {"dk", buf + 6}, {"dv", buf + 7},  {"lse", buf + 8}, {"workspace", buf + 9}};
+      {"q", buf},      {"k", buf + 1},  {"v", buf + 2},  {"o", buf + 3},   {"d_o", buf + 4},
+      {"dq", buf + 5}, {"dk", buf + 6}, {"dv", buf + 7}, {"lse", buf + 8}, {"workspace", buf + 9}};
   g_device = nullptr, g_asked.clear();
   EXPECT_TRUE(check_memory(a, &fake).ok());
   EXPECT_EQ(g_asked.size(), 10u);
   for (const auto& [name, ptr] : tensors) {
     g_device = ptr;
     const Status s = check_memory(a, &fake);
-    EXPECT_EQ(s.message().rfind(std::string(name) + ".data points to device memory", 0), 0u)
-        << s.message();
+    EXPECT_EQ(s.message().rfind(std::string(name) + ".data points to device memory", 0), 0u) << s.message();
   }
 }
 

@@ -100,9 +100,8 @@ class SelectTest : public ::testing::Test {
 TEST_F(SelectTest, HopperDeviceOrderPutsCudnnFirst) {
   FakeBackend cudnn(Backend::cudnn), cuda(Backend::cuda);
   FakeBackend cpu(Backend::cpu, "memory", "host only"), ref(Backend::reference, "memory", "host only");
-  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
-                           {Backend::reference, &ref}},
-                          hopper);
+  ScopedBackendOverride o(
+      {{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu}, {Backend::reference, &ref}}, hopper);
   SmallProblem sp(Memory::device);
   // explain's selection: every verdict, and nothing logged at info (nothing runs)
   Selection sel = select_backend(sp.problem(), Backend::automatic);
@@ -137,9 +136,7 @@ TEST_F(SelectTest, SkippedFasterBackendIsNamedWithItsRuleInOneInfoLine) {
   ASSERT_EQ(g_lines.size(), 1u);
   const std::string& line = g_lines[0];
   EXPECT_NE(line.find("[strideattn] forward runs on cuda"), std::string::npos) << line;
-  EXPECT_NE(line.find("skipped cudnn: head_dim: head dim d_qk = 264; supported: <= 256"),
-            std::string::npos)
-      << line;
+  EXPECT_NE(line.find("skipped cudnn: head_dim: head dim d_qk = 264; supported: <= 256"), std::string::npos) << line;
   EXPECT_EQ(line.find("cpu:"), std::string::npos) << "slower backends are not listed: " << line;
   EXPECT_EQ(sel.why, line.substr(std::string("[strideattn] ").size()));
 }
@@ -147,9 +144,8 @@ TEST_F(SelectTest, SkippedFasterBackendIsNamedWithItsRuleInOneInfoLine) {
 TEST_F(SelectTest, HostMemoryPrefersCpuThenReference) {
   FakeBackend cpu(Backend::cpu, "dtype", "f32 not supported"), ref(Backend::reference);
   FakeBackend cudnn(Backend::cudnn, "memory", "host"), cuda(Backend::cuda, "memory", "host");
-  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
-                           {Backend::reference, &ref}},
-                          hopper);
+  ScopedBackendOverride o(
+      {{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu}, {Backend::reference, &ref}}, hopper);
   SmallProblem sp(Memory::host);
   Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   ASSERT_TRUE(sel.chosen.has_value());
@@ -169,8 +165,7 @@ TEST_F(SelectTest, EnvironmentOverrideWinsOverOrder) {
   ASSERT_TRUE(sel.chosen.has_value());
   EXPECT_EQ(*sel.chosen, Backend::reference);
   ASSERT_EQ(g_lines.size(), 1u);
-  EXPECT_NE(g_lines[0].find("runs on reference (STRIDEATTN_BACKEND=reference)"), std::string::npos)
-      << g_lines[0];
+  EXPECT_NE(g_lines[0].find("runs on reference (STRIDEATTN_BACKEND=reference)"), std::string::npos) << g_lines[0];
   // An explicit request in the arguments is not overridden by the environment.
   Selection explicit_sel = select_backend(sp.problem(), Backend::cpu, VerdictScope::until_chosen);
   ASSERT_TRUE(explicit_sel.chosen.has_value());
@@ -184,8 +179,7 @@ TEST_F(SelectTest, BadEnvironmentValueIsInvalidArgument) {
   EXPECT_FALSE(sel.chosen.has_value());
   EXPECT_EQ(sel.status.code(), StatusCode::invalid_argument);
   EXPECT_NE(sel.status.message().find("STRIDEATTN_BACKEND='flash'"), std::string::npos);
-  EXPECT_NE(sel.status.message().find("supported: auto, reference, cpu, cuda, cudnn"),
-            std::string::npos);
+  EXPECT_NE(sel.status.message().find("supported: auto, reference, cpu, cuda, cudnn"), std::string::npos);
 }
 
 TEST_F(SelectTest, RequestedBackendThatRefusesGivesItsRule) {
@@ -204,9 +198,9 @@ TEST_F(SelectTest, NothingSupportedListsEveryBackendsRule) {
   FakeBackend cudnn(Backend::cudnn, "gpu", "no usable CUDA device");
   FakeBackend cpu(Backend::cpu, "memory", "tensors are in device memory");
   FakeBackend ref(Backend::reference, "memory", "tensors are in device memory");
-  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, nullptr}, {Backend::cpu, &cpu},
-                           {Backend::reference, &ref}},
-                          Platform{});
+  ScopedBackendOverride o(
+      {{Backend::cudnn, &cudnn}, {Backend::cuda, nullptr}, {Backend::cpu, &cpu}, {Backend::reference, &ref}},
+      Platform{});
   SmallProblem sp(Memory::device);
   Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   EXPECT_FALSE(sel.chosen.has_value());
@@ -223,9 +217,8 @@ TEST_F(SelectTest, DebugListsTheClassAndEveryVerdict) {
   set_log_level_for_testing(LogLevel::debug);
   FakeBackend cudnn(Backend::cudnn, "alignment", "q seq stride 1155 elements");
   FakeBackend cuda(Backend::cuda), cpu(Backend::cpu, "memory", "m"), ref(Backend::reference, "memory", "m");
-  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
-                           {Backend::reference, &ref}},
-                          hopper);
+  ScopedBackendOverride o(
+      {{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu}, {Backend::reference, &ref}}, hopper);
   SmallProblem sp(Memory::device);
   Selection sel = select_backend(sp.problem(), Backend::automatic, VerdictScope::until_chosen);
   ASSERT_TRUE(sel.chosen.has_value());
@@ -252,9 +245,8 @@ TEST_F(SelectTest, PublicForwardRunsTheChosenBackendAndExplainShowsEveryVerdict)
   FakeBackend cudnn(Backend::cudnn, "window", "window (3,0) does not map");
   FakeBackend cuda(Backend::cuda);
   FakeBackend cpu(Backend::cpu, "memory", "m"), ref(Backend::reference, "memory", "m");
-  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
-                           {Backend::reference, &ref}},
-                          hopper);
+  ScopedBackendOverride o(
+      {{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu}, {Backend::reference, &ref}}, hopper);
   SmallProblem sp(Memory::device);
   Status s = forward(sp.args);
   ASSERT_TRUE(s.ok()) << s.message();
@@ -291,9 +283,8 @@ TEST_F(SelectTest, OverridesNestAndRestore) {
 TEST_F(SelectTest, RunningCallStopsAskingAtTheChosenBackend) {
   FakeBackend cudnn(Backend::cudnn, "head_dim", "d_qk 264"), cuda(Backend::cuda);
   FakeBackend cpu(Backend::cpu, "memory", "host only"), ref(Backend::reference, "memory", "host only");
-  ScopedBackendOverride o({{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu},
-                           {Backend::reference, &ref}},
-                          hopper);
+  ScopedBackendOverride o(
+      {{Backend::cudnn, &cudnn}, {Backend::cuda, &cuda}, {Backend::cpu, &cpu}, {Backend::reference, &ref}}, hopper);
   SmallProblem sp(Memory::device);
   ASSERT_TRUE(strideattn::forward(sp.args).ok());
   EXPECT_EQ(cuda.forward_calls, 1);

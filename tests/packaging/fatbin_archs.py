@@ -4,6 +4,7 @@ architecture) or `ptx compute_80` for PTX a newer GPU compiles at load time (`-v
 With --expect ARCHS (CMake's CUDA_ARCHITECTURES list, e.g. "80-real;80-virtual;90a-real"),
 exits 1 unless every listed entry is present.
 Usage: fatbin_archs.py LIBRARY [--expect ARCHS]"""
+
 import struct
 import sys
 
@@ -16,16 +17,18 @@ def section(path, name):
         data = f.read()
     if data[:4] != b"\x7fELF" or data[4] != 2:
         raise SystemExit(f"{path}: not a 64-bit ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
     def header(i):
         return struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+
     names = header(shstrndx)
     for i in range(shnum):
         h = header(i)
         start = names[4] + h[0]
-        if data[start:data.index(b"\0", start)].decode() == name:
-            return data[h[4]:h[4] + h[5]]
+        if data[start : data.index(b"\0", start)].decode() == name:
+            return data[h[4] : h[4] + h[5]]
     return b""
 
 
@@ -39,7 +42,7 @@ def entries(blob):
         e, end = pos + header_size, pos + header_size + fat_size
         while e + 32 <= end:
             kind, _u, e_header, e_size = struct.unpack_from("<HHIQ", blob, e)
-            arch, = struct.unpack_from("<I", blob, e + 28)
+            (arch,) = struct.unpack_from("<I", blob, e + 28)
             if e_header == 0:
                 break
             out.append((KINDS.get(kind, f"kind{kind}"), arch))

@@ -13,9 +13,7 @@
 namespace strideattn::detail {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST(GpuLoader, MissingFileNamesItAndDlerror) {
   const std::string path = ::testing::TempDir() + "no-such-dir/libstrideattn_gpu.so.0";

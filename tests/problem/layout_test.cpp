@@ -122,8 +122,8 @@ ProblemSizes varlen(std::int64_t heads, std::int64_t kv_heads, bool same_tokens)
 }
 
 TEST(LayoutNames, EveryNamedLayoutIsNamedBack) {
-  const char* gqa_ok[] = {"bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd",
-                          "sbhd_sb2hd",     "sbhd_sbh2d",     "bshd_bs2hd", "bshd_bsh2d"};
+  const char* gqa_ok[] = {"bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd", "sbhd_sb2hd",
+                          "sbhd_sbh2d",     "bshd_bs2hd",     "bshd_bsh2d"};
   for (const char* name : gqa_ok) {
     EXPECT_EQ(describe(name, dense(4, 2, 5, 7)), name);
     EXPECT_EQ(describe(name, dense(4, 4, 6, 6)), name);

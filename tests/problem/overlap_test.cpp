@@ -95,7 +95,7 @@ TEST(ViewsOverlap, MatchesBruteForceOnRandomSmallViews) {
     return static_cast<std::int64_t>(x % n);
   };
   auto place = [&](TensorView& v) {  // element-aligned, every element within the arena
-    std::int64_t below = 0;  // elements reversed dimensions reach below the data pointer
+    std::int64_t below = 0;          // elements reversed dimensions reach below the data pointer
     for (int i = 0; i < 3; ++i)
       if (v.stride[i] < 0) below += (v.shape[i] - 1) * -v.stride[i];
     v.data = base + static_cast<std::int64_t>(size_of(v.dtype)) * (below + next(200));
@@ -181,7 +181,8 @@ TEST(ViewsOverlap, SelfOverlapMatchesBruteForce) {
       for (std::int64_t s = 0; s < o.shape[1]; ++s)
         for (std::int64_t h = 0; h < o.shape[2]; ++h)
           for (std::int64_t d = 0; d < o.shape[3]; ++d)
-            truth = truth || ++hits[static_cast<std::size_t>(b * o.stride[0] + s * o.stride[1] + h * o.stride[2] + d)] > 1;
+            truth =
+                truth || ++hits[static_cast<std::size_t>(b * o.stride[0] + s * o.stride[1] + h * o.stride[2] + d)] > 1;
     ForwardArgs a;
     a.q = bshd(q.data(), o.shape[0], o.shape[1], o.shape[2], o.shape[3]);
     a.k = bshd(k.data(), o.shape[0], o.shape[1], o.shape[2], o.shape[3]);

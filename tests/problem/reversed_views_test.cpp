@@ -30,9 +30,7 @@ struct Held {
 
   Held(std::int64_t b, std::int64_t s, std::int64_t h, std::array<bool, 4> f)
       : shape{b, s, h, D}, flip(f), buf(static_cast<std::size_t>(b * s * h * D), NAN) {}
-  std::array<std::int64_t, 4> contiguous() const {
-    return {shape[1] * shape[2] * D, shape[2] * D, D, 1};
-  }
+  std::array<std::int64_t, 4> contiguous() const { return {shape[1] * shape[2] * D, shape[2] * D, D, 1}; }
   std::size_t index(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const {
     const std::array<std::int64_t, 4> i{b, s, h, d};
     const auto st = contiguous();
@@ -135,13 +133,16 @@ TEST_P(ReversedViews, MatchContiguousCopies) {
 void match_contiguous_copies(Backend backend) {
   SCOPED_TRACE("pack budget " + std::to_string(cpu::pack_budget().load()));
   const Result want = run(backend, {}, {}, 7);
-  const std::array<std::array<bool, 4>, 5> flips = {{{true, false, false, false}, {false, true, false, false},
-                                                     {false, false, true, false}, {false, false, false, true},
+  const std::array<std::array<bool, 4>, 5> flips = {{{true, false, false, false},
+                                                     {false, true, false, false},
+                                                     {false, false, true, false},
+                                                     {false, false, false, true},
                                                      {true, true, true, true}}};
   for (const auto& f : flips) {
     for (bool inputs : {true, false}) {
       const std::string what = std::string(to_string(backend)) + (inputs ? " inputs" : " outputs") + " flipped " +
-                               std::to_string(f[0]) + std::to_string(f[1]) + std::to_string(f[2]) + std::to_string(f[3]) + ": ";
+                               std::to_string(f[0]) + std::to_string(f[1]) + std::to_string(f[2]) +
+                               std::to_string(f[3]) + ": ";
       const Result got = inputs ? run(backend, f, {}, 7) : run(backend, {}, f, 7);
       expect_close(got.o, want.o, what + "o");
       expect_close(got.lse, want.lse, what + "lse");

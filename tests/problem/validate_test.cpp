@@ -59,7 +59,6 @@ struct Fixture : ::testing::Test {
   }
 };
 
-
 using Validate = Fixture;
 
 TEST_F(Validate, ValidForwardAndBackwardPass) {
@@ -581,8 +580,8 @@ TEST(ValidateGarbage, NeverCrashes) {
     x ^= x << 17;
     return x;
   };
-  const std::int64_t picks[] = {0, 1, 2, -1, 7, 64, 1 << 20, std::numeric_limits<std::int64_t>::max(),
-                                std::numeric_limits<std::int64_t>::min()};
+  const std::int64_t picks[] = {
+      0, 1, 2, -1, 7, 64, 1 << 20, std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()};
   int invalid = 0;
   for (int trial = 0; trial < 2000; ++trial) {
     BackwardArgs a;

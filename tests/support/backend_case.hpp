@@ -32,8 +32,8 @@ inline std::string describe(const CaseReport& r) {
     os << to_string(b.backend) << ": " << b.status << " " << b.reason << " guard_ok=" << b.guard_ok
        << " written_ok=" << b.written_ok;
     for (const auto& c : b.checks)
-      os << "\n  " << c.name << " max_abs_err " << c.err.max_abs_err << " tol " << c.tol
-         << " non_finite " << c.err.non_finite << (c.pass() ? "" : "  FAIL");
+      os << "\n  " << c.name << " max_abs_err " << c.err.max_abs_err << " tol " << c.tol << " non_finite "
+         << c.err.non_finite << (c.pass() ? "" : "  FAIL");
     os << "\n";
   }
   return os.str();
@@ -65,10 +65,9 @@ inline void expect_backend_ok(Backend backend, CaseSpec spec) {
 struct DenseCaseBuilder {
   std::uint64_t seed_offset = 0;
 
-  [[nodiscard]] CaseSpec operator()(DType dtype, std::int64_t b, std::int64_t sq, std::int64_t skv,
-                                    std::int64_t h, std::int64_t hg, std::int64_t dqk,
-                                    std::int64_t dv, MaskKind mask, std::int64_t left = -1,
-                                    std::int64_t right = -1, bool grad = true,
+  [[nodiscard]] CaseSpec operator()(DType dtype, std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
+                                    std::int64_t hg, std::int64_t dqk, std::int64_t dv, MaskKind mask,
+                                    std::int64_t left = -1, std::int64_t right = -1, bool grad = true,
                                     const char* layout = "bshd_bshd_bshd") const {
     CaseSpec s;
     s.dtype = dtype;
@@ -78,8 +77,7 @@ struct DenseCaseBuilder {
     s.options.mask = mask;
     s.options.window = {left, right};
     s.grad = grad;
-    s.seed = static_cast<std::uint64_t>(sq * 1000003 + skv * 101 + dqk * 7 + h + int(mask)) +
-             seed_offset;
+    s.seed = static_cast<std::uint64_t>(sq * 1000003 + skv * 101 + dqk * 7 + h + int(mask)) + seed_offset;
     return s;
   }
 };
@@ -89,30 +87,27 @@ struct DenseCaseBuilder {
 // The seed is seed_base + mask + left + 2 * right, plus d where head_dim_in_seed.
 struct VarlenCaseBuilder {
   std::uint64_t seed_base = 4242;
-  std::int64_t head_dim = 32;     // d when the call gives none
+  std::int64_t head_dim = 32;  // d when the call gives none
   bool head_dim_in_seed = false;
 
-  [[nodiscard]] CaseSpec operator()(DType dtype, std::vector<std::int64_t> lq,
-                                    std::vector<std::int64_t> lk, std::vector<std::int64_t> oq,
-                                    std::vector<std::int64_t> ok, MaskKind mask,
+  [[nodiscard]] CaseSpec operator()(DType dtype, std::vector<std::int64_t> lq, std::vector<std::int64_t> lk,
+                                    std::vector<std::int64_t> oq, std::vector<std::int64_t> ok, MaskKind mask,
                                     std::int64_t left = -1, std::int64_t right = -1,
                                     std::optional<std::int64_t> d = std::nullopt,
                                     const char* layout = "thd_thd_thd") const {
     const std::int64_t dd = d.value_or(head_dim);
-    CaseSpec s = DenseCaseBuilder{}(dtype, static_cast<std::int64_t>(lq.size()), 1, 1, 4, 2, dd,
-                                    dd, mask, left, right, true, layout);
+    CaseSpec s = DenseCaseBuilder{}(dtype, static_cast<std::int64_t>(lq.size()), 1, 1, 4, 2, dd, dd, mask, left, right,
+                                    true, layout);
     s.sizes.seqlens_q = std::move(lq), s.sizes.seqlens_kv = std::move(lk);
     s.sizes.offsets_q = std::move(oq), s.sizes.offsets_kv = std::move(ok);
-    s.seed = seed_base + int(mask) +
-             static_cast<std::uint64_t>(left + 2 * right + (head_dim_in_seed ? dd : 0));
+    s.seed = seed_base + int(mask) + static_cast<std::uint64_t>(left + 2 * right + (head_dim_in_seed ? dd : 0));
     return s;
   }
 };
 
 // `c` with its layout name dropped and explicit views from make(buffer name, heads): h heads
 // for q, o, do, dq and kv_heads for k, v, dk, dv.
-inline CaseSpec with_views(CaseSpec c,
-                           const std::function<ViewSpec(const char*, std::int64_t)>& make) {
+inline CaseSpec with_views(CaseSpec c, const std::function<ViewSpec(const char*, std::int64_t)>& make) {
   c.layout_name.clear();
   auto& v = c.views;
   const std::int64_t h = c.sizes.heads, hg = c.sizes.kv_heads;
@@ -136,13 +131,11 @@ struct SweepRanges {
 // GQA ratios, head dims 8..256 in steps of 8 (d_qk != d_v every fourth case where the layout
 // allows it), every dtype, dense layouts and (every fourth case) varlen; backward on even
 // cases. Draws from `rng` in a fixed order, so a sweep's cases depend only on its rng seed.
-inline CaseSpec sweep_case(int c, std::mt19937_64& rng, const SweepRanges& ranges,
-                           const DenseCaseBuilder& dense, const VarlenCaseBuilder& varlen) {
-  static const MaskKind masks[] = {MaskKind::none, MaskKind::causal,
-                                   MaskKind::causal_bottom_right};
-  static const char* const dense_layouts[] = {"bshd_bshd_bshd", "sbhd_sbhd_sbhd",
-                                              "bhsd_bhsd_bhsd", "sbhd_sb2hd",
-                                              "bshd_bsh2d",     "sb(h+2hg)d"};
+inline CaseSpec sweep_case(int c, std::mt19937_64& rng, const SweepRanges& ranges, const DenseCaseBuilder& dense,
+                           const VarlenCaseBuilder& varlen) {
+  static const MaskKind masks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
+  static const char* const dense_layouts[] = {"bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd",
+                                              "sbhd_sb2hd",     "bshd_bsh2d",     "sb(h+2hg)d"};
   auto pick = [&](std::int64_t lo, std::int64_t hi) {
     return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
   };
@@ -152,8 +145,7 @@ inline CaseSpec sweep_case(int c, std::mt19937_64& rng, const SweepRanges& range
   const MaskKind m = masks[c % 3];
   const std::int64_t left = pick(0, 3) == 0 ? pick(0, ranges.max_window) : -1;
   const std::int64_t right = pick(0, 3) == 0 ? pick(0, ranges.max_window) : -1;
-  const DType t = ranges.dtypes[static_cast<std::size_t>(
-      pick(0, static_cast<std::int64_t>(ranges.dtypes.size()) - 1))];
+  const DType t = ranges.dtypes[static_cast<std::size_t>(pick(0, static_cast<std::int64_t>(ranges.dtypes.size()) - 1))];
   CaseSpec s;
   if (c % 4 == 3) {
     const std::int64_t n = pick(1, 4);
@@ -173,8 +165,8 @@ inline CaseSpec sweep_case(int c, std::mt19937_64& rng, const SweepRanges& range
     const std::string layout = dense_layouts[pick(0, 5)];
     const bool fused = layout.find("(h") != std::string::npos;
     const bool needs_equal_dims = layout.find('2') != std::string::npos || fused;
-    s = dense(t, pick(1, 2), sq, fused ? sq : skv, h, hg, dqk, needs_equal_dims ? dqk : dv, m,
-              left, right, c % 2 == 0, layout.c_str());
+    s = dense(t, pick(1, 2), sq, fused ? sq : skv, h, hg, dqk, needs_equal_dims ? dqk : dv, m, left, right, c % 2 == 0,
+              layout.c_str());
   }
   s.seed = ranges.seed_base + static_cast<std::uint64_t>(c);
   return s;

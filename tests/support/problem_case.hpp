@@ -29,14 +29,14 @@ Status check(const Args& args) {
 }
 
 // The status is invalid_argument and its message holds every piece of `needles`.
-#define EXPECT_INVALID(status, ...)                                                   \
-  do {                                                                                \
-    const Status st_ = (status);                                                      \
-    EXPECT_EQ(st_.code(), StatusCode::invalid_argument) << st_.message();             \
-    for (const char* needle_ : {__VA_ARGS__})                                         \
-      EXPECT_NE(st_.message().find(needle_), std::string::npos)                       \
-          << "message '" << st_.message() << "' lacks '" << needle_ << "'";          \
-    EXPECT_EQ(st_.message().find('\n'), std::string::npos) << "one line";            \
+#define EXPECT_INVALID(status, ...)                                         \
+  do {                                                                      \
+    const Status st_ = (status);                                            \
+    EXPECT_EQ(st_.code(), StatusCode::invalid_argument) << st_.message();   \
+    for (const char* needle_ : {__VA_ARGS__})                               \
+      EXPECT_NE(st_.message().find(needle_), std::string::npos)             \
+          << "message '" << st_.message() << "' lacks '" << needle_ << "'"; \
+    EXPECT_EQ(st_.message().find('\n'), std::string::npos) << "one line";   \
   } while (0)
 
 }  // namespace strideattn::detail

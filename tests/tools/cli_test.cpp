@@ -40,8 +40,8 @@ std::string slurp(const std::string& path) {
 
 // Runs a shell command line, capturing its stdout and stderr.
 Result run_shell(const std::string& command) {
-  const std::string base = ::testing::TempDir() + "strideattn_cli_" +
-                           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string base =
+      ::testing::TempDir() + "strideattn_cli_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
   const std::string cmd = command + " >'" + base + ".out' 2>'" + base + ".err'";
   const int st = std::system(cmd.c_str());
   Result r;
@@ -62,8 +62,7 @@ int lines(const std::string& s) {
   return n;
 }
 
-void expect_invalid(const std::string& args, const std::string& mention,
-                    const std::string& env = "") {
+void expect_invalid(const std::string& args, const std::string& mention, const std::string& env = "") {
   const Result r = run_cli(args, env);
   EXPECT_EQ(r.code, 2) << args << "\nstdout: " << r.out << "\nstderr: " << r.err;
   EXPECT_EQ(lines(r.err), 1) << args << "\nstderr: " << r.err;
@@ -80,9 +79,7 @@ TEST(CliInvalid, BadViewSyntaxMissingStrides) { expect_invalid("check --k kv+3:1
 TEST(CliInvalid, HeadDimStrideNotOne) {
   expect_invalid("check --q q:1,128,4,64:65536,512,128,2 --backends cpu", "stride");
 }
-TEST(CliInvalid, HeadsNotMultipleOfKvHeads) {
-  expect_invalid("check --heads 6 --kv-heads 4 --backends cpu", "6");
-}
+TEST(CliInvalid, HeadsNotMultipleOfKvHeads) { expect_invalid("check --heads 6 --kv-heads 4 --backends cpu", "6"); }
 TEST(CliInvalid, WindowBelowMinusOne) { expect_invalid("check --window -2,0 --backends cpu", "-2"); }
 TEST(CliInvalid, WindowSyntax) { expect_invalid("check --window 3", "--window"); }
 TEST(CliInvalid, OutputOverlapsInput) {
@@ -98,21 +95,17 @@ TEST(CliInvalid, ViewExtentOverflows) {
 // Lengths, offsets and extents near 2^63: an error naming the option and its value, never a
 // signed overflow (UBSan aborted) or "cannot create std::vector larger than max_size()".
 TEST(CliInvalid, SeqlenNear2To63) {
-  expect_invalid("check --seqlen-q 9223372036854775807 --backends cpu",
-                 "--seqlen-q 9223372036854775807");
+  expect_invalid("check --seqlen-q 9223372036854775807 --backends cpu", "--seqlen-q 9223372036854775807");
 }
 TEST(CliInvalid, HeadsTimesHeadDimOverflows) {
-  expect_invalid("check --heads 4294967296 --head-dim 4294967296 --backends cpu",
-                 "--heads 4294967296");
+  expect_invalid("check --heads 4294967296 --head-dim 4294967296 --backends cpu", "--heads 4294967296");
 }
 TEST(CliInvalid, ViewOffsetNear2To63) {
-  expect_invalid("check --q q+9223372036854775807:0,8,2,16:256,32,16,1 --backends cpu",
-                 "--q q+9223372036854775807");
+  expect_invalid("check --q q+9223372036854775807:0,8,2,16:256,32,16,1 --backends cpu", "--q q+9223372036854775807");
 }
 TEST(CliInvalid, ViewShapeAndStridesNear2To63) {
   const std::string big = "9223372036854775807";
-  expect_invalid("check --q q:1," + big + ",1,8:1," + big + ",8,1 --backends cpu",
-                 "--q 'q:1," + big + ",1,8");
+  expect_invalid("check --q q:1," + big + ",1,8:1," + big + ",8,1 --backends cpu", "--q 'q:1," + big + ",1,8");
   expect_invalid("check --q q:1,1099511627776,1,8:1,4611686018427387904,8,1 --backends cpu",
                  "--q q:1,1099511627776,1,8:1,4611686018427387904,8,1: reaches element");
 }
@@ -124,8 +117,8 @@ TEST(CliInvalid, VarlenOffsetNear2To63) {
 // check said 1e9 GiB); what cannot be done is the fp64 reference's work, and it says so.
 TEST(CliInvalid, StrideZeroOverHugeKeyCountIsRefusedForItsWork) {
   const std::string n = "1125899906842624";
-  const std::string args = "check --dtype f32 --q q:1,4,1,8:32,8,8,1 --o o:1,4,1,8:32,8,8,1 --k k:1," +
-                           n + ",1,8:0,0,0,1 --v v:1," + n + ",1,8:0,0,0,1 --backends cpu";
+  const std::string args = "check --dtype f32 --q q:1,4,1,8:32,8,8,1 --o o:1,4,1,8:32,8,8,1 --k k:1," + n +
+                           ",1,8:0,0,0,1 --v v:1," + n + ",1,8:0,0,0,1 --backends cpu";
   expect_invalid(args, "FLOP");
   EXPECT_EQ(run_cli(args).err.find("GiB"), std::string::npos);
 }
@@ -153,10 +146,8 @@ TEST(CliInvalid, PackedLayoutNeedsEqualHeads) {
 TEST(CliInvalid, SizeOptionDisagreesWithView) {
   expect_invalid("check --heads 4 --q q:1,128,2,64:16384,128,64,1 --backends cpu",
                  "--heads 4 but --q q:1,128,2,64:16384,128,64,1 has heads 2");
-  expect_invalid("check --head-dim-v 32 --o o:1,128,4,64:32768,256,64,1 --backends cpu",
-                 "--head-dim-v 32 but --o");
-  expect_invalid("check --seqlen-kv 100 --k k:1,128,4,64:32768,256,64,1 --backends cpu",
-                 "--seqlen-kv 100 but --k");
+  expect_invalid("check --head-dim-v 32 --o o:1,128,4,64:32768,256,64,1 --backends cpu", "--head-dim-v 32 but --o");
+  expect_invalid("check --seqlen-kv 100 --k k:1,128,4,64:32768,256,64,1 --backends cpu", "--seqlen-kv 100 but --k");
   expect_invalid("check --seqlens-q 4,5 --seqlen-q 9 --backends cpu", "--seqlen-q 9");
 }
 TEST(CliInvalid, RepeatedOption) {
@@ -180,8 +171,8 @@ TEST(MaskNames, CanonicalNamesAndAliases) {
   EXPECT_EQ(mask_from_string("bottom_right"), MaskKind::causal_bottom_right);
   for (const char* bad : {"", "Causal", "diagonal", "padding", "causal_bottom", "top-left"})
     EXPECT_FALSE(mask_from_string(bad).has_value()) << bad;
-  for (auto [name, want] : {std::pair{"bottom_right", "causal_bottom_right"},
-                            std::pair{"causal_top_left", "causal"}, std::pair{"no_mask", "none"}}) {
+  for (auto [name, want] : {std::pair{"bottom_right", "causal_bottom_right"}, std::pair{"causal_top_left", "causal"},
+                            std::pair{"no_mask", "none"}}) {
     const Result r = run_cli(std::string("explain --mask ") + name + " --json");
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(nlohmann::json::parse(r.out)["problem"]["mask"], want) << name;
@@ -191,9 +182,7 @@ TEST(MaskNames, CanonicalNamesAndAliases) {
 }
 TEST(CliInvalid, FuzzNeedsCases) { expect_invalid("fuzz --grad", "--cases"); }
 TEST(CliInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --cases 3 --heads 4", "--heads"); }
-TEST(CliInvalid, ExplainValidates) {
-  expect_invalid("explain --heads 5 --kv-heads 2", "5");
-}
+TEST(CliInvalid, ExplainValidates) { expect_invalid("explain --heads 5 --kv-heads 2", "5"); }
 
 // An unknown STRIDEATTN_BACKEND: explain said "auto chooses: nothing (see above)" with nothing
 // above, check and the demo exited 1 (DISAGREES). Now a usage error (exit 2) everywhere.
@@ -270,8 +259,7 @@ TEST(Cli, ProgressLineOnlyOnATerminal) {
   const Result tty = run_shell("script -qec \"" + cli + " fuzz --cases 2 --seed 3 --backends cpu\" /dev/null");
   EXPECT_NE(tty.out.find("strideattn: fuzz: case 2/2, 0 failed"), std::string::npos) << tty.out;
   EXPECT_NE(tty.out.find("fuzz: 2 cases"), std::string::npos) << tty.out;
-  const Result json =
-      run_shell("script -qec \"" + cli + " fuzz --cases 2 --seed 3 --backends cpu --json\" /dev/null");
+  const Result json = run_shell("script -qec \"" + cli + " fuzz --cases 2 --seed 3 --backends cpu --json\" /dev/null");
   EXPECT_EQ(json.out.find("fuzz: case"), std::string::npos) << json.out;
 }
 
@@ -311,8 +299,8 @@ TEST(Cli, CheckJsonHasTheContractFields) {
   EXPECT_EQ(j["problem"]["varlen"]["seqlens_q"].size(), 4u);
   ASSERT_EQ(j["backends"].size(), 3u);
   for (const auto& b : j["backends"]) {
-    for (const char* k : {"backend", "status", "reason", "max_abs_err", "max_rel_err",
-                          "tolerance", "time_ms", "tflops"})
+    for (const char* k :
+         {"backend", "status", "reason", "max_abs_err", "max_rel_err", "tolerance", "time_ms", "tflops"})
       EXPECT_TRUE(b.contains(k)) << k << " missing in " << b.dump();
     if (b["status"] == "ok") {
       EXPECT_TRUE(b["max_abs_err"].is_number());
@@ -449,7 +437,8 @@ TEST(Reproducer, ParsesBackIntoTheSameCase) {
       EXPECT_EQ(got.input_plants[j].tensor, spec.input_plants[j].tensor) << line;
       EXPECT_EQ(got.input_plants[j].index, spec.input_plants[j].index) << line;
       EXPECT_EQ(std::isnan(got.input_plants[j].value), std::isnan(spec.input_plants[j].value)) << line;
-      if (!std::isnan(spec.input_plants[j].value)) EXPECT_EQ(got.input_plants[j].value, spec.input_plants[j].value) << line;
+      if (!std::isnan(spec.input_plants[j].value))
+        EXPECT_EQ(got.input_plants[j].value, spec.input_plants[j].value) << line;
     }
     EXPECT_TRUE(same(got.views.q, spec.views.q)) << line;
     EXPECT_TRUE(same(got.views.k, spec.views.k)) << line;
@@ -465,8 +454,8 @@ TEST(Reproducer, ParsesBackIntoTheSameCase) {
 }
 
 TEST(Fuzz, CoversTheCaseSpace) {
-  int varlen = 0, mqa = 0, dv_differs = 0, window = 0, s1 = 0, sq_gt_skv = 0, sq_lt_skv = 0,
-      explicit_views = 0, f32 = 0;
+  int varlen = 0, mqa = 0, dv_differs = 0, window = 0, s1 = 0, sq_gt_skv = 0, sq_lt_skv = 0, explicit_views = 0,
+      f32 = 0;
   std::set<std::string> layouts;
   for (int i = 0; i < 1000; ++i) {
     const harness::CaseSpec s = random_case(1, i, true);
@@ -483,8 +472,7 @@ TEST(Fuzz, CoversTheCaseSpace) {
     EXPECT_EQ(s.sizes.d_qk % 8, 0);
     EXPECT_LE(s.sizes.d_qk, 256);
   }
-  for (int n : {varlen, mqa, dv_differs, window, s1, sq_gt_skv, sq_lt_skv, explicit_views, f32})
-    EXPECT_GT(n, 20);
+  for (int n : {varlen, mqa, dv_differs, window, s1, sq_gt_skv, sq_lt_skv, explicit_views, f32}) EXPECT_GT(n, 20);
   EXPECT_EQ(layouts.size(), harness::layout_names().size());
 }
 

@@ -10,11 +10,11 @@
 namespace {
 
 using strideattn::DType;
+using strideattn::harness::check_tensor;
 using strideattn::harness::compare;
+using strideattn::harness::half_ulp;
 using strideattn::harness::TensorCheck;
 using strideattn::harness::tolerance;
-using strideattn::harness::half_ulp;
-using strideattn::harness::check_tensor;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 const double kNan = std::nan("");
@@ -106,13 +106,13 @@ TEST(Tolerance, PassIsAtMostTolerance) {
 TEST(NonFinitePolicy, PlantedInputsDemandNanWhereTheReferenceIsNan) {
   const strideattn::harness::NonFinitePolicy planted{.inputs_non_finite = true};
   EXPECT_EQ(compare({kNan}, {kNan}, planted).non_finite, 0);
-  EXPECT_EQ(compare({1.0}, {kNan}, planted).non_finite, 1);    // a hidden NaN
+  EXPECT_EQ(compare({1.0}, {kNan}, planted).non_finite, 1);  // a hidden NaN
   EXPECT_EQ(compare({kInf}, {kNan}, planted).non_finite, 1);
   EXPECT_EQ(compare({-kInf}, {kNan}, planted).non_finite, 1);  // the "no key" answer
   EXPECT_EQ(compare({kInf}, {kInf}, planted).non_finite, 0);
-  EXPECT_EQ(compare({kNan}, {kInf}, planted).non_finite, 0);   // 0 * inf
+  EXPECT_EQ(compare({kNan}, {kInf}, planted).non_finite, 0);  // 0 * inf
   EXPECT_EQ(compare({3.0}, {kInf}, planted).non_finite, 1);
-  EXPECT_EQ(compare({kNan}, {1.0}, planted).non_finite, 0);    // a leak through a shared tile
+  EXPECT_EQ(compare({kNan}, {1.0}, planted).non_finite, 0);  // a leak through a shared tile
   // finite outputs are still compared
   EXPECT_DOUBLE_EQ(compare({kNan, 1.5}, {1.0, 1.0}, planted).max_abs_err, 0.5);
 }

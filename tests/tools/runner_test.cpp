@@ -106,8 +106,7 @@ TEST(Views, LayoutSizesNear2To63AreRefused) {
   EXPECT_NE(s.message().find("--seqlens-q"), std::string::npos) << s.message();
   v.seqlens_q = v.seqlens_kv = {10};
   v.offsets_q = {big - 3};
-  EXPECT_NE(make_layout_views("t3hd", v, &lv).message().find("--offsets-q 9223372036854775804"),
-            std::string::npos);
+  EXPECT_NE(make_layout_views("t3hd", v, &lv).message().find("--offsets-q 9223372036854775804"), std::string::npos);
 }
 
 // The memory pre-check counts each buffer's real extent: offsets and gaps count, logical
@@ -174,10 +173,14 @@ struct PlantCase {
 
 TEST(RunCase, PlantedCorruptionIsCaught) {
   const PlantCase plants[] = {
-      {"value", "o", 0.25, "o[b="},       {"value", "lse", 0.01, "lse[b="},
-      {"value", "dq", 0.25, "dq[b="},     {"value", "dk", -0.25, "dk[b="},
-      {"value", "dv", 0.25, "dv[b="},     {"unwritten", "o", 0, "not written"},
-      {"unwritten", "dk", 0, "not written"}, {"guard", "o", 0, "outside the output views"},
+      {"value", "o", 0.25, "o[b="},
+      {"value", "lse", 0.01, "lse[b="},
+      {"value", "dq", 0.25, "dq[b="},
+      {"value", "dk", -0.25, "dk[b="},
+      {"value", "dv", 0.25, "dv[b="},
+      {"unwritten", "o", 0, "not written"},
+      {"unwritten", "dk", 0, "not written"},
+      {"guard", "o", 0, "outside the output views"},
       {"guard", "dv", 0, "outside the output views"},
   };
   for (const PlantCase& p : plants) {
@@ -187,8 +190,7 @@ TEST(RunCase, PlantedCorruptionIsCaught) {
     ASSERT_TRUE(run_case(spec, {Backend::cpu}, &rep).ok());
     const BackendResult& r = only(rep);
     EXPECT_EQ(r.status, "mismatch") << p.kind << " " << p.tensor;
-    EXPECT_NE(r.reason.find(p.expect_in_reason), std::string::npos)
-        << p.kind << " " << p.tensor << ": " << r.reason;
+    EXPECT_NE(r.reason.find(p.expect_in_reason), std::string::npos) << p.kind << " " << p.tensor << ": " << r.reason;
     EXPECT_FALSE(rep.all_ok());
   }
 }
@@ -211,8 +213,8 @@ TEST(RunCase, DoAliasingOutputGetsTheSameTargetsAsTheBackends) {
       CaseReport rep;
       ASSERT_TRUE(run_case(spec, {Backend::reference, Backend::cpu}, &rep).ok());
       for (const BackendResult& r : rep.backends) {
-        EXPECT_EQ(r.status, "ok") << to_string(dtype) << " same_elements=" << same_elements
-                                  << " " << to_string(r.backend) << ": " << r.reason;
+        EXPECT_EQ(r.status, "ok") << to_string(dtype) << " same_elements=" << same_elements << " "
+                                  << to_string(r.backend) << ": " << r.reason;
         for (const TensorCheck& c : r.checks) EXPECT_EQ(c.err.non_finite, 0) << c.name;
       }
       // Still a real comparison: a planted dv error is caught.

@@ -26,8 +26,7 @@ double median(std::vector<double> v) {
 
 Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, int runs,
                   std::vector<BenchResult>* results, const Progress& progress) {
-  if (results == nullptr)
-    return Status(StatusCode::invalid_argument, "bench_case: results is null");
+  if (results == nullptr) return Status(StatusCode::invalid_argument, "bench_case: results is null");
   results->clear();
   runs = std::max(runs, 20);
   try {
@@ -61,8 +60,7 @@ Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, in
         }
       const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
       const ForwardArgs fa = forward_args(spec, p.cv, bases, b, mem);
-      const BackwardArgs ba =
-          spec.grad ? backward_args(spec, p.cv, bases, b, mem) : BackwardArgs{};
+      const BackwardArgs ba = spec.grad ? backward_args(spec, p.cv, bases, b, mem) : BackwardArgs{};
       auto once = [&]() -> Status {
         if (Status s = forward(fa); !s.ok()) return s;
         if (spec.grad)

@@ -28,9 +28,12 @@ std::uint64_t mix(std::uint64_t seed, const std::string& name) {
 
 std::uint32_t float_bits_in(DType dtype, float x) {
   switch (dtype) {
-    case DType::f32: return detail::float_to_bits(x);
-    case DType::f16: return detail::float_to_f16(x);
-    case DType::bf16: return detail::float_to_bf16(x);
+    case DType::f32:
+      return detail::float_to_bits(x);
+    case DType::f16:
+      return detail::float_to_f16(x);
+    case DType::bf16:
+      return detail::float_to_bf16(x);
   }
   return 0;
 }
@@ -39,9 +42,12 @@ std::uint32_t float_bits_in(DType dtype, float x) {
 
 std::uint32_t poison_bits(DType dtype) {
   switch (dtype) {
-    case DType::f16: return 0x7e5au;       // quiet NaN, payload 0x25a
-    case DType::bf16: return 0x7fa5u;      // quiet NaN, payload 0x25
-    case DType::f32: return 0x7fc5a5a5u;   // quiet NaN, payload 0x45a5a5
+    case DType::f16:
+      return 0x7e5au;  // quiet NaN, payload 0x25a
+    case DType::bf16:
+      return 0x7fa5u;  // quiet NaN, payload 0x25
+    case DType::f32:
+      return 0x7fc5a5a5u;  // quiet NaN, payload 0x45a5a5
   }
   return 0;
 }
@@ -60,9 +66,7 @@ HostBuffer::HostBuffer(std::string name, DType dtype, std::int64_t extent)
   std::memset(storage_.get(), 0, bytes);
 }
 
-std::size_t HostBuffer::total_bytes() const {
-  return std::size_t(total_elems()) * size_of(dtype_);
-}
+std::size_t HostBuffer::total_bytes() const { return std::size_t(total_elems()) * size_of(dtype_); }
 
 void* HostBuffer::data() { return storage_.get() + kGuardElems * size_of(dtype_); }
 const void* HostBuffer::data() const { return storage_.get() + kGuardElems * size_of(dtype_); }
@@ -148,8 +152,7 @@ void BufferSet::prepare_outputs(const std::vector<const ViewSpec*>& views,
                                 const std::vector<std::string>& whole_output_buffers,
                                 const std::vector<const ViewSpec*>& input_views) {
   output_mask_.clear();
-  for (auto& [name, buf] : buffers_)
-    output_mask_[name].assign(std::size_t(buf.total_elems()), 0);
+  for (auto& [name, buf] : buffers_) output_mask_[name].assign(std::size_t(buf.total_elems()), 0);
   for (const std::string& name : whole_output_buffers) {
     HostBuffer& buf = buffers_.at(name);
     std::vector<std::uint8_t>& m = output_mask_[name];
@@ -189,15 +192,15 @@ BufferSet::CheckResult BufferSet::check_after_run() const {
     if (unwritten && r.written_ok) {
       r.written_ok = false;
       std::ostringstream os;
-      os << unwritten << " output element(s) of buffer '" << name
-         << "' not written (first: element " << first_unwritten << ")";
+      os << unwritten << " output element(s) of buffer '" << name << "' not written (first: element " << first_unwritten
+         << ")";
       r.written_msg = os.str();
     }
     if (changed && r.guard_ok) {
       r.guard_ok = false;
       std::ostringstream os;
-      os << changed << " element(s) of buffer '" << name
-         << "' outside the output views changed (first: element " << first_changed;
+      os << changed << " element(s) of buffer '" << name << "' outside the output views changed (first: element "
+         << first_changed;
       if (first_changed < 0)
         os << ", in the front guard band";
       else if (first_changed >= buf.extent())
@@ -211,8 +214,7 @@ BufferSet::CheckResult BufferSet::check_after_run() const {
 
 std::map<std::string, std::vector<std::byte>> BufferSet::save() const {
   std::map<std::string, std::vector<std::byte>> out;
-  for (const auto& [name, buf] : buffers_)
-    out[name].assign(buf.raw(), buf.raw() + buf.total_bytes());
+  for (const auto& [name, buf] : buffers_) out[name].assign(buf.raw(), buf.raw() + buf.total_bytes());
   return out;
 }
 

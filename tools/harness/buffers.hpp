@@ -32,9 +32,9 @@ class HostBuffer {
   [[nodiscard]] std::int64_t extent() const { return extent_; }
   [[nodiscard]] std::int64_t total_elems() const { return extent_ + 2 * kGuardElems; }
   [[nodiscard]] std::size_t total_bytes() const;
-  [[nodiscard]] std::byte* raw() { return storage_.get(); }             // start of front guard
+  [[nodiscard]] std::byte* raw() { return storage_.get(); }  // start of front guard
   [[nodiscard]] const std::byte* raw() const { return storage_.get(); }
-  [[nodiscard]] void* data();                                           // element 0
+  [[nodiscard]] void* data();  // element 0
   [[nodiscard]] const void* data() const;
   // Bits of element i (i may index the guard bands: -kGuardElems <= i < extent + kGuardElems).
   [[nodiscard]] std::uint32_t bits(std::int64_t i) const;
@@ -77,8 +77,7 @@ class BufferSet {
   // Mark the elements of `views` as the outputs of the next run, poison them (buffers only
   // outputs name are poisoned entirely, guard bands included), then snapshot every buffer.
   // `extra_outputs` are whole buffers (the LSE) that are outputs.
-  void prepare_outputs(const std::vector<const ViewSpec*>& views,
-                       const std::vector<std::string>& whole_output_buffers,
+  void prepare_outputs(const std::vector<const ViewSpec*>& views, const std::vector<std::string>& whole_output_buffers,
                        const std::vector<const ViewSpec*>& input_views);
 
   struct CheckResult {

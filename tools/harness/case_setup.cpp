@@ -28,8 +28,10 @@ std::string fmt(double x) {
 namespace {
 
 CaseViews case_views(const CaseSpec& spec) {
-  CaseViews cv{&spec.views.q,  &spec.views.k,  &spec.views.v,  &spec.views.o,
-               &spec.views.d_o, &spec.views.dq, &spec.views.dk, &spec.views.dv, {}, spec.grad};
+  CaseViews cv{&spec.views.q,  &spec.views.k,   &spec.views.v,
+               &spec.views.o,  &spec.views.d_o, &spec.views.dq,
+               &spec.views.dk, &spec.views.dv,  {},
+               spec.grad};
   const std::int64_t b = spec.views.q.shape[kBatch], s = spec.views.q.shape[kSeq];
   const std::int64_t h = spec.views.q.shape[kHead];
   cv.lse.buffer = kLseBuffer;
@@ -42,8 +44,7 @@ CaseViews case_views(const CaseSpec& spec) {
 
 std::int64_t numel(const ViewSpec& v) {
   const auto pos = [](std::int64_t x) { return std::max<std::int64_t>(x, 0); };
-  return checked_product({pos(v.shape[0]), pos(v.shape[1]), pos(v.shape[2]), pos(v.shape[3])})
-      .value_or(kInt64Max);
+  return checked_product({pos(v.shape[0]), pos(v.shape[1]), pos(v.shape[2]), pos(v.shape[3])}).value_or(kInt64Max);
 }
 
 namespace {
@@ -78,8 +79,7 @@ Varlen varlen_of(const ProblemSizes& sizes) {
 // What forward and backward share: q, k, v, the forward's o and lse, options, varlen, and
 // where to run.
 template <class Args>
-Args shared_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
-                 Memory memory) {
+Args shared_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend, Memory memory) {
   Args a;
   a.q = tensor(bases, *cv.q, spec.dtype);
   a.k = tensor(bases, *cv.k, spec.dtype);
@@ -95,13 +95,13 @@ Args shared_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, 
 
 }  // namespace
 
-ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
-                         Backend backend, Memory memory) {
+ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
+                         Memory memory) {
   return shared_args<ForwardArgs>(spec, cv, bases, backend, memory);
 }
 
-BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
-                           Backend backend, Memory memory) {
+BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
+                           Memory memory) {
   BackwardArgs a = shared_args<BackwardArgs>(spec, cv, bases, backend, memory);
   a.d_o = tensor(bases, *cv.d_o, spec.dtype);
   a.dq = tensor(bases, *cv.dq, spec.dtype);
@@ -127,30 +127,28 @@ Status check_view_bounds(const char* tensor_name, const ViewSpec& v) {
   const std::string what = std::string("--") + tensor_name + " " + format_view(v);
   if (v.buffer.empty()) return Status(StatusCode::invalid_argument, what + ": no buffer name");
   if (v.offset < 0)
-    return Status(StatusCode::invalid_argument,
-                  what + ": offset " + std::to_string(v.offset) + " is negative");
+    return Status(StatusCode::invalid_argument, what + ": offset " + std::to_string(v.offset) + " is negative");
   const bool empty = std::any_of(v.shape.begin(), v.shape.end(), [](std::int64_t n) { return n <= 0; });
   const std::int64_t extent = required_extent(v);  // saturates at kInt64Max
   if (extent > kMaxBufferElems)
     return Status(StatusCode::invalid_argument,
-                  what + (empty ? ": starts at element " + std::to_string(v.offset)
-                                : ": reaches element " + (extent == kInt64Max
-                                                              ? std::string("2^63 - 1 or beyond")
-                                                              : std::to_string(extent - 1))) +
-                      " of buffer '" + v.buffer + "'; the harness allocates at most 2^33 "
+                  what +
+                      (empty ? ": starts at element " + std::to_string(v.offset)
+                             : ": reaches element " + (extent == kInt64Max ? std::string("2^63 - 1 or beyond")
+                                                                           : std::to_string(extent - 1))) +
+                      " of buffer '" + v.buffer +
+                      "'; the harness allocates at most 2^33 "
                       "elements per buffer");
   if (empty) return Status::Ok();
   // 128-bit arithmetic, each term clamped to +-2^100: huge strides give a message, not UB.
   constexpr __int128 kClamp = __int128(1) << 100;
   __int128 lowest = v.offset;
   for (int i = 0; i < 4; ++i)
-    if (v.stride[i] < 0)
-      lowest += std::max(__int128(v.shape[i] - 1) * v.stride[i], -kClamp);
+    if (v.stride[i] < 0) lowest += std::max(__int128(v.shape[i] - 1) * v.stride[i], -kClamp);
   if (lowest < 0)
     return Status(StatusCode::invalid_argument,
                   what + ": reaches element " +
-                      (lowest < INT64_MIN ? std::string("below -2^63")
-                                          : std::to_string(std::int64_t(lowest))) +
+                      (lowest < INT64_MIN ? std::string("below -2^63") : std::to_string(std::int64_t(lowest))) +
                       " before the start of buffer '" + v.buffer +
                       "'; offsets and strides must keep every element at index >= 0");
   return Status::Ok();
@@ -172,11 +170,10 @@ Status check_host_memory(const HostMemoryEstimate& e, std::int64_t keys) {
   std::string parts = gib(e.buffers) + " for its buffers (their real extents) and their copies";
   if (e.reference > 0) parts += ", " + gib(e.reference) + " for the fp64 reference's results";
   if (e.scratch > 0)
-    parts += ", " + gib(e.scratch) + " for the reference's copies of K and V (" +
-             std::to_string(keys) + " keys) on each thread";
-  return Status(StatusCode::invalid_argument,
-                "the case needs about " + gib(e.total()) + " of host memory: " + parts +
-                    "; this machine has " + gib(have) + " (at most 75% is used)");
+    parts += ", " + gib(e.scratch) + " for the reference's copies of K and V (" + std::to_string(keys) +
+             " keys) on each thread";
+  return Status(StatusCode::invalid_argument, "the case needs about " + gib(e.total()) + " of host memory: " + parts +
+                                                  "; this machine has " + gib(have) + " (at most 75% is used)");
 }
 
 // CaseSpec::input_scale and input_plants on the freshly drawn buffers. Scaling is per
@@ -194,9 +191,9 @@ Status apply_input_draws(const CaseSpec& spec, Prepared* p) {
       }
     }
   for (const CaseSpec::InputPlant& pl : spec.input_plants) {
-    const ViewSpec* v = pl.tensor == "q"   ? p->cv.q
-                        : pl.tensor == "k" ? p->cv.k
-                        : pl.tensor == "v" ? p->cv.v
+    const ViewSpec* v = pl.tensor == "q"                 ? p->cv.q
+                        : pl.tensor == "k"               ? p->cv.k
+                        : pl.tensor == "v"               ? p->cv.v
                         : pl.tensor == "do" && spec.grad ? p->cv.d_o
                                                          : nullptr;
     if (v == nullptr)
@@ -219,17 +216,15 @@ Status check_reference_work(const detail::Problem& problem) {
   if (flop <= kMaxFlop) return Status::Ok();
   std::ostringstream os;
   os.precision(3);
-  os << "the fp64 reference would need about " << flop << " FLOP for this case's "
-     << to_string(problem.direction) << " (every query against every visible key, "
-     << problem.visible_pairs() << " pairs); the harness checks cases of at most " << kMaxFlop
-     << " FLOP (the reference backend's limit)";
+  os << "the fp64 reference would need about " << flop << " FLOP for this case's " << to_string(problem.direction)
+     << " (every query against every visible key, " << problem.visible_pairs()
+     << " pairs); the harness checks cases of at most " << kMaxFlop << " FLOP (the reference backend's limit)";
   return Status(StatusCode::invalid_argument, os.str());
 }
 
 }  // namespace
 
-Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd,
-               bool with_reference) {
+Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd, bool with_reference) {
   p->cv = case_views(spec);
   const char* names[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
   const std::vector<const ViewSpec*> views = p->cv.data_views();
@@ -237,8 +232,9 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
     if (Status s = check_view_bounds(names[i], *views[i]); !s.ok()) return s;
   if (required_extent(p->cv.lse) > kMaxBufferElems)
     return Status(StatusCode::invalid_argument,
-                  "--q " + format_view(*p->cv.q) + ": its LSE (batch x heads x seqlen, one value "
-                  "per row) needs more than 2^33 elements; the harness allocates at most that");
+                  "--q " + format_view(*p->cv.q) +
+                      ": its LSE (batch x heads x seqlen, one value "
+                      "per row) needs more than 2^33 elements; the harness allocates at most that");
   // Memory of the buffers (and the reference's results) before allocating them; the
   // reference's scratch after its work check, which is the clearer refusal of a stride-0
   // K and V over a huge key count.
@@ -254,17 +250,13 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
   p->overflow_possible = spec.input_scale != 1.0 && fp32_may_overflow(spec, p->bufs);
   p->pristine = p->bufs.save();
   const Bases hb = host_bases(p->bufs);
-  if (Status s = detail::make_problem(
-          forward_args(spec, p->cv, hb, Backend::reference, Memory::host), fwd);
-      !s.ok())
+  if (Status s = detail::make_problem(forward_args(spec, p->cv, hb, Backend::reference, Memory::host), fwd); !s.ok())
     return s;
   if (with_reference)
     if (Status s = check_reference_work(*fwd); !s.ok()) return s;
   p->flops = fwd->flops();
   if (spec.grad) {
-    if (Status s = detail::make_problem(
-            backward_args(spec, p->cv, hb, Backend::reference, Memory::host), bwd);
-        !s.ok())
+    if (Status s = detail::make_problem(backward_args(spec, p->cv, hb, Backend::reference, Memory::host), bwd); !s.ok())
       return s;
     if (with_reference)
       if (Status s = check_reference_work(*bwd); !s.ok()) return s;

@@ -38,10 +38,9 @@ std::int64_t numel(const ViewSpec& v);
 // Element pointers: buffer name -> element 0 (host buffer or its device mirror).
 using Bases = std::map<std::string, std::byte*>;
 
-ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
-                         Backend backend, Memory memory);
-BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases,
-                           Backend backend, Memory memory);
+ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend, Memory memory);
+BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
+                           Memory memory);
 Bases host_bases(BufferSet& bufs);
 
 // Everything one case shares between its backends.
@@ -49,7 +48,7 @@ struct Prepared {
   BufferSet bufs;
   std::map<std::string, std::vector<std::byte>> pristine;
   CaseViews cv;
-  double flops = 0;  // forward, plus backward with grad
+  double flops = 0;                // forward, plus backward with grad
   bool overflow_possible = false;  // fp32_may_overflow()
 };
 
@@ -57,8 +56,7 @@ struct Prepared {
 // work), allocates its buffers with fresh random inputs (CaseSpec::input_scale and
 // input_plants applied), keeps their pristine copy, and makes the forward problem (and with
 // grad the backward problem) on the host buffers.
-Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd,
-               bool with_reference);
+Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd, bool with_reference);
 
 // Wall-clock time of a host-timed run (run_one, and bench_case on host memory).
 using Clock = std::chrono::steady_clock;

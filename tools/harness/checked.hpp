@@ -25,8 +25,7 @@ inline constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max
 }
 
 // The product of every factor; nullopt when it (or a partial product) does not fit.
-[[nodiscard]] inline std::optional<std::int64_t> checked_product(
-    std::initializer_list<std::int64_t> factors) {
+[[nodiscard]] inline std::optional<std::int64_t> checked_product(std::initializer_list<std::int64_t> factors) {
   std::int64_t r = 1;
   for (std::int64_t f : factors)
     if (__builtin_mul_overflow(r, f, &r)) return std::nullopt;

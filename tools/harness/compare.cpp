@@ -17,9 +17,12 @@ namespace {
 // when the naive error happens to be tiny (e.g. O of rows that see one key).
 double floor_of(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 2e-5;
-    case DType::f16: return 1e-4;
-    case DType::bf16: return 1e-3;
+    case DType::f32:
+      return 2e-5;
+    case DType::f16:
+      return 1e-4;
+    case DType::bf16:
+      return 1e-3;
   }
   return 1e-3;
 }
@@ -38,8 +41,7 @@ bool non_finite_agrees(double x, double e, bool naive_overflowed, const NonFinit
 
 }  // namespace
 
-ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact,
-                   const NonFinitePolicy& policy) {
+ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact, const NonFinitePolicy& policy) {
   ErrorStats st;
   const std::size_t n = std::min(out.size(), exact.size());
   std::int64_t first_bad = -1;  // first non-finite disagreement, reported as the worst
@@ -47,8 +49,7 @@ ErrorStats compare(const std::vector<double>& out, const std::vector<double>& ex
     const double x = out[i], e = exact[i];
     if (!std::isfinite(x) || !std::isfinite(e)) {
       const bool overflow = policy.overflow_possible ||
-                            (policy.naive != nullptr && i < policy.naive->size() &&
-                             !std::isfinite((*policy.naive)[i]));
+                            (policy.naive != nullptr && i < policy.naive->size() && !std::isfinite((*policy.naive)[i]));
       if (non_finite_agrees(x, e, overflow, policy)) continue;
       ++st.non_finite;
       if (first_bad < 0) first_bad = std::int64_t(i);
@@ -71,8 +72,7 @@ ErrorStats compare(const std::vector<double>& out, const std::vector<double>& ex
   if (first_bad >= 0) {
     st.worst_index = first_bad;
     st.worst_value = std::size_t(first_bad) < out.size() ? out[std::size_t(first_bad)] : std::nan("");
-    st.worst_expected =
-        std::size_t(first_bad) < exact.size() ? exact[std::size_t(first_bad)] : std::nan("");
+    st.worst_expected = std::size_t(first_bad) < exact.size() ? exact[std::size_t(first_bad)] : std::nan("");
   }
   return st;
 }
@@ -96,8 +96,8 @@ double max_abs_finite(const std::vector<double>& values) {
 }
 
 TensorCheck check_tensor(std::string name, DType dtype, const std::vector<double>& out,
-                         const std::vector<double>& naive, const std::vector<double>& exact,
-                         double magnitude, bool inputs_non_finite, bool overflow_possible) {
+                         const std::vector<double>& naive, const std::vector<double>& exact, double magnitude,
+                         bool inputs_non_finite, bool overflow_possible) {
   TensorCheck c;
   c.name = std::move(name);
   const double largest = max_abs_finite(exact);

@@ -12,11 +12,11 @@
 namespace strideattn::harness {
 
 struct ErrorStats {
-  double max_abs_err = 0;      // max |out - exact|
-  double max_rel_err = 0;      // max |out - exact| / max(|exact|, 1e-6) over finite elements
+  double max_abs_err = 0;         // max |out - exact|
+  double max_rel_err = 0;         // max |out - exact| / max(|exact|, 1e-6) over finite elements
   std::int64_t worst_index = -1;  // logical (row-major) index of the worst element
   double worst_value = 0, worst_expected = 0;
-  std::int64_t non_finite = 0;    // NaN/inf where the reference is finite (or vice versa)
+  std::int64_t non_finite = 0;  // NaN/inf where the reference is finite (or vice versa)
 };
 
 // Which non-finite outputs agree with the reference (docs/semantics.md, "Non-finite values,
@@ -79,10 +79,8 @@ struct TensorCheck {
 // of the dP - D difference at the backward's own scale.
 // `inputs_non_finite`: the case planted NaN or Inf in its inputs (NonFinitePolicy); the
 // naive model's non-finite elements always count as fp32 overflow.
-[[nodiscard]] TensorCheck check_tensor(std::string name, DType dtype,
-                                       const std::vector<double>& out,
-                                       const std::vector<double>& naive,
-                                       const std::vector<double>& exact,
+[[nodiscard]] TensorCheck check_tensor(std::string name, DType dtype, const std::vector<double>& out,
+                                       const std::vector<double>& naive, const std::vector<double>& exact,
                                        double magnitude = -1.0, bool inputs_non_finite = false,
                                        bool overflow_possible = false);
 

@@ -7,14 +7,10 @@
 namespace strideattn::harness::internal {
 
 bool is_gpu(Backend b) { return b == Backend::cuda || b == Backend::cudnn; }
-bool on_device(Backend b) {
-  return is_gpu(b) || (b == Backend::automatic && gpu_available());
-}
+bool on_device(Backend b) { return is_gpu(b) || (b == Backend::automatic && gpu_available()); }
 
 #ifdef STRIDEATTN_HARNESS_CUDA
-std::string cuda_msg(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
+std::string cuda_msg(const char* what, cudaError_t e) { return std::string(what) + ": " + cudaGetErrorString(e); }
 #endif
 
 DeviceMirror::~DeviceMirror() {
@@ -33,8 +29,7 @@ Status DeviceMirror::upload(BufferSet& bufs) {
         return Status(StatusCode::backend_error, cuda_msg("cudaMalloc", e));
       }
     }
-    if (cudaError_t e = cudaMemcpy(p, buf.raw(), buf.total_bytes(), cudaMemcpyHostToDevice);
-        e != cudaSuccess)
+    if (cudaError_t e = cudaMemcpy(p, buf.raw(), buf.total_bytes(), cudaMemcpyHostToDevice); e != cudaSuccess)
       return Status(StatusCode::backend_error, cuda_msg("cudaMemcpy to device", e));
     bases_[name] = static_cast<std::byte*>(p) + kGuardElems * std::int64_t(size_of(buf.dtype()));
   }
@@ -50,8 +45,7 @@ Status DeviceMirror::download(BufferSet& bufs) {
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
     return Status(StatusCode::backend_error, cuda_msg("after the run", e));
   for (auto& [name, buf] : bufs.all())
-    if (cudaError_t e = cudaMemcpy(buf.raw(), raw_.at(name), buf.total_bytes(),
-                                   cudaMemcpyDeviceToHost);
+    if (cudaError_t e = cudaMemcpy(buf.raw(), raw_.at(name), buf.total_bytes(), cudaMemcpyDeviceToHost);
         e != cudaSuccess)
       return Status(StatusCode::backend_error, cuda_msg("cudaMemcpy to host", e));
   return Status::Ok();
@@ -75,8 +69,7 @@ std::string unavailable_reason(Backend b) {
 #ifndef STRIDEATTN_HARNESS_CUDA
     return "built without CUDA";
 #else
-    if (!backend_compiled(b))
-      return b == Backend::cudnn ? "built without cuDNN" : "built without CUDA";
+    if (!backend_compiled(b)) return b == Backend::cudnn ? "built without cuDNN" : "built without CUDA";
     if (!gpu_available()) return "no GPU present";
 #endif
   }

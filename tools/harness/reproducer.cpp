@@ -22,8 +22,7 @@ std::string join_backends(const std::vector<Backend>& backends) {
 }
 
 bool same_view(const ViewSpec& a, const ViewSpec& b) {
-  return a.buffer == b.buffer && a.offset == b.offset && a.shape == b.shape &&
-         a.stride == b.stride;
+  return a.buffer == b.buffer && a.offset == b.offset && a.shape == b.shape && a.stride == b.stride;
 }
 
 std::string list(const std::vector<std::int64_t>& v) {
@@ -45,18 +44,14 @@ std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backend
   } else {
     os << " --batch " << z.batch << " --seqlen-q " << z.s_q << " --seqlen-kv " << z.s_kv;
   }
-  os << " --heads " << z.heads << " --kv-heads " << z.kv_heads << " --head-dim " << z.d_qk
-     << " --head-dim-v " << z.d_v;
+  os << " --heads " << z.heads << " --kv-heads " << z.kv_heads << " --head-dim " << z.d_qk << " --head-dim-v " << z.d_v;
   LayoutViews made;
-  const bool from_layout =
-      !spec.layout_name.empty() && make_layout_views(spec.layout_name, z, &made).ok();
+  const bool from_layout = !spec.layout_name.empty() && make_layout_views(spec.layout_name, z, &made).ok();
   if (from_layout) os << " --layout '" << spec.layout_name << "'";
   const std::pair<const char*, const ViewSpec*> given[] = {
-      {"q", &spec.views.q},   {"k", &spec.views.k},   {"v", &spec.views.v},
-      {"o", &spec.views.o},   {"do", &spec.views.d_o}, {"dq", &spec.views.dq},
-      {"dk", &spec.views.dk}, {"dv", &spec.views.dv}};
-  const ViewSpec* layout_view[] = {&made.q, &made.k, &made.v, &made.o,
-                                   &made.d_o, &made.dq, &made.dk, &made.dv};
+      {"q", &spec.views.q},    {"k", &spec.views.k},   {"v", &spec.views.v},   {"o", &spec.views.o},
+      {"do", &spec.views.d_o}, {"dq", &spec.views.dq}, {"dk", &spec.views.dk}, {"dv", &spec.views.dv}};
+  const ViewSpec* layout_view[] = {&made.q, &made.k, &made.v, &made.o, &made.d_o, &made.dq, &made.dk, &made.dv};
   for (int i = 0; i < (spec.grad ? 8 : 4); ++i)
     if (!from_layout || !same_view(*given[i].second, *layout_view[i]))
       os << " --" << given[i].first << " " << format_view(*given[i].second);
@@ -79,7 +74,9 @@ std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backend
   for (std::size_t i = 0; i < spec.input_plants.size(); ++i) {
     const CaseSpec::InputPlant& pl = spec.input_plants[i];
     os << (i ? "," : " --plant-input ") << pl.tensor << ":" << pl.index << ":"
-       << (std::isnan(pl.value) ? "nan" : pl.value > 0 ? "inf" : "-inf");
+       << (std::isnan(pl.value) ? "nan"
+           : pl.value > 0       ? "inf"
+                                : "-inf");
   }
   if (!backends.empty()) os << " --backends " << join_backends(backends);
   return os.str();

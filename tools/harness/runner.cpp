@@ -59,9 +59,8 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     if (Status d = dev.download(p.bufs); !d.ok()) return fail(d, "forward");
   apply_plant(spec, p, {"o", "lse"});
   apply_run_check(p.bufs.check_after_run(), "forward", &r, &failures);
-  check_outputs(p.bufs,
-                {{"o", cv.o, &t.exact.o, &t.naive.o}, {"lse", &cv.lse, &t.exact.lse, &t.naive.lse}},
-                varlen, inputs_non_finite(spec), p.overflow_possible, &r, &failures);
+  check_outputs(p.bufs, {{"o", cv.o, &t.exact.o, &t.naive.o}, {"lse", &cv.lse, &t.exact.lse, &t.naive.lse}}, varlen,
+                inputs_non_finite(spec), p.overflow_possible, &r, &failures);
 
   if (spec.grad) {
     // The answer key for the backward: from this backend's O where the rule says so.
@@ -70,16 +69,14 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     const detail::ReferenceOutputs* bnaive = &t.naive;
     if (t.per_backend) {
       given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact, t.inputs);
-      given_naive =
-          detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp, t.inputs);
+      given_naive = detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp, t.inputs);
       bexact = &given_exact;
       bnaive = &given_naive;
     }
-    const double grad_scale = std::max({max_abs_finite(bexact->dq), max_abs_finite(bexact->dk),
-                                        max_abs_finite(bexact->dv)});
+    const double grad_scale =
+        std::max({max_abs_finite(bexact->dq), max_abs_finite(bexact->dk), max_abs_finite(bexact->dv)});
     // Backward on this backend's own O and LSE, with poisoned dQ, dK, dV.
-    p.bufs.prepare_outputs({cv.dq, cv.dk, cv.dv}, {},
-                           {cv.q, cv.k, cv.v, cv.o, cv.d_o, &cv.lse});
+    p.bufs.prepare_outputs({cv.dq, cv.dk, cv.dv}, {}, {cv.q, cv.k, cv.v, cv.o, cv.d_o, &cv.lse});
     if (gpu)
       if (Status u = dev.upload(p.bufs); !u.ok()) return fail(u, "backward");
     t0 = Clock::now();
@@ -111,8 +108,7 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     r.status = "ok";
   } else {
     r.status = "mismatch";
-    for (std::size_t i = 0; i < failures.size(); ++i)
-      r.reason += (i ? "; " : "") + failures[i];
+    for (std::size_t i = 0; i < failures.size(); ++i) r.reason += (i ? "; " : "") + failures[i];
   }
   return r;
 }
@@ -122,9 +118,8 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
 // ------------------------------------------------------------------- public
 
 bool CaseReport::all_ok() const {
-  return std::all_of(backends.begin(), backends.end(), [](const BackendResult& r) {
-    return r.status == "ok" || r.status == "unsupported";
-  });
+  return std::all_of(backends.begin(), backends.end(),
+                     [](const BackendResult& r) { return r.status == "ok" || r.status == "unsupported"; });
 }
 
 Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, CaseReport* report,
@@ -148,8 +143,7 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     Targets t;
     t.backward = &bwd;
     t.inputs = detail::backward_targets(spec.dtype);
-    t.per_backend = spec.grad && (t.inputs == detail::RefBackwardInputs::given_o ||
-                                  p.cv.d_o->buffer == p.cv.o->buffer);
+    t.per_backend = spec.grad && (t.inputs == detail::RefBackwardInputs::given_o || p.cv.d_o->buffer == p.cv.o->buffer);
     const detail::Problem& ref_problem = spec.grad && !t.per_backend ? bwd : fwd;
     say("computing the fp64 reference");
     t.exact = detail::reference_compute(ref_problem, detail::RefPrecision::exact);
@@ -171,9 +165,8 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     }
     for (const Want& w : wants)
       if (std::int64_t(w.e->size()) != w.count || std::int64_t(w.n->size()) != w.count)
-        return Status(StatusCode::internal,
-                      std::string("reference returned ") + std::to_string(w.e->size()) +
-                          " values for " + w.name + ", expected " + std::to_string(w.count));
+        return Status(StatusCode::internal, std::string("reference returned ") + std::to_string(w.e->size()) +
+                                                " values for " + w.name + ", expected " + std::to_string(w.count));
     for (std::size_t i = 0; i < backends.size(); ++i) {
       say("running " + std::string(to_string(backends[i])) + " (" + std::to_string(i + 1) + "/" +
           std::to_string(backends.size()) + ")");
@@ -210,8 +203,7 @@ Status explain_case(const CaseSpec& spec, Explanation* fwd, Explanation* bwd) {
       return ex;
     };
     *fwd = merged([&](Memory m) { return forward_args(s, p.cv, hb, Backend::automatic, m); });
-    if (bwd)
-      *bwd = merged([&](Memory m) { return backward_args(s, p.cv, hb, Backend::automatic, m); });
+    if (bwd) *bwd = merged([&](Memory m) { return backward_args(s, p.cv, hb, Backend::automatic, m); });
     return Status::Ok();
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::backend_error, "out of host memory for the case's buffers");

@@ -19,12 +19,12 @@ namespace strideattn::harness {
 
 struct CaseSpec {
   DType dtype = DType::bf16;
-  ProblemSizes sizes;        // varlen when sizes.seqlens_q is non-empty
-  LayoutViews views;         // from make_layout_views() or given explicitly
-  std::string layout_name;   // what the views came from ("" for explicit views)
+  ProblemSizes sizes;       // varlen when sizes.seqlens_q is non-empty
+  LayoutViews views;        // from make_layout_views() or given explicitly
+  std::string layout_name;  // what the views came from ("" for explicit views)
   AttentionOptions options;
-  bool grad = false;         // also run and check the backward
-  std::uint64_t seed = 1;    // random inputs are drawn from this seed
+  bool grad = false;       // also run and check the backward
+  std::uint64_t seed = 1;  // random inputs are drawn from this seed
   // Every input buffer's normal(0, 1) draws are multiplied by this before rounding to the
   // dtype (large values reach fp32 overflow; docs/semantics.md, "Non-finite values").
   double input_scale = 1.0;
@@ -56,13 +56,13 @@ struct CaseSpec {
 
 struct BackendResult {
   Backend backend = Backend::reference;
-  std::string status;   // "ok" | "unsupported" | "error" | "mismatch"
-  std::string reason;   // unsupported/error: the library's message; mismatch: worst element
-  std::optional<Backend> chosen;  // Backend::automatic: the backend auto chose for the forward
+  std::string status;               // "ok" | "unsupported" | "error" | "mismatch"
+  std::string reason;               // unsupported/error: the library's message; mismatch: worst element
+  std::optional<Backend> chosen;    // Backend::automatic: the backend auto chose for the forward
   std::vector<TensorCheck> checks;  // o, lse, and with grad dq, dk, dv
-  bool guard_ok = true;     // nothing outside the output views changed
-  bool written_ok = true;   // every element inside the output views was written
-  double time_ms = 0;       // one timed run (use bench_backend for real timing)
+  bool guard_ok = true;             // nothing outside the output views changed
+  bool written_ok = true;           // every element inside the output views was written
+  double time_ms = 0;               // one timed run (use bench_backend for real timing)
   double tflops = 0;
 };
 
@@ -78,8 +78,8 @@ using Progress = std::function<void(const std::string&)>;
 
 // Invalid specs (bad views, validation failures) return invalid_argument with the library's
 // message; per-backend problems are reported in `report`.
-[[nodiscard]] Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends,
-                              CaseReport* report, const Progress& progress = {});
+[[nodiscard]] Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, CaseReport* report,
+                              const Progress& progress = {});
 
 struct BenchResult {
   Backend backend = Backend::reference;
@@ -89,9 +89,8 @@ struct BenchResult {
 };
 // The benchmark protocol (docs/design.md): warm up, then the median of at least `runs` timed
 // runs (CUDA events on GPU backends); with spec.grad, forward + backward.
-[[nodiscard]] Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends,
-                                int runs, std::vector<BenchResult>* results,
-                                const Progress& progress = {});
+[[nodiscard]] Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, int runs,
+                                std::vector<BenchResult>* results, const Progress& progress = {});
 
 // The library's explain() for the case's views on host buffers (the backward too when `bwd`
 // is not null). Invalid views return invalid_argument with the library's message.

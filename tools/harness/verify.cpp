@@ -15,8 +15,7 @@ namespace strideattn::harness::internal {
 namespace {
 
 // "o[b=0,s=17,h=3,d=5]" for the logical row-major index of a tensor's view.
-std::string element_name(const std::string& tensor, const ViewSpec& v, std::int64_t index,
-                         bool varlen) {
+std::string element_name(const std::string& tensor, const ViewSpec& v, std::int64_t index, bool varlen) {
   if (index < 0) return tensor;
   std::int64_t idx[4];
   std::int64_t rest = index;
@@ -29,15 +28,13 @@ std::string element_name(const std::string& tensor, const ViewSpec& v, std::int6
   if (tensor == "lse")
     os << "lse[b=" << idx[0] << ",h=" << idx[1] << (varlen ? ",t=" : ",s=") << idx[2] << "]";
   else
-    os << tensor << "[b=" << idx[0] << (varlen ? ",t=" : ",s=") << idx[1] << ",h=" << idx[2]
-       << ",d=" << idx[3] << "]";
+    os << tensor << "[b=" << idx[0] << (varlen ? ",t=" : ",s=") << idx[1] << ",h=" << idx[2] << ",d=" << idx[3] << "]";
   return os.str();
 }
 
 std::string describe_failure(const TensorCheck& c, const ViewSpec& v, bool varlen) {
-  std::string s = element_name(c.name, v, c.err.worst_index, varlen) + " = " +
-                  fmt(c.err.worst_value) + " vs " + fmt(c.err.worst_expected) + " (tol " +
-                  fmt(c.tol) + ")";
+  std::string s = element_name(c.name, v, c.err.worst_index, varlen) + " = " + fmt(c.err.worst_value) + " vs " +
+                  fmt(c.err.worst_expected) + " (tol " + fmt(c.tol) + ")";
   if (c.err.non_finite > 0)
     s = c.name + ": " + std::to_string(c.err.non_finite) +
         " non-finite value(s) where the reference is finite (or vice versa); worst " + s;
@@ -46,14 +43,12 @@ std::string describe_failure(const TensorCheck& c, const ViewSpec& v, bool varle
 
 }  // namespace
 
-void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen,
-                   bool inputs_non_finite, bool overflow_possible, BackendResult* r,
-                   std::vector<std::string>* failures) {
+void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen, bool inputs_non_finite,
+                   bool overflow_possible, BackendResult* r, std::vector<std::string>* failures) {
   for (const Expected& e : expected) {
     const DType stored = e.name == "lse" ? DType::f32 : bufs.at(e.view->buffer).dtype();
-    TensorCheck c =
-        check_tensor(e.name, stored, read_view(bufs.at(e.view->buffer), *e.view), *e.naive, *e.exact,
-                     e.magnitude, inputs_non_finite, overflow_possible);
+    TensorCheck c = check_tensor(e.name, stored, read_view(bufs.at(e.view->buffer), *e.view), *e.naive, *e.exact,
+                                 e.magnitude, inputs_non_finite, overflow_possible);
     if (!c.pass()) failures->push_back(describe_failure(c, *e.view, varlen));
     r->checks.push_back(std::move(c));
   }
@@ -95,7 +90,7 @@ void apply_plant(const CaseSpec& spec, Prepared& p, const std::vector<std::strin
   if (!spec.plant) return;
   const CaseSpec::Plant& pl = *spec.plant;
   if (std::find(phase.begin(), phase.end(), pl.tensor) == phase.end()) return;
-  const ViewSpec* v = pl.tensor == "o"    ? p.cv.o
+  const ViewSpec* v = pl.tensor == "o"     ? p.cv.o
                       : pl.tensor == "lse" ? &p.cv.lse
                       : pl.tensor == "dq"  ? p.cv.dq
                       : pl.tensor == "dk"  ? p.cv.dk

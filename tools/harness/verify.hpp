@@ -25,9 +25,8 @@ struct Expected {
 
 // Compares the written outputs with the reference; appends to r.checks and r.reason.
 // `inputs_non_finite`, `overflow_possible`: compare.hpp NonFinitePolicy.
-void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen,
-                   bool inputs_non_finite, bool overflow_possible, BackendResult* r,
-                   std::vector<std::string>* failures);
+void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen, bool inputs_non_finite,
+                   bool overflow_possible, BackendResult* r, std::vector<std::string>* failures);
 
 // The written/guard verdicts of one phase ("forward", "backward") into `r` and `failures`.
 void apply_run_check(const BufferSet::CheckResult& ck, const char* phase, BackendResult* r,
@@ -51,7 +50,7 @@ void apply_plant(const CaseSpec& spec, Prepared& p, const std::vector<std::strin
 // They are computed per backend too when the forward writes into dO's buffer (dO aliasing
 // O): the targets must read the dO the backend's backward reads, after that forward.
 struct Targets {
-  detail::ReferenceOutputs exact, naive;  // forward; and backward when fixed per case
+  detail::ReferenceOutputs exact, naive;      // forward; and backward when fixed per case
   const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O, dO)
   bool per_backend = false;                   // backward targets after each backend's forward
   detail::RefBackwardInputs inputs = detail::RefBackwardInputs::recompute;

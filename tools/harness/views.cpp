@@ -27,8 +27,7 @@ namespace {
 // Sum of lengths, and the largest offset + length, of one side's varlen tables. Offsets
 // missing (or fewer than lengths) count as packed back to back. Saturates at kInt64Max
 // (make_layout_views refuses such tables).
-std::int64_t varlen_tokens(const std::vector<std::int64_t>& seqlens,
-                           const std::vector<std::int64_t>& offsets) {
+std::int64_t varlen_tokens(const std::vector<std::int64_t>& seqlens, const std::vector<std::int64_t>& offsets) {
   std::int64_t packed = 0, reach = 0;
   for (std::size_t i = 0; i < seqlens.size(); ++i) {
     const std::int64_t len = std::max<std::int64_t>(seqlens[i], 0);
@@ -50,12 +49,10 @@ Status check_varlen_side(const char* side, const std::vector<std::int64_t>& seql
   for (std::size_t i = 0; i < seqlens.size(); ++i) {
     const std::int64_t len = std::max<std::int64_t>(seqlens[i], 0);
     if (i < offsets.size() && !checked_add(offsets[i], len))
-      return bad(std::string("--offsets-") + side + " " + str(offsets[i]) + " plus --seqlens-" +
-                 side + " " + str(len) + " (sequence " + str(std::int64_t(i)) +
-                 ") overflows a 64-bit token index");
+      return bad(std::string("--offsets-") + side + " " + str(offsets[i]) + " plus --seqlens-" + side + " " + str(len) +
+                 " (sequence " + str(std::int64_t(i)) + ") overflows a 64-bit token index");
     const std::optional<std::int64_t> next = checked_add(packed, len);
-    if (!next)
-      return bad(std::string("--seqlens-") + side + ": the token counts sum to more than 2^63 - 1");
+    if (!next) return bad(std::string("--seqlens-") + side + ": the token counts sum to more than 2^63 - 1");
     packed = *next;
   }
   return Status::Ok();
@@ -68,8 +65,7 @@ enum class Format { bshd, sbhd, bhsd, thd };
 struct LayoutKind {
   Format q_format = Format::bshd;
   Format kv_format = Format::bshd;
-  enum class Packing { separate, qkv_3hd, qkv_h3d, kv_2hd, kv_h2d, fused_split } packing =
-      Packing::separate;
+  enum class Packing { separate, qkv_3hd, qkv_h3d, kv_2hd, kv_h2d, fused_split } packing = Packing::separate;
 };
 
 bool parse_layout(std::string_view name, LayoutKind* kind) {
@@ -122,31 +118,34 @@ struct RowGeometry {
 
 Dims4 strides_of(Format format, const RowGeometry& g) {
   switch (format) {
-    case Format::bshd: return {g.seq * g.row, g.row, g.head_stride, 1};
-    case Format::sbhd: return {g.row, g.batch * g.row, g.head_stride, 1};
-    case Format::thd: return {g.seq * g.row, g.row, g.head_stride, 1};
-    case Format::bhsd: break;  // only made by contiguous_view
+    case Format::bshd:
+      return {g.seq * g.row, g.row, g.head_stride, 1};
+    case Format::sbhd:
+      return {g.row, g.batch * g.row, g.head_stride, 1};
+    case Format::thd:
+      return {g.seq * g.row, g.row, g.head_stride, 1};
+    case Format::bhsd:
+      break;  // only made by contiguous_view
   }
   return {0, 0, 0, 1};
 }
 
 // One contiguous tensor [b, s, h, d] stored in `format`, in its own buffer.
-ViewSpec contiguous_view(std::string buffer, Format format, std::int64_t batch, std::int64_t seq,
-                         std::int64_t heads, std::int64_t d) {
+ViewSpec contiguous_view(std::string buffer, Format format, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                         std::int64_t d) {
   ViewSpec v;
   v.buffer = std::move(buffer);
   v.shape = {batch, seq, heads, d};
   if (format == Format::bhsd) {
     v.stride = {heads * seq * d, d, seq * d, 1};
   } else {
-    v.stride = strides_of(format, RowGeometry{.batch = batch, .seq = seq, .row = heads * d,
-                                              .head_stride = d});
+    v.stride = strides_of(format, RowGeometry{.batch = batch, .seq = seq, .row = heads * d, .head_stride = d});
   }
   return v;
 }
 
-ViewSpec packed_view(std::string buffer, Format format, const RowGeometry& g, std::int64_t offset,
-                     std::int64_t heads, std::int64_t d) {
+ViewSpec packed_view(std::string buffer, Format format, const RowGeometry& g, std::int64_t offset, std::int64_t heads,
+                     std::int64_t d) {
   ViewSpec v;
   v.buffer = std::move(buffer);
   v.offset = offset;
@@ -162,20 +161,15 @@ ViewSpec renamed(ViewSpec v, std::string buffer) {
 
 }  // namespace
 
-std::int64_t ProblemSizes::q_tokens() const {
-  return varlen() ? varlen_tokens(seqlens_q, offsets_q) : s_q;
-}
+std::int64_t ProblemSizes::q_tokens() const { return varlen() ? varlen_tokens(seqlens_q, offsets_q) : s_q; }
 
-std::int64_t ProblemSizes::kv_tokens() const {
-  return varlen() ? varlen_tokens(seqlens_kv, offsets_kv) : s_kv;
-}
+std::int64_t ProblemSizes::kv_tokens() const { return varlen() ? varlen_tokens(seqlens_kv, offsets_kv) : s_kv; }
 
 const std::vector<std::string>& layout_names() {
   static const std::vector<std::string> kNames = {
-      "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd", "sb3hd",      "sbh3d",
-      "bs3hd",          "bsh3d",          "sbhd_sb2hd",     "sbhd_sbh2d", "bshd_bs2hd",
-      "bshd_bsh2d",     "thd_thd_thd",    "t3hd",           "th3d",       "thd_t2hd",
-      "thd_th2d",       "sb(h+2hg)d",     "bs(h+2hg)d",     "t(h+2hg)d"};
+      "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd", "sb3hd",      "sbh3d",       "bs3hd", "bsh3d",
+      "sbhd_sb2hd",     "sbhd_sbh2d",     "bshd_bs2hd",     "bshd_bsh2d", "thd_thd_thd", "t3hd",  "th3d",
+      "thd_t2hd",       "thd_th2d",       "sb(h+2hg)d",     "bs(h+2hg)d", "t(h+2hg)d"};
   return kNames;
 }
 
@@ -189,14 +183,13 @@ Status make_layout_views(std::string_view layout, const ProblemSizes& sizes, Lay
   }
   const std::string name(layout);
   const bool thd = kind.q_format == Format::thd;
-  if (thd && !sizes.varlen())
-    return bad("layout " + name + " is varlen (thd) and needs --seqlens-q/--seqlens-kv");
+  if (thd && !sizes.varlen()) return bad("layout " + name + " is varlen (thd) and needs --seqlens-q/--seqlens-kv");
   if (!thd && sizes.varlen())
     return bad("layout " + name +
                " is dense; varlen sequence lengths need a thd layout (thd_thd_thd, t3hd, th3d, "
                "thd_t2hd, thd_th2d, t(h+2hg)d)");
-  if (sizes.batch < 0 || sizes.s_q < 0 || sizes.s_kv < 0 || sizes.heads < 0 ||
-      sizes.kv_heads < 0 || sizes.d_qk < 0 || sizes.d_v < 0)
+  if (sizes.batch < 0 || sizes.s_q < 0 || sizes.s_kv < 0 || sizes.heads < 0 || sizes.kv_heads < 0 || sizes.d_qk < 0 ||
+      sizes.d_v < 0)
     return bad("layout " + name + ": sizes must not be negative");
   if (thd) {
     if (Status s = check_varlen_side("q", sizes.seqlens_q, sizes.offsets_q); !s.ok()) return s;
@@ -213,28 +206,24 @@ Status make_layout_views(std::string_view layout, const ProblemSizes& sizes, Lay
   // * max(dqk, dv): when that fits in int64, none of them overflows.
   std::optional<std::int64_t> heads_all;  // h + 2hg
   if (const std::optional<std::int64_t> two_hg = checked_mul(2, hg)) heads_all = checked_add(h, *two_hg);
-  if (!heads_all ||
-      !checked_product({b, std::max<std::int64_t>(std::max(sq, skv), 1), 3, *heads_all,
-                        std::max<std::int64_t>(std::max(dqk, dv), 1)})) {
+  if (!heads_all || !checked_product({b, std::max<std::int64_t>(std::max(sq, skv), 1), 3, *heads_all,
+                                      std::max<std::int64_t>(std::max(dqk, dv), 1)})) {
     std::string sizes_text =
-        thd ? "--seqlens-q/--offsets-q (" + str(sq) + " tokens) --seqlens-kv/--offsets-kv (" +
-                  str(skv) + " tokens)"
+        thd ? "--seqlens-q/--offsets-q (" + str(sq) + " tokens) --seqlens-kv/--offsets-kv (" + str(skv) + " tokens)"
             : "--batch " + str(b) + " --seqlen-q " + str(sq) + " --seqlen-kv " + str(skv);
-    return bad(sizes_text + " --heads " + str(h) + " --kv-heads " + str(hg) + " --head-dim " +
-               str(dqk) + " --head-dim-v " + str(dv) + ": a buffer of layout " + name +
-               " would hold more than 2^63 - 1 elements");
+    return bad(sizes_text + " --heads " + str(h) + " --kv-heads " + str(hg) + " --head-dim " + str(dqk) +
+               " --head-dim-v " + str(dv) + ": a buffer of layout " + name + " would hold more than 2^63 - 1 elements");
   }
 
   using P = LayoutKind::Packing;
-  const bool qkv_packed = kind.packing == P::qkv_3hd || kind.packing == P::qkv_h3d ||
-                          kind.packing == P::fused_split;
+  const bool qkv_packed = kind.packing == P::qkv_3hd || kind.packing == P::qkv_h3d || kind.packing == P::fused_split;
   const bool kv_packed = kind.packing == P::kv_2hd || kind.packing == P::kv_h2d;
   if ((qkv_packed || kv_packed) && dqk != dv)
     return bad("layout " + name + " packs k and v in one buffer and needs head-dim == head-dim-v; got " +
                std::to_string(dqk) + " and " + std::to_string(dv));
   if (qkv_packed && sq != skv)
-    return bad("layout " + name + " packs q, k and v in one buffer and needs equal q and kv " +
-               seq_word + "; got " + std::to_string(sq) + " and " + std::to_string(skv));
+    return bad("layout " + name + " packs q, k and v in one buffer and needs equal q and kv " + seq_word + "; got " +
+               std::to_string(sq) + " and " + std::to_string(skv));
   if ((kind.packing == P::qkv_3hd || kind.packing == P::qkv_h3d) && h != hg)
     return bad("layout " + name + " packs q, k and v with one head count and needs heads == kv-heads; got " +
                std::to_string(h) + " and " + std::to_string(hg) +
@@ -320,8 +309,8 @@ std::string format_view(const ViewSpec& v) {
   std::ostringstream os;
   os << v.buffer;
   if (v.offset != 0) os << "+" << v.offset;
-  os << ":" << v.shape[0] << "," << v.shape[1] << "," << v.shape[2] << "," << v.shape[3] << ":"
-     << v.stride[0] << "," << v.stride[1] << "," << v.stride[2] << "," << v.stride[3];
+  os << ":" << v.shape[0] << "," << v.shape[1] << "," << v.shape[2] << "," << v.shape[3] << ":" << v.stride[0] << ","
+     << v.stride[1] << "," << v.stride[2] << "," << v.stride[3];
   return os.str();
 }
 

@@ -14,10 +14,10 @@
 namespace strideattn::harness {
 
 struct ViewSpec {
-  std::string buffer;          // buffer name; views with the same name alias
-  std::int64_t offset = 0;     // element offset of logical (0,0,0,0)
-  Dims4 shape{0, 0, 0, 0};     // b, s, h, d
-  Dims4 stride{0, 0, 0, 0};    // elements
+  std::string buffer;        // buffer name; views with the same name alias
+  std::int64_t offset = 0;   // element offset of logical (0,0,0,0)
+  Dims4 shape{0, 0, 0, 0};   // b, s, h, d
+  Dims4 stride{0, 0, 0, 0};  // elements
 };
 
 // LSE is always its own fp32 buffer, contiguous [b, h, s_q] (varlen: [1, h, tokens]).
@@ -43,8 +43,7 @@ struct LayoutViews {
 
 // Views that `layout` makes for `sizes`. Errors (unknown name; packed layouts that need
 // h == hg or d_qk == d_v; thd layouts without varlen sizes) say what and why.
-[[nodiscard]] Status make_layout_views(std::string_view layout, const ProblemSizes& sizes,
-                                       LayoutViews* out);
+[[nodiscard]] Status make_layout_views(std::string_view layout, const ProblemSizes& sizes, LayoutViews* out);
 
 // Smallest buffer extent (elements) that holds the view: offset + the largest element any
 // positive stride reaches + 1 (stride 0 adds nothing; an empty view needs only its offset).

@@ -29,13 +29,11 @@ Status bad(std::string msg) { return Status(StatusCode::invalid_argument, std::m
 Status parse_int(const std::string& opt, const std::string& text, std::int64_t* out) {
   const char* end = text.data() + text.size();
   auto [p, ec] = std::from_chars(text.data(), end, *out);
-  if (ec != std::errc() || p != end || text.empty())
-    return bad("--" + opt + " '" + text + "': expected an integer");
+  if (ec != std::errc() || p != end || text.empty()) return bad("--" + opt + " '" + text + "': expected an integer");
   return Status::Ok();
 }
 
-Status parse_list(const std::string& opt, const std::string& text,
-                  std::vector<std::int64_t>* out) {
+Status parse_list(const std::string& opt, const std::string& text, std::vector<std::int64_t>* out) {
   out->clear();
   std::string item;
   std::istringstream is(text);
@@ -52,10 +50,10 @@ Status parse_list(const std::string& opt, const std::string& text,
 
 // Which options each command takes, and whether they take a value.
 const std::set<std::string> kProblemValued = {
-    "preset", "dtype", "batch", "seqlen-q", "seqlen-kv", "heads", "kv-heads", "head-dim",
-    "head-dim-v", "layout", "q", "k", "v", "o", "do", "dq", "dk", "dv", "seqlens-q",
-    "seqlens-kv", "offsets-q", "offsets-kv", "mask", "window", "scale", "input-scale",
-    "plant-input"};
+    "preset",     "dtype",      "batch",  "seqlen-q", "seqlen-kv",   "heads",      "kv-heads",
+    "head-dim",   "head-dim-v", "layout", "q",        "k",           "v",          "o",
+    "do",         "dq",         "dk",     "dv",       "seqlens-q",   "seqlens-kv", "offsets-q",
+    "offsets-kv", "mask",       "window", "scale",    "input-scale", "plant-input"};
 const std::set<std::string> kProblemFlags = {"deterministic"};
 
 struct CommandOptions {
@@ -66,12 +64,18 @@ struct CommandOptions {
 CommandOptions options_of(Command c) {
   switch (c) {
     // test-plant: hidden test hook (harness::CaseSpec::plant), KIND:TENSOR:INDEX:DELTA
-    case Command::check: return {{"backends", "seed", "test-plant"}, {"grad", "json"}, true};
-    case Command::explain: return {{}, {"grad", "json"}, true};
-    case Command::bench: return {{"backends", "seed", "runs"}, {"grad", "json"}, true};
+    case Command::check:
+      return {{"backends", "seed", "test-plant"}, {"grad", "json"}, true};
+    case Command::explain:
+      return {{}, {"grad", "json"}, true};
+    case Command::bench:
+      return {{"backends", "seed", "runs"}, {"grad", "json"}, true};
     case Command::fuzz:
-      return {{"cases", "seed", "backends", "min-ran"}, {"grad", "json", "require-gpu", "require-ran", "finite-inputs"}, false};
-    default: return {};
+      return {{"cases", "seed", "backends", "min-ran"},
+              {"grad", "json", "require-gpu", "require-ran", "finite-inputs"},
+              false};
+    default:
+      return {};
   }
 }
 
@@ -82,8 +86,7 @@ Status parse_backends(const std::string& text, std::vector<Backend>* out) {
   while (std::getline(is, item, ',')) {
     std::optional<Backend> b = backend_from_string(item);
     if (!b)
-      return bad("unknown backend '" + item + "' in --backends; supported: reference, cpu, " +
-                 "cuda, cudnn, auto");
+      return bad("unknown backend '" + item + "' in --backends; supported: reference, cpu, " + "cuda, cudnn, auto");
     if (std::find(out->begin(), out->end(), *b) == out->end()) out->push_back(*b);
   }
   if (out->empty()) return bad("--backends '" + text + "': expected a list such as cpu,cuda");
@@ -150,48 +153,45 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
     const char* name;
     std::int64_t* field;
   };
-  for (SizeOpt o : {SizeOpt{"batch", &z.batch}, SizeOpt{"seqlen-q", &z.s_q},
-                    SizeOpt{"seqlen-kv", &z.s_kv}, SizeOpt{"heads", &z.heads},
-                    SizeOpt{"kv-heads", &z.kv_heads}, SizeOpt{"head-dim", &z.d_qk},
+  for (SizeOpt o : {SizeOpt{"batch", &z.batch}, SizeOpt{"seqlen-q", &z.s_q}, SizeOpt{"seqlen-kv", &z.s_kv},
+                    SizeOpt{"heads", &z.heads}, SizeOpt{"kv-heads", &z.kv_heads}, SizeOpt{"head-dim", &z.d_qk},
                     SizeOpt{"head-dim-v", &z.d_v}})
     if (raw.has(o.name)) {
       if (Status s = parse_int(o.name, raw.values.at(o.name), o.field); !s.ok()) return s;
-      if (*o.field < 0)
-        return bad("--" + std::string(o.name) + " " + raw.values.at(o.name) +
-                   ": must not be negative");
+      if (*o.field < 0) return bad("--" + std::string(o.name) + " " + raw.values.at(o.name) + ": must not be negative");
     }
   // A size option and an explicit view that disagree: refuse, naming both (the views won
   // silently for some dimensions and the option for others).
-  const bool varlen_given = raw.has("seqlens-q") || raw.has("seqlens-kv") ||
-                            raw.has("offsets-q") || raw.has("offsets-kv");
+  const bool varlen_given =
+      raw.has("seqlens-q") || raw.has("seqlens-kv") || raw.has("offsets-q") || raw.has("offsets-kv");
   struct ViewDim {
     const char* option;
     int dim;
     const char* what;
     std::initializer_list<const char*> tensors;
   };
-  for (const ViewDim& c :
-       {ViewDim{"batch", kBatch, "batch", {"q", "o", "k", "v", "do", "dq", "dk", "dv"}},
-        ViewDim{"seqlen-q", kSeq, "seqlen", {"q", "o", "do", "dq"}},
-        ViewDim{"seqlen-kv", kSeq, "seqlen", {"k", "v", "dk", "dv"}},
-        ViewDim{"heads", kHead, "heads", {"q", "o", "do", "dq"}},
-        ViewDim{"kv-heads", kHead, "heads", {"k", "v", "dk", "dv"}},
-        ViewDim{"head-dim", kHeadDim, "head dim", {"q", "k", "dq", "dk"}},
-        ViewDim{"head-dim-v", kHeadDim, "head dim", {"v", "o", "do", "dv"}}}) {
+  for (const ViewDim& c : {ViewDim{"batch", kBatch, "batch", {"q", "o", "k", "v", "do", "dq", "dk", "dv"}},
+                           ViewDim{"seqlen-q", kSeq, "seqlen", {"q", "o", "do", "dq"}},
+                           ViewDim{"seqlen-kv", kSeq, "seqlen", {"k", "v", "dk", "dv"}},
+                           ViewDim{"heads", kHead, "heads", {"q", "o", "do", "dq"}},
+                           ViewDim{"kv-heads", kHead, "heads", {"k", "v", "dk", "dv"}},
+                           ViewDim{"head-dim", kHeadDim, "head dim", {"q", "k", "dq", "dk"}},
+                           ViewDim{"head-dim-v", kHeadDim, "head dim", {"v", "o", "do", "dv"}}}) {
     if (!raw.has(c.option)) continue;
     if (varlen_given && c.dim != kHead && c.dim != kHeadDim) {
       if (std::string(c.option) == "batch") continue;  // checked against --seqlens-q below
       return bad("--" + std::string(c.option) + " " + raw.values.at(c.option) +
                  " with varlen options: the sequence lengths come from --seqlens-q/--seqlens-kv;"
-                 " drop --" + c.option);
+                 " drop --" +
+                 c.option);
     }
     std::int64_t given = 0;
     (void)parse_int(c.option, raw.values.at(c.option), &given);
     for (const char* t : c.tensors)
       if (views.count(t) && views.at(t).shape[c.dim] != given)
-        return bad("--" + std::string(c.option) + " " + raw.values.at(c.option) + " but --" + t +
-                   " " + format_view(views.at(t)) + " has " + c.what + " " +
-                   std::to_string(views.at(t).shape[c.dim]) + "; give one or make them agree");
+        return bad("--" + std::string(c.option) + " " + raw.values.at(c.option) + " but --" + t + " " +
+                   format_view(views.at(t)) + " has " + c.what + " " + std::to_string(views.at(t).shape[c.dim]) +
+                   "; give one or make them agree");
   }
   // A size given alone carries its partner along (unless a view or option says otherwise).
   if (raw.has("seqlen-q") && !raw.has("seqlen-kv") && !kv_from_view) z.s_kv = z.s_q;
@@ -199,24 +199,19 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
   if (raw.has("head-dim") && !raw.has("head-dim-v") && !dv_from_view) z.d_v = z.d_qk;
 
   // Varlen.
-  const bool any_varlen = raw.has("seqlens-q") || raw.has("seqlens-kv") ||
-                          raw.has("offsets-q") || raw.has("offsets-kv");
+  const bool any_varlen =
+      raw.has("seqlens-q") || raw.has("seqlens-kv") || raw.has("offsets-q") || raw.has("offsets-kv");
   if (any_varlen) {
-    if (!raw.has("seqlens-q"))
-      return bad("varlen options need --seqlens-q (token counts of each query sequence)");
+    if (!raw.has("seqlens-q")) return bad("varlen options need --seqlens-q (token counts of each query sequence)");
     z.seqlens_q.clear(), z.seqlens_kv.clear(), z.offsets_q.clear(), z.offsets_kv.clear();
-    if (Status s = parse_list("seqlens-q", raw.values.at("seqlens-q"), &z.seqlens_q); !s.ok())
-      return s;
+    if (Status s = parse_list("seqlens-q", raw.values.at("seqlens-q"), &z.seqlens_q); !s.ok()) return s;
     z.seqlens_kv = z.seqlens_q;
     if (raw.has("seqlens-kv"))
-      if (Status s = parse_list("seqlens-kv", raw.values.at("seqlens-kv"), &z.seqlens_kv); !s.ok())
-        return s;
+      if (Status s = parse_list("seqlens-kv", raw.values.at("seqlens-kv"), &z.seqlens_kv); !s.ok()) return s;
     if (raw.has("offsets-q"))
-      if (Status s = parse_list("offsets-q", raw.values.at("offsets-q"), &z.offsets_q); !s.ok())
-        return s;
+      if (Status s = parse_list("offsets-q", raw.values.at("offsets-q"), &z.offsets_q); !s.ok()) return s;
     if (raw.has("offsets-kv"))
-      if (Status s = parse_list("offsets-kv", raw.values.at("offsets-kv"), &z.offsets_kv); !s.ok())
-        return s;
+      if (Status s = parse_list("offsets-kv", raw.values.at("offsets-kv"), &z.offsets_kv); !s.ok()) return s;
     for (auto [name, list] : {std::pair{"seqlens-q", &z.seqlens_q}, std::pair{"seqlens-kv", &z.seqlens_kv},
                               std::pair{"offsets-q", &z.offsets_q}, std::pair{"offsets-kv", &z.offsets_kv}})
       for (std::int64_t x : *list)
@@ -226,17 +221,17 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
                      std::to_string(x) + ")");
     const std::int64_t n = std::int64_t(z.seqlens_q.size());
     if (std::int64_t(z.seqlens_kv.size()) != n)
-      return bad("--seqlens-kv has " + std::to_string(z.seqlens_kv.size()) +
-                 " sequences but --seqlens-q has " + std::to_string(n) + "; they must match");
+      return bad("--seqlens-kv has " + std::to_string(z.seqlens_kv.size()) + " sequences but --seqlens-q has " +
+                 std::to_string(n) + "; they must match");
     if (!z.offsets_q.empty() && std::int64_t(z.offsets_q.size()) != n)
-      return bad("--offsets-q has " + std::to_string(z.offsets_q.size()) +
-                 " entries but there are " + std::to_string(n) + " sequences");
+      return bad("--offsets-q has " + std::to_string(z.offsets_q.size()) + " entries but there are " +
+                 std::to_string(n) + " sequences");
     if (!z.offsets_kv.empty() && std::int64_t(z.offsets_kv.size()) != n)
-      return bad("--offsets-kv has " + std::to_string(z.offsets_kv.size()) +
-                 " entries but there are " + std::to_string(n) + " sequences");
+      return bad("--offsets-kv has " + std::to_string(z.offsets_kv.size()) + " entries but there are " +
+                 std::to_string(n) + " sequences");
     if (raw.has("batch") && z.batch != n)
-      return bad("--batch " + std::to_string(z.batch) + " but --seqlens-q lists " +
-                 std::to_string(n) + " sequences; give one or make them agree");
+      return bad("--batch " + std::to_string(z.batch) + " but --seqlens-q lists " + std::to_string(n) +
+                 " sequences; give one or make them agree");
     z.batch = n;
     z.s_q = z.seqlens_q.empty() ? 0 : *std::max_element(z.seqlens_q.begin(), z.seqlens_q.end());
     z.s_kv = z.seqlens_kv.empty() ? 0 : *std::max_element(z.seqlens_kv.begin(), z.seqlens_kv.end());
@@ -254,16 +249,19 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
   // dtype and options.
   if (raw.has("dtype")) {
     const std::string& d = raw.values.at("dtype");
-    if (d == "f16" || d == "fp16") spec->dtype = DType::f16;
-    else if (d == "bf16") spec->dtype = DType::bf16;
-    else if (d == "f32" || d == "fp32") spec->dtype = DType::f32;
-    else return bad("unknown --dtype '" + d + "'; supported: f16, bf16, f32");
+    if (d == "f16" || d == "fp16")
+      spec->dtype = DType::f16;
+    else if (d == "bf16")
+      spec->dtype = DType::bf16;
+    else if (d == "f32" || d == "fp32")
+      spec->dtype = DType::f32;
+    else
+      return bad("unknown --dtype '" + d + "'; supported: f16, bf16, f32");
   }
   if (raw.has("mask")) {
     const std::string& m = raw.values.at("mask");
     const std::optional<MaskKind> mask = mask_from_string(m);
-    if (!mask)
-      return bad("unknown --mask '" + m + "'; supported: " + std::string(kMaskNames));
+    if (!mask) return bad("unknown --mask '" + m + "'; supported: " + std::string(kMaskNames));
     spec->options.mask = *mask;
   }
   if (raw.has("window")) {
@@ -303,11 +301,12 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
       std::istringstream fields(item);
       for (std::string f; std::getline(fields, f, ':');) parts.push_back(f);
       harness::CaseSpec::InputPlant pl;
-      const bool tensor_ok = parts.size() == 3 && (parts[0] == "q" || parts[0] == "k" ||
-                                                   parts[0] == "v" || parts[0] == "do");
+      const bool tensor_ok =
+          parts.size() == 3 && (parts[0] == "q" || parts[0] == "k" || parts[0] == "v" || parts[0] == "do");
       const bool value_ok = parts.size() == 3 && (parts[2] == "nan" || parts[2] == "inf" || parts[2] == "-inf");
       if (!tensor_ok || !value_ok || !parse_int("plant-input", parts[1], &pl.index).ok() || pl.index < 0)
-        return bad("--plant-input '" + t + "': expected TENSOR:INDEX:VALUE items separated by commas, "
+        return bad("--plant-input '" + t +
+                   "': expected TENSOR:INDEX:VALUE items separated by commas, "
                    "TENSOR one of q, k, v, do, INDEX >= 0, VALUE one of nan, inf, -inf");
       pl.tensor = parts[0];
       pl.value = parts[2] == "nan" ? std::nan("") : parts[2] == "inf" ? HUGE_VAL : -HUGE_VAL;
@@ -318,9 +317,8 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
   // Views: the layout's, overridden by explicit ones.
   spec->sizes = z;
   spec->grad = grad;
-  const std::vector<std::string> needed =
-      grad ? std::vector<std::string>{"q", "k", "v", "o", "do", "dq", "dk", "dv"}
-           : std::vector<std::string>{"q", "k", "v", "o"};
+  const std::vector<std::string> needed = grad ? std::vector<std::string>{"q", "k", "v", "o", "do", "dq", "dk", "dv"}
+                                               : std::vector<std::string>{"q", "k", "v", "o"};
   const bool all_explicit =
       std::all_of(needed.begin(), needed.end(), [&](const std::string& t) { return views.count(t) > 0; });
   LayoutViews lv;
@@ -333,9 +331,8 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
   }
   if (all_explicit && !raw.has("layout") && !preset) spec->layout_name.clear();
   spec->views = lv;
-  std::map<std::string, ViewSpec*> slot = {{"q", &spec->views.q},   {"k", &spec->views.k},
-                                           {"v", &spec->views.v},   {"o", &spec->views.o},
-                                           {"do", &spec->views.d_o}, {"dq", &spec->views.dq},
+  std::map<std::string, ViewSpec*> slot = {{"q", &spec->views.q},   {"k", &spec->views.k},    {"v", &spec->views.v},
+                                           {"o", &spec->views.o},   {"do", &spec->views.d_o}, {"dq", &spec->views.dq},
                                            {"dk", &spec->views.dk}, {"dv", &spec->views.dv}};
   for (const auto& [name, v] : views) *slot.at(name) = v;
   return Status::Ok();
@@ -347,8 +344,7 @@ Status parse_view(const std::string& option, const std::string& text, ViewSpec* 
   const std::string example = "e.g. qkv+16:1,2048,1,64:1152,1152,64,1";
   auto fail = [&](const std::string& why) {
     return bad("--" + option + " '" + text + "': " + why +
-               "; expected BUF+OFFSET:SHAPE:STRIDES with 4 shape and 4 stride values (b,s,h,d), " +
-               example);
+               "; expected BUF+OFFSET:SHAPE:STRIDES with 4 shape and 4 stride values (b,s,h,d), " + example);
   };
   const std::size_t c1 = text.find(':');
   if (c1 == std::string::npos) return fail("missing ':'");
@@ -394,19 +390,25 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
     return Status::Ok();
   }
   const std::string& first = args[0];
-  if (first == "check") inv.command = Command::check;
-  else if (first == "explain") inv.command = Command::explain;
-  else if (first == "bench") inv.command = Command::bench;
-  else if (first == "fuzz") inv.command = Command::fuzz;
-  else if (first == "help" || first == "--help" || first == "-h") inv.command = Command::help;
-  else if (first == "--version") inv.command = Command::version;
-  else if (first == "--gpu-available") inv.command = Command::gpu_available;
+  if (first == "check")
+    inv.command = Command::check;
+  else if (first == "explain")
+    inv.command = Command::explain;
+  else if (first == "bench")
+    inv.command = Command::bench;
+  else if (first == "fuzz")
+    inv.command = Command::fuzz;
+  else if (first == "help" || first == "--help" || first == "-h")
+    inv.command = Command::help;
+  else if (first == "--version")
+    inv.command = Command::version;
+  else if (first == "--gpu-available")
+    inv.command = Command::gpu_available;
   else
     return bad("unknown command '" + first +
                "'; expected check, explain, bench or fuzz (no arguments runs the demo; --help "
                "lists the options)");
-  if (inv.command == Command::help || inv.command == Command::version ||
-      inv.command == Command::gpu_available) {
+  if (inv.command == Command::help || inv.command == Command::version || inv.command == Command::gpu_available) {
     if (args.size() > 1) return bad("'" + first + "' takes no further arguments");
     *out = std::move(inv);
     return Status::Ok();
@@ -437,8 +439,7 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
     const bool flag = problem_flag || allowed.flags.count(name);
     if (!valued && !flag) {
       if (!allowed.problem && (kProblemValued.count(name) || kProblemFlags.count(name)))
-        return bad("option --" + name + " is not taken by '" + first +
-                   "' (fuzz draws its own problems)");
+        return bad("option --" + name + " is not taken by '" + first + "' (fuzz draws its own problems)");
       return bad("unknown option --" + name + " for '" + first + "'; see strideattn --help");
     }
     if (flag) {
@@ -458,8 +459,7 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
     // Every valued option at most once (a repeated --mask silently took the last one).
     std::map<std::string, std::string>& into = problem_valued ? raw.values : values;
     if (into.count(name))
-      return bad("option --" + name + " given twice ('" + into.at(name) + "' and '" + value +
-                 "'); give it once");
+      return bad("option --" + name + " given twice ('" + into.at(name) + "' and '" + value + "'); give it once");
     into[name] = value;
   }
 
@@ -549,8 +549,7 @@ std::string describe_problem(const harness::CaseSpec& spec) {
     return s;
   };
   if (z.varlen()) {
-    os << " varlen seqlens_q=[" << list(z.seqlens_q) << "] seqlens_kv=[" << list(z.seqlens_kv)
-       << "]";
+    os << " varlen seqlens_q=[" << list(z.seqlens_q) << "] seqlens_kv=[" << list(z.seqlens_kv) << "]";
     if (!z.offsets_q.empty()) os << " offsets_q=[" << list(z.offsets_q) << "]";
     if (!z.offsets_kv.empty()) os << " offsets_kv=[" << list(z.offsets_kv) << "]";
   } else {

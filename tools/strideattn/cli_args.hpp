@@ -18,8 +18,8 @@ enum class Command { demo, check, explain, bench, fuzz, help, version, gpu_avail
 
 struct Invocation {
   Command command = Command::demo;
-  harness::CaseSpec spec;            // check / explain / bench / demo
-  std::vector<Backend> backends;     // empty: the default set (see default_backends)
+  harness::CaseSpec spec;         // check / explain / bench / demo
+  std::vector<Backend> backends;  // empty: the default set (see default_backends)
   bool backends_given = false;
   bool json = false;
   bool grad = false;
@@ -28,8 +28,8 @@ struct Invocation {
   // fuzz
   std::int64_t cases = 0;
   bool cases_given = false;
-  bool require_gpu = false;  // hidden: skip (exit 77) when no GPU is present
-  bool require_ran = false;  // hidden: fail if a backend never ran a case
+  bool require_gpu = false;    // hidden: skip (exit 77) when no GPU is present
+  bool require_ran = false;    // hidden: fail if a backend never ran a case
   bool finite_inputs = false;  // fuzz --finite-inputs: plant no NaN/Inf in the inputs
   // fuzz --min-ran N: draw past --cases until every listed backend ran N cases (compared with
   // the reference, not refused); at most --cases + 50 N draws, failing if still short.
@@ -67,8 +67,7 @@ struct Preset {
 
 // Explicit view syntax BUF+OFFSET:SHAPE:STRIDES (both directions; the writer lives in the
 // harness, whose reproducer line uses it too).
-[[nodiscard]] Status parse_view(const std::string& option, const std::string& text,
-                                harness::ViewSpec* out);
+[[nodiscard]] Status parse_view(const std::string& option, const std::string& text, harness::ViewSpec* out);
 using harness::format_view;
 
 }  // namespace strideattn::cli

@@ -42,10 +42,14 @@ struct Rng {
 
 std::int64_t seq_len(Rng& r) {
   switch (r.uniform(0, 6)) {
-    case 0: return 1;
-    case 1: return r.pick(std::vector<std::int64_t>{63, 65, 64, 127, 129, 96, 17, 191, 257});
-    case 2: return r.uniform(91, 300);
-    default: return r.uniform(1, 90);
+    case 0:
+      return 1;
+    case 1:
+      return r.pick(std::vector<std::int64_t>{63, 65, 64, 127, 129, 96, 17, 191, 257});
+    case 2:
+      return r.uniform(91, 300);
+    default:
+      return r.uniform(1, 90);
   }
 }
 
@@ -59,8 +63,7 @@ std::int64_t head_dim(Rng& r) {
 double cost(const ProblemSizes& z) {
   double pairs = 0;
   if (z.varlen()) {
-    for (std::size_t i = 0; i < z.seqlens_q.size(); ++i)
-      pairs += double(z.seqlens_q[i]) * double(z.seqlens_kv[i]);
+    for (std::size_t i = 0; i < z.seqlens_q.size(); ++i) pairs += double(z.seqlens_q[i]) * double(z.seqlens_kv[i]);
   } else {
     pairs = double(z.batch) * double(z.s_q) * double(z.s_kv);
   }
@@ -83,8 +86,7 @@ void draw_sizes(Rng& r, ProblemSizes* z) {
       z->seqlens_q.push_back(lq);
       z->seqlens_kv.push_back(same ? lq : (r.chance(0.2) ? 0 : seq_len(r)));
     }
-    for (auto pair : {std::make_pair(&z->seqlens_q, &z->offsets_q),
-                       std::make_pair(&z->seqlens_kv, &z->offsets_kv)}) {
+    for (auto pair : {std::make_pair(&z->seqlens_q, &z->offsets_q), std::make_pair(&z->seqlens_kv, &z->offsets_kv)}) {
       if (r.chance(0.5)) continue;  // packed back to back
       std::int64_t at = r.uniform(0, 5);
       for (std::int64_t len : *pair.first) {
@@ -119,13 +121,11 @@ void fit_budget(ProblemSizes* z) {
       for (auto& l : z->seqlens_kv) l = shrink(l);
       if (!z->offsets_q.empty()) {
         std::int64_t at = 0;
-        for (std::size_t i = 0; i < z->offsets_q.size(); ++i)
-          z->offsets_q[i] = at, at += z->seqlens_q[i] + 3;
+        for (std::size_t i = 0; i < z->offsets_q.size(); ++i) z->offsets_q[i] = at, at += z->seqlens_q[i] + 3;
       }
       if (!z->offsets_kv.empty()) {
         std::int64_t at = 0;
-        for (std::size_t i = 0; i < z->offsets_kv.size(); ++i)
-          z->offsets_kv[i] = at, at += z->seqlens_kv[i] + 3;
+        for (std::size_t i = 0; i < z->offsets_kv.size(); ++i) z->offsets_kv[i] = at, at += z->seqlens_kv[i] + 3;
       }
       z->s_q = *std::max_element(z->seqlens_q.begin(), z->seqlens_q.end());
       z->s_kv = *std::max_element(z->seqlens_kv.begin(), z->seqlens_kv.end());
@@ -155,8 +155,7 @@ ViewSpec random_view(Rng& r, const std::string& buffer, const Dims4& shape, std:
     inner = inner * std::max<std::int64_t>(shape[d], 1) + (r.chance(0.35) ? r.uniform(1, 40) : 0);
   }
   for (int d = 0; d < 4; ++d)  // size-1 dims may carry any stride
-    if (shape[d] == 1 && r.chance(0.5))
-      v.stride[d] = r.pick(std::vector<std::int64_t>{0, 1, 7, 999983, -5, 123456789});
+    if (shape[d] == 1 && r.chance(0.5)) v.stride[d] = r.pick(std::vector<std::int64_t>{0, 1, 7, 999983, -5, 123456789});
   v.offset = *base + (r.chance(0.5) ? r.uniform(1, 30) : 0);
   *base = harness::required_extent(v) + r.uniform(0, 16);
   return v;
@@ -164,8 +163,8 @@ ViewSpec random_view(Rng& r, const std::string& buffer, const Dims4& shape, std:
 
 // Q, K, V interleaved in the rows of one buffer (a split of a fused projection), with a
 // head stride of at least max(d_qk, d_v) and gaps; needs equal q and kv token counts.
-void fused_qkv(Rng& r, const std::string& buffer, std::int64_t b, std::int64_t s,
-               const ProblemSizes& z, ViewSpec* q, ViewSpec* k, ViewSpec* v) {
+void fused_qkv(Rng& r, const std::string& buffer, std::int64_t b, std::int64_t s, const ProblemSizes& z, ViewSpec* q,
+               ViewSpec* k, ViewSpec* v) {
   const std::int64_t hs = std::max(z.d_qk, z.d_v) + (r.chance(0.4) ? r.uniform(1, 8) : 0);
   const std::int64_t row = (z.heads + 2 * z.kv_heads) * hs + (r.chance(0.3) ? r.uniform(1, 20) : 0);
   const bool seq_outer = r.chance(0.5);
@@ -229,7 +228,7 @@ void draw_numerical_edges(Rng& r, bool plant_non_finite, CaseSpec* spec) {
     spec->input_scale = log_uniform(1.0, r.chance(0.5) ? std::min(top, 1e4) : std::min(top, 1e15));
   if (r.chance(0.08))
     spec->options.scale = spec->grad || f32 ? r.pick(std::vector<double>{1e-30, 1e-8})
-                                     : r.pick(std::vector<double>{1e-30, 1e-8, 1e4, 1e10, 1e30});
+                                            : r.pick(std::vector<double>{1e-30, 1e-8, 1e4, 1e10, 1e30});
   if (r.chance(0.1) && plant_non_finite) {
     std::vector<std::string> tensors = {"q", "k", "v"};
     if (spec->grad) tensors.push_back("do");
@@ -299,8 +298,8 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   using json = nlohmann::ordered_json;
   if (inv.require_gpu && !harness::gpu_available()) {
     if (inv.json)
-      std::printf("%s\n", json({{"skipped", "no GPU present (this test needs one)"},
-                                 {"exit_code", 77}}).dump(2).c_str());
+      std::printf("%s\n",
+                  json({{"skipped", "no GPU present (this test needs one)"}, {"exit_code", 77}}).dump(2).c_str());
     else
       std::printf("fuzz: skipped: no GPU present (this test needs one)\n");
     return 77;
@@ -320,8 +319,8 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   for (std::int64_t i = 0; i < max_draws && (i < inv.cases || short_of_min_ran()); ++i) {
     drawn = i + 1;
     line.show("fuzz: case " + std::to_string(i + 1) +
-              (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " +
-              std::to_string(failed) + " failed");
+              (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " + std::to_string(failed) +
+              " failed");
     const CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs);
     harness::CaseReport rep;
     const Status s = harness::run_case(spec, backends, &rep);
@@ -329,12 +328,12 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
     bool case_failed = false, case_unsupported = false;
     auto report = [&](const std::string& backend, const std::string& status, const std::string& why) {
       case_failed = true;
-      failures.push_back({{"case", i}, {"backend", backend}, {"status", status},
-                          {"reason", why}, {"reproducer", repro}});
+      failures.push_back(
+          {{"case", i}, {"backend", backend}, {"status", status}, {"reason", why}, {"reproducer", repro}});
       if (!inv.json) {
         line.clear();
-        std::printf("FAIL case %lld: %s %s: %s\n  %s\n", static_cast<long long>(i),
-                    backend.c_str(), status.c_str(), why.c_str(), repro.c_str());
+        std::printf("FAIL case %lld: %s %s: %s\n  %s\n", static_cast<long long>(i), backend.c_str(), status.c_str(),
+                    why.c_str(), repro.c_str());
         std::fflush(stdout);
       }
     };
@@ -349,9 +348,12 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
           case_unsupported = true;
       }
     }
-    if (case_failed) ++failed;
-    else if (case_unsupported) ++unsupported;
-    else ++passed;
+    if (case_failed)
+      ++failed;
+    else if (case_unsupported)
+      ++unsupported;
+    else
+      ++passed;
   }
   line.clear();
   std::vector<std::string> never_ran;
@@ -363,9 +365,9 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   if (inv.json) {
     json per = json::object();
     for (auto& [b, m] : tally) per[std::string(to_string(b))] = m;
-    json j = {{"cases", drawn}, {"seed", inv.seed},      {"grad", inv.grad},
-              {"passed", passed},   {"failed", failed},      {"unsupported", unsupported},
-              {"failures", failures}, {"backends", per},     {"exit_code", code}};
+    json j = {{"cases", drawn},       {"seed", inv.seed}, {"grad", inv.grad},
+              {"passed", passed},     {"failed", failed}, {"unsupported", unsupported},
+              {"failures", failures}, {"backends", per},  {"exit_code", code}};
     std::printf("%s\n", j.dump(2).c_str());
     return code;
   }
@@ -376,17 +378,15 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
   }
   if (vacuous)
     for (const std::string& b : never_ran)
-      std::printf("fuzz: FAIL: backend %s ran no case (every case unsupported): nothing was tested\n",
-                  b.c_str());
+      std::printf("fuzz: FAIL: backend %s ran no case (every case unsupported): nothing was tested\n", b.c_str());
   if (short_ran)
     for (Backend b : backends)
       if (ran(b) < inv.min_ran)
         std::printf("fuzz: FAIL: backend %s ran %lld cases in %lld draws; --min-ran asks %lld\n",
-                    std::string(to_string(b)).c_str(), static_cast<long long>(ran(b)),
-                    static_cast<long long>(drawn), static_cast<long long>(inv.min_ran));
-  std::printf("fuzz: %lld cases: %lld passed, %lld failed, %lld unsupported\n",
-              static_cast<long long>(drawn), static_cast<long long>(passed),
-              static_cast<long long>(failed), static_cast<long long>(unsupported));
+                    std::string(to_string(b)).c_str(), static_cast<long long>(ran(b)), static_cast<long long>(drawn),
+                    static_cast<long long>(inv.min_ran));
+  std::printf("fuzz: %lld cases: %lld passed, %lld failed, %lld unsupported\n", static_cast<long long>(drawn),
+              static_cast<long long>(passed), static_cast<long long>(failed), static_cast<long long>(unsupported));
   return code;
 }
 

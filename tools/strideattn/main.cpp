@@ -31,8 +31,7 @@ int error_exit(StatusCode code, const std::string& msg, int exit_code) {
     if (c == '\n') c = ' ';
   std::fprintf(stderr, "strideattn: error: %s\n", line.c_str());
   if (g_json) {
-    const json j = {{"error", {{"code", std::string(to_string(code))}, {"message", line}}},
-                    {"exit_code", exit_code}};
+    const json j = {{"error", {{"code", std::string(to_string(code))}, {"message", line}}}, {"exit_code", exit_code}};
     std::printf("%s\n", j.dump(2).c_str());
   }
   std::fflush(stdout);
@@ -40,9 +39,7 @@ int error_exit(StatusCode code, const std::string& msg, int exit_code) {
 }
 
 // Invalid input or environment: exit 2.
-int invalid(const std::string& msg) {
-  return error_exit(StatusCode::invalid_argument, msg, kExitInvalid);
-}
+int invalid(const std::string& msg) { return error_exit(StatusCode::invalid_argument, msg, kExitInvalid); }
 
 // Any Status that is not ok: invalid_argument exits 2, everything else 1.
 int status_exit(const Status& s) {
@@ -76,10 +73,14 @@ json problem_json(const harness::CaseSpec& s) {
             {"seed", s.seed},
             {"layout_name", s.layout_name}};
   if (z.varlen())
-    p["varlen"] = {{"seqlens_q", z.seqlens_q}, {"seqlens_kv", z.seqlens_kv},
-                   {"offsets_q", z.offsets_q}, {"offsets_kv", z.offsets_kv}};
-  json views = {{"q", format_view(s.views.q)}, {"k", format_view(s.views.k)},
-                {"v", format_view(s.views.v)}, {"o", format_view(s.views.o)}};
+    p["varlen"] = {{"seqlens_q", z.seqlens_q},
+                   {"seqlens_kv", z.seqlens_kv},
+                   {"offsets_q", z.offsets_q},
+                   {"offsets_kv", z.offsets_kv}};
+  json views = {{"q", format_view(s.views.q)},
+                {"k", format_view(s.views.k)},
+                {"v", format_view(s.views.v)},
+                {"o", format_view(s.views.o)}};
   if (s.grad) {
     views["do"] = format_view(s.views.d_o);
     views["dq"] = format_view(s.views.dq);
@@ -91,8 +92,11 @@ json problem_json(const harness::CaseSpec& s) {
 }
 
 json check_json(const harness::TensorCheck& c) {
-  return {{"max_abs_err", c.err.max_abs_err}, {"max_rel_err", c.err.max_rel_err},
-          {"tolerance", c.tol}, {"non_finite", c.err.non_finite}, {"pass", c.pass()}};
+  return {{"max_abs_err", c.err.max_abs_err},
+          {"max_rel_err", c.err.max_rel_err},
+          {"tolerance", c.tol},
+          {"non_finite", c.err.non_finite},
+          {"pass", c.pass()}};
 }
 
 json backend_json(const harness::BackendResult& r, bool grad) {
@@ -123,12 +127,12 @@ json backend_json(const harness::BackendResult& r, bool grad) {
 }
 
 void print_check_table(const harness::CaseReport& rep) {
-  std::printf("%-10s %-12s %-6s %12s %12s %12s %10s %9s\n", "backend", "status", "tensor",
-              "max_abs_err", "max_rel_err", "tolerance", "time_ms", "TFLOP/s");
+  std::printf("%-10s %-12s %-6s %12s %12s %12s %10s %9s\n", "backend", "status", "tensor", "max_abs_err", "max_rel_err",
+              "tolerance", "time_ms", "TFLOP/s");
   for (const harness::BackendResult& r : rep.backends) {
     // `auto` names what it ran: "auto:cpu".
-    const std::string name = std::string(to_string(r.backend)) +
-                             (r.chosen ? ":" + std::string(to_string(*r.chosen)) : "");
+    const std::string name =
+        std::string(to_string(r.backend)) + (r.chosen ? ":" + std::string(to_string(*r.chosen)) : "");
     if (r.checks.empty()) {
       std::printf("%-10s %-12s %s\n", name.c_str(), r.status.c_str(), r.reason.c_str());
       continue;
@@ -137,10 +141,9 @@ void print_check_table(const harness::CaseReport& rep) {
     for (const harness::TensorCheck& c : r.checks) {
       std::string tail;
       if (first) tail = " " + num(r.time_ms, "%10.2f") + " " + num(r.tflops, "%9.3f");
-      std::printf("%-10s %-12s %-6s %12s %12s %12s%s%s\n", first ? name.c_str() : "",
-                  first ? r.status.c_str() : "", c.name.c_str(),
-                  num(c.err.max_abs_err).c_str(), num(c.err.max_rel_err).c_str(),
-                  num(c.tol).c_str(), tail.c_str(), c.pass() ? "" : "  <- exceeds tolerance");
+      std::printf("%-10s %-12s %-6s %12s %12s %12s%s%s\n", first ? name.c_str() : "", first ? r.status.c_str() : "",
+                  c.name.c_str(), num(c.err.max_abs_err).c_str(), num(c.err.max_rel_err).c_str(), num(c.tol).c_str(),
+                  tail.c_str(), c.pass() ? "" : "  <- exceeds tolerance");
       first = false;
     }
     if (r.status != "ok") std::printf("%-10s %-12s %s\n", "", "", r.reason.c_str());
@@ -162,7 +165,9 @@ int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool 
       bad.push_back(std::string(to_string(r.backend)) + " " + r.status + ": " + r.reason);
   const int code = bad.empty() ? kExitOk : kExitMismatch;
   if (inv.json) {
-    json j = {{"problem", problem_json(inv.spec)}, {"layout", rep.layout}, {"exit_code", code},
+    json j = {{"problem", problem_json(inv.spec)},
+              {"layout", rep.layout},
+              {"exit_code", code},
               {"reproducer", harness::reproducer(inv.spec, backends)}};
     json arr = json::array();
     for (const auto& r : rep.backends) arr.push_back(backend_json(r, inv.spec.grad));
@@ -171,14 +176,15 @@ int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool 
     return code;
   }
   if (demo)
-    std::printf("strideattn %s demo: the seed case (split views of one fused buffer) on "
-                "every available backend\n",
-                std::string(version()).c_str());
-  std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(),
-              inv.spec.grad ? " (forward + backward)" : "");
+    std::printf(
+        "strideattn %s demo: the seed case (split views of one fused buffer) on "
+        "every available backend\n",
+        std::string(version()).c_str());
+  std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(), inv.spec.grad ? " (forward + backward)" : "");
   std::printf("layout:  %s\n", rep.layout.c_str());
-  std::printf("errors against the fp64 reference; tolerance = 2 x naive low-precision error "
-              "+ floor + rounding terms (docs/semantics.md); time of one run\n\n");
+  std::printf(
+      "errors against the fp64 reference; tolerance = 2 x naive low-precision error "
+      "+ floor + rounding terms (docs/semantics.md); time of one run\n\n");
   print_check_table(rep);
   std::printf("\n");
   if (bad.empty()) {
@@ -197,18 +203,16 @@ json verdicts_json(const Explanation& ex) {
                    {"supported", v.supported},
                    {"rule", v.rule},
                    {"reason", v.reason}});
-  return {{"verdicts", arr},
-          {"chosen", ex.chosen ? json(std::string(to_string(*ex.chosen))) : json(nullptr)}};
+  return {{"verdicts", arr}, {"chosen", ex.chosen ? json(std::string(to_string(*ex.chosen))) : json(nullptr)}};
 }
 
 void print_verdicts(const char* title, const Explanation& ex) {
   std::printf("%s:\n", title);
   for (const Verdict& v : ex.verdicts)
     std::printf("  %-10s %-12s %s%s\n", std::string(to_string(v.backend)).c_str(),
-                v.supported ? "supported" : "unsupported",
-                v.rule.empty() ? "" : ("[" + v.rule + "] ").c_str(), v.reason.c_str());
-  std::printf("  auto chooses: %s\n",
-              ex.chosen ? std::string(to_string(*ex.chosen)).c_str() : "nothing (see above)");
+                v.supported ? "supported" : "unsupported", v.rule.empty() ? "" : ("[" + v.rule + "] ").c_str(),
+                v.reason.c_str());
+  std::printf("  auto chooses: %s\n", ex.chosen ? std::string(to_string(*ex.chosen)).c_str() : "nothing (see above)");
 }
 
 int run_explain(const Invocation& inv) {
@@ -218,8 +222,7 @@ int run_explain(const Invocation& inv) {
   if (s.ok() && inv.grad && !bwd.validation.ok()) s = bwd.validation;
   if (!s.ok()) return status_exit(s);
   if (inv.json) {
-    json j = {{"problem", problem_json(inv.spec)}, {"layout", fwd.layout},
-              {"forward", verdicts_json(fwd)}};
+    json j = {{"problem", problem_json(inv.spec)}, {"layout", fwd.layout}, {"forward", verdicts_json(fwd)}};
     if (inv.grad) j["backward"] = verdicts_json(bwd);
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
@@ -244,8 +247,7 @@ int run_bench(const Invocation& inv, const std::vector<Backend>& backends) {
   std::vector<harness::BenchResult> res;
   {
     ProgressLine line(inv.json, 1.0);
-    s = harness::bench_case(inv.spec, backends, inv.bench_runs, &res,
-                            [&](const std::string& w) { line.show(w); });
+    s = harness::bench_case(inv.spec, backends, inv.bench_runs, &res, [&](const std::string& w) { line.show(w); });
   }
   if (!s.ok()) return status_exit(s);
   int code = kExitOk;
@@ -262,25 +264,21 @@ int run_bench(const Invocation& inv, const std::vector<Backend>& backends) {
                      {"tflops", num_or_null(r.tflops, ran)},
                      {"runs", r.runs}});
     }
-    json j = {{"problem", problem_json(inv.spec)}, {"layout", fwd.layout}, {"backends", arr},
-              {"exit_code", code}};
+    json j = {{"problem", problem_json(inv.spec)}, {"layout", fwd.layout}, {"backends", arr}, {"exit_code", code}};
     std::printf("%s\n", j.dump(2).c_str());
     return code;
   }
-  std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(),
-              inv.spec.grad ? " (forward + backward)" : "");
+  std::printf("problem: %s%s\n", describe_problem(inv.spec).c_str(), inv.spec.grad ? " (forward + backward)" : "");
   std::printf("layout:  %s\n", fwd.layout.c_str());
-  std::printf("median of >= %d runs after warm-up (CUDA events on GPU backends)\n\n",
-              inv.bench_runs);
+  std::printf("median of >= %d runs after warm-up (CUDA events on GPU backends)\n\n", inv.bench_runs);
   std::printf("%-10s %-12s %12s %10s %6s\n", "backend", "status", "median_ms", "TFLOP/s", "runs");
   for (const auto& r : res) {
     if (r.status != "ok") {
-      std::printf("%-10s %-12s %s\n", std::string(to_string(r.backend)).c_str(), r.status.c_str(),
-                  r.reason.c_str());
+      std::printf("%-10s %-12s %s\n", std::string(to_string(r.backend)).c_str(), r.status.c_str(), r.reason.c_str());
       continue;
     }
-    std::printf("%-10s %-12s %12.3f %10.3f %6d\n", std::string(to_string(r.backend)).c_str(),
-                r.status.c_str(), r.median_ms, r.tflops, r.runs);
+    std::printf("%-10s %-12s %12.3f %10.3f %6d\n", std::string(to_string(r.backend)).c_str(), r.status.c_str(),
+                r.median_ms, r.tflops, r.runs);
   }
   return code;
 }
@@ -297,8 +295,12 @@ int main_impl(int argc, char** argv) {
     if (Status s = check_environment(); !s.ok()) return invalid(s.message());
   const std::vector<Backend> backends = inv.backends_given ? inv.backends : default_backends();
   switch (inv.command) {
-    case Command::help: std::printf("%s", usage().c_str()); return kExitOk;
-    case Command::version: std::printf("strideattn %s\n", std::string(version()).c_str()); return kExitOk;
+    case Command::help:
+      std::printf("%s", usage().c_str());
+      return kExitOk;
+    case Command::version:
+      std::printf("strideattn %s\n", std::string(version()).c_str());
+      return kExitOk;
     case Command::gpu_available: {
       const bool g = harness::gpu_available();
       std::printf("%s\n", g ? "gpu: available" : "gpu: not available");
@@ -314,10 +316,14 @@ int main_impl(int argc, char** argv) {
       all.push_back(Backend::automatic);
       return run_check(demo, all, true);
     }
-    case Command::check: return run_check(inv, backends, false);
-    case Command::explain: return run_explain(inv);
-    case Command::bench: return run_bench(inv, backends);
-    case Command::fuzz: return run_fuzz(inv, backends);
+    case Command::check:
+      return run_check(inv, backends, false);
+    case Command::explain:
+      return run_explain(inv);
+    case Command::bench:
+      return run_bench(inv, backends);
+    case Command::fuzz:
+      return run_fuzz(inv, backends);
   }
   return kExitInvalid;
 }
@@ -329,8 +335,7 @@ int main(int argc, char** argv) {
   try {
     return strideattn::cli::main_impl(argc, argv);
   } catch (const std::exception& e) {
-    return strideattn::cli::error_exit(strideattn::StatusCode::internal,
-                                       std::string("internal error: ") + e.what(), 1);
+    return strideattn::cli::error_exit(strideattn::StatusCode::internal, std::string("internal error: ") + e.what(), 1);
   } catch (...) {
     return strideattn::cli::error_exit(strideattn::StatusCode::internal, "internal error", 1);
   }

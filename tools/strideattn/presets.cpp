@@ -5,8 +5,8 @@ namespace strideattn::cli {
 
 namespace {
 
-harness::ProblemSizes dense(std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
-                            std::int64_t hg, std::int64_t d, std::int64_t dv) {
+harness::ProblemSizes dense(std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h, std::int64_t hg,
+                            std::int64_t d, std::int64_t dv) {
   harness::ProblemSizes z;
   z.batch = b, z.s_q = sq, z.s_kv = skv, z.heads = h, z.kv_heads = hg, z.d_qk = d, z.d_v = dv;
   return z;
@@ -28,24 +28,24 @@ const std::vector<Preset>& presets() {
     // d = 64, s = 2048, causal. Batch 1 (the original had more) so that the fp64 reference
     // on a 2-core CPU keeps the demo and `check --preset seed --grad` short.
     p.push_back({"seed", "the seed case: split views of a fused sb(h+2hg)d fp16 buffer",
-                 dense(1, 2048, 2048, 16, 1, 64, 64), DType::f16, "sb(h+2hg)d",
-                 mask(MaskKind::causal)});
-    p.push_back({"small", "a small causal GQA problem in bshd", dense(2, 100, 100, 4, 2, 64, 64),
-                 DType::bf16, "bshd_bshd_bshd", mask(MaskKind::causal)});
-    p.push_back({"gqa", "GQA 8/2, d=128, s_q < s_kv, bottom-right causal, sbhd",
-                 dense(2, 192, 256, 8, 2, 128, 128), DType::bf16, "sbhd_sbhd_sbhd",
-                 mask(MaskKind::causal_bottom_right)});
-    p.push_back({"mqa", "MQA 8/1 split of a fused bs(h+2hg)d buffer, no mask",
-                 dense(1, 300, 300, 8, 1, 64, 64), DType::f16, "bs(h+2hg)d", mask(MaskKind::none)});
-    p.push_back({"mla", "MLA head dims 192/128, causal, bshd", dense(1, 256, 256, 8, 8, 192, 128),
-                 DType::bf16, "bshd_bshd_bshd", mask(MaskKind::causal)});
-    p.push_back({"window", "sliding window (128, 0), MQA, bshd", dense(1, 512, 512, 4, 1, 64, 64),
-                 DType::bf16, "bshd_bshd_bshd", mask(MaskKind::none, Window{.left = 128, .right = 0})});
-    p.push_back({"decode", "decode: s_q = 1 against 1000 keys, GQA 8/2, d=128",
-                 dense(4, 1, 1000, 8, 2, 128, 128), DType::f16, "bshd_bshd_bshd",
-                 mask(MaskKind::causal_bottom_right)});
-    Preset v{"varlen", "THD with an empty sequence and padding between sequences",
-             dense(4, 128, 128, 4, 2, 64, 64), DType::bf16, "thd_thd_thd",
+                 dense(1, 2048, 2048, 16, 1, 64, 64), DType::f16, "sb(h+2hg)d", mask(MaskKind::causal)});
+    p.push_back({"small", "a small causal GQA problem in bshd", dense(2, 100, 100, 4, 2, 64, 64), DType::bf16,
+                 "bshd_bshd_bshd", mask(MaskKind::causal)});
+    p.push_back({"gqa", "GQA 8/2, d=128, s_q < s_kv, bottom-right causal, sbhd", dense(2, 192, 256, 8, 2, 128, 128),
+                 DType::bf16, "sbhd_sbhd_sbhd", mask(MaskKind::causal_bottom_right)});
+    p.push_back({"mqa", "MQA 8/1 split of a fused bs(h+2hg)d buffer, no mask", dense(1, 300, 300, 8, 1, 64, 64),
+                 DType::f16, "bs(h+2hg)d", mask(MaskKind::none)});
+    p.push_back({"mla", "MLA head dims 192/128, causal, bshd", dense(1, 256, 256, 8, 8, 192, 128), DType::bf16,
+                 "bshd_bshd_bshd", mask(MaskKind::causal)});
+    p.push_back({"window", "sliding window (128, 0), MQA, bshd", dense(1, 512, 512, 4, 1, 64, 64), DType::bf16,
+                 "bshd_bshd_bshd", mask(MaskKind::none, Window{.left = 128, .right = 0})});
+    p.push_back({"decode", "decode: s_q = 1 against 1000 keys, GQA 8/2, d=128", dense(4, 1, 1000, 8, 2, 128, 128),
+                 DType::f16, "bshd_bshd_bshd", mask(MaskKind::causal_bottom_right)});
+    Preset v{"varlen",
+             "THD with an empty sequence and padding between sequences",
+             dense(4, 128, 128, 4, 2, 64, 64),
+             DType::bf16,
+             "thd_thd_thd",
              mask(MaskKind::causal_bottom_right)};
     v.sizes.seqlens_q = {37, 0, 128, 5};
     v.sizes.seqlens_kv = {50, 10, 128, 0};
@@ -60,8 +60,8 @@ const std::vector<Preset>& presets() {
 std::string usage() {
   std::string presets_list;
   for (const Preset& p : presets())
-    presets_list += "    " + p.name + std::string(10 - std::min<std::size_t>(p.name.size(), 9), ' ') +
-                    p.description + "\n";
+    presets_list +=
+        "    " + p.name + std::string(10 - std::min<std::size_t>(p.name.size(), 9), ' ') + p.description + "\n";
   return R"(strideattn - fused attention for any strided view: check, explain, benchmark, fuzz
 
 usage:

@@ -15,16 +15,14 @@ class ProgressLine {
  public:
   // `delay_s`: show nothing until the run has taken this long.
   ProgressLine(bool json, double delay_s)
-      : enabled_(!json && isatty(STDERR_FILENO) == 1), delay_s_(delay_s),
-        start_(std::chrono::steady_clock::now()) {}
+      : enabled_(!json && isatty(STDERR_FILENO) == 1), delay_s_(delay_s), start_(std::chrono::steady_clock::now()) {}
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;
   ~ProgressLine() { clear(); }
 
   void show(const std::string& what) {
     if (!enabled_) return;
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     if (elapsed < delay_s_) return;
     std::fprintf(stderr, "\r\033[Kstrideattn: %s", what.c_str());
     std::fflush(stderr);

@@ -17,17 +17,15 @@ int thread_count() {
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
     if (end && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
-    log_line(LogLevel::info, std::string("STRIDEATTN_CPU_THREADS='") + env +
-                                 "' is not a positive integer; using hardware_concurrency");
+    log_line(LogLevel::info,
+             std::string("STRIDEATTN_CPU_THREADS='") + env + "' is not a positive integer; using hardware_concurrency");
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
-std::vector<unsigned char> covered_tokens(const kernel::SequenceTable& table, std::int64_t batch,
-                                          std::int64_t tokens) {
-  std::vector<unsigned char> covered(static_cast<std::size_t>(tokens > 0 ? tokens : 0),
-                                     table.varlen() ? 0 : 1);
+std::vector<unsigned char> covered_tokens(const kernel::SequenceTable& table, std::int64_t batch, std::int64_t tokens) {
+  std::vector<unsigned char> covered(static_cast<std::size_t>(tokens > 0 ? tokens : 0), table.varlen() ? 0 : 1);
   if (!table.varlen()) return covered;
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t first = kernel::max64(table.first_token(b), 0);
@@ -59,9 +57,8 @@ class CpuBackend final : public BackendImpl {
     try {
       return backward ? cpu::backward(problem) : cpu::forward(problem);
     } catch (const std::bad_alloc&) {
-      return Status(StatusCode::backend_error,
-                    std::string("cpu backend: out of host memory for the ") +
-                        (backward ? "backward" : "forward") + " scratch buffers");
+      return Status(StatusCode::backend_error, std::string("cpu backend: out of host memory for the ") +
+                                                   (backward ? "backward" : "forward") + " scratch buffers");
     } catch (const std::exception& e) {
       return Status(StatusCode::internal, std::string("cpu backend: ") + e.what());
     }

@@ -37,15 +37,15 @@ struct DTable {
 // Per-thread fp32 tile buffers.
 struct Scratch {
   std::int64_t dq = 0, dv = 0;
-  std::vector<float> q, d_o;       // [kBlockRows][d_qk], [kBlockRows][d_v]
-  std::vector<float> kt, vt;       // [d_qk][kBlockKeys], [d_v][kBlockKeys]  (transposed)
-  std::vector<float> k;            // [kBlockKeys][d_qk]  (dQ pass)
-  std::vector<float> p, ds;        // [kBlockRows][kBlockKeys]
-  std::vector<float> acc_b;        // [d_v] staging for O rows (pass 1)
-  std::vector<float> lse, delta;   // [kBlockRows]
-  std::vector<float> row;          // staging for transposed loads
+  std::vector<float> q, d_o;         // [kBlockRows][d_qk], [kBlockRows][d_v]
+  std::vector<float> kt, vt;         // [d_qk][kBlockKeys], [d_v][kBlockKeys]  (transposed)
+  std::vector<float> k;              // [kBlockKeys][d_qk]  (dQ pass)
+  std::vector<float> p, ds;          // [kBlockRows][kBlockKeys]
+  std::vector<float> acc_b;          // [d_v] staging for O rows (pass 1)
+  std::vector<float> lse, delta;     // [kBlockRows]
+  std::vector<float> row;            // staging for transposed loads
   std::vector<std::int64_t> j0, j1;  // [kBlockRows] visible columns of each row in a tile
-  PartialStack partials;           // per block of tiles: dK [keys][d_qk], dV [keys][d_v], or dQ
+  PartialStack partials;             // per block of tiles: dK [keys][d_qk], dV [keys][d_v], or dQ
   Scratch(std::int64_t d_qk, std::int64_t d_v)
       : dq(d_qk),
         dv(d_v),
@@ -71,9 +71,14 @@ struct Views {
 };
 Views views_of(const kernel::AttentionParams& a, std::int64_t b) {
   return {a.mask(b),
-          a.q_seq.span(a.q_st, b),   a.kv_seq.span(a.k_st, b),  a.kv_seq.span(a.v_st, b),
-          a.q_seq.span(a.o_st, b),   a.q_seq.span(a.do_st, b),  a.q_seq.span(a.dq_st, b),
-          a.kv_seq.span(a.dk_st, b), a.kv_seq.span(a.dv_st, b)};
+          a.q_seq.span(a.q_st, b),
+          a.kv_seq.span(a.k_st, b),
+          a.kv_seq.span(a.v_st, b),
+          a.q_seq.span(a.o_st, b),
+          a.q_seq.span(a.do_st, b),
+          a.q_seq.span(a.dq_st, b),
+          a.kv_seq.span(a.dk_st, b),
+          a.kv_seq.span(a.dv_st, b)};
 }
 
 // fp32 operands of one tile: K^T and V^T ([d][kBlockKeys]) and K rows ([key][d_qk]) of a
@@ -89,9 +94,8 @@ struct RowOperands {
   const float* d_o = nullptr;
 };
 
-KeyOperands load_kv(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Views& vw,
-                    std::int64_t b, std::int64_t kvh, std::int64_t c0, std::int64_t nc,
-                    bool k_rows, Scratch& w) {
+KeyOperands load_kv(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Views& vw, std::int64_t b,
+                    std::int64_t kvh, std::int64_t c0, std::int64_t nc, bool k_rows, Scratch& w) {
   if (pack) return {pack->k_t(b, kvh, c0), pack->v_t(b, kvh, c0), pack->k_rows(b, kvh, c0)};
   for (std::int64_t j = 0; j < nc; ++j) {
     float* row = w.row.data();
@@ -106,9 +110,8 @@ KeyOperands load_kv(const kernel::AttentionParams& a, DType dt, const Pack* pack
 
 // Q (unscaled: S = scale (Q K^T), dK = scale dS^T Q), dO, LSE and D of query rows
 // [r0, r0 + rows) of head `h`; LSE and D always go to the scratch.
-RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pack,
-                      const Views& vw, DTable& dtab, std::int64_t b, std::int64_t h,
-                      std::int64_t r0, std::int64_t rows, Scratch& w) {
+RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pack, const Views& vw, DTable& dtab,
+                      std::int64_t b, std::int64_t h, std::int64_t r0, std::int64_t rows, Scratch& w) {
   for (std::int64_t r = 0; r < rows; ++r) {
     w.lse[r] = a.lse[kernel::lse_offset(a.q_seq, a.lse_st, b, h, r0 + r)];
     w.delta[r] = *dtab.at(b, r0 + r, h);
@@ -116,8 +119,7 @@ RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pa
   if (pack) return {pack->q_rows(b, h, r0), pack->do_rows(b, h, r0)};
   for (std::int64_t r = 0; r < rows; ++r) {
     load_row(a.q, dt, kernel::row_offset(vw.q, a.q_st, r0 + r, h), a.q_st.d, w.dq, w.q.data() + r * w.dq);
-    load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), a.do_st.d, w.dv,
-             w.d_o.data() + r * w.dv);
+    load_row(a.d_o, dt, kernel::row_offset(vw.d_o, a.do_st, r0 + r, h), a.do_st.d, w.dv, w.d_o.data() + r * w.dv);
   }
   return {w.q.data(), w.d_o.data()};
 }
@@ -126,9 +128,8 @@ RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pa
 // P = exp(scale (Q K^T) - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
 // dS = P * (dO V^T - D). Results in w.p and w.ds, each row's visible columns in w.j0/w.j1.
 // Returns whether the mask leaves the whole tile visible.
-bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t rows,
-                    std::int64_t c0, std::int64_t nc, float scale, const RowOperands& ro,
-                    const KeyOperands& ko, Scratch& w) {
+bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t nc,
+                    float scale, const RowOperands& ro, const KeyOperands& ko, Scratch& w) {
   float* p = w.p.data();
   float* ds = w.ds.data();
   std::fill_n(p, rows * kBlockKeys, 0.f);
@@ -158,8 +159,7 @@ bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t 
 
 // ------------------------------------------------------------------------------ pass 1: D
 
-void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& it, DTable& dtab,
-                   Scratch& w) {
+void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& it, DTable& dtab, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   for (std::int64_t i = it.r0; i < it.r1; ++i)
     for (std::int64_t h = 0; h < a.heads; ++h) {
@@ -174,8 +174,8 @@ void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& i
 // ------------------------------------------------------------------------------ pass 2: dK, dV
 
 // Returns false when the cancel flag stopped it (its outputs are then not written).
-bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
-              DTable& dtab, const std::atomic<bool>* cancel, Scratch& w) {
+bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it, DTable& dtab,
+              const std::atomic<bool>* cancel, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t kvh = it.head, c0 = it.r0, nc = it.r1 - it.r0;  // c0: multiple of kBlockKeys
   const std::int64_t group = a.heads / a.kv_heads;
@@ -203,15 +203,11 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
         // A non-finite dO or Q row must not reach keys its row does not see (0 * NaN):
         // each key sums over the rows that see it.
         for (std::int64_t j = 0; j < nc; ++j) {
-          const std::int64_t i0 =
-              kernel::min64(kernel::max64(vw.mask.query_begin(c0 + j) - r0, 0), rows);
-          const std::int64_t i1 =
-              kernel::max64(kernel::min64(vw.mask.query_end(c0 + j) - r0, rows), i0);
+          const std::int64_t i0 = kernel::min64(kernel::max64(vw.mask.query_begin(c0 + j) - r0, 0), rows);
+          const std::int64_t i1 = kernel::max64(kernel::min64(vw.mask.query_end(c0 + j) - r0, rows), i0);
           const std::int64_t off = i0 * kBlockKeys + j;
-          gemm_acc(1, w.dv, i1 - i0, w.p.data() + off, 1, kBlockKeys, ro.d_o + i0 * w.dv, w.dv,
-                   dv + j * w.dv, w.dv);
-          gemm_acc(1, w.dq, i1 - i0, w.ds.data() + off, 1, kBlockKeys, ro.q + i0 * w.dq, w.dq,
-                   dk + j * w.dq, w.dq);
+          gemm_acc(1, w.dv, i1 - i0, w.p.data() + off, 1, kBlockKeys, ro.d_o + i0 * w.dv, w.dv, dv + j * w.dv, w.dv);
+          gemm_acc(1, w.dq, i1 - i0, w.ds.data() + off, 1, kBlockKeys, ro.q + i0 * w.dq, w.dq, dk + j * w.dq, w.dq);
         }
       }
       if (++tiles_in_block == kTilesPerPartial) {
@@ -227,10 +223,8 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     total = w.partials.next();
   }
   for (std::int64_t j = 0; j < nc; ++j) {
-    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), a.dk_st.d, w.dq, total + j * w.dq,
-              a.scale);
-    store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), a.dv_st.d, w.dv,
-              total + dk_size + j * w.dv);
+    store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), a.dk_st.d, w.dq, total + j * w.dq, a.scale);
+    store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), a.dv_st.d, w.dv, total + dk_size + j * w.dv);
   }
   return true;
 }
@@ -238,8 +232,8 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
 // ------------------------------------------------------------------------------ pass 3: dQ
 
 // Returns false when the cancel flag stopped it (its outputs are then not written).
-bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
-                DTable& dtab, const std::atomic<bool>* cancel, Scratch& w) {
+bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it, DTable& dtab,
+                const std::atomic<bool>* cancel, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t h = it.head, r0 = it.r0, rows = it.r1 - it.r0;
   const std::int64_t kvh = kernel::kv_head_of(h, a.heads, a.kv_heads);
@@ -262,8 +256,8 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
     } else {
       // A non-finite K row must not reach rows that do not see it (0 * NaN).
       for (std::int64_t r = 0; r < rows; ++r)
-        gemm_acc(1, w.dq, w.j1[r] - w.j0[r], w.ds.data() + r * kBlockKeys + w.j0[r], kBlockKeys,
-                 1, ko.k + w.j0[r] * w.dq, w.dq, dq + r * w.dq, w.dq);
+        gemm_acc(1, w.dq, w.j1[r] - w.j0[r], w.ds.data() + r * kBlockKeys + w.j0[r], kBlockKeys, 1,
+                 ko.k + w.j0[r] * w.dq, w.dq, dq + r * w.dq, w.dq);
     }
     if (++tiles_in_block == kTilesPerPartial) {
       w.partials.push(merge);
@@ -277,17 +271,15 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
     total = w.partials.next();
   }
   for (std::int64_t r = 0; r < rows; ++r)
-    store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), a.dq_st.d, w.dq, total + r * w.dq,
-              a.scale);
+    store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), a.dq_st.d, w.dq, total + r * w.dq, a.scale);
   return true;
 }
 
 // ------------------------------------------------------------------------------ driver
 
 // Varlen padding: gradient rows of tokens that belong to no sequence are 0.
-void zero_padding(void* base, DType dt, const kernel::SequenceTable& table, std::int64_t batch,
-                  std::int64_t tokens, std::int64_t heads, const kernel::Strides& st,
-                  std::int64_t dim) {
+void zero_padding(void* base, DType dt, const kernel::SequenceTable& table, std::int64_t batch, std::int64_t tokens,
+                  std::int64_t heads, const kernel::Strides& st, std::int64_t dim) {
   if (!table.varlen()) return;
   const auto covered = covered_tokens(table, batch, tokens);
   for (std::int64_t t = 0; t < tokens; ++t)
@@ -304,8 +296,7 @@ bool run_items(const std::vector<WorkItem>& items, const kernel::AttentionParams
   std::atomic<std::size_t> next{0};
   return run_threads(threads_for(flops, items.size()), [&](int) {
     Scratch w(a.d_qk, a.d_v);
-    for (std::size_t i = next++; i < items.size() && !stopped.load(std::memory_order_relaxed);
-         i = next++)
+    for (std::size_t i = next++; i < items.size() && !stopped.load(std::memory_order_relaxed); i = next++)
       if (!fn(items[i], w)) stopped = true;
   });
 }
@@ -323,8 +314,7 @@ Status backward(const Problem& p) {
   DTable dtab;
   dtab.heads = a.heads;
   dtab.row_base.resize(static_cast<std::size_t>(a.batch) + 1, 0);
-  for (std::int64_t b = 0; b < a.batch; ++b)
-    dtab.row_base[b + 1] = dtab.row_base[b] + a.q_seq.length(b);
+  for (std::int64_t b = 0; b < a.batch; ++b) dtab.row_base[b + 1] = dtab.row_base[b] + a.q_seq.length(b);
   dtab.d.assign(static_cast<std::size_t>(dtab.row_base[a.batch] * a.heads), 0.f);
 
   std::vector<WorkItem> row_tiles, q_items, k_items;
@@ -350,10 +340,9 @@ Status backward(const Problem& p) {
   // fp32 copies of every operand the passes re-read (K/V per query tile, Q/dO per key
   // tile), made once; over the pack budget the passes convert tile by tile.
   Pack pack;
-  const PackRequest request{
-      .k_t = true, .k_rows = true, .v_t = true, .q_rows = true, .do_rows = true};
-  const bool packed = (p.s_q > kBlockRows || p.s_kv > kBlockKeys) &&
-                      pack.build(a, dt, request, threads_for(p.flops(), k_items.size()));
+  const PackRequest request{.k_t = true, .k_rows = true, .v_t = true, .q_rows = true, .do_rows = true};
+  const bool packed =
+      (p.s_q > kBlockRows || p.s_kv > kBlockKeys) && pack.build(a, dt, request, threads_for(p.flops(), k_items.size()));
   const Pack* pk = packed ? &pack : nullptr;
 
   std::atomic<bool> stopped{false};
@@ -362,12 +351,10 @@ Status backward(const Problem& p) {
     compute_delta(a, dt, it, dtab, w);
     return !cancelled(p);
   });
-  ok = ok && run_items(k_items, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
-         return key_tile(a, dt, pk, it, dtab, p.cancel, w);
-       });
-  ok = ok && run_items(q_items, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
-         return query_tile(a, dt, pk, it, dtab, p.cancel, w);
-       });
+  ok = ok && run_items(k_items, a, flops, stopped,
+                       [&](const WorkItem& it, Scratch& w) { return key_tile(a, dt, pk, it, dtab, p.cancel, w); });
+  ok = ok && run_items(q_items, a, flops, stopped,
+                       [&](const WorkItem& it, Scratch& w) { return query_tile(a, dt, pk, it, dtab, p.cancel, w); });
   if (stopped.load()) return cancelled_status("backward");
   if (!ok)
     return Status(StatusCode::backend_error,

@@ -81,8 +81,7 @@ struct WorkItem {
 // Heaviest first (causal and windowed tiles differ in work); stable keeps the order
 // deterministic, though results do not depend on it (each item owns its outputs).
 inline void heaviest_first(std::vector<WorkItem>& items) {
-  std::stable_sort(items.begin(), items.end(),
-                   [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
 }
 
 // ------------------------------------------------------------------------------ rows
@@ -92,8 +91,8 @@ inline void heaviest_first(std::vector<WorkItem>& items) {
 // vectorise.
 
 // dst[0..n) = row elements (dtype `dt`) as fp32, times `mul`.
-inline void load_row(const void* base, DType dt, std::int64_t offset, std::int64_t step, std::int64_t n,
-                     float* dst, float mul = 1.f) {
+inline void load_row(const void* base, DType dt, std::int64_t offset, std::int64_t step, std::int64_t n, float* dst,
+                     float mul = 1.f) {
   switch (dt) {
     case DType::f32: {
       const float* s = static_cast<const float*>(base) + offset;
@@ -123,8 +122,8 @@ inline void load_row(const void* base, DType dt, std::int64_t offset, std::int64
 }
 
 // Row elements = src[k] * mul rounded to `dt` (round to nearest even).
-inline void store_row(void* base, DType dt, std::int64_t offset, std::int64_t step, std::int64_t n,
-                      const float* src, float mul = 1.f) {
+inline void store_row(void* base, DType dt, std::int64_t offset, std::int64_t step, std::int64_t n, const float* src,
+                      float mul = 1.f) {
   switch (dt) {
     case DType::f32: {
       float* d = static_cast<float*>(base) + offset;
@@ -173,8 +172,8 @@ inline void zero_row(void* base, DType dt, std::int64_t offset, std::int64_t ste
 
 // covered[t] = 1 when token t of a tensor's seq dimension belongs to some sequence of
 // `table` (dense tables cover every token). Tokens outside are varlen padding.
-[[nodiscard]] std::vector<unsigned char> covered_tokens(const kernel::SequenceTable& table,
-                                                        std::int64_t batch, std::int64_t tokens);
+[[nodiscard]] std::vector<unsigned char> covered_tokens(const kernel::SequenceTable& table, std::int64_t batch,
+                                                        std::int64_t tokens);
 
 // ------------------------------------------------------------------------------ entry points
 

@@ -23,13 +23,13 @@ namespace {
 
 // Per-thread fp32 tile buffers, allocated once per thread per call.
 struct Scratch {
-  std::vector<float> q;    // [kBlockRows][d_qk]
-  std::vector<float> kt;   // [d_qk][kBlockKeys]  K tile transposed: S rows are contiguous
-  std::vector<float> v;    // [kBlockKeys][d_v]
-  std::vector<float> s;    // [kBlockRows][kBlockKeys]  scores, then probabilities
-  std::vector<float> row;  // [max(d_qk, d_v)]  staging for transposed loads
+  std::vector<float> q;              // [kBlockRows][d_qk]
+  std::vector<float> kt;             // [d_qk][kBlockKeys]  K tile transposed: S rows are contiguous
+  std::vector<float> v;              // [kBlockKeys][d_v]
+  std::vector<float> s;              // [kBlockRows][kBlockKeys]  scores, then probabilities
+  std::vector<float> row;            // [max(d_qk, d_v)]  staging for transposed loads
   std::vector<std::int64_t> j0, j1;  // [kBlockRows] visible columns of each row in a tile
-  PartialStack partials;   // per block of tiles: [m: rows][l: rows][P V: rows x d_v]
+  PartialStack partials;             // per block of tiles: [m: rows][l: rows][P V: rows x d_v]
   Scratch(std::int64_t d_qk, std::int64_t d_v)
       : q(kBlockRows * d_qk),
         kt(d_qk * kBlockKeys),
@@ -61,8 +61,8 @@ struct KvTile {
   const float* k_t = nullptr;
   const float* v = nullptr;
 };
-KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std::int64_t b,
-               std::int64_t kvh, std::int64_t c0, std::int64_t nc, Scratch& w) {
+KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std::int64_t b, std::int64_t kvh,
+               std::int64_t c0, std::int64_t nc, Scratch& w) {
   if (pack) return {pack->k_t(b, kvh, c0), pack->v_rows(b, kvh, c0)};
   const kernel::SequenceSpan k_span = a.kv_seq.span(a.k_st, b);
   const kernel::SequenceSpan v_span = a.kv_seq.span(a.v_st, b);
@@ -145,8 +145,8 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       gemm_acc(rows, dv, nc, s, kBlockKeys, 1, kv.v, dv, to, dv);
     } else {
       for (std::int64_t r = 0; r < rows; ++r)
-        gemm_acc(1, dv, w.j1[r] - w.j0[r], s + r * kBlockKeys + w.j0[r], kBlockKeys, 1,
-                 kv.v + w.j0[r] * dv, dv, to + r * dv, dv);
+        gemm_acc(1, dv, w.j1[r] - w.j0[r], s + r * kBlockKeys + w.j0[r], kBlockKeys, 1, kv.v + w.j0[r] * dv, dv,
+                 to + r * dv, dv);
     }
     if (++tiles_in_block == kTilesPerPartial) {
       w.partials.push(merge);
@@ -206,14 +206,12 @@ Status forward(const Problem& p) {
   const int threads = threads_for(p.flops(), items.size());
   // K^T and V in fp32 once per call when more than one query tile reads them.
   Pack pack;
-  const bool packed = p.s_q > kBlockRows &&
-                      pack.build(a, p.dtype, PackRequest{.k_t = true, .v_rows = true}, threads);
+  const bool packed = p.s_q > kBlockRows && pack.build(a, p.dtype, PackRequest{.k_t = true, .v_rows = true}, threads);
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stopped{false};
   const bool ok = run_threads(threads, [&](int) {
     Scratch w(a.d_qk, a.d_v);
-    for (std::size_t i = next++; i < items.size() && !stopped.load(std::memory_order_relaxed);
-         i = next++)
+    for (std::size_t i = next++; i < items.size() && !stopped.load(std::memory_order_relaxed); i = next++)
       if (!run_item(a, p.dtype, packed ? &pack : nullptr, items[i], p.cancel, w)) stopped = true;
   });
   if (stopped.load()) return cancelled_status("forward");

@@ -24,9 +24,8 @@ namespace strideattn::detail::cpu {
 // A(m, k) = a[m * a_row + k * a_col] (a transposed operand needs no copy), B rows `ldb`
 // apart and C rows `ldc` apart. Summation order over k is fixed (k ascending) in every
 // version, so results do not depend on threads.
-inline void gemm_acc_portable(std::int64_t rows, std::int64_t n, std::int64_t depth,
-                              const float* a, std::int64_t a_row, std::int64_t a_col,
-                              const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+inline void gemm_acc_portable(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a, std::int64_t a_row,
+                              std::int64_t a_col, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   for (std::int64_t m = 0; m < rows; ++m) {
     float* __restrict cm = c + m * ldc;
     for (std::int64_t k = 0; k < depth; ++k) {
@@ -73,9 +72,8 @@ inline bool all_finite(const float* x, std::int64_t n) {
 
 // R rows x (V * 8) columns of C held in registers across the whole k loop.
 template <int R, int V>
-SA_AVX2 inline void gemm_block_avx2(std::int64_t depth, const float* a, std::int64_t a_row,
-                                    std::int64_t a_col, const float* b, std::int64_t ldb,
-                                    float* c, std::int64_t ldc) {
+SA_AVX2 inline void gemm_block_avx2(std::int64_t depth, const float* a, std::int64_t a_row, std::int64_t a_col,
+                                    const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   // Fully unrolled so the accumulators live in registers, not on the stack.
   __m256 acc[R][V];
 #pragma GCC unroll 8
@@ -100,9 +98,8 @@ SA_AVX2 inline void gemm_block_avx2(std::int64_t depth, const float* a, std::int
 }
 
 template <int R>
-SA_AVX2 inline void gemm_rows_avx2(std::int64_t n, std::int64_t depth, const float* a,
-                                   std::int64_t a_row, std::int64_t a_col, const float* b,
-                                   std::int64_t ldb, float* c, std::int64_t ldc) {
+SA_AVX2 inline void gemm_rows_avx2(std::int64_t n, std::int64_t depth, const float* a, std::int64_t a_row,
+                                   std::int64_t a_col, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16) gemm_block_avx2<R, 2>(depth, a, a_row, a_col, b + j, ldb, c + j, ldc);
   for (; j + 8 <= n; j += 8) gemm_block_avx2<R, 1>(depth, a, a_row, a_col, b + j, ldb, c + j, ldc);
@@ -115,18 +112,15 @@ SA_AVX2 inline void gemm_rows_avx2(std::int64_t n, std::int64_t depth, const flo
   }
 }
 
-SA_AVX2 inline void gemm_acc_avx2(std::int64_t rows, std::int64_t n, std::int64_t depth,
-                                  const float* a, std::int64_t a_row, std::int64_t a_col,
-                                  const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+SA_AVX2 inline void gemm_acc_avx2(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a,
+                                  std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb, float* c,
+                                  std::int64_t ldc) {
   // 6 x 16 blocks keep 12 accumulators in flight (FMA latency x throughput) within the 16
   // ymm registers, with 2 B vectors and 1 broadcast.
   std::int64_t m = 0;
-  for (; m + 6 <= rows; m += 6)
-    gemm_rows_avx2<6>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
-  for (; m + 4 <= rows; m += 4)
-    gemm_rows_avx2<4>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
-  for (; m < rows; ++m)
-    gemm_rows_avx2<1>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
+  for (; m + 6 <= rows; m += 6) gemm_rows_avx2<6>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
+  for (; m + 4 <= rows; m += 4) gemm_rows_avx2<4>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
+  for (; m < rows; ++m) gemm_rows_avx2<1>(n, depth, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc);
 }
 
 // exp for 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-5
@@ -149,8 +143,7 @@ SA_AVX2 inline __m256 exp_avx2(__m256 x) {
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
@@ -165,8 +158,7 @@ SA_AVX2 inline float exp_sub_sum_avx2(float* x, std::int64_t n, float shift) {
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, acc);
-  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-              ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
   const int rest = static_cast<int>(n - j);  // 0..7
   if (rest > 0) {
     alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -213,9 +205,8 @@ inline bool use_avx2() {
 #endif
 }
 
-inline void gemm_acc(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a,
-                     std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
-                     float* c, std::int64_t ldc) {
+inline void gemm_acc(std::int64_t rows, std::int64_t n, std::int64_t depth, const float* a, std::int64_t a_row,
+                     std::int64_t a_col, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
 #ifdef STRIDEATTN_CPU_AVX2
   if (use_avx2()) return gemm_acc_avx2(rows, n, depth, a, a_row, a_col, b, ldb, c, ldc);
 #endif

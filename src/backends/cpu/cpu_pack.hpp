@@ -40,12 +40,11 @@ class Pack {
  public:
   // Builds the requested copies with up to `threads` threads. Returns false (holding
   // nothing) when they would exceed the budget or a worker failed.
-  [[nodiscard]] bool build(const kernel::AttentionParams& a, DType dt, PackRequest what,
-                           int threads) {
+  [[nodiscard]] bool build(const kernel::AttentionParams& a, DType dt, PackRequest what, int threads) {
     a_ = &a;
     const std::int64_t dq = a.d_qk, dv = a.d_v;
-    const std::int64_t kv_unit = (what.k_t ? dq : 0) + (what.k_rows ? dq : 0) +
-                                 (what.v_rows ? dv : 0) + (what.v_t ? dv : 0);
+    const std::int64_t kv_unit =
+        (what.k_t ? dq : 0) + (what.k_rows ? dq : 0) + (what.v_rows ? dv : 0) + (what.v_t ? dv : 0);
     const std::int64_t q_unit = (what.q_rows ? dq : 0) + (what.do_rows ? dv : 0);
     seq_.assign(static_cast<std::size_t>(a.batch), {});
     std::int64_t total = 0;
@@ -163,8 +162,7 @@ class Pack {
         load_row(a.q, dt, kernel::row_offset(q_span, a.q_st, i, h), a.q_st.d, a.d_qk,
                  base + s.q_rows + i * a.d_qk);  // unscaled, like the tile path
       if (what_.do_rows)
-        load_row(a.d_o, dt, kernel::row_offset(do_span, a.do_st, i, h), a.do_st.d, a.d_v,
-                 base + s.do_rows + i * a.d_v);
+        load_row(a.d_o, dt, kernel::row_offset(do_span, a.do_st, i, h), a.do_st.d, a.d_v, base + s.do_rows + i * a.d_v);
     }
   }
 

@@ -30,10 +30,10 @@ __global__ void __launch_bounds__(kAuxThreads) delta_kernel(const KernelParams k
   const bool in_range = row < p.q_seq.length(batch);
   float sum = 0.f;
   if (in_range) {
-    const auto* o = static_cast<const uint16_t*>(p.o) +
-                    kernel::row_offset(p.q_seq.span(p.o_st, batch), p.o_st, row, head);
-    const auto* d_o = static_cast<const uint16_t*>(p.d_o) +
-                      kernel::row_offset(p.q_seq.span(p.do_st, batch), p.do_st, row, head);
+    const auto* o =
+        static_cast<const uint16_t*>(p.o) + kernel::row_offset(p.q_seq.span(p.o_st, batch), p.o_st, row, head);
+    const auto* d_o =
+        static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(p.q_seq.span(p.do_st, batch), p.do_st, row, head);
     const bool vec = (kp.aligned & kVecO) && (kp.aligned & kVecDO);
     for (int c = lane * 8; c < int(p.d_v); c += kDeltaLanes * 8) {
       uint16_t a[8], b[8];
@@ -63,10 +63,8 @@ __global__ void __launch_bounds__(kAuxThreads) reduce_dkv_kernel(const KernelPar
   const int64_t plane_k = kp.partial_rows * p.d_qk, plane_v = kp.partial_rows * p.d_v;
   const float* pk = kp.dkv_partial + row * p.d_qk;
   const float* pv = kp.dkv_partial + kp.group_splits * plane_k + row * p.d_v;
-  auto* dk = static_cast<uint16_t*>(p.dk) +
-             kernel::row_offset(p.kv_seq.span(p.dk_st, batch), p.dk_st, key, kv_head);
-  auto* dv = static_cast<uint16_t*>(p.dv) +
-             kernel::row_offset(p.kv_seq.span(p.dv_st, batch), p.dv_st, key, kv_head);
+  auto* dk = static_cast<uint16_t*>(p.dk) + kernel::row_offset(p.kv_seq.span(p.dk_st, batch), p.dk_st, key, kv_head);
+  auto* dv = static_cast<uint16_t*>(p.dv) + kernel::row_offset(p.kv_seq.span(p.dv_st, batch), p.dv_st, key, kv_head);
   for (int64_t c = threadIdx.x; c < p.d_qk; c += blockDim.x) {
     float sum = 0.f;
     for (int i = 0; i < kp.group_splits; ++i) sum += pk[i * plane_k + c];
@@ -94,8 +92,7 @@ __global__ void __launch_bounds__(kAuxThreads) convert_dq_kernel(const KernelPar
   const int c = int(idx % groups) * 4;
   if (token >= p.q_seq.length(batch)) return;
   const float4 acc = *reinterpret_cast<const float4*>(kp.dq_accum + delta_index(kp, batch, head, token) * p.d_qk + c);
-  auto* dq = static_cast<uint16_t*>(p.dq) +
-             kernel::row_offset(p.q_seq.span(p.dq_st, batch), p.dq_st, token, head);
+  auto* dq = static_cast<uint16_t*>(p.dq) + kernel::row_offset(p.q_seq.span(p.dq_st, batch), p.dq_st, token, head);
   const bool pair = (kp.aligned & kPairDQ) != 0;
   store_pair<T>(dq, c, acc.x * p.scale, acc.y * p.scale, pair);
   store_pair<T>(dq, c + 2, acc.z * p.scale, acc.w * p.scale, pair);
@@ -104,9 +101,8 @@ __global__ void __launch_bounds__(kAuxThreads) convert_dq_kernel(const KernelPar
 // Zero every (token, head, dim) of a [1, tokens, heads, d] view whose token lies in no
 // sequence of `seq`; LSE (optional, [1, heads, tokens]) gets -inf there.
 __global__ void __launch_bounds__(kAuxThreads)
-    zero_padding_kernel(uint16_t* base, kernel::Strides st, kernel::SequenceTable seq,
-                        int64_t batch, int64_t tokens, int64_t heads, int64_t d, float* lse,
-                        kernel::LseStrides lse_st) {
+    zero_padding_kernel(uint16_t* base, kernel::Strides st, kernel::SequenceTable seq, int64_t batch, int64_t tokens,
+                        int64_t heads, int64_t d, float* lse, kernel::LseStrides lse_st) {
   for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x) {
     bool covered = false;
     for (int64_t b = 0; b < batch && !covered; ++b)
@@ -121,13 +117,13 @@ __global__ void __launch_bounds__(kAuxThreads)
   }
 }
 
-cudaError_t zero_padding(void* base, const kernel::Strides& st, const kernel::SequenceTable& seq,
-                         int64_t batch, int64_t tokens, int64_t heads, int64_t d, float* lse,
-                         const kernel::LseStrides& lse_st, cudaStream_t stream) {
+cudaError_t zero_padding(void* base, const kernel::Strides& st, const kernel::SequenceTable& seq, int64_t batch,
+                         int64_t tokens, int64_t heads, int64_t d, float* lse, const kernel::LseStrides& lse_st,
+                         cudaStream_t stream) {
   if (tokens <= 0 || base == nullptr) return cudaSuccess;
   const unsigned blocks = unsigned(tokens < 65536 ? tokens : 65536);
-  zero_padding_kernel<<<blocks, kAuxThreads, 0, stream>>>(static_cast<uint16_t*>(base), st, seq,
-                                                          batch, tokens, heads, d, lse, lse_st);
+  zero_padding_kernel<<<blocks, kAuxThreads, 0, stream>>>(static_cast<uint16_t*>(base), st, seq, batch, tokens, heads,
+                                                          d, lse, lse_st);
   return cudaGetLastError();
 }
 
@@ -155,8 +151,8 @@ cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t s
 }
 
 cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream) {
-  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len * (kp.p.d_qk / 4), kAuxThreads)),
-                  unsigned(kp.p.heads), unsigned(kp.p.batch));
+  const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len * (kp.p.d_qk / 4), kAuxThreads)), unsigned(kp.p.heads),
+                  unsigned(kp.p.batch));
   if (kp.dq_accum == nullptr || grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
   if (t == ElemType::f16)
     convert_dq_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
@@ -165,32 +161,26 @@ cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t s
   return cudaGetLastError();
 }
 
-cudaError_t launch_zero_padding(const KernelParams& kp, int which, int64_t q_tokens,
-                                int64_t kv_tokens, cudaStream_t stream) {
+cudaError_t launch_zero_padding(const KernelParams& kp, int which, int64_t q_tokens, int64_t kv_tokens,
+                                cudaStream_t stream) {
   const kernel::AttentionParams& p = kp.p;
-  if (which == 0)
-    return zero_padding(p.o, p.o_st, p.q_seq, p.batch, q_tokens, p.heads, p.d_v, p.lse, p.lse_st,
-                        stream);
-  if (cudaError_t e = zero_padding(p.dq, p.dq_st, p.q_seq, p.batch, q_tokens, p.heads, p.d_qk,
-                                   nullptr, {}, stream);
+  if (which == 0) return zero_padding(p.o, p.o_st, p.q_seq, p.batch, q_tokens, p.heads, p.d_v, p.lse, p.lse_st, stream);
+  if (cudaError_t e = zero_padding(p.dq, p.dq_st, p.q_seq, p.batch, q_tokens, p.heads, p.d_qk, nullptr, {}, stream);
       e != cudaSuccess)
     return e;
-  if (cudaError_t e = zero_padding(p.dk, p.dk_st, p.kv_seq, p.batch, kv_tokens, p.kv_heads, p.d_qk,
-                                   nullptr, {}, stream);
+  if (cudaError_t e =
+          zero_padding(p.dk, p.dk_st, p.kv_seq, p.batch, kv_tokens, p.kv_heads, p.d_qk, nullptr, {}, stream);
       e != cudaSuccess)
     return e;
-  return zero_padding(p.dv, p.dv_st, p.kv_seq, p.batch, kv_tokens, p.kv_heads, p.d_v, nullptr, {},
-                      stream);
+  return zero_padding(p.dv, p.dv_st, p.kv_seq, p.batch, kv_tokens, p.kv_heads, p.d_v, nullptr, {}, stream);
 }
 
 cudaError_t launch_forward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_forward_f16(bucket, kp, stream)
-                            : launch_forward_bf16(bucket, kp, stream);
+  return t == ElemType::f16 ? launch_forward_f16(bucket, kp, stream) : launch_forward_bf16(bucket, kp, stream);
 }
 
 cudaError_t launch_backward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_backward_f16(bucket, kp, stream)
-                            : launch_backward_bf16(bucket, kp, stream);
+  return t == ElemType::f16 ? launch_backward_f16(bucket, kp, stream) : launch_backward_bf16(bucket, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

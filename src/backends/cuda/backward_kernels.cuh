@@ -24,9 +24,7 @@ namespace strideattn::cuda_impl {
 
 // Scaled log-sum-exp in base 2 as the kernels consume it: rows that saw no key (LSE = -inf)
 // and rows past the sequence end give +inf, so P = 2^(S - LSE) is exactly 0 there.
-__device__ __forceinline__ float lse_log2(float lse) {
-  return lse == -INFINITY ? INFINITY : lse * kLog2e;
-}
+__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
 // dq_accum[row][col], [col + 1] += (x0, x1); col even, the row 8-byte aligned (d_qk % 8 == 0).
 __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) {
@@ -95,10 +93,13 @@ struct KvPassSmem {
   uint16_t* q_base;
   float *lse, *delta;
   __device__ __forceinline__ explicit KvPassSmem(uint16_t* base)
-      : k{base}, v{base + KvTile::kElems}, p{base + 2 * KvTile::kElems},
+      : k{base},
+        v{base + KvTile::kElems},
+        p{base + 2 * KvTile::kElems},
         ds{base + 2 * KvTile::kElems + PTile::kElems},
         q_base(base + 2 * KvTile::kElems + 2 * PTile::kElems),
-        lse(reinterpret_cast<float*>(q_base + 4 * QTile::kElems)), delta(lse + 2 * Br) {}
+        lse(reinterpret_cast<float*>(q_base + 4 * QTile::kElems)),
+        delta(lse + 2 * Br) {}
   __device__ __forceinline__ QTile q(int b) const { return QTile{q_base + b * 2 * QTile::kElems}; }
   __device__ __forceinline__ QTile d_o(int b) const { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; }
   __device__ __forceinline__ float* end() const { return delta + 2 * Br; }
@@ -112,10 +113,12 @@ __device__ __forceinline__ void load_key_block(const KernelParams& kp, const KvB
   const kernel::AttentionParams& p = kp.p;
   const SequenceSpan k_span = p.kv_seq.span(p.k_st, w.batch);
   const SequenceSpan v_span = p.kv_seq.span(p.v_st, w.batch);
-  load_tile<kKvThreads>(sk, GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, w.c0, w.kv_head),
-                                       p.k_st.s, int(w.c1 - w.c0), d_qk, (kp.aligned & kVecK) != 0});
-  load_tile<kKvThreads>(sv, GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, w.c0, w.kv_head),
-                                       p.v_st.s, int(w.c1 - w.c0), d_v, (kp.aligned & kVecV) != 0});
+  load_tile<kKvThreads>(
+      sk, GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, w.c0, w.kv_head), p.k_st.s,
+                     int(w.c1 - w.c0), d_qk, (kp.aligned & kVecK) != 0});
+  load_tile<kKvThreads>(
+      sv, GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, w.c0, w.kv_head), p.v_st.s,
+                     int(w.c1 - w.c0), d_v, (kp.aligned & kVecV) != 0});
 }
 
 // Query block (h, b) of the CTA's work: Q and dO rows into their tiles, LSE (natural log,
@@ -124,17 +127,18 @@ __device__ __forceinline__ void load_key_block(const KernelParams& kp, const KvB
 // the sequence's spans of Q and dO (computed once per CTA).
 template <int Br, class QTile>
 __device__ __forceinline__ void load_query_block(const KernelParams& kp, const KvBlockWork& w,
-                                                 const SequenceSpan& q_span, const SequenceSpan& do_span,
-                                                 int h, int b, const QTile& sq, const QTile& sdo, float* lse,
-                                                 float* delta, int d_qk, int d_v) {
+                                                 const SequenceSpan& q_span, const SequenceSpan& do_span, int h, int b,
+                                                 const QTile& sq, const QTile& sdo, float* lse, float* delta, int d_qk,
+                                                 int d_v) {
   const kernel::AttentionParams& p = kp.p;
   const int64_t head = w.head(h);
   const int64_t r0 = int64_t(w.first_qblock + b) * Br;
   const int rows = int(kernel::min64(Br, w.s_q - r0));
   load_tile<kKvThreads>(sq, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head),
                                        p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-  load_tile<kKvThreads>(sdo, GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head),
-                                        p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
+  load_tile<kKvThreads>(
+      sdo, GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head), p.do_st.s,
+                      rows, d_v, (kp.aligned & kVecDO) != 0});
   for (int i = threadIdx.x; i < Br; i += kKvThreads) {
     if (i < rows) {
       cp_async_4(smem_addr(lse + i), p.lse + kernel::lse_offset(p.q_seq, p.lse_st, w.batch, head, r0 + i));
@@ -151,9 +155,8 @@ __device__ __forceinline__ void load_query_block(const KernelParams& kp, const K
 // One group split: dK * scale and dV, stored through their strides. Several: fp32 partial
 // rows (unscaled dK, dV) in split gsplit's plane, which launch_reduce_dkv sums.
 template <class T, int MT, int N>
-__device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batch, int64_t kv_head,
-                                            int gsplit, int64_t key0, int64_t c1, int col0,
-                                            const float (&dk)[MT][N / 8][4],
+__device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batch, int64_t kv_head, int gsplit,
+                                            int64_t key0, int64_t c1, int col0, const float (&dk)[MT][N / 8][4],
                                             const float (&dv)[MT][N / 8][4]) {
   const kernel::AttentionParams& p = kp.p;
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
@@ -161,8 +164,8 @@ __device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batc
   const int g = lane >> 2, t = lane & 3;
   const bool partial = kp.dkv_partial != nullptr;
   float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
-  float* const part_v = kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk +
-                        int64_t(gsplit) * kp.partial_rows * d_v;
+  float* const part_v =
+      kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk + int64_t(gsplit) * kp.partial_rows * d_v;
   auto* dk_ptr = static_cast<uint16_t*>(p.dk);
   auto* dv_ptr = static_cast<uint16_t*>(p.dv);
   const SequenceSpan dk_span = p.kv_seq.span(p.dk_st, batch);
@@ -191,8 +194,7 @@ __device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batc
 #pragma unroll
       for (int n = 0; n < N / 8; ++n) {
         const int col = col0 + n * 8 + 2 * t;
-        if (col < d_qk)
-          store_pair<T>(dk_row, col, dk[mt][n][2 * h] * p.scale, dk[mt][n][2 * h + 1] * p.scale, dk_pair);
+        if (col < d_qk) store_pair<T>(dk_row, col, dk[mt][n][2 * h] * p.scale, dk[mt][n][2 * h + 1] * p.scale, dk_pair);
         if (col < d_v) store_pair<T>(dv_row, col, dv[mt][n][2 * h], dv[mt][n][2 * h + 1], dv_pair);
       }
     }
@@ -214,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
   auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
   float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], base-2 LSE
-  float* sDelta = sLse + 2 * Br;                                        // [2][Br]
+  float* sDelta = sLse + 2 * Br;                                       // [2][Br]
 
   const kernel::AttentionParams& p = kp.p;
   const int64_t batch = blockIdx.z;
@@ -229,8 +231,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   const MaskRule mask = p.mask(batch);
   const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
   const int64_t first_qblock = queries.begin / Br;
-  const int64_t n_qblocks =
-      queries.end > queries.begin ? kernel::ceil_div(queries.end, Br) - first_qblock : 0;
+  const int64_t n_qblocks = queries.end > queries.begin ? kernel::ceil_div(queries.end, Br) - first_qblock : 0;
   // This CTA's share of the query-head group: heads [head_begin, head_end) of it.
   const int64_t group = p.heads / p.kv_heads;
   const int64_t per_split = kernel::ceil_div(group, kp.group_splits);
@@ -254,12 +255,12 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     const int64_t head = kv_head * group + head_begin + it / n_qblocks;
     const int64_t r0 = (first_qblock + it % n_qblocks) * Br;
     const int rows = int(kernel::min64(Br, s_q - r0));
-    load_tile<kThreads>(sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) +
-                                                kernel::row_offset(q_span, p.q_st, r0, head),
-                                            p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-    load_tile<kThreads>(sDO(buf), GlobalRows{static_cast<const uint16_t*>(p.d_o) +
-                                                 kernel::row_offset(do_span, p.do_st, r0, head),
-                                             p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
+    load_tile<kThreads>(
+        sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head), p.q_st.s,
+                            rows, d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kThreads>(sDO(buf),
+                        GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head),
+                                   p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
     for (int i = threadIdx.x; i < Br; i += kThreads) {
       const bool valid = i < rows;
       sLse[buf * Br + i] =
@@ -274,12 +275,12 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
 
   // K, V: loaded once (with the first query block, when any query sees these keys).
   if (n_iters > 0) {
-    load_tile<kThreads>(sK, GlobalRows{static_cast<const uint16_t*>(p.k) +
-                                           kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                                     p.k_st.s, int(c1 - c0), d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kThreads>(sV, GlobalRows{static_cast<const uint16_t*>(p.v) +
-                                           kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                                     p.v_st.s, int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kThreads>(
+        sK, GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head), p.k_st.s,
+                       int(c1 - c0), d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kThreads>(
+        sV, GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head), p.v_st.s,
+                       int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
     load_queries(0, 0);
   }
   cp_async_commit();
@@ -308,10 +309,8 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
 #pragma unroll
       for (int n = 0; n < Br / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
-    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c1))
-      apply_mask<MT, Br>(st, mask, c0 + warp_row0, r0, false, 0.f);
+        for (int e = 0; e < 4; ++e) st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
+    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c1)) apply_mask<MT, Br>(st, mask, c0 + warp_row0, r0, false, 0.f);
 
     // dV += P^T dO
     {
@@ -328,8 +327,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
 #pragma unroll
       for (int n = 0; n < Br / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+        for (int e = 0; e < 4; ++e) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
     // dK += dS^T Q
     {
       uint32_t ds_frag[MT][Br / 16][4];
@@ -383,12 +381,12 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
 
   auto load_keys = [&](int64_t c0, int buf) {
     const int rows = int(kernel::min64(Bc, s_kv - c0));
-    load_tile<kThreads>(sK(buf), GlobalRows{static_cast<const uint16_t*>(p.k) +
-                                                kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                                            p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kThreads>(sV(buf), GlobalRows{static_cast<const uint16_t*>(p.v) +
-                                                kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                                            p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kThreads>(sK(buf),
+                        GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head),
+                                   p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kThreads>(sV(buf),
+                        GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head),
+                                   p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
   };
 
   // per-row LSE (base 2) and delta of this thread's rows
@@ -399,8 +397,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     for (int h = 0; h < 2; ++h) {
       const int64_t row = r0 + warp_row0 + mt * 16 + g + 8 * h;
       const bool valid = row < r1;
-      row_lse2[mt][h] =
-          valid ? lse_log2(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)]) : INFINITY;
+      row_lse2[mt][h] = valid ? lse_log2(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)]) : INFINITY;
       row_delta[mt][h] = valid ? kp.delta[delta_index(kp, batch, head, row)] : 0.f;
     }
 
@@ -409,12 +406,11 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
 
   if (n_blocks > 0) {
     const int rows = int(r1 - r0);
-    load_tile<kThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) +
-                                           kernel::row_offset(q_span, p.q_st, r0, head),
+    load_tile<kThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head),
                                        p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-    load_tile<kThreads>(sDO, GlobalRows{static_cast<const uint16_t*>(p.d_o) +
-                                            kernel::row_offset(do_span, p.do_st, r0, head),
-                                        p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
+    load_tile<kThreads>(
+        sDO, GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head), p.do_st.s,
+                        rows, d_v, (kp.aligned & kVecDO) != 0});
     load_keys(first_block, 0);
   }
   cp_async_commit();

@@ -47,9 +47,8 @@ namespace strideattn::cuda_impl {
 // With `stage` (sm_90, kp.dq_stage): this warp's rows and columns of dS K go to the fp32
 // staging tile [64][kDqStageStride] instead, every row (those past r1 are never reduced).
 template <class T, int D, bool FullD, class DsTile, class KTile>
-__device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk,
-                                              int64_t batch, int64_t head, int64_t r0, int64_t r1,
-                                              float* stage) {
+__device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk, int64_t batch,
+                                              int64_t head, int64_t r0, int64_t r1, float* stage) {
   using Tile = BackwardKv8Tile<D>;
   constexpr int WQ = Tile::kDqWarpQ, WD = Tile::kDqWarpD, MT = WQ / 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -111,8 +110,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   auto sDO = [&](int b) { return sm.d_o(b); };
   float *const sLse = sm.lse, *const sDelta = sm.delta;
   // sm_90 single pass: dS K of the last block, [Br][kDqStageStride] fp32 (kp.dq_stage)
-  float* const sDqStage =
-      kBulkReduce && Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? sm.end() : nullptr;
+  float* const sDqStage = kBulkReduce && Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? sm.end() : nullptr;
 
   const kernel::AttentionParams& p = kp.p;
   const KvBlockWork w = kv_block_work<Bc, Br>(kp);
@@ -135,8 +133,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 
   // Iteration (h, b): query head w.head(h), query block first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
-                         d_qk, d_v);
+    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br, d_qk,
+                         d_v);
   };
 
   // This warp's 32 keys x D/2 head-dim columns of dK and dV, over the whole loop.
@@ -195,8 +193,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
           st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse_log2(lse[n * 8 + 2 * t + (e & 1)]));
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
-    if (r0 < unmasked.begin || r1 > unmasked.end)
-      apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
+    if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
     store_accum<T, MT, WQ>(sP, key0, q0, st);
 
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
@@ -208,11 +205,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 #pragma unroll
       for (int n = 0; n < WQ / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+        for (int e = 0; e < 4; ++e) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
     if (sDqStage != nullptr) bulk_wait_read();  // (phase 3 below rewrites the stage)
-    __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
+    __syncthreads();                            // P^T and dS^T of all 64 queries are in shared memory
 
     // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
     // dV += P^T dO

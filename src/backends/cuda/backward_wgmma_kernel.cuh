@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   using PTile = Sw128Tile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
-  uint16_t* const smem = reinterpret_cast<uint16_t*>(
-      smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
   const KvPassSmem<KvTile, PTile, QTile, Br> sm(smem);
   const KvTile &sK = sm.k, &sV = sm.v;
   const PTile &sP = sm.p, &sDS = sm.ds;
@@ -90,8 +89,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
 
   // Iteration (h, b): query head w.head(h), query block w.first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
-                         d_qk, d_v);
+    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br, d_qk,
+                         d_v);
   };
 
   // This warp's 16 keys x GD columns of dK and dV (the group's m64 x GD accumulators).
@@ -126,8 +125,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     float st[1][GQ / 8][4], dpt[1][GQ / 8][4];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16<T, 0, 0>(st[0], sK.k_major(g_key0, kk), q.k_major(g_q0, kk), kk);
+    for (int kk = 0; kk < D / 16; ++kk) wgmma_m64k16<T, 0, 0>(st[0], sK.k_major(g_key0, kk), q.k_major(g_q0, kk), kk);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -172,8 +170,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     for (int kk = 0; kk < Br / 16; ++kk)
       wgmma_m64k16<T, 0, 1>(dv[0], sP.k_major(g_key0, kk), d_o.mn_major(g_d0, kk), 1);
 #pragma unroll
-    for (int kk = 0; kk < Br / 16; ++kk)
-      wgmma_m64k16<T, 0, 1>(dk[0], sDS.k_major(g_key0, kk), q.mn_major(g_d0, kk), 1);
+    for (int kk = 0; kk < Br / 16; ++kk) wgmma_m64k16<T, 0, 1>(dk[0], sDS.k_major(g_key0, kk), q.mn_major(g_d0, kk), 1);
     wgmma_commit();
 
     // ---- single pass: dq_accum += dS K, this group's 64 queries x DQ columns over all Bc keys,

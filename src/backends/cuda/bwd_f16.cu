@@ -7,10 +7,14 @@ namespace strideattn::cuda_impl {
 
 cudaError_t launch_backward_f16(int bucket, const KernelParams& kp, cudaStream_t stream) {
   switch (bucket) {
-    case 64: return run_backward<__half, 64>(kp, stream);
-    case 128: return run_backward<__half, 128>(kp, stream);
-    case 256: return run_backward<__half, 256>(kp, stream);
-    default: return cudaErrorInvalidValue;
+    case 64:
+      return run_backward<__half, 64>(kp, stream);
+    case 128:
+      return run_backward<__half, 128>(kp, stream);
+    case 256:
+      return run_backward<__half, 256>(kp, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

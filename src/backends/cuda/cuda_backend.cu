@@ -59,16 +59,15 @@ const std::vector<SupportRule>& rules() {
        [](const Problem& p) -> std::optional<std::string> {
          for (auto [name, d] : {std::pair{"d_qk", p.d_qk}, std::pair{"d_v", p.d_v}})
            if (d <= 0 || d % 8 != 0 || d > kMaxHeadDim)
-             return std::string(name) + " = " + std::to_string(d) +
-                    "; supported: multiples of 8 up to " + std::to_string(kMaxHeadDim);
+             return std::string(name) + " = " + std::to_string(d) + "; supported: multiples of 8 up to " +
+                    std::to_string(kMaxHeadDim);
          return std::nullopt;
        }},
       {"head_dim_stride",
        [](const Problem& p) -> std::optional<std::string> {
          for (const TensorView* v : used_views(p))
            if (v->shape[kHeadDim] > 1 && v->stride[kHeadDim] != 1)
-             return "a head-dim stride of " + std::to_string(v->stride[kHeadDim]) +
-                    "; supported: 1";
+             return "a head-dim stride of " + std::to_string(v->stride[kHeadDim]) + "; supported: 1";
          return std::nullopt;
        }},
       {"grid",
@@ -90,13 +89,11 @@ const std::vector<SupportRule>& rules() {
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
          if (major < 8)
-           return "device " + std::to_string(device) + " has compute capability " +
-                  std::to_string(major) + "." + std::to_string(minor) +
-                  "; supported: >= 8.0 (mma.sync bf16, cp.async)";
+           return "device " + std::to_string(device) + " has compute capability " + std::to_string(major) + "." +
+                  std::to_string(minor) + "; supported: >= 8.0 (mma.sync bf16, cp.async)";
          if (cudaError_t e = cuda_impl::kernel_image_status(device); e != cudaSuccess)
-           return "device " + std::to_string(device) + " (compute capability " +
-                  std::to_string(major) + "." + std::to_string(minor) +
-                  ") cannot run this build's kernels (" + cudaGetErrorString(e) +
+           return "device " + std::to_string(device) + " (compute capability " + std::to_string(major) + "." +
+                  std::to_string(minor) + ") cannot run this build's kernels (" + cudaGetErrorString(e) +
                   "); supported: the architectures built, " + cuda_impl::built_architectures() +
                   " (PTX entries JIT-compile on newer GPUs)";
          return std::nullopt;
@@ -208,8 +205,8 @@ int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps
   }
   const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
   const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8, wgmma);
-  const std::int64_t ctas = (p.s_kv + keys - 1) / keys *
-                            cuda_impl::kv_pass_dim_splits(bucket, wgmma) * p.kv_heads * p.batch;
+  const std::int64_t ctas =
+      (p.s_kv + keys - 1) / keys * cuda_impl::kv_pass_dim_splits(bucket, wgmma) * p.kv_heads * p.batch;
   const std::int64_t target = target_ctas_per_sm(kv8, wgmma) * gpu.sms;
   if (ctas <= 0 || ctas >= target) return 1;
   std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
@@ -246,8 +243,8 @@ bool dq_bulk_reduction(int bucket, const DeviceCaps& gpu) {
 
 // Bytes of the single-pass backward's fp32 dQ accumulator (unrounded).
 std::size_t dq_accum_bytes(const Problem& p) {
-  return std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) *
-         std::size_t(p.d_qk) * sizeof(float);
+  return std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) * std::size_t(p.d_qk) *
+         sizeof(float);
 }
 
 // An upper bound of the forward kernel's warps resident on the GPU at once: the size of the
@@ -266,9 +263,9 @@ int forward_resident_warps(int bucket, bool wgmma, const DeviceCaps& gpu) {
 // ---------------------------------------------------------------- layout of the workspace
 
 struct WorkspacePlan {
-  std::size_t tables = 0;   // 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
-  std::size_t delta = 0;    // backward: fp32 [q batch extent][heads][q tokens]
-  std::size_t partial = 0;  // backward, group splits > 1: fp32 dK/dV partial planes
+  std::size_t tables = 0;    // 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
+  std::size_t delta = 0;     // backward: fp32 [q batch extent][heads][q tokens]
+  std::size_t partial = 0;   // backward, group splits > 1: fp32 dK/dV partial planes
   std::size_t dq_accum = 0;  // single-pass backward: fp32 [q batch extent][heads][q tokens][d_qk]
   int group_splits = 1;
   std::int64_t partial_rows = 0;  // rows of one partial plane
@@ -298,15 +295,15 @@ WorkspacePlan plan_workspace(const Problem& p) {
     }
   }
   if (p.is_backward()) {
-    w.delta = round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) *
-                       std::size_t(p.q.shape[kSeq]) * sizeof(float));
+    w.delta =
+        round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) * sizeof(float));
     w.kv8 = kv_pass_8warps(bucket, gpu);
     w.wgmma = kv_pass_wgmma(bucket, w.kv8, gpu);
     w.group_splits = choose_group_splits(p, w.kv8, w.wgmma, gpu);
     if (w.group_splits > 1) {
       w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
-      w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) *
-                           std::size_t(p.d_qk + p.d_v) * sizeof(float));
+      w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) * std::size_t(p.d_qk + p.d_v) *
+                           sizeof(float));
     }
     if (use_fused_dq(p, w.kv8 || w.wgmma)) {
       w.dq_accum = round_up(dq_accum_bytes(p));
@@ -348,8 +345,7 @@ std::uint32_t alignment_bits(const Problem& p) {
 }
 
 Status cuda_status(cudaError_t e, const char* what) {
-  return Status(StatusCode::backend_error,
-                std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+  return Status(StatusCode::backend_error, std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
 }
 
 // Workspace for one call: the caller's, or one allocated on the stream and freed after.
@@ -365,10 +361,9 @@ class Workspace {
                           " is not " + std::to_string(kWorkspaceAlign) +
                           "-byte aligned; the cuda backend needs that (cudaMalloc pointers are 256-byte aligned)");
       if (p.workspace_bytes < bytes)
-        return Status(StatusCode::invalid_argument,
-                      "workspace of " + std::to_string(p.workspace_bytes) +
-                          " bytes is too small; the cuda backend needs " + std::to_string(bytes) +
-                          " (see workspace_size)");
+        return Status(StatusCode::invalid_argument, "workspace of " + std::to_string(p.workspace_bytes) +
+                                                        " bytes is too small; the cuda backend needs " +
+                                                        std::to_string(bytes) + " (see workspace_size)");
       base_ = static_cast<unsigned char*>(p.workspace);
       return Status::Ok();
     }
@@ -392,8 +387,8 @@ class Workspace {
 
 // Fill the kernel parameters: strides and sizes from the problem, varlen tables copied
 // into the workspace.
-Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
-               cudaStream_t stream, KernelParams* kp) {
+Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws, cudaStream_t stream,
+               KernelParams* kp) {
   kp->p = make_params(p);
   kp->aligned = alignment_bits(p);
   kp->scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
@@ -408,8 +403,8 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
       host[3 * n + i] = p.offsets_kv[i];
     }
     auto* dev = reinterpret_cast<std::int64_t*>(ws.base());
-    if (cudaError_t e = cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(std::int64_t),
-                                        cudaMemcpyHostToDevice, stream);
+    if (cudaError_t e =
+            cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream);
         e != cudaSuccess)
       return cuda_status(e, "copying the varlen tables");
     kp->p.q_seq.seqlens = dev;
@@ -450,11 +445,9 @@ cuda_impl::ElemType elem_type(const Problem& p) {
 
 std::string describe_paths(const Problem& p, std::uint32_t bits) {
   using namespace cuda_impl;
-  std::string s = "cuda: head-dim bucket " + std::to_string(head_dim_bucket(p.d_qk, p.d_v)) +
-                  "; 16-byte loads for";
+  std::string s = "cuda: head-dim bucket " + std::to_string(head_dim_bucket(p.d_qk, p.d_v)) + "; 16-byte loads for";
   const std::pair<const char*, std::uint32_t> names[] = {{" q", kVecQ}, {" k", kVecK}, {" v", kVecV}};
-  for (auto [n, b] : names)
-    s += (bits & b) ? n : "";
+  for (auto [n, b] : names) s += (bits & b) ? n : "";
   if (p.is_backward()) s += (bits & kVecDO) ? " do" : "";
   return s + " (others take the element-wise path)";
 }
@@ -529,8 +522,8 @@ class CudaBackend final : public BackendImpl {
       log_line(LogLevel::debug, line);
     }
     if (p.varlen)
-      if (cudaError_t e = cuda_impl::launch_zero_padding(*kp, p.is_backward() ? 1 : 0, p.q_tokens(),
-                                                         p.kv_tokens(), stream);
+      if (cudaError_t e =
+              cuda_impl::launch_zero_padding(*kp, p.is_backward() ? 1 : 0, p.q_tokens(), p.kv_tokens(), stream);
           e != cudaSuccess)
         return cuda_status(e, "zeroing padding tokens");
     return Status::Ok();
@@ -555,10 +548,14 @@ PointerKind classify_pointer(const void* ptr) {
     return PointerKind::unknown;
   }
   switch (attr.type) {
-    case cudaMemoryTypeUnregistered: return PointerKind::host;
-    case cudaMemoryTypeHost: return PointerKind::pinned_host;
-    case cudaMemoryTypeDevice: return PointerKind::device;
-    case cudaMemoryTypeManaged: return PointerKind::managed;
+    case cudaMemoryTypeUnregistered:
+      return PointerKind::host;
+    case cudaMemoryTypeHost:
+      return PointerKind::pinned_host;
+    case cudaMemoryTypeDevice:
+      return PointerKind::device;
+    case cudaMemoryTypeManaged:
+      return PointerKind::managed;
   }
   return PointerKind::unknown;
 }

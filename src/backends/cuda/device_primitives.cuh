@@ -23,8 +23,10 @@ namespace strideattn::cuda_impl {
 
 // ------------------------------------------------------------------ element types
 
-template <class T> struct ElementTraits;
-template <> struct ElementTraits<__half> {
+template <class T>
+struct ElementTraits;
+template <>
+struct ElementTraits<__half> {
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
@@ -33,14 +35,11 @@ template <> struct ElementTraits<__half> {
     __half2 h = *reinterpret_cast<__half2*>(&u);
     return __half22float2(h);
   }
-  static __device__ __forceinline__ uint16_t from_float(float x) {
-    return __half_as_ushort(__float2half_rn(x));
-  }
-  static __device__ __forceinline__ float to_float(uint16_t u) {
-    return __half2float(__ushort_as_half(u));
-  }
+  static __device__ __forceinline__ uint16_t from_float(float x) { return __half_as_ushort(__float2half_rn(x)); }
+  static __device__ __forceinline__ float to_float(uint16_t u) { return __half2float(__ushort_as_half(u)); }
 };
-template <> struct ElementTraits<__nv_bfloat16> {
+template <>
+struct ElementTraits<__nv_bfloat16> {
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
@@ -52,15 +51,12 @@ template <> struct ElementTraits<__nv_bfloat16> {
   static __device__ __forceinline__ uint16_t from_float(float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
   }
-  static __device__ __forceinline__ float to_float(uint16_t u) {
-    return __bfloat162float(__ushort_as_bfloat16(u));
-  }
+  static __device__ __forceinline__ float to_float(uint16_t u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
 };
 
 // D = A * B + D, m16n8k16, fp32 accumulate.
 template <class T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __half>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -122,8 +118,9 @@ __device__ __forceinline__ void fence_async_shared() {
 }
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-               ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 #endif
 }
@@ -151,9 +148,7 @@ struct SmemTile {
   uint16_t* base;
   // Element offset of (row, col) where col is a multiple of 8.
   __device__ __forceinline__ static int offset(int row, int col) { return Swz::offset(row, col); }
-  __device__ __forceinline__ uint16_t* chunk(int row, int col) const {
-    return base + offset(row, col);
-  }
+  __device__ __forceinline__ uint16_t* chunk(int row, int col) const { return base + offset(row, col); }
   // Shared-memory byte address of the element at swizzled offset `off`.
   __device__ __forceinline__ uint32_t addr_at(int off) const {
     return smem_addr(base) + 2u * static_cast<uint32_t>(off);
@@ -235,8 +230,8 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& sr
 // Prefetch = false: the plain loop (fewer live fragments, for kernels where the pipelined
 // one spills; kernel_traits.cuh says where), same sums in the same order.
 template <class T, int MT, int N, int KMAX, bool Prefetch = true, class TileA, class TileB>
-__device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0,
-                                        const TileB& sb, int b_row0, int k_end) {
+__device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0, const TileB& sb,
+                                        int b_row0, int k_end) {
   static_assert(N % 16 == 0, "N must be a multiple of 16");
   constexpr int kSteps = KMAX / 16;
   const int lane = threadIdx.x & 31;
@@ -293,8 +288,7 @@ __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& s
 // Built from an fp32 accumulator C[MT][K/8][4] by rounding to T (the FA2 register reuse:
 // two adjacent n8 accumulator tiles form one k16 A fragment).
 template <class T, int MT, int K>
-__device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4],
-                                           const float (&c)[MT][K / 8][4]) {
+__device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4], const float (&c)[MT][K / 8][4]) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -313,8 +307,8 @@ __device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4],
 // of tile nn+1 are requested before the MMAs of tile nn. Each C element still sums over k in
 // increasing order, so the results are bitwise those of a plain loop.
 template <class T, int MT, int K, int N, bool Prefetch = true, class TileB>
-__device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
-                                        const TileB& sb, int b_col0, int n_end) {
+__device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4], const TileB& sb,
+                                        int b_col0, int n_end) {
   static_assert(N % 16 == 0, "N must be a multiple of 16");
   constexpr int kTiles = N / 16;
   const int lane = threadIdx.x & 31;
@@ -373,8 +367,8 @@ __device__ __forceinline__ void gemm_rn(float (&c)[MT][N / 8][4], const uint32_t
 // holds dS^T. Lane l addresses row (l % 8) + 8 (l / 16) and column 8 ((l / 8) % 2) of its
 // 16 x 16 block, so the four 8 x 8 matrices come back as a0..a3 of the fragment layout.
 template <class T, int MT, int K, int N, bool Prefetch = true, bool TransA = false, class TileA, class TileB>
-__device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0,
-                                        const TileB& sb, int b_col0, int n_end) {
+__device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0, const TileB& sb,
+                                        int b_col0, int n_end) {
   static_assert(N % 16 == 0 && K % 16 == 0, "N and K must be multiples of 16");
   constexpr int kSteps = K / 16, kTiles = N / 16;
   if (n_end <= 0) return;
@@ -387,8 +381,10 @@ __device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& s
   else
     a_off = TileA::offset(a_row0 + (lane & 15), (lane >> 4) * 8);
   auto a_addr = [&](int mt, int kk) {
-    if constexpr (TransA) return sa.addr_at(TileA::Swz::step(a_off, mt) + kk * 16 * TileA::kCols);
-    else return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols);
+    if constexpr (TransA)
+      return sa.addr_at(TileA::Swz::step(a_off, mt) + kk * 16 * TileA::kCols);
+    else
+      return sa.addr_at(TileA::Swz::step(a_off, kk) + mt * 16 * TileA::kCols);
   };
   auto b_addr = [&](int nn, int kk) { return sb.addr_at(TileB::Swz::step(b_off, nn) + kk * 16 * TileB::kCols); };
   constexpr int kBufs = Prefetch ? 2 : 1;
@@ -396,8 +392,10 @@ __device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& s
   auto load_a = [&](int kk, int buf) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      if constexpr (TransA) ldmatrix_x4_trans(a[buf][mt], a_addr(mt, kk));
-      else ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
+      if constexpr (TransA)
+        ldmatrix_x4_trans(a[buf][mt], a_addr(mt, kk));
+      else
+        ldmatrix_x4(a[buf][mt], a_addr(mt, kk));
     }
   };
   if constexpr (Prefetch) load_a(0, 0);
@@ -435,8 +433,7 @@ __device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& s
 // dS^T between the warps of the 8-warp dK/dV pass. One 4-byte store per pair; the 8 rows of
 // a store instruction land in 8 different chunks of the swizzle, so 32 different banks.
 template <class T, int MT, int N, class Tile>
-__device__ __forceinline__ void store_accum(const Tile& tile, int row0, int col0,
-                                            const float (&c)[MT][N / 8][4]) {
+__device__ __forceinline__ void store_accum(const Tile& tile, int row0, int col0, const float (&c)[MT][N / 8][4]) {
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -464,8 +461,7 @@ __device__ __forceinline__ void zero(float (&c)[MT][N / 8][4]) {
 // Store two adjacent elements (cols col, col+1) of one row; 4-byte store when the target is
 // 4-byte aligned (`pair_aligned`: base pointer and strides even), two 2-byte stores otherwise.
 template <class T>
-__device__ __forceinline__ void store_pair(uint16_t* row_ptr, int col, float x0, float x1,
-                                           bool pair_aligned) {
+__device__ __forceinline__ void store_pair(uint16_t* row_ptr, int col, float x0, float x1, bool pair_aligned) {
   if (pair_aligned) {
     *reinterpret_cast<uint32_t*>(row_ptr + col) = ElementTraits<T>::pack(x0, x1);
   } else {

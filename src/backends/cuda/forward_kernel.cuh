@@ -41,9 +41,8 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 // row0 + 16 * mt + g (+8) and columns col0 + 8 * n + 2t (+1), each side either queries or
 // keys (`rows_are_queries`). Visibility is MaskRule::visible, the rule the reference uses.
 template <int MT, int N>
-__device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskRule& m,
-                                           int64_t row0, int64_t col0, bool rows_are_queries,
-                                           float masked_value) {
+__device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskRule& m, int64_t row0, int64_t col0,
+                                           bool rows_are_queries, float masked_value) {
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -136,8 +135,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
 template <class T, int MT, int D>
 __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
                                             int64_t r1, int d_v, const SequenceSpan& o_span,
-                                            const float (&o_acc)[MT][D / 8][4],
-                                            const float (&row_max)[MT][2], const float (&row_sum)[MT][2]) {
+                                            const float (&o_acc)[MT][D / 8][4], const float (&row_max)[MT][2],
+                                            const float (&row_sum)[MT][2]) {
   const kernel::AttentionParams& p = kp.p;
   const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   auto* o_ptr = static_cast<uint16_t*>(p.o);
@@ -167,7 +166,9 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
       }
       if (p.lse != nullptr && t == 0)
         p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
-            no_key ? -INFINITY : l == 0.f ? NAN : (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2;
+            no_key     ? -INFINITY
+            : l == 0.f ? NAN
+                       : (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2;
     }
 }
 
@@ -216,10 +217,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
     const int rows = int(kernel::min64(Stage, s_kv - c0));
-    load_tile<kThreads>(sK(buf), GlobalRows{k_ptr + kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                                            p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kThreads>(sV(buf), GlobalRows{v_ptr + kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                                            p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kThreads>(sK(buf), GlobalRows{k_ptr + kernel::row_offset(k_span, p.k_st, c0, kv_head), p.k_st.s, rows,
+                                            d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kThreads>(sV(buf), GlobalRows{v_ptr + kernel::row_offset(v_span, p.v_st, c0, kv_head), p.v_st.s, rows,
+                                            d_v, (kp.aligned & kVecV) != 0});
   };
 
   const int64_t first_key = (keys.begin / Stage) * Stage;
@@ -237,12 +238,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   constexpr int kFoldBlocks = int(kFoldKeys / Bc);
   OuterAccumulator<MT, D> outer;
   if constexpr (Fold)
-    outer.claim(kp, keys.end - keys.begin, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kWarps + warp);
+    outer.claim(kp, keys.end - keys.begin,
+                int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kWarps + warp);
   int blocks_done = 0;
 
   if (n_stages > 0) {
-    load_tile<kThreads>(sQ, GlobalRows{q_ptr + kernel::row_offset(q_span, p.q_st, r0, head),
-                                       p.q_st.s, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kThreads>(sQ, GlobalRows{q_ptr + kernel::row_offset(q_span, p.q_st, r0, head), p.q_st.s, int(r1 - r0),
+                                       d_qk, (kp.aligned & kVecQ) != 0});
     load_stage(first_key, 0);
   }
   cp_async_commit();
@@ -260,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
 #pragma unroll 1
     for (int sub = 0; sub < Stage / Bc; ++sub) {
       const int64_t c0 = stage_c0 + sub * Bc;
-      if (c0 >= keys.end) break;           // the rest of the stage is masked for every row
+      if (c0 >= keys.end) break;            // the rest of the stage is masked for every row
       if (c0 + Bc <= keys.begin) continue;  // (sliding window) nothing visible yet
       const KvTile sKb{sK(buf).base + sub * Bc * D}, sVb{sV(buf).base + sub * Bc * D};
 
@@ -281,7 +283,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
       accum_to_a<T, MT, Bc>(p_frag, s);
       gemm_rn<T, MT, Bc, D, Tile::kPrefetchPV>(o_acc, p_frag, sVb, 0, d_v);
       if constexpr (Fold)
-        if (outer.slot != nullptr && ++blocks_done % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
+        if (outer.slot != nullptr && ++blocks_done % kFoldBlocks == 0)
+          outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
     }
   }
   if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);

@@ -25,8 +25,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   using KvTile = Sw128Tile<Bc, D>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
-  uint16_t* const smem = reinterpret_cast<uint16_t*>(
-      smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
   const QTile sQ{smem};
   // Two stages of K and V: stage b at kv_base + b * 2 * kElems (K), + kElems (V).
   uint16_t* const kv_base = sQ.base + QTile::kElems;
@@ -57,12 +56,12 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
     const int rows = int(kernel::min64(Bc, s_kv - c0));
-    load_tile<kKvThreads>(sK(buf), GlobalRows{static_cast<const uint16_t*>(p.k) +
-                                                  kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                                              p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kKvThreads>(sV(buf), GlobalRows{static_cast<const uint16_t*>(p.v) +
-                                                  kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                                              p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kKvThreads>(
+        sK(buf), GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head),
+                            p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kKvThreads>(
+        sV(buf), GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head),
+                            p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
   };
   const int64_t first_key = (keys.begin / Bc) * Bc;
   const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_key, Bc)) : 0;
@@ -78,12 +77,13 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   constexpr int kFoldBlocks = int(kFoldKeys / Bc);
   OuterAccumulator<1, D> outer;
   if constexpr (Fold)
-    outer.claim(kp, keys.end - keys.begin, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kKvWarps + warp);
+    outer.claim(kp, keys.end - keys.begin,
+                int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kKvWarps + warp);
 
   if (n_blocks > 0) {
-    load_tile<kKvThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) +
-                                             kernel::row_offset(q_span, p.q_st, r0, head),
-                                         p.q_st.s, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kKvThreads>(
+        sQ, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head), p.q_st.s,
+                       int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
     load_stage(first_key, 0);
   }
   cp_async_commit();

@@ -77,15 +77,13 @@ struct KernelParams {
 inline constexpr std::int64_t kFoldKeys = 8192;
 
 // Row of the delta workspace for (sequence `batch`, head, token).
-SA_HD std::int64_t delta_index(const KernelParams& kp, std::int64_t batch, std::int64_t head,
-                               std::int64_t token) {
+SA_HD std::int64_t delta_index(const KernelParams& kp, std::int64_t batch, std::int64_t head, std::int64_t token) {
   const kernel::SequenceTable& q = kp.p.q_seq;
   return (q.batch_index(batch) * kp.p.heads + head) * kp.q_tokens + q.first_token(batch) + token;
 }
 
 // Row of a dK/dV partial plane for (sequence `batch`, KV head, key token).
-SA_HD std::int64_t kv_row_index(const KernelParams& kp, std::int64_t batch, std::int64_t kv_head,
-                                std::int64_t token) {
+SA_HD std::int64_t kv_row_index(const KernelParams& kp, std::int64_t batch, std::int64_t kv_head, std::int64_t token) {
   const kernel::SequenceTable& kv = kp.p.kv_seq;
   return (kv.batch_index(batch) * kp.p.kv_heads + kv_head) * kp.kv_tokens + kv.first_token(batch) + token;
 }
@@ -116,7 +114,7 @@ cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t s
 cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream);
 // Varlen: zero the tokens of an output that belong to no sequence (and LSE = -inf there).
 // `which`: 0 = forward outputs (O, LSE), 1 = backward outputs (dQ, dK, dV).
-cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens,
-                                std::int64_t kv_tokens, cudaStream_t stream);
+cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens, std::int64_t kv_tokens,
+                                cudaStream_t stream);
 
 }  // namespace strideattn::cuda_impl

@@ -17,14 +17,16 @@ inline constexpr int kThreads = kWarps * 32;
 // registers a wider S would cost. kPrefetchPV: whether O += P V requests the next V fragments
 // before this tile's MMAs (two fragment buffers of kBc/16 x 4 registers); where registers are
 // short each tile loads its own fragments first (one buffer).
-template <int D> struct ForwardTile;
+template <int D>
+struct ForwardTile;
 // d <= 64: two m16 tiles per warp (Br 128) double the reuse of every K/V fragment loaded
 // from shared memory. sm_90a: 128 x 128 register tiles (O 2 x 32 floats, S 2 x 64), the
 // shape FlashAttention-2 uses at this width: fewer K fragment loads per MMA and the softmax
 // bookkeeping once per 128 keys. It fits in 255 registers only with the single-buffered P V;
 // sm_80's ptxas spills at Bc 128, so sm_80 keeps Bc 64 (bench/cuda-notes.md, step 8).
 // smem Q 16K + 2 x (K 16K + V 16K) = 80 KiB (two CTAs per SM).
-template <> struct ForwardTile<64> {
+template <>
+struct ForwardTile<64> {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   static constexpr int kMT = 2, kBr = 128, kBc = 64, kStage = 128;
   static constexpr bool kPrefetchPV = true;
@@ -40,7 +42,8 @@ template <> struct ForwardTile<64> {
 // the single-buffered P V; sm_80's ptxas spills even then, so sm_80 keeps 128 x 32 with the
 // prefetch (bench/cuda-notes.md, step 8).
 // smem Q 32K + 2 x (K 16K + V 16K) = 96 KiB (two CTAs per SM).
-template <> struct ForwardTile<128> {
+template <>
+struct ForwardTile<128> {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   static constexpr int kMT = 2, kBr = 128, kBc = 32, kStage = 64;
   static constexpr bool kPrefetchPV = true;
@@ -52,7 +55,8 @@ template <> struct ForwardTile<128> {
 // d <= 256: O alone is 128 floats per thread per m-tile, so one m-tile per warp (Br 64).
 // Bc 32 (S 16 floats): Bc 64 spilled on sm_80. Stage 32 keeps smem at
 // Q 32K + 2 x (K 16K + V 16K) = 96 KiB, two CTAs per SM.
-template <> struct ForwardTile<256> {
+template <>
+struct ForwardTile<256> {
   static constexpr int kMT = 1, kBr = 64, kBc = 32, kStage = 32;
   static constexpr bool kPrefetchPV = true;
 };
@@ -74,7 +78,7 @@ template <> struct ForwardTile<256> {
 template <int D>
 struct ForwardWgmmaTile {
   static_assert(D == 128 || D == 256, "the wgmma forward serves the d <= 128 and d <= 256 buckets (see above)");
-  static constexpr int kBr = 128;              // queries per CTA: one m64 row block per warpgroup
+  static constexpr int kBr = 128;                  // queries per CTA: one m64 row block per warpgroup
   static constexpr int kBc = D == 256 ? 64 : 128;  // keys per block (and per shared-memory stage)
   static constexpr int kSmemBytes = 1024 + (kBr + 4 * kBc) * D * 2;
 };
@@ -83,12 +87,16 @@ inline constexpr bool has_forward_wgmma(int bucket) { return bucket == 128 || bu
 // Shared memory of forward_kernel (Q and two stages of K and V) and the rows of O one warp
 // of either forward owns (the size of its outer_accumulator.cuh slot: rows x bucket fp32).
 // Host and device agree: kBr, kStage and kMT are the same on every architecture.
-template <int D> inline constexpr int kForwardSmemBytes = (ForwardTile<D>::kBr + 4 * ForwardTile<D>::kStage) * D * 2;
+template <int D>
+inline constexpr int kForwardSmemBytes = (ForwardTile<D>::kBr + 4 * ForwardTile<D>::kStage) * D * 2;
 inline constexpr int forward_smem_bytes(int bucket) {
   return bucket == 64 ? kForwardSmemBytes<64> : bucket == 128 ? kForwardSmemBytes<128> : kForwardSmemBytes<256>;
 }
 inline constexpr int forward_rows_per_warp(int bucket, bool wgmma) {
-  return wgmma ? 16 : 16 * (bucket == 64 ? ForwardTile<64>::kMT : bucket == 128 ? ForwardTile<128>::kMT : ForwardTile<256>::kMT);
+  return wgmma ? 16
+               : 16 * (bucket == 64    ? ForwardTile<64>::kMT
+                       : bucket == 128 ? ForwardTile<128>::kMT
+                                       : ForwardTile<256>::kMT);
 }
 inline constexpr int forward_wgmma_smem_bytes(int bucket) {
   return bucket == 256 ? ForwardWgmmaTile<256>::kSmemBytes : ForwardWgmmaTile<128>::kSmemBytes;
@@ -99,33 +107,47 @@ inline constexpr int forward_wgmma_smem_bytes(int bucket) {
 // unguarded forward and 8-warp pass and not (or less) in the guarded ones, so the sm_80 build
 // compiles the guarded code in both instantiations there (chosen by ptxas -v alone, untimed).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-template <int D> inline constexpr bool kUnguardedFullD = D != 128;
+template <int D>
+inline constexpr bool kUnguardedFullD = D != 128;
 #else
-template <int D> inline constexpr bool kUnguardedFullD = true;
+template <int D>
+inline constexpr bool kUnguardedFullD = true;
 #endif
 
 // Fragment prefetch in the backward passes' GEMMs (device_primitives.cuh): on wherever ptxas
 // fits it without a spill inside the loop, which is sm_90a at d <= 128; sm_80 at d = 128 and
 // sm_90a's d = 256 dK/dV loop spill with it, so they keep the plain GEMMs.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-template <int D> inline constexpr bool kBackwardPrefetch = false;
+template <int D>
+inline constexpr bool kBackwardPrefetch = false;
 #else
-template <int D> inline constexpr bool kBackwardPrefetch = D <= 128;
+template <int D>
+inline constexpr bool kBackwardPrefetch = D <= 128;
 #endif
 
 // Backward, dK/dV pass: rows = keys (Bc), columns = queries (Br). dK and dV stay in
 // registers across the whole loop over query blocks and GQA heads; DAcc is the number of
 // head-dim columns of dK/dV one CTA accumulates (the CTA recomputes S and dP for each
 // split), so that 2 x (16 x DAcc) accumulators fit in registers.
-template <int D> struct BackwardKvTile;
+template <int D>
+struct BackwardKvTile;
 // d <= 64: two m16 tiles per warp (Bc 128) double the reuse of each Q / dO fragment;
 // dK + dV 2 x 2 x 32 floats, S^T and dP^T 2 x 16 floats each with Br 32.
-template <> struct BackwardKvTile<64> { static constexpr int kMT = 2, kBc = 128, kBr = 32, kDAcc = 64; };
+template <>
+struct BackwardKvTile<64> {
+  static constexpr int kMT = 2, kBc = 128, kBr = 32, kDAcc = 64;
+};
 // d <= 128: dK + dV accumulators 2 x 64 floats, S^T and dP^T 32 floats each (Br 64).
-template <> struct BackwardKvTile<128> { static constexpr int kMT = 1, kBc = 64, kBr = 64, kDAcc = 128; };
+template <>
+struct BackwardKvTile<128> {
+  static constexpr int kMT = 1, kBc = 64, kBr = 64, kDAcc = 128;
+};
 // d <= 256: two column splits of 128; Br 32 keeps S^T / dP^T small and smem at
 // K 32K + V 32K + 2 stages x (Q 16K + dO 16K) = 128 KiB.
-template <> struct BackwardKvTile<256> { static constexpr int kMT = 1, kBc = 64, kBr = 32, kDAcc = 128; };
+template <>
+struct BackwardKvTile<256> {
+  static constexpr int kMT = 1, kBc = 64, kBr = 32, kDAcc = 128;
+};
 
 // dK/dV pass, d <= 64 and d <= 128 buckets, 8 warps (backward_kv8_kernel.cuh; the default
 // except on sm_90a, BackwardWgmmaTile below; the 4-warp BackwardKvTile<64/128> above stay
@@ -154,11 +176,11 @@ inline constexpr int kKvThreads = kKvWarps * 32;
 template <int D>
 struct BackwardKv8Tile {
   static_assert(D == 64 || D == 128, "the 8-warp pass serves the d <= 64 and d <= 128 buckets");
-  static constexpr int kD = D;          // head-dim bucket
-  static constexpr int kBc = 128;       // keys per CTA
-  static constexpr int kBr = 64;        // queries per iteration
-  static constexpr int kKeyWarps = 4;   // warps along the keys (both phases)
-  static constexpr int kSideWarps = 2;  // along the queries (S^T, dP^T) / head dim (dK, dV)
+  static constexpr int kD = D;                      // head-dim bucket
+  static constexpr int kBc = 128;                   // keys per CTA
+  static constexpr int kBr = 64;                    // queries per iteration
+  static constexpr int kKeyWarps = 4;               // warps along the keys (both phases)
+  static constexpr int kSideWarps = 2;              // along the queries (S^T, dP^T) / head dim (dK, dV)
   static constexpr int kMT = kBc / kKeyWarps / 16;  // m16 tiles of keys per warp: 2
   static constexpr int kWarpQ = kBr / kSideWarps;   // queries per warp in S^T / dP^T: 32
   static constexpr int kWarpD = kD / kSideWarps;    // dK / dV columns per warp: D / 2
@@ -169,8 +191,8 @@ struct BackwardKv8Tile {
   // floats per CTA and query block go out (2-float atomics, or sm_90 bulk reductions from the
   // stage below), half as many per FLOP as with 64-key CTAs.
   static constexpr int kDqQueryWarps = 2;
-  static constexpr int kDqWarpQ = kBr / kDqQueryWarps;               // 32
-  static constexpr int kDqWarpD = kD / (kKvWarps / kDqQueryWarps);   // D / 4
+  static constexpr int kDqWarpQ = kBr / kDqQueryWarps;              // 32
+  static constexpr int kDqWarpD = kD / (kKvWarps / kDqQueryWarps);  // D / 4
   // Dynamic shared memory: K, V; two stages of Q, dO; P^T, dS^T (16-bit); two stages of LSE
   // and delta (fp32). D = 128: 164,864 bytes, within sm_80's and sm_90's opt-in limits
   // (163 / 227 KiB) but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel
@@ -242,7 +264,7 @@ struct BackwardWgmmaTile {
   // wait and LSE / delta load serves twice the FLOPs of Br 64. D = 128 and 256: 64, as dK + dV
   // alone are 2 x 64 floats.
   static constexpr int kBr = D == 64 ? 128 : 64;
-  static constexpr int kKeyRowsPerGroup = 64;                            // m64
+  static constexpr int kKeyRowsPerGroup = 64;                             // m64
   static constexpr int kGroupQueries = kGroupsSplitKeys ? kBr : kBr / 2;  // columns of a group's S^T
   static constexpr int kGroupCols = kGroupsSplitKeys ? D : D / 2;         // columns of a group's dK / dV
   // dQ = dS K [Br x D] per iteration: at Br 128 each group takes 64 queries (m64) and all D
@@ -276,20 +298,31 @@ inline constexpr int kv_pass_keys(int bucket, bool kv8, bool wgmma) {
 }
 inline constexpr int kv_pass_dim_splits(int bucket, bool wgmma) {
   if (wgmma) return 1;
-  return bucket == 64 ? 64 / BackwardKvTile<64>::kDAcc
-                      : bucket == 128 ? 128 / BackwardKvTile<128>::kDAcc : 256 / BackwardKvTile<256>::kDAcc;
+  return bucket == 64    ? 64 / BackwardKvTile<64>::kDAcc
+         : bucket == 128 ? 128 / BackwardKvTile<128>::kDAcc
+                         : 256 / BackwardKvTile<256>::kDAcc;
 }
 
 // Backward, dQ pass: rows = queries (Br), columns = keys (Bc). dQ accumulates in fp32
 // registers over the key blocks in a fixed order: no atomics, bitwise deterministic.
-template <int D> struct BackwardQTile;
+template <int D>
+struct BackwardQTile;
 // d <= 64: two m16 tiles per warp (Br 128): each K / V fragment feeds two MMAs. Bc 32: with
 // Bc 64, S, dP and dQ (3 x 64 floats) plus the pipelined GEMMs' fragments spilled.
-template <> struct BackwardQTile<64> { static constexpr int kMT = 2, kBr = 128, kBc = 32; };
+template <>
+struct BackwardQTile<64> {
+  static constexpr int kMT = 2, kBr = 128, kBc = 32;
+};
 // d <= 128: two m16 tiles per warp (Br 128), Bc 32: dQ 2 x 64 floats + S and dP 2 x 16
 // floats each; smem Q 32K + dO 32K + 2 x (K 8K + V 8K) = 96 KiB.
-template <> struct BackwardQTile<128> { static constexpr int kMT = 2, kBr = 128, kBc = 32; };
+template <>
+struct BackwardQTile<128> {
+  static constexpr int kMT = 2, kBr = 128, kBc = 32;
+};
 // d <= 256: dQ 128 floats; Bc 32 keeps S and dP at 16 floats; smem 64K + 2 x 32K = 128 KiB.
-template <> struct BackwardQTile<256> { static constexpr int kMT = 1, kBr = 64, kBc = 32; };
+template <>
+struct BackwardQTile<256> {
+  static constexpr int kMT = 1, kBr = 64, kBc = 32;
+};
 
 }  // namespace strideattn::cuda_impl

@@ -43,8 +43,8 @@ struct OuterAccumulator {
   }
 
   // o, l (and their max m) -> the slot; o and l start again from 0 against the same m.
-  __device__ __forceinline__ void fold(float (&o)[MT][D / 8][4], const float (&row_max)[MT][2],
-                                       float (&row_sum)[MT][2], float scale_log2) {
+  __device__ __forceinline__ void fold(float (&o)[MT][D / 8][4], const float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                                       float scale_log2) {
     const int lane = threadIdx.x & 31;
     float beta[MT][2];
 #pragma unroll
@@ -52,9 +52,8 @@ struct OuterAccumulator {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m = row_max[mt][h];
-        beta[mt][h] = !filled || m == -INFINITY
-                          ? 0.f
-                          : exp2f(scaled_log2(max[mt][h], scale_log2) - scaled_log2(m, scale_log2));
+        beta[mt][h] =
+            !filled || m == -INFINITY ? 0.f : exp2f(scaled_log2(max[mt][h], scale_log2) - scaled_log2(m, scale_log2));
         sum[mt][h] = filled ? sum[mt][h] * beta[mt][h] + row_sum[mt][h] : row_sum[mt][h];
         max[mt][h] = m;
         row_sum[mt][h] = 0.f;
@@ -93,8 +92,7 @@ struct OuterAccumulator {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            o[mt][n][e] += slot[((mt * (D / 8) + n) * 4 + e) * 32 + lane] * beta[mt][e >> 1];
+          for (int e = 0; e < 4; ++e) o[mt][n][e] += slot[((mt * (D / 8) + n) * 4 + e) * 32 + lane] * beta[mt][e >> 1];
     }
     __syncwarp();
     if (lane == 0) {

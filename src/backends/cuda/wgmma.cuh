@@ -106,6 +106,8 @@ __device__ __forceinline__ void fence_operands(E (&r)[N][4]) {
 // The asm of one wgmma: the accumulator registers %0 .. %(N/2 - 1) ("{" SA_D<N> "}"), then
 // the operands numbered after them, the accumulator constraints last (they hold commas).
 // The kernels use N = 32, 64 and 128 (from shared memory) and 128 (A from registers).
+// Hand-aligned asm operand lists: clang-format does not reach a fixed point on them.
+// clang-format off
 #define SA_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define SA_D64                                                                                  \
   SA_D32 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -136,11 +138,11 @@ __device__ __forceinline__ void fence_operands(E (&r)[N][4]) {
 #define SA_WGMMA_M64N64K16(TY) SA_WGMMA_SS(64, TY, 32, 33, 34, 35, 36, SA_ACC64)
 #define SA_WGMMA_M64N128K16(TY) SA_WGMMA_SS(128, TY, 64, 65, 66, 67, 68, SA_ACC128)
 #define SA_WGMMA_RS_M64N128K16(TY) SA_WGMMA_RS(128, TY, 64, 65, 66, 67, 68, 69, 70, SA_ACC128)
+// clang-format on
 
 // c (+)= A * B for one k16 step: accumulate = 0 overwrites c (the first step of a GEMM).
 template <class T, int TransA, int TransB, int NT>
-__device__ __forceinline__ void wgmma_m64k16(float (&c)[NT][4], uint64_t desc_a, uint64_t desc_b,
-                                             int accumulate) {
+__device__ __forceinline__ void wgmma_m64k16(float (&c)[NT][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
 #if SA_WGMMA
   static_assert(NT == 4 || NT == 8 || NT == 16, "N = 32, 64 or 128");
   if constexpr (std::is_same_v<T, __half>) {

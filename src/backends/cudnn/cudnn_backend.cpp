@@ -91,9 +91,10 @@ std::string nearest_rule(const Problem& p) {
 }
 
 std::string graph_failure(const Problem& p, const PrepareResult& r) {
-  return "cuDNN refused the " + std::string(to_string(p.direction)) + " graph at " + r.stage +
-         ": " + r.message + " (no static support rule caught this problem; the rule that should "
-         "have caught it: " + nearest_rule(p) + ")";
+  return "cuDNN refused the " + std::string(to_string(p.direction)) + " graph at " + r.stage + ": " + r.message +
+         " (no static support rule caught this problem; the rule that should "
+         "have caught it: " +
+         nearest_rule(p) + ")";
 }
 
 // ------------------------------------------------------------------ scratch memory
@@ -154,14 +155,11 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
     s.seq_kv = append(&s.host_tables, lkv);
     // Ragged element offsets per tensor: offsets[b] * seq stride, plus the end.
     std::vector<std::int32_t> ragged;
-    auto add = [&](const TensorView& t, const std::vector<std::int64_t>& offs,
-                   const std::vector<std::int32_t>& lens) {
+    auto add = [&](const TensorView& t, const std::vector<std::int64_t>& offs, const std::vector<std::int32_t>& lens) {
       const std::int64_t seq_stride = t.shape[kSeq] > 1 ? t.stride[kSeq] : 0;
-      for (std::int64_t b = 0; b < p.batch; ++b)
-        ragged.push_back(std::int32_t(offs[std::size_t(b)] * seq_stride));
+      for (std::int64_t b = 0; b < p.batch; ++b) ragged.push_back(std::int32_t(offs[std::size_t(b)] * seq_stride));
       std::int64_t end = 0;
-      for (std::int64_t b = 0; b < p.batch; ++b)
-        end = std::max(end, offs[std::size_t(b)] + lens[std::size_t(b)]);
+      for (std::int64_t b = 0; b < p.batch; ++b) end = std::max(end, offs[std::size_t(b)] + lens[std::size_t(b)]);
       ragged.push_back(std::int32_t(end * seq_stride));
     };
     add(p.q, p.offsets_q, lq);
@@ -190,9 +188,7 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   return s;
 }
 
-std::string cuda_error(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
+std::string cuda_error(const char* what, cudaError_t e) { return std::string(what) + ": " + cudaGetErrorString(e); }
 
 class CudnnBackend final : public BackendImpl {
  public:
@@ -250,9 +246,8 @@ class CudnnBackend final : public BackendImpl {
         void* ptr = nullptr;
         cudaError_t e = cudaMallocAsync(&ptr, sc.total, stream);
         if (e != cudaSuccess)
-          return Status(StatusCode::backend_error,
-                        "cudnn: " + cuda_error("allocating workspace", e) + " (" +
-                            std::to_string(sc.total) + " bytes)");
+          return Status(StatusCode::backend_error, "cudnn: " + cuda_error("allocating workspace", e) + " (" +
+                                                       std::to_string(sc.total) + " bytes)");
         base = static_cast<std::byte*>(ptr);
         owned = true;
       }
@@ -263,13 +258,13 @@ class CudnnBackend final : public BackendImpl {
     return Status::Ok();
   }
 
-  static std::string run_with(const Problem& p, const GraphKey& key, const Scratch& sc,
-                              std::byte* base, cudaStream_t stream) {
+  static std::string run_with(const Problem& p, const GraphKey& key, const Scratch& sc, std::byte* base,
+                              cudaStream_t stream) {
     std::byte* tables = base + sc.cudnn_ws;
     float* stats = sc.temp_stats ? reinterpret_cast<float*>(tables + sc.tables) : p.lse.data;
     if (!sc.host_tables.empty()) {
-      cudaError_t e = cudaMemcpyAsync(tables, sc.host_tables.data(), sc.host_tables.size(),
-                                      cudaMemcpyHostToDevice, stream);
+      cudaError_t e =
+          cudaMemcpyAsync(tables, sc.host_tables.data(), sc.host_tables.size(), cudaMemcpyHostToDevice, stream);
       if (e != cudaSuccess) return cuda_error("uploading varlen tables", e);
     }
     auto table = [&](std::size_t at) { return tables + at; };
@@ -317,14 +312,12 @@ class CudnnBackend final : public BackendImpl {
     const auto* q_pad = reinterpret_cast<const std::int64_t*>(table(sc.q_pad));
     const auto* kv_pad = reinterpret_cast<const std::int64_t*>(table(sc.kv_pad));
     auto zero = [&](const TensorView& t, const std::int64_t* list, std::int64_t n) {
-      return zero_tokens(t.data, t.stride[kSeq], t.stride[kHead], t.shape[kHead],
-                         t.shape[kHeadDim], list, n, stream);
+      return zero_tokens(t.data, t.stride[kSeq], t.stride[kHead], t.shape[kHead], t.shape[kHeadDim], list, n, stream);
     };
     if (!p.is_backward()) {
       if (auto e = zero(p.o, q_pad, sc.n_q_pad); !e.empty()) return e;
       if (p.lse.data)
-        if (auto e = lse_fill_tokens(p.lse.data, p.lse.stride[1], p.lse.stride[2], p.heads, q_pad,
-                                     sc.n_q_pad, stream);
+        if (auto e = lse_fill_tokens(p.lse.data, p.lse.stride[1], p.lse.stride[2], p.heads, q_pad, sc.n_q_pad, stream);
             !e.empty())
           return e;
     } else {

@@ -22,9 +22,8 @@ std::string last_error(const char* what) {
   return std::string(what) + ": " + cudaGetErrorString(e);
 }
 
-__global__ void zero_tokens_kernel(unsigned short* base, std::int64_t stride_s,
-                                   std::int64_t stride_h, std::int64_t heads, std::int64_t d,
-                                   const std::int64_t* tokens, std::int64_t n) {
+__global__ void zero_tokens_kernel(unsigned short* base, std::int64_t stride_s, std::int64_t stride_h,
+                                   std::int64_t heads, std::int64_t d, const std::int64_t* tokens, std::int64_t n) {
   const std::int64_t total = n * heads * d;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
@@ -35,8 +34,8 @@ __global__ void zero_tokens_kernel(unsigned short* base, std::int64_t stride_s,
   }
 }
 
-__global__ void lse_fill_kernel(float* lse, std::int64_t stride_h, std::int64_t stride_s,
-                                std::int64_t heads, const std::int64_t* tokens, std::int64_t n) {
+__global__ void lse_fill_kernel(float* lse, std::int64_t stride_h, std::int64_t stride_s, std::int64_t heads,
+                                const std::int64_t* tokens, std::int64_t n) {
   const std::int64_t total = n * heads;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
@@ -65,31 +64,26 @@ __global__ void lse_copy_kernel(LseCopy c, bool packed_to_user) {
 
 }  // namespace
 
-std::string zero_tokens(void* base, std::int64_t stride_s, std::int64_t stride_h,
-                        std::int64_t heads, std::int64_t d, const std::int64_t* tokens,
-                        std::int64_t n_tokens, void* stream) {
+std::string zero_tokens(void* base, std::int64_t stride_s, std::int64_t stride_h, std::int64_t heads, std::int64_t d,
+                        const std::int64_t* tokens, std::int64_t n_tokens, void* stream) {
   if (n_tokens <= 0) return {};
-  zero_tokens_kernel<<<blocks_for(n_tokens * heads * d), kThreads, 0,
-                       static_cast<cudaStream_t>(stream)>>>(
+  zero_tokens_kernel<<<blocks_for(n_tokens * heads * d), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<unsigned short*>(base), stride_s, stride_h, heads, d, tokens, n_tokens);
   return last_error("zero_tokens kernel");
 }
 
-std::string lse_fill_tokens(float* lse, std::int64_t stride_h, std::int64_t stride_s,
-                            std::int64_t heads, const std::int64_t* tokens, std::int64_t n_tokens,
-                            void* stream) {
+std::string lse_fill_tokens(float* lse, std::int64_t stride_h, std::int64_t stride_s, std::int64_t heads,
+                            const std::int64_t* tokens, std::int64_t n_tokens, void* stream) {
   if (n_tokens <= 0) return {};
-  lse_fill_kernel<<<blocks_for(n_tokens * heads), kThreads, 0,
-                    static_cast<cudaStream_t>(stream)>>>(lse, stride_h, stride_s, heads, tokens,
-                                                         n_tokens);
+  lse_fill_kernel<<<blocks_for(n_tokens * heads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      lse, stride_h, stride_s, heads, tokens, n_tokens);
   return last_error("lse_fill kernel");
 }
 
 std::string lse_copy(const LseCopy& c, bool packed_to_user, void* stream) {
   const std::int64_t total = c.batch * c.heads * c.s_max;
   if (total <= 0) return {};
-  lse_copy_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      c, packed_to_user);
+  lse_copy_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(c, packed_to_user);
   return last_error("lse_copy kernel");
 }
 

@@ -11,15 +11,12 @@ namespace strideattn::detail::cudnn {
 
 // Zero `d` 2-byte elements at every (token, head) of a [1, tokens, heads, d] view whose token
 // index is listed in `tokens` (device memory).
-[[nodiscard]] std::string zero_tokens(void* base, std::int64_t stride_s, std::int64_t stride_h,
-                                      std::int64_t heads, std::int64_t d,
-                                      const std::int64_t* tokens, std::int64_t n_tokens,
-                                      void* stream);
+[[nodiscard]] std::string zero_tokens(void* base, std::int64_t stride_s, std::int64_t stride_h, std::int64_t heads,
+                                      std::int64_t d, const std::int64_t* tokens, std::int64_t n_tokens, void* stream);
 
 // LSE[0, head, token] = -inf for every listed token and every head.
-[[nodiscard]] std::string lse_fill_tokens(float* lse, std::int64_t stride_h, std::int64_t stride_s,
-                                          std::int64_t heads, const std::int64_t* tokens,
-                                          std::int64_t n_tokens, void* stream);
+[[nodiscard]] std::string lse_fill_tokens(float* lse, std::int64_t stride_h, std::int64_t stride_s, std::int64_t heads,
+                                          const std::int64_t* tokens, std::int64_t n_tokens, void* stream);
 
 // Copy between the caller's LSE view and packed stats [batch, heads, s_max]. Row i of
 // sequence b exists for i < lens[b] (lens == nullptr: every sequence has s_max rows); in the

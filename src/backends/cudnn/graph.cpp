@@ -100,18 +100,15 @@ class Cache {
   std::unordered_map<GraphKey, std::pair<Entry, std::list<GraphKey>::iterator>, GraphKeyHash> map_;
 };
 
-fe::DataType_t io_type(DType d) {
-  return d == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+fe::DataType_t io_type(DType d) { return d == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF; }
+
+std::shared_ptr<Tensor_attributes> make_tensor(fe::graph::Graph& g, const char* name, std::int64_t uid,
+                                               const TensorLayout& t) {
+  return g.tensor(Tensor_attributes().set_name(name).set_uid(uid).set_dim(vec(t.dim)).set_stride(vec(t.stride)));
 }
 
-std::shared_ptr<Tensor_attributes> make_tensor(fe::graph::Graph& g, const char* name,
-                                               std::int64_t uid, const TensorLayout& t) {
-  return g.tensor(Tensor_attributes().set_name(name).set_uid(uid).set_dim(vec(t.dim)).set_stride(
-      vec(t.stride)));
-}
-
-std::shared_ptr<Tensor_attributes> index_tensor(fe::graph::Graph& g, const char* name,
-                                                std::int64_t uid, std::int64_t n) {
+std::shared_ptr<Tensor_attributes> index_tensor(fe::graph::Graph& g, const char* name, std::int64_t uid,
+                                                std::int64_t n) {
   return g.tensor(Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
@@ -130,8 +127,7 @@ void apply_band(Attrs& attrs, const Band& band) {
 }
 
 // Builds the graph; on failure fills stage/message.
-std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handle,
-                                        PrepareResult* r) {
+std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handle, PrepareResult* r) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(io_type(key.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -210,11 +206,9 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
   };
   if (!step("validate", g->validate())) return nullptr;
   if (!step("build_operation_graph", g->build_operation_graph(handle))) return nullptr;
-  if (!step("create_execution_plans", g->create_execution_plans({fe::HeurMode_t::A})))
-    return nullptr;
+  if (!step("create_execution_plans", g->create_execution_plans({fe::HeurMode_t::A}))) return nullptr;
   if (!step("check_support", g->check_support(handle))) return nullptr;
-  if (!step("build_plans", g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE)))
-    return nullptr;
+  if (!step("build_plans", g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE))) return nullptr;
   std::int64_t ws = 0;
   if (!step("get_workspace_size", g->get_workspace_size(ws))) return nullptr;
   r->workspace_bytes = ws;
@@ -307,14 +301,12 @@ std::string execute(const GraphKey& key, const GraphPointers& p, void* stream) {
       pack[kUidSeqQ] = const_cast<std::int32_t*>(p.seq_len_q);
       pack[kUidSeqKV] = const_cast<std::int32_t*>(p.seq_len_kv);
       const int n_slots = key.backward ? 8 : 4;
-      for (int s = 0; s < n_slots; ++s)
-        pack[kUidRagged0 + s] = const_cast<std::int32_t*>(p.ragged[std::size_t(s)]);
+      for (int s = 0; s < n_slots; ++s) pack[kUidRagged0 + s] = const_cast<std::int32_t*>(p.ragged[std::size_t(s)]);
     }
     fe::error_t err = e->graph->execute(handle, pack, p.workspace);
     if (err.is_bad()) {
       std::string msg = err.get_message();
-      return msg.empty() ? "execute failed with error code " + std::to_string(int(err.get_code()))
-                         : msg;
+      return msg.empty() ? "execute failed with error code " + std::to_string(int(err.get_code())) : msg;
     }
     return {};
   } catch (const std::exception& ex) {

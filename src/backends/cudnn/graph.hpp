@@ -36,10 +36,10 @@ struct GraphKey {
   int device = 0;
   bool backward = false;
   DType dtype = DType::bf16;
-  TensorLayout q, k, v, o;     // o: output (forward) or input (backward)
+  TensorLayout q, k, v, o;       // o: output (forward) or input (backward)
   TensorLayout d_o, dq, dk, dv;  // backward only
-  bool stats = false;  // forward: write packed [b, h, s_q, 1] fp32 stats; backward: always read
-  bool varlen = false;  // padding mask with seq-len tensors + ragged offsets on every tensor
+  bool stats = false;            // forward: write packed [b, h, s_q, 1] fp32 stats; backward: always read
+  bool varlen = false;           // padding mask with seq-len tensors + ragged offsets on every tensor
   Band band;
   double scale = 1.0;
   bool deterministic = false;

@@ -71,9 +71,8 @@ Check check_known_bad(const DeviceInfo& d, const Problem&) {
 // problems, deterministically.
 Check check_deterministic_mla(const DeviceInfo& d, const Problem& p) {
   if (!p.is_backward() || !p.deterministic || p.d_qk == p.d_v) return std::nullopt;
-  return "deterministic backward with d_qk " + str(p.d_qk) + " != d_v " + str(p.d_v) +
-         " gave wrong dQ on cuDNN " + version_string(d.cudnn_version) +
-         " in our tests; supported: d_qk == d_v, or deterministic = false";
+  return "deterministic backward with d_qk " + str(p.d_qk) + " != d_v " + str(p.d_v) + " gave wrong dQ on cuDNN " +
+         version_string(d.cudnn_version) + " in our tests; supported: d_qk == d_v, or deterministic = false";
 }
 
 // Seen on an H200 with cuDNN 9.19 (scripts/probe-cudnn): varlen (ragged) problems with d_qk 224
@@ -83,9 +82,8 @@ Check check_deterministic_mla(const DeviceInfo& d, const Problem& p) {
 // between were not probed); the cuda backend runs them.
 Check check_varlen_wide_qk(const DeviceInfo& d, const Problem& p) {
   if (!p.varlen || p.d_qk <= 192 || p.d_v >= 192) return std::nullopt;
-  return "varlen with d_qk " + str(p.d_qk) + " > 192 and d_v " + str(p.d_v) +
-         " < 192 gave wrong results on cuDNN " + version_string(d.cudnn_version) +
-         " in our tests; supported with varlen: d_qk <= 192, or d_v >= 192";
+  return "varlen with d_qk " + str(p.d_qk) + " > 192 and d_v " + str(p.d_v) + " < 192 gave wrong results on cuDNN " +
+         version_string(d.cudnn_version) + " in our tests; supported with varlen: d_qk <= 192, or d_v >= 192";
 }
 
 Check check_arch(const DeviceInfo& d, const Problem&) {
@@ -102,8 +100,7 @@ Check check_dtype(const DeviceInfo&, const Problem& p) {
 Check check_unit_dim_stride(const DeviceInfo&, const Problem& p) {
   for (const auto& t : tensors_of(p))
     if (t.view->shape[kHeadDim] > 1 && t.view->stride[kHeadDim] != 1)
-      return std::string("tensor ") + t.name + " head-dim stride " + str(t.view->stride[kHeadDim]) +
-             "; supported: 1";
+      return std::string("tensor ") + t.name + " head-dim stride " + str(t.view->stride[kHeadDim]) + "; supported: 1";
   return std::nullopt;
 }
 
@@ -129,11 +126,10 @@ Check check_head_dim(const DeviceInfo& d, const Problem& p) {
   if (d.sm / 10 == 9) limit = 256;
   if (d.sm / 10 == 8 && d.cudnn_version > 90900) limit = 256;
   for (auto [name, dim] : {std::pair{"d_qk", p.d_qk}, std::pair{"d_v", p.d_v}}) {
-    if (dim % 8 != 0)
-      return std::string("head dim ") + name + " = " + str(dim) + "; supported: multiples of 8";
+    if (dim % 8 != 0) return std::string("head dim ") + name + " = " + str(dim) + "; supported: multiples of 8";
     if (dim > limit)
-      return std::string("head dim ") + name + " = " + str(dim) + "; supported: <= " + str(limit) +
-             " (" + why + " " + version_string(d.cudnn_version) + ")";
+      return std::string("head dim ") + name + " = " + str(dim) + "; supported: <= " + str(limit) + " (" + why + " " +
+             version_string(d.cudnn_version) + ")";
   }
   return std::nullopt;
 }
@@ -150,9 +146,8 @@ Check check_alignment(const DeviceInfo&, const Problem& p) {
     for (int i = 0; i < 3; ++i) {
       if (t.view->shape[i] <= 1) continue;  // the stride of a size-1 dimension is never used
       if ((t.view->stride[i] * esize) % 16 != 0)
-        return std::string("tensor ") + t.name + " " + dims[i] + " stride " +
-               str(t.view->stride[i]) + " elements (" + str(t.view->stride[i] * esize) +
-               " bytes); supported: multiples of 16 bytes (cuDNN's TMA loads)";
+        return std::string("tensor ") + t.name + " " + dims[i] + " stride " + str(t.view->stride[i]) + " elements (" +
+               str(t.view->stride[i] * esize) + " bytes); supported: multiples of 16 bytes (cuDNN's TMA loads)";
     }
   }
   return std::nullopt;
@@ -194,11 +189,10 @@ Check check_band_versions(const DeviceInfo& d, const Problem& p) {
   auto band = band_for(p, &why);
   if (!band) return std::nullopt;
   const auto v = d.cudnn_version;
-  if (band->has_left && v < 90600)
-    return "sliding window on cuDNN " + version_string(v) + "; supported: cuDNN >= 9.6";
+  if (band->has_left && v < 90600) return "sliding window on cuDNN " + version_string(v) + "; supported: cuDNN >= 9.6";
   if (band->bottom_right && v < 90600 && (p.s_q % 64 != 0 || p.s_kv % 64 != 0))
-    return "bottom-right mask with s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) + " on cuDNN " +
-           version_string(v) + "; supported: multiples of 64 below cuDNN 9.6";
+    return "bottom-right mask with s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) + " on cuDNN " + version_string(v) +
+           "; supported: multiples of 64 below cuDNN 9.6";
   if (v == 91400 && band->has_left && !band->has_right && p.s_kv > 1024)
     return "window without a right bound and s_kv " + str(p.s_kv) +
            " > 1024 on cuDNN 9.14.0 (known bug); supported: other cuDNN versions";
@@ -218,8 +212,8 @@ Check check_varlen_versions(const DeviceInfo& d, const Problem& p) {
 // cuDNN graphs cannot have empty dimensions: there must be a query and a key somewhere.
 Check check_empty_problem(const DeviceInfo&, const Problem& p) {
   if (p.batch > 0 && p.s_q > 0 && p.s_kv > 0 && p.heads > 0) return std::nullopt;
-  return std::string(p.varlen ? "longest sequence" : "sizes") + ": batch " + str(p.batch) +
-         ", s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) + ", heads " + str(p.heads) +
+  return std::string(p.varlen ? "longest sequence" : "sizes") + ": batch " + str(p.batch) + ", s_q " + str(p.s_q) +
+         ", s_kv " + str(p.s_kv) + ", heads " + str(p.heads) +
          "; supported: batch, s_q, s_kv and heads >= 1 (cuDNN graphs cannot have empty dimensions)";
 }
 
@@ -233,9 +227,9 @@ Check check_empty_rows(const DeviceInfo&, const Problem& p) {
     if (m.s_q == 0 || (p.varlen && m.s_kv == 0)) continue;
     for (std::int64_t i = 0; i < m.s_q; ++i)
       if (m.key_end(i) <= m.key_begin(i))
-        return "query row " + str(i) + " of sequence " + str(b) + " (s_q " + str(m.s_q) +
-               ", s_kv " + str(m.s_kv) + ", mask " + std::string(to_string(p.mask)) +
-               ", window " + str(p.window.left) + "," + str(p.window.right) +
+        return "query row " + str(i) + " of sequence " + str(b) + " (s_q " + str(m.s_q) + ", s_kv " + str(m.s_kv) +
+               ", mask " + std::string(to_string(p.mask)) + ", window " + str(p.window.left) + "," +
+               str(p.window.right) +
                ") sees no key; supported: every row sees at least one key (cuDNN leaves such "
                "rows undefined)";
   }
@@ -250,12 +244,8 @@ std::string version_string(std::int64_t v) {
   return str(v / 10000) + "." + str((v / 100) % 100) + "." + str(v % 100);
 }
 
-std::int64_t seq_len_q(const Problem& p, std::int64_t b) {
-  return p.varlen ? p.seqlens_q[std::size_t(b)] : p.s_q;
-}
-std::int64_t seq_len_kv(const Problem& p, std::int64_t b) {
-  return p.varlen ? p.seqlens_kv[std::size_t(b)] : p.s_kv;
-}
+std::int64_t seq_len_q(const Problem& p, std::int64_t b) { return p.varlen ? p.seqlens_q[std::size_t(b)] : p.s_q; }
+std::int64_t seq_len_kv(const Problem& p, std::int64_t b) { return p.varlen ? p.seqlens_kv[std::size_t(b)] : p.s_kv; }
 
 const DeviceInfo& current_device_info() {
   static const DeviceInfo info = [] {
@@ -294,9 +284,9 @@ std::optional<Band> band_for(const Problem& p, std::string* why_not) {
     // in every sequence do the two diagonals coincide.
     for (std::int64_t b = 0; b < p.batch; ++b) {
       if (seq_len_q(p, b) != seq_len_kv(p, b)) {
-        *why_not = "causal (top-left) mask with a window (" + str(p.window.left) + "," +
-                   str(p.window.right) + ") and s_q " + str(seq_len_q(p, b)) + " != s_kv " +
-                   str(seq_len_kv(p, b)) + " in sequence " + str(b) +
+        *why_not = "causal (top-left) mask with a window (" + str(p.window.left) + "," + str(p.window.right) +
+                   ") and s_q " + str(seq_len_q(p, b)) + " != s_kv " + str(seq_len_kv(p, b)) + " in sequence " +
+                   str(b) +
                    "; cuDNN has one diagonal alignment per graph; supported: s_q == s_kv, or "
                    "mask causal-bottom-right";
         return std::nullopt;

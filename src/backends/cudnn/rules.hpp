@@ -15,9 +15,9 @@
 namespace strideattn::detail::cudnn {
 
 struct DeviceInfo {
-  bool gpu = false;             // a CUDA device is usable
-  std::string gpu_error;        // why not, when !gpu
-  int sm = 0;                   // compute capability major*10 + minor, e.g. 90
+  bool gpu = false;                // a CUDA device is usable
+  std::string gpu_error;           // why not, when !gpu
+  int sm = 0;                      // compute capability major*10 + minor, e.g. 90
   std::int64_t cudnn_version = 0;  // cudnnGetVersion(), e.g. 91900
 };
 

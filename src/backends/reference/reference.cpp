@@ -38,14 +38,11 @@ enum class BackwardSource {
 struct Logical4 {
   std::int64_t n0 = 0, n1 = 0, n2 = 0, n3 = 0;
   [[nodiscard]] std::int64_t size() const { return n0 * n1 * n2 * n3; }
-  [[nodiscard]] std::int64_t at(std::int64_t a, std::int64_t b, std::int64_t c,
-                                std::int64_t d) const {
+  [[nodiscard]] std::int64_t at(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) const {
     return ((a * n1 + b) * n2 + c) * n3 + d;
   }
 };
-Logical4 logical_of(const TensorView& t) {
-  return {t.shape[kBatch], t.shape[kSeq], t.shape[kHead], t.shape[kHeadDim]};
-}
+Logical4 logical_of(const TensorView& t) { return {t.shape[kBatch], t.shape[kSeq], t.shape[kHead], t.shape[kHeadDim]}; }
 
 // Dot product with four independent partial sums (the order is irrelevant for the fp64
 // reference, and the naive fp32 model does not prescribe one; this keeps the loop fast).
@@ -124,8 +121,7 @@ void parallel_for(std::int64_t n, double work, Fn&& task) {
 template <class Acc>
 class Engine {
  public:
-  Engine(const Problem& p, BackwardSource source)
-      : p_(p), a_(make_params(p)), source_(source) {}
+  Engine(const Problem& p, BackwardSource source) : p_(p), a_(make_params(p)), source_(source) {}
 
   ReferenceOutputs run() {
     ReferenceOutputs out;
@@ -151,8 +147,7 @@ class Engine {
       remaining_ = std::vector<std::atomic<std::int64_t>>(std::size_t(groups));
       for (auto& r : remaining_) r.store(group);
     }
-    const double work = p_.visible_pairs() * double(p_.d_qk + p_.d_v) *
-                        (p_.is_backward() ? 3.0 : 1.0);
+    const double work = p_.visible_pairs() * double(p_.d_qk + p_.d_v) * (p_.is_backward() ? 3.0 : 1.0);
     parallel_for(tasks, work, [&](std::int64_t t) {
       if (cancelled()) return;
       const std::int64_t g = t / group;
@@ -166,9 +161,7 @@ class Engine {
   }
 
   // True once the caller's cancel flag is set; the outputs are then incomplete.
-  [[nodiscard]] bool cancelled() const {
-    return p_.cancel != nullptr && p_.cancel->load(std::memory_order_relaxed);
-  }
+  [[nodiscard]] bool cancelled() const { return p_.cancel != nullptr && p_.cancel->load(std::memory_order_relaxed); }
 
  private:
   struct Partial {
@@ -208,8 +201,7 @@ class Engine {
     }
 
     const Acc scale = static_cast<Acc>(p_.scale);
-    std::vector<Acc> q = zeros(dqk), o = zeros(dv), d_o = zeros(dv), dq = zeros(dqk),
-                     s = zeros(lk), prob = zeros(lk);
+    std::vector<Acc> q = zeros(dqk), o = zeros(dv), d_o = zeros(dv), dq = zeros(dqk), s = zeros(lk), prob = zeros(lk);
     const Logical4 o_shape = logical_of(p_.o);
     const std::int64_t first_q = a_.q_seq.first_token(b), bq = a_.q_seq.batch_index(b);
 
@@ -235,8 +227,7 @@ class Engine {
 
       // O = round(P) . V, rounded (naive model); exact: O = P . V.
       std::fill(o.begin(), o.end(), Acc(0));
-      for (std::int64_t j = j0; j < j1; ++j)
-        axpy(round(prob[std::size_t(j)]), &v[std::size_t(j * dv)], o.data(), dv);
+      for (std::int64_t j = j0; j < j1; ++j) axpy(round(prob[std::size_t(j)]), &v[std::size_t(j * dv)], o.data(), dv);
       for (auto& x : o) x = round(x);
       for (std::int64_t d = 0; d < dv; ++d)
         out_->o[std::size_t(o_shape.at(bq, first_q + i, h, d))] = double(o[std::size_t(d)]);
@@ -254,23 +245,22 @@ class Engine {
       // order of its dP = dO V^T (a separate pass and a GEMM): where O equals a V row (rows
       // that see one key) dP - D cancels exactly only in a shared order, and the model's
       // error must show the fp32 noise of that cancellation, which grows with the inputs
-      const Acc delta = std::is_same_v<Acc, float> ? dot_reversed(d_o.data(), o.data(), dv)
-                                                    : dot(d_o.data(), o.data(), dv);
+      const Acc delta =
+          std::is_same_v<Acc, float> ? dot_reversed(d_o.data(), o.data(), dv) : dot(d_o.data(), o.data(), dv);
       std::fill(dq.begin(), dq.end(), Acc(0));
       for (std::int64_t j = j0; j < j1; ++j) {
         // naive: P from the fp32 LSE, as any backward must that takes LSE as its input (at
         // large logits the LSE's rounding is most of this model's error, and of a backend's)
         const Acc pj = std::is_same_v<Acc, float> ? std::exp(s[std::size_t(j)] - lse) : prob[std::size_t(j)];
-        axpy(round(pj), d_o.data(), &part->dv[std::size_t(j * dv)], dv);    // dV += P^T dO
-        const Acc dp = dot(d_o.data(), &v[std::size_t(j * dv)], dv);        // dP = dO V^T
-        const Acc ds = round(pj * (dp - delta));                            // dS
-        axpy(ds, &k[std::size_t(j * dqk)], dq.data(), dqk);                 // dQ += dS K
-        axpy(ds, q.data(), &part->dk[std::size_t(j * dqk)], dqk);           // dK += dS^T Q
+        axpy(round(pj), d_o.data(), &part->dv[std::size_t(j * dv)], dv);  // dV += P^T dO
+        const Acc dp = dot(d_o.data(), &v[std::size_t(j * dv)], dv);      // dP = dO V^T
+        const Acc ds = round(pj * (dp - delta));                          // dS
+        axpy(ds, &k[std::size_t(j * dqk)], dq.data(), dqk);               // dQ += dS K
+        axpy(ds, q.data(), &part->dk[std::size_t(j * dqk)], dqk);         // dK += dS^T Q
       }
       const Logical4 dq_shape = logical_of(p_.dq);
       for (std::int64_t d = 0; d < dqk; ++d)
-        out_->dq[std::size_t(dq_shape.at(bq, first_q + i, h, d))] =
-            double(round(scale * dq[std::size_t(d)]));
+        out_->dq[std::size_t(dq_shape.at(bq, first_q + i, h, d))] = double(round(scale * dq[std::size_t(d)]));
     }
   }
 
@@ -294,8 +284,7 @@ class Engine {
         axpy(Acc(1), &pt.dv[std::size_t(j * dv)], sum_v.data(), dv);
       }
       for (std::int64_t d = 0; d < dqk; ++d)
-        out_->dk[std::size_t(dk_shape.at(bk, first_k + j, hk, d))] =
-            double(round(scale * sum_k[std::size_t(d)]));
+        out_->dk[std::size_t(dk_shape.at(bk, first_k + j, hk, d))] = double(round(scale * sum_k[std::size_t(d)]));
       for (std::int64_t d = 0; d < dv; ++d)
         out_->dv[std::size_t(dv_shape.at(bk, first_k + j, hk, d))] = double(round(sum_v[std::size_t(d)]));
     }
@@ -307,7 +296,7 @@ class Engine {
   const BackwardSource source_;
   Logical4 lse_shape_;
   ReferenceOutputs* out_ = nullptr;
-  std::vector<Partial> partials_;                    // one per (sequence, query head) task
+  std::vector<Partial> partials_;                     // one per (sequence, query head) task
   std::vector<std::atomic<std::int64_t>> remaining_;  // tasks left per (sequence, kv head)
 };
 
@@ -369,8 +358,7 @@ class ReferenceBackend final : public BackendImpl {
   [[nodiscard]] Status forward(const Problem& problem) override {
     try {
       bool stopped = false;
-      ReferenceOutputs out =
-          compute(problem, RefPrecision::exact, BackwardSource::recompute, &stopped);
+      ReferenceOutputs out = compute(problem, RefPrecision::exact, BackwardSource::recompute, &stopped);
       if (stopped) return cancelled_status("forward");
       store_view(out.o, problem.o);
       if (problem.writes_lse()) store_lse(out.lse, problem.lse);
@@ -386,8 +374,7 @@ class ReferenceBackend final : public BackendImpl {
                     "reference backward: lse is null; the backward needs the forward's LSE");
     try {
       bool stopped = false;
-      ReferenceOutputs out =
-          compute(problem, RefPrecision::exact, BackwardSource::given_o, &stopped);
+      ReferenceOutputs out = compute(problem, RefPrecision::exact, BackwardSource::given_o, &stopped);
       if (stopped) return cancelled_status("backward");
       store_view(out.dq, problem.dq);
       store_view(out.dk, problem.dk);
@@ -405,11 +392,9 @@ ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precisio
   return compute(problem, precision, BackwardSource::recompute);
 }
 
-ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision,
-                                   RefBackwardInputs inputs) {
+ReferenceOutputs reference_compute(const Problem& problem, RefPrecision precision, RefBackwardInputs inputs) {
   return compute(problem, precision,
-                 inputs == RefBackwardInputs::given_o ? BackwardSource::given_o
-                                                      : BackwardSource::recompute);
+                 inputs == RefBackwardInputs::given_o ? BackwardSource::given_o : BackwardSource::recompute);
 }
 
 RefBackwardInputs backward_targets(DType dtype) {

@@ -118,8 +118,7 @@ TEST(CpuLong, DqOverMillionsOfKeysIsExact) {
     const double err = bound(n) + 8 * FLT_EPSILON * (std::fabs(s) + std::fabs(lse[i]));
     for (std::int64_t c = 0; c < kD; ++c) {
       const double want = scale * mass * dp * k[c];
-      EXPECT_NEAR(dq[i * kD + c], want, err * std::fabs(scale * dp) * 3 + 1e-30)
-          << "row " << i << " col " << c;
+      EXPECT_NEAR(dq[i * kD + c], want, err * std::fabs(scale * dp) * 3 + 1e-30) << "row " << i << " col " << c;
     }
   }
 }
@@ -171,8 +170,7 @@ TEST(CpuLong, DkDvOverMillionsOfQueriesAreExact) {
       const double want_k = scale * double(n) * p * dp * q[c];
       EXPECT_NEAR(dv[j * kD + c], want_v, 3 * err * double(n) * p * std::fabs(d_o[c]) + 1e-30)
           << "dV key " << j << " col " << c;
-      EXPECT_NEAR(dk[j * kD + c], want_k, 3 * err * std::fabs(want_k) + 1e-30)
-          << "dK key " << j << " col " << c;
+      EXPECT_NEAR(dk[j * kD + c], want_k, 3 * err * std::fabs(want_k) + 1e-30) << "dK key " << j << " col " << c;
     }
   }
 }

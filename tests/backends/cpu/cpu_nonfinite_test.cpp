@@ -27,8 +27,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Compares `got` (cpu) with `want` (reference) element by element under the contract.
 // Returns how many elements the reference made non-finite.
-int expect_contract(const std::vector<float>& want, const std::vector<float>& got,
-                    const char* name, const std::string& where) {
+int expect_contract(const std::vector<float>& want, const std::vector<float>& got, const char* name,
+                    const std::string& where) {
   double scale = 1.0;
   for (float w : want)
     if (std::isfinite(w)) scale = std::max(scale, double(std::fabs(w)));
@@ -70,24 +70,30 @@ bool check_planted(std::uint64_t seed, int kind) {
   const std::int64_t sq = pick(0, p.s_q - 1), skv = pick(0, p.s_kv - 1);
   const std::int64_t hq = pick(0, p.h - 1), hk = pick(0, p.hg - 1), c = pick(0, p.d - 1);
   switch (kind) {
-    case 0: p.k[p.at(bi, p.s_kv, p.hg, skv, hk, c)] = kNaN; break;  // one NaN in a key
-    case 1:                                                           // a NaN query row
+    case 0:
+      p.k[p.at(bi, p.s_kv, p.hg, skv, hk, c)] = kNaN;
+      break;  // one NaN in a key
+    case 1:   // a NaN query row
       for (std::int64_t x = 0; x < p.d; ++x) p.q[p.at(bi, p.s_q, p.h, sq, hq, x)] = kNaN;
       break;
     case 2:  // a key row of -inf
       for (std::int64_t x = 0; x < p.d; ++x) p.k[p.at(bi, p.s_kv, p.hg, skv, hk, x)] = -kInf;
       break;
-    case 3: p.v[p.at(bi, p.s_kv, p.hg, skv, hk, c)] = kNaN; break;  // one NaN in V
-    case 4: p.q[p.at(bi, p.s_q, p.h, sq, hq, c)] = kInf; break;     // +inf in a query
-    case 5: p.d_o[p.at(bi, p.s_q, p.h, sq, hq, c)] = kNaN; break;   // NaN in dO
+    case 3:
+      p.v[p.at(bi, p.s_kv, p.hg, skv, hk, c)] = kNaN;
+      break;  // one NaN in V
+    case 4:
+      p.q[p.at(bi, p.s_q, p.h, sq, hq, c)] = kInf;
+      break;  // +inf in a query
+    case 5:
+      p.d_o[p.at(bi, p.s_q, p.h, sq, hq, c)] = kNaN;
+      break;  // NaN in dO
   }
-  const std::string where = "seed " + std::to_string(seed) + " kind " + std::to_string(kind) +
-                            " b " + std::to_string(p.b) + " sq " + std::to_string(p.s_q) +
-                            " skv " + std::to_string(p.s_kv) + " h " + std::to_string(p.h) +
-                            "/" + std::to_string(p.hg) + " d " + std::to_string(p.d) + " mask " +
-                            std::to_string(int(p.options.mask)) + " window " +
-                            std::to_string(p.options.window.left) + "," +
-                            std::to_string(p.options.window.right);
+  const std::string where = "seed " + std::to_string(seed) + " kind " + std::to_string(kind) + " b " +
+                            std::to_string(p.b) + " sq " + std::to_string(p.s_q) + " skv " + std::to_string(p.s_kv) +
+                            " h " + std::to_string(p.h) + "/" + std::to_string(p.hg) + " d " + std::to_string(p.d) +
+                            " mask " + std::to_string(int(p.options.mask)) + " window " +
+                            std::to_string(p.options.window.left) + "," + std::to_string(p.options.window.right);
   auto ref = p.forward(Backend::reference);
   auto cpu = p.forward(Backend::cpu);
   EXPECT_TRUE(ref.status.ok()) << ref.status.message();
@@ -120,8 +126,7 @@ TEST(CpuNonFinite, NaNKeyMakesEveryRowThatSeesItNaN) {
       for (std::int64_t i = 0; i < s; ++i)
         for (std::int64_t hh = 0; hh < 2; ++hh) {
           const bool sees = m == MaskKind::none || i >= 2;
-          EXPECT_EQ(std::isnan(cpu.lse[static_cast<std::size_t>(hh * s + i)]), sees)
-              << "row " << i << " head " << hh;
+          EXPECT_EQ(std::isnan(cpu.lse[static_cast<std::size_t>(hh * s + i)]), sees) << "row " << i << " head " << hh;
           for (std::int64_t c = 0; c < 8; ++c)
             EXPECT_EQ(std::isnan(cpu.o[p.at(0, s, 2, i, hh, c)]), sees) << "row " << i;
         }

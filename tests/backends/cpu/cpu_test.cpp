@@ -27,9 +27,7 @@ using strideattn::MaskKind;
 using strideattn::harness::CaseSpec;
 
 // The cpu backend runs `spec` and passes (see test_support::expect_backend_ok).
-void expect_cpu_ok(const CaseSpec& spec) {
-  strideattn::test_support::expect_backend_ok(Backend::cpu, spec);
-}
+void expect_cpu_ok(const CaseSpec& spec) { strideattn::test_support::expect_backend_ok(Backend::cpu, spec); }
 
 constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 0};
 constexpr strideattn::test_support::VarlenCaseBuilder varlen{
@@ -74,8 +72,8 @@ TEST(CpuBackend, SingleTokenSequences) {
 }
 
 TEST(CpuBackend, GroupedAndMultiQuery) {
-  expect_cpu_ok(dense(DType::bf16, 2, 70, 70, 8, 2, 32, 32, MaskKind::causal));      // GQA 4
-  expect_cpu_ok(dense(DType::bf16, 1, 100, 80, 6, 1, 32, 32, MaskKind::none));       // MQA
+  expect_cpu_ok(dense(DType::bf16, 2, 70, 70, 8, 2, 32, 32, MaskKind::causal));  // GQA 4
+  expect_cpu_ok(dense(DType::bf16, 1, 100, 80, 6, 1, 32, 32, MaskKind::none));   // MQA
   expect_cpu_ok(dense(DType::f16, 1, 80, 100, 6, 3, 40, 24, MaskKind::causal_bottom_right));
 }
 
@@ -109,22 +107,19 @@ TEST(CpuBackend, HeadDim512) {
 
 // The seed case (fused [s, b, h + 2hg, d] buffer split into Q, K, V) at CI size.
 TEST(CpuBackend, SeedCaseFusedSplit) {
-  expect_cpu_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::causal, -1, -1, true,
-                      "sb(h+2hg)d"));
-  expect_cpu_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::none, -1, -1, false,
-                      "sb(h+2hg)d"));
+  expect_cpu_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::causal, -1, -1, true, "sb(h+2hg)d"));
+  expect_cpu_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::none, -1, -1, false, "sb(h+2hg)d"));
 }
 
 TEST(CpuBackend, NamedLayouts) {
-  for (const char* l : {"sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd", "sb3hd", "bsh3d", "sbhd_sbh2d",
-                        "bshd_bs2hd", "bs(h+2hg)d"}) {
+  for (const char* l :
+       {"sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd", "sb3hd", "bsh3d", "sbhd_sbh2d", "bshd_bs2hd", "bs(h+2hg)d"}) {
     SCOPED_TRACE(l);
     const bool packed_qkv = std::string(l).find('3') != std::string::npos;
     const bool fused = std::string(l).find("(h") != std::string::npos;
     const std::int64_t hg = packed_qkv ? 4 : 2;
-    expect_cpu_ok(dense(DType::bf16, 2, 70, packed_qkv || fused ? 70 : 90, 4, hg, 32, 32,
-                        MaskKind::causal,
-                        -1, -1, true, l));
+    expect_cpu_ok(
+        dense(DType::bf16, 2, 70, packed_qkv || fused ? 70 : 90, 4, hg, 32, 32, MaskKind::causal, -1, -1, true, l));
   }
 }
 
@@ -157,12 +152,11 @@ TEST(CpuBackend, TransposedAndPaddedViews) {
 TEST(CpuBackend, VarlenEmptySequencesAndGaps) {
   for (MaskKind m : kMasks) {
     SCOPED_TRACE(::testing::Message() << "mask " << int(m));
-    expect_cpu_ok(varlen(DType::bf16, {0, 37, 70, 1, 0, 65}, {5, 37, 100, 0, 3, 64},
-                         {0, 3, 45, 120, 121, 125}, {0, 9, 50, 152, 153, 160}, m));
+    expect_cpu_ok(varlen(DType::bf16, {0, 37, 70, 1, 0, 65}, {5, 37, 100, 0, 3, 64}, {0, 3, 45, 120, 121, 125},
+                         {0, 9, 50, 152, 153, 160}, m));
   }
   expect_cpu_ok(varlen(DType::f16, {20, 0, 90}, {20, 7, 60}, {}, {}, MaskKind::none, 8, 4));
-  expect_cpu_ok(varlen(DType::f32, {33, 64, 2}, {33, 64, 2}, {}, {}, MaskKind::causal, -1, -1, 32,
-                       "t(h+2hg)d"));
+  expect_cpu_ok(varlen(DType::f32, {33, 64, 2}, {33, 64, 2}, {}, {}, MaskKind::causal, -1, -1, 32, "t(h+2hg)d"));
 }
 
 // ------------------------------------------------------------------ seeded sweep
@@ -171,9 +165,11 @@ TEST(CpuBackend, VarlenEmptySequencesAndGaps) {
 // GQA ratios, head dims 8..256 in steps of 8, every dtype, dense layouts and varlen.
 TEST(CpuBackend, SeededSweep) {
   std::mt19937_64 rng(20240611);
-  const strideattn::test_support::SweepRanges ranges{
-      .max_seq = 160, .max_varlen_seq = 140, .max_window = 80,
-      .dtypes = {DType::f32, DType::f16, DType::bf16}, .seed_base = 1000};
+  const strideattn::test_support::SweepRanges ranges{.max_seq = 160,
+                                                     .max_varlen_seq = 140,
+                                                     .max_window = 80,
+                                                     .dtypes = {DType::f32, DType::f16, DType::bf16},
+                                                     .seed_base = 1000};
   for (int c = 0; c < 80; ++c) {
     SCOPED_TRACE(::testing::Message() << "sweep case " << c);
     expect_cpu_ok(strideattn::test_support::sweep_case(c, rng, ranges, dense, varlen));
@@ -188,8 +184,7 @@ TEST(CpuBackend, PerTilePathWithoutPack) {
   budget = 0;
   expect_cpu_ok(dense(DType::bf16, 2, 150, 131, 4, 2, 40, 40, MaskKind::causal));
   expect_cpu_ok(dense(DType::f16, 1, 90, 200, 2, 1, 64, 32, MaskKind::causal_bottom_right, 70, 5));
-  expect_cpu_ok(varlen(DType::f32, {0, 100, 70}, {5, 130, 64}, {0, 3, 110}, {0, 9, 150},
-                       MaskKind::none, -1, 20));
+  expect_cpu_ok(varlen(DType::f32, {0, 100, 70}, {5, 130, 64}, {0, 3, 110}, {0, 9, 150}, MaskKind::none, -1, 20));
   budget = saved;
 }
 

@@ -29,8 +29,8 @@ struct HostProblem {
     };
     make(q, s_q, h), make(k, s_kv, hg), make(v, s_kv, hg), make(d_o, s_q, h);
   }
-  [[nodiscard]] std::size_t at(std::int64_t bi, std::int64_t s, std::int64_t heads,
-                               std::int64_t si, std::int64_t hi, std::int64_t c) const {
+  [[nodiscard]] std::size_t at(std::int64_t bi, std::int64_t s, std::int64_t heads, std::int64_t si, std::int64_t hi,
+                               std::int64_t c) const {
     return static_cast<std::size_t>(((bi * s + si) * heads + hi) * d + c);
   }
   [[nodiscard]] TensorView view(std::vector<float>& x, std::int64_t s, std::int64_t heads) const {

@@ -29,9 +29,10 @@ using strideattn::MaskKind;
 using strideattn::Memory;
 using strideattn::TensorView;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  if (!strideattn::harness::gpu_available()) GTEST_SKIP() << "no CUDA GPU present: the " \
-                                                             "cuda edge tests need one"
+#define SKIP_WITHOUT_GPU()                    \
+  if (!strideattn::harness::gpu_available())  \
+  GTEST_SKIP() << "no CUDA GPU present: the " \
+                  "cuda edge tests need one"
 
 float to_float(DType t, std::uint16_t x) {
   return t == DType::bf16 ? strideattn::detail::bf16_to_float(x) : strideattn::detail::f16_to_float(x);
@@ -45,8 +46,10 @@ struct DeviceBuffer {
   void* ptr = nullptr;
   explicit DeviceBuffer(std::size_t bytes, const void* host = nullptr) {
     EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
-    if (host) EXPECT_EQ(cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    else EXPECT_EQ(cudaMemset(ptr, 0xff, bytes), cudaSuccess);  // NaN poison
+    if (host)
+      EXPECT_EQ(cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    else
+      EXPECT_EQ(cudaMemset(ptr, 0xff, bytes), cudaSuccess);  // NaN poison
   }
   ~DeviceBuffer() { cudaFree(ptr); }
 };
@@ -120,8 +123,7 @@ void fill(Case& c, float qk_factor, std::uint64_t seed) {
 // (NaN where it is NaN); every finite one is within `o_tol` (0: the same bits) unless
 // `leaks_allowed`, where a non-finite input a row does not see may still reach it through a
 // tile it shares (docs/semantics.md). LSE: the same rule, within fp32 rounding of its terms.
-void expect_same(const Case& c, const Result& got, const Result& want, double o_tol = 0,
-                 bool leaks_allowed = false) {
+void expect_same(const Case& c, const Result& got, const Result& want, double o_tol = 0, bool leaks_allowed = false) {
   std::int64_t o_bad = 0, lse_bad = 0, first = -1;
   auto agrees = [&](double g, double w, double tol) {
     if (std::isnan(w)) return std::isnan(g);
@@ -189,7 +191,9 @@ TEST(CudaEdges, NanAndInfinityFollowTheDefinition) {
     c.d = d, c.s_q = 96, c.s_kv = 96, c.h = 2, c.hg = 2;
     c.mask = MaskKind::causal;
     fill(c, 1.f, 3 + d);
-    auto at = [&](std::int64_t row, std::int64_t head, std::int64_t j) { return std::size_t((row * 2 + head) * d + j); };
+    auto at = [&](std::int64_t row, std::int64_t head, std::int64_t j) {
+      return std::size_t((row * 2 + head) * d + j);
+    };
     for (std::int64_t j = 0; j < d; ++j) {
       for (std::int64_t i = 0; i < c.s_q; ++i) c.q[at(i, 0, j)] = from_float(c.dtype, 1.f);
       for (std::int64_t i = 0; i <= 20; ++i) c.k[at(i, 0, j)] = from_float(c.dtype, -INFINITY);
@@ -225,8 +229,7 @@ TEST(CudaEdges, LongRowsAreSummedInBlocks) {
     const Result got = run(Backend::cuda, c);
     std::int64_t bad = 0;
     for (std::int64_t i = 0; i < c.s_q * c.h; ++i)
-      for (std::int64_t j = 0; j < d; ++j)
-        bad += got.o[std::size_t(i * d + j)] == c.v[std::size_t(j)] ? 0 : 1;
+      for (std::int64_t j = 0; j < d; ++j) bad += got.o[std::size_t(i * d + j)] == c.v[std::size_t(j)] ? 0 : 1;
     EXPECT_EQ(bad, 0) << "O elements that are not the repeated V row";
     for (std::int64_t head = 0; head < c.h; ++head)
       for (std::int64_t i = 0; i < c.s_q; ++i) {

@@ -31,8 +31,7 @@ TEST(CudaBackendLarge, RowsBeyondTwoToThe31Elements) {
   std::size_t free_b = 0, total_b = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
   if (free_b < 4 * bytes + (std::size_t(1) << 30))
-    GTEST_SKIP() << "needs " << (4 * bytes >> 30) << " GiB of free device memory, found "
-                 << (free_b >> 30);
+    GTEST_SKIP() << "needs " << (4 * bytes >> 30) << " GiB of free device memory, found " << (free_b >> 30);
 
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   float* lse = nullptr;
@@ -50,7 +49,9 @@ TEST(CudaBackendLarge, RowsBeyondTwoToThe31Elements) {
   std::mt19937_64 rng(99);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
   // host copies of the rows that matter: Q of each checked token, K/V of its window
-  struct Rows { std::vector<std::uint16_t> q, k, v; };
+  struct Rows {
+    std::vector<std::uint16_t> q, k, v;
+  };
   std::vector<Rows> host;
   for (std::int64_t t : tokens) {
     Rows r;
@@ -60,12 +61,12 @@ TEST(CudaBackendLarge, RowsBeyondTwoToThe31Elements) {
     for (auto* vec : {&r.q, &r.k, &r.v})
       for (auto& e : *vec) e = float_to_bf16(uni(rng));
     const std::size_t first_kv = std::size_t(t - W) * row;
-    ASSERT_EQ(cudaMemcpy(static_cast<std::uint16_t*>(q) + t * row, r.q.data(), row * 2,
-                         cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(static_cast<std::uint16_t*>(k) + first_kv, r.k.data(), r.k.size() * 2,
-                         cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(static_cast<std::uint16_t*>(v) + first_kv, r.v.data(), r.v.size() * 2,
-                         cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(static_cast<std::uint16_t*>(q) + t * row, r.q.data(), row * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(static_cast<std::uint16_t*>(k) + first_kv, r.k.data(), r.k.size() * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(static_cast<std::uint16_t*>(v) + first_kv, r.v.data(), r.v.size() * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
     host.push_back(std::move(r));
   }
 
@@ -94,8 +95,8 @@ TEST(CudaBackendLarge, RowsBeyondTwoToThe31Elements) {
     const std::int64_t t = tokens[c];
     std::vector<std::uint16_t> out(row);
     std::vector<float> lse_row(H);
-    ASSERT_EQ(cudaMemcpy(out.data(), static_cast<std::uint16_t*>(o) + t * row, row * 2,
-                         cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(out.data(), static_cast<std::uint16_t*>(o) + t * row, row * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
     for (std::int64_t h = 0; h < H; ++h)
       ASSERT_EQ(cudaMemcpy(&lse_row[h], lse + h * S + t, 4, cudaMemcpyDeviceToHost), cudaSuccess);
     double worst = 0, worst_lse = 0;

@@ -35,14 +35,13 @@ using strideattn::MaskKind;
 using strideattn::harness::CaseSpec;
 using strideattn::harness::ViewSpec;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  if (!strideattn::harness::gpu_available()) GTEST_SKIP() << "no CUDA GPU present: the " \
-                                                             "cuda backend tests need one"
+#define SKIP_WITHOUT_GPU()                    \
+  if (!strideattn::harness::gpu_available())  \
+  GTEST_SKIP() << "no CUDA GPU present: the " \
+                  "cuda backend tests need one"
 
 // The cuda backend runs `spec` and passes (see test_support::expect_backend_ok).
-void expect_cuda_ok(const CaseSpec& spec) {
-  strideattn::test_support::expect_backend_ok(Backend::cuda, spec);
-}
+void expect_cuda_ok(const CaseSpec& spec) { strideattn::test_support::expect_backend_ok(Backend::cuda, spec); }
 
 constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 17};
 constexpr strideattn::test_support::VarlenCaseBuilder varlen{
@@ -86,8 +85,8 @@ TEST(CudaBackend, SingleTokenSequences) {
 
 TEST(CudaBackend, GroupedAndMultiQuery) {
   SKIP_WITHOUT_GPU();
-  expect_cuda_ok(dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal));   // GQA 4
-  expect_cuda_ok(dense(DType::bf16, 1, 100, 180, 6, 1, 128, 128, MaskKind::none));   // MQA
+  expect_cuda_ok(dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal));  // GQA 4
+  expect_cuda_ok(dense(DType::bf16, 1, 100, 180, 6, 1, 128, 128, MaskKind::none));  // MQA
   expect_cuda_ok(dense(DType::f16, 1, 180, 100, 6, 3, 40, 24, MaskKind::causal_bottom_right));
 }
 
@@ -97,10 +96,8 @@ TEST(CudaBackend, GroupedAndMultiQuery) {
 // split views of one fused sb(h+2hg)d buffer, against the fp64 reference.
 TEST(CudaBackend, GroupSplitsOfTheDkDvPass) {
   SKIP_WITHOUT_GPU();
-  const CaseSpec gqa = dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal, -1, -1,
-                             true, "sb(h+2hg)d");
-  const CaseSpec mqa = dense(DType::f16, 1, 130, 130, 6, 1, 128, 128, MaskKind::none, -1, -1,
-                             true, "sb(h+2hg)d");
+  const CaseSpec gqa = dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal, -1, -1, true, "sb(h+2hg)d");
+  const CaseSpec mqa = dense(DType::f16, 1, 130, 130, 6, 1, 128, 128, MaskKind::none, -1, -1, true, "sb(h+2hg)d");
   for (const char* splits : {"1", "2", "4", "6"}) {
     SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
     ASSERT_EQ(setenv("STRIDEATTN_CUDA_GROUP_SPLITS", splits, 1), 0);
@@ -182,10 +179,8 @@ TEST(CudaBackend, LazyRescaleAcrossManyKeyBlocks) {
 
 TEST(CudaBackend, SeedCaseFusedSplit) {
   SKIP_WITHOUT_GPU();
-  expect_cuda_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::causal, -1, -1, true,
-                       "sb(h+2hg)d"));
-  expect_cuda_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::none, -1, -1, true,
-                       "sb(h+2hg)d"));
+  expect_cuda_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::causal, -1, -1, true, "sb(h+2hg)d"));
+  expect_cuda_ok(dense(DType::f16, 2, 256, 256, 16, 1, 64, 64, MaskKind::none, -1, -1, true, "sb(h+2hg)d"));
 }
 
 TEST(CudaBackend, EveryNamedLayout) {
@@ -196,8 +191,8 @@ TEST(CudaBackend, EveryNamedLayout) {
     const bool fused = l.find("(h") != std::string::npos;
     const bool thd = l[0] == 't';
     const std::int64_t hg = packed_qkv ? 4 : 2;
-    CaseSpec s = dense(DType::bf16, 2, 90, packed_qkv || fused ? 90 : 130, 4, hg, 64, 64,
-                       MaskKind::causal, -1, -1, true, l.c_str());
+    CaseSpec s = dense(DType::bf16, 2, 90, packed_qkv || fused ? 90 : 130, 4, hg, 64, 64, MaskKind::causal, -1, -1,
+                       true, l.c_str());
     if (thd) {
       s.sizes.batch = 3;
       s.sizes.seqlens_q = {40, 0, 75};
@@ -267,12 +262,11 @@ TEST(CudaBackend, VarlenEmptySequencesAndGaps) {
   SKIP_WITHOUT_GPU();
   for (MaskKind m : kMasks) {
     SCOPED_TRACE(::testing::Message() << "mask " << int(m));
-    expect_cuda_ok(varlen(DType::bf16, {0, 37, 170, 1, 0, 65}, {5, 37, 100, 0, 3, 164},
-                          {0, 3, 45, 220, 221, 225}, {0, 9, 50, 152, 153, 160}, m));
+    expect_cuda_ok(varlen(DType::bf16, {0, 37, 170, 1, 0, 65}, {5, 37, 100, 0, 3, 164}, {0, 3, 45, 220, 221, 225},
+                          {0, 9, 50, 152, 153, 160}, m));
   }
   expect_cuda_ok(varlen(DType::f16, {20, 0, 190}, {20, 7, 160}, {}, {}, MaskKind::none, 8, 4, 128));
-  expect_cuda_ok(varlen(DType::bf16, {33, 129, 2}, {33, 129, 2}, {}, {}, MaskKind::causal, -1, -1,
-                        256, "t(h+2hg)d"));
+  expect_cuda_ok(varlen(DType::bf16, {33, 129, 2}, {33, 129, 2}, {}, {}, MaskKind::causal, -1, -1, 256, "t(h+2hg)d"));
 }
 
 // ------------------------------------------------------------------ seeded sweep
@@ -281,8 +275,7 @@ TEST(CudaBackend, SeededSweep) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(20240612);
   const strideattn::test_support::SweepRanges ranges{
-      .max_seq = 320, .max_varlen_seq = 300, .max_window = 150,
-      .dtypes = {DType::f16, DType::bf16}, .seed_base = 7000};
+      .max_seq = 320, .max_varlen_seq = 300, .max_window = 150, .dtypes = {DType::f16, DType::bf16}, .seed_base = 7000};
   for (int c = 0; c < 60; ++c) {
     SCOPED_TRACE(::testing::Message() << "sweep case " << c);
     expect_cuda_ok(strideattn::test_support::sweep_case(c, rng, ranges, dense, varlen));
@@ -294,9 +287,7 @@ TEST(CudaBackend, SeededSweep) {
 // Sets an environment variable (a test knob of cuda_backend.cu) for one scope.
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    EXPECT_EQ(setenv(name, value, 1), 0);
-  }
+  ScopedEnv(const char* name, const char* value) : name_(name) { EXPECT_EQ(setenv(name, value, 1), 0); }
   ~ScopedEnv() { unsetenv(name_); }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
@@ -354,8 +345,7 @@ class FixedBackwardCase {
     std::vector<std::uint16_t> all(elems(h) + 2 * elems(hg));
     EXPECT_EQ(cudaMemcpy(all.data(), dq, elems(h) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(all.data() + elems(h), dk, elems(hg) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(all.data() + elems(h) + elems(hg), dv, elems(hg) * 2, cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(all.data() + elems(h) + elems(hg), dv, elems(hg) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     cudaFree(dq), cudaFree(dk), cudaFree(dv);
     return all;
   }
@@ -443,8 +433,8 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
       dense(DType::f16, 2, 129, 65, 2, 2, 200, 200, MaskKind::causal_bottom_right, 30, 20),
       varlen(DType::bf16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {}, {}, MaskKind::causal, -1, -1, 64),
       varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 128),
-      varlen(DType::f16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {0, 3, 45, 220, 225},
-             {0, 9, 50, 360, 370}, MaskKind::causal_bottom_right, 20, 8, 96),
+      varlen(DType::f16, {0, 37, 170, 1, 65}, {5, 37, 300, 3, 164}, {0, 3, 45, 220, 225}, {0, 9, 50, 360, 370},
+             MaskKind::causal_bottom_right, 20, 8, 96),
       varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 256),
   };
   // 4-warp kernel; 8-warp two-pass; 8-warp single pass (the default when the caller does not
@@ -459,8 +449,7 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
                         {"1", "1", "0", "0"}, {"1", "0", "1", "1"}, {"1", "1", "1", "1"}};
   for (const auto& [kv8, fused, stage, wgmma] : paths) {
     SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8 << " STRIDEATTN_CUDA_FUSED_DQ=" << fused
-                                      << " STRIDEATTN_CUDA_DQ_STAGE=" << stage
-                                      << " STRIDEATTN_CUDA_WGMMA=" << wgmma);
+                                      << " STRIDEATTN_CUDA_DQ_STAGE=" << stage << " STRIDEATTN_CUDA_WGMMA=" << wgmma);
     const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8), knob_dq("STRIDEATTN_CUDA_FUSED_DQ", fused),
         knob_stage("STRIDEATTN_CUDA_DQ_STAGE", stage), knob_wgmma("STRIDEATTN_CUDA_WGMMA", wgmma);
     for (const CaseSpec& c : others) expect_cuda_ok(c);
@@ -616,8 +605,7 @@ TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
   const std::vector<std::int64_t> lq{30, 0, 70}, lk{50, 9, 60};
   std::mt19937_64 rng(5);
   DeviceTensor q(tq, h, d, &rng), k(tkv, hg, d, &rng), v(tkv, hg, d, &rng), d_o(tq, h, d, &rng);
-  DeviceTensor o(tq, h, d, nullptr), dq(tq, h, d, nullptr), dk(tkv, hg, d, nullptr),
-      dv(tkv, hg, d, nullptr);
+  DeviceTensor o(tq, h, d, nullptr), dq(tq, h, d, nullptr), dk(tkv, hg, d, nullptr), dv(tkv, hg, d, nullptr);
   float* lse = nullptr;
   ASSERT_EQ(cudaMalloc(&lse, h * tq * 4), cudaSuccess);
   auto view = [&](const DeviceTensor& t, std::int64_t tokens, std::int64_t heads) {
@@ -663,7 +651,7 @@ TEST(CudaBackend, CallerWorkspaceMatchesInternalAllocation) {
     std::size_t fwd_bytes = 0, bwd_bytes = 0;
     ASSERT_TRUE(strideattn::workspace_size(fa, &fwd_bytes).ok());
     ASSERT_TRUE(strideattn::workspace_size(ba, &bwd_bytes).ok());
-    EXPECT_GT(fwd_bytes, 0u);  // the varlen tables
+    EXPECT_GT(fwd_bytes, 0u);         // the varlen tables
     EXPECT_GT(bwd_bytes, fwd_bytes);  // plus delta rows
     if (deterministic)
       two_pass_bytes = bwd_bytes;
@@ -720,15 +708,13 @@ TEST(CudaBackend, MemoryFieldMustMatchThePointers) {
     a.backend = b;
     const strideattn::Status st = strideattn::forward(a);
     EXPECT_EQ(st.code(), strideattn::StatusCode::invalid_argument) << st.message();
-    EXPECT_EQ(st.message().rfind("q.data points to device memory but memory is host", 0), 0u)
-        << st.message();
+    EXPECT_EQ(st.message().rfind("q.data points to device memory but memory is host", 0), 0u) << st.message();
   }
   strideattn::ForwardArgs mixed = args_on(dev, strideattn::Memory::device);
   mixed.o.data = host.data();
   const strideattn::Status st = strideattn::forward(mixed);
   EXPECT_EQ(st.code(), strideattn::StatusCode::invalid_argument) << st.message();
-  EXPECT_EQ(st.message().rfind("o.data points to host memory but memory is device", 0), 0u)
-      << st.message();
+  EXPECT_EQ(st.message().rfind("o.data points to host memory but memory is device", 0), 0u) << st.message();
   strideattn::ForwardArgs right = args_on(dev, strideattn::Memory::device);
   right.backend = Backend::cuda;
   const strideattn::Status ok = strideattn::forward(right);

@@ -22,11 +22,9 @@ void check_every_step() {
         // (gemm_sn) from 64 or 72 within that 64-column half, or (the single pass's dQ
         // GEMM: dS^T's query halves, K's head-dim quarters) within a 32-column group
         const bool used = col < 16 || (col % 128 < 16 && col % 128 + 16 * k < 128) ||
-                          (col % 64 < 16 && col % 64 + 16 * k < 64) ||
-                          (col % 32 < 16 && col % 32 + 16 * k < 32);
+                          (col % 64 < 16 && col % 64 + 16 * k < 64) || (col % 32 < 16 && col % 32 + 16 * k < 32);
         if (!used) continue;
-        ASSERT_EQ(Swizzle<COLS>::step(Swizzle<COLS>::offset(row, col), k),
-                  Swizzle<COLS>::offset(row, col + 16 * k))
+        ASSERT_EQ(Swizzle<COLS>::step(Swizzle<COLS>::offset(row, col), k), Swizzle<COLS>::offset(row, col + 16 * k))
             << "COLS " << COLS << " row " << row << " col " << col << " k " << k;
         ++checked;
       }

@@ -27,13 +27,13 @@ struct Fixture {
   DType dtype = DType::bf16;
   MaskKind mask = MaskKind::none;
   Window window{};
-  std::int64_t q_row_pad = 0;   // extra elements per q row (changes strides)
-  std::int64_t q_offset = 0;    // element offset of q's data pointer
+  std::int64_t q_row_pad = 0;  // extra elements per q row (changes strides)
+  std::int64_t q_offset = 0;   // element offset of q's data pointer
   Varlen varlen{};
   std::vector<std::unique_ptr<void, FreeDeleter>> keep;
 
-  TensorView view(std::int64_t bb, std::int64_t s, std::int64_t heads, std::int64_t d,
-                  std::int64_t pad = 0, std::int64_t offset = 0) {
+  TensorView view(std::int64_t bb, std::int64_t s, std::int64_t heads, std::int64_t d, std::int64_t pad = 0,
+                  std::int64_t offset = 0) {
     const std::int64_t es = std::int64_t(size_of(dtype));
     const std::int64_t row = d + pad;
     const std::size_t bytes = std::size_t(((bb * s * heads * row + offset) * es + 255) / 256 * 256 + 256);
@@ -331,8 +331,8 @@ TEST(CudnnBand, BandEqualsOurMaskOnEveryElement) {
     for (std::int64_t i = 0; i < f.sq; ++i)
       for (std::int64_t j = 0; j < f.skv; ++j)
         ASSERT_EQ(cudnn_keeps(*band, f.sq, f.skv, i, j), m.visible(i, j))
-            << "s_q " << f.sq << " s_kv " << f.skv << " mask " << int(f.mask) << " window "
-            << f.window.left << "," << f.window.right << " at i " << i << " j " << j;
+            << "s_q " << f.sq << " s_kv " << f.skv << " mask " << int(f.mask) << " window " << f.window.left << ","
+            << f.window.right << " at i " << i << " j " << j;
     ++checked;
   }
   EXPECT_GT(checked, 300);

@@ -16,9 +16,9 @@ struct CaseSpec {
   DType dtype = DType::f32;
   std::int64_t b = 1, sq = 4, skv = 4, h = 1, hg = 1, dqk = 8, dv = 8;
   strideattn::AttentionOptions options{};
-  strideattn::Varlen varlen{};   // when enabled: b = 1 and sq/skv are token counts
-  Order order = Order::bshd;     // memory order of every tensor
-  std::int64_t pad = 0;          // row padding (elements) of every tensor
+  strideattn::Varlen varlen{};  // when enabled: b = 1 and sq/skv are token counts
+  Order order = Order::bshd;    // memory order of every tensor
+  std::int64_t pad = 0;         // row padding (elements) of every tensor
 };
 
 struct Case {
@@ -63,9 +63,7 @@ struct Case {
     a.backend = strideattn::Backend::reference;
     return a;
   }
-  [[nodiscard]] strideattn::ForwardArgs forward_args() const {
-    return shared_args<strideattn::ForwardArgs>();
-  }
+  [[nodiscard]] strideattn::ForwardArgs forward_args() const { return shared_args<strideattn::ForwardArgs>(); }
   [[nodiscard]] strideattn::BackwardArgs backward_args() const {
     auto a = shared_args<strideattn::BackwardArgs>();
     a.d_o = d_o.view;
@@ -99,9 +97,7 @@ struct Case {
   [[nodiscard]] double lse_at(std::int64_t b, std::int64_t h, std::int64_t s) const {
     return lse.data[std::size_t((b * spec.h + h) * spec.sq + s)];
   }
-  [[nodiscard]] double scale() const {
-    return spec.options.scale.value_or(1.0 / std::sqrt(double(spec.dqk)));
-  }
+  [[nodiscard]] double scale() const { return spec.options.scale.value_or(1.0 / std::sqrt(double(spec.dqk))); }
 };
 
 }  // namespace reftest

@@ -35,13 +35,10 @@ struct Tensor {
   std::int64_t guard = 0;
   TensorView view{};
 
-  [[nodiscard]] std::int64_t offset(std::int64_t b, std::int64_t s, std::int64_t h,
-                                    std::int64_t d) const {
+  [[nodiscard]] std::int64_t offset(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const {
     return b * view.stride[0] + s * view.stride[1] + h * view.stride[2] + d * view.stride[3];
   }
-  [[nodiscard]] double raw(std::int64_t i) const {
-    return strideattn::detail::load_as_float(bytes.data(), dtype, i);
-  }
+  [[nodiscard]] double raw(std::int64_t i) const { return strideattn::detail::load_as_float(bytes.data(), dtype, i); }
   [[nodiscard]] double get(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const {
     return raw(guard + offset(b, s, h, d));
   }
@@ -71,9 +68,21 @@ inline Tensor make_tensor(DType dtype, Dims4 shape, Order order = Order::bshd, s
   Dims4 st{};
   st[3] = 1;
   switch (order) {
-    case Order::bshd: st[2] = row; st[1] = H * row; st[0] = S * H * row; break;
-    case Order::sbhd: st[2] = row; st[0] = H * row; st[1] = B * H * row; break;
-    case Order::bhsd: st[1] = row; st[2] = S * row; st[0] = H * S * row; break;
+    case Order::bshd:
+      st[2] = row;
+      st[1] = H * row;
+      st[0] = S * H * row;
+      break;
+    case Order::sbhd:
+      st[2] = row;
+      st[0] = H * row;
+      st[1] = B * H * row;
+      break;
+    case Order::bhsd:
+      st[1] = row;
+      st[2] = S * row;
+      st[0] = H * S * row;
+      break;
   }
   t.elements = B * S * H * row + 2 * guard;
   t.bytes.assign(std::size_t(t.elements) * strideattn::size_of(dtype), 0);
@@ -146,8 +155,8 @@ inline LseBuffer make_lse(std::int64_t b, std::int64_t h, std::int64_t s) {
 //   causal bottom-right  j <= i + s_kv - s_q
 //   window left  (>= 0)  j >= i + s_kv - s_q - left
 //   window right (>= 0)  j <= i + s_kv - s_q + right
-inline bool doc_visible(std::int64_t i, std::int64_t j, std::int64_t sq, std::int64_t skv,
-                        strideattn::MaskKind mask, std::int64_t left, std::int64_t right) {
+inline bool doc_visible(std::int64_t i, std::int64_t j, std::int64_t sq, std::int64_t skv, strideattn::MaskKind mask,
+                        std::int64_t left, std::int64_t right) {
   const std::int64_t diag = i + skv - sq;
   if (mask == strideattn::MaskKind::causal && j > i) return false;
   if (mask == strideattn::MaskKind::causal_bottom_right && j > diag) return false;
@@ -162,11 +171,9 @@ struct Brute {
   std::vector<std::vector<double>> o, dq, dk, dv;
   std::vector<double> lse;
 };
-inline Brute brute_force(const std::vector<std::vector<double>>& q,
-                         const std::vector<std::vector<double>>& k,
-                         const std::vector<std::vector<double>>& v,
-                         const std::vector<std::vector<double>>& d_o, double scale,
-                         strideattn::MaskKind mask, std::int64_t left, std::int64_t right) {
+inline Brute brute_force(const std::vector<std::vector<double>>& q, const std::vector<std::vector<double>>& k,
+                         const std::vector<std::vector<double>>& v, const std::vector<std::vector<double>>& d_o,
+                         double scale, strideattn::MaskKind mask, std::int64_t left, std::int64_t right) {
   const std::int64_t sq = std::int64_t(q.size()), skv = std::int64_t(k.size());
   const std::size_t dqk = q.empty() ? (k.empty() ? 0 : k[0].size()) : q[0].size();
   const std::size_t dvn = v.empty() ? (d_o.empty() ? 0 : d_o[0].size()) : v[0].size();
@@ -214,8 +221,8 @@ inline Brute brute_force(const std::vector<std::vector<double>>& q,
 }
 
 // Rows [s][d] of (batch b, head h) of a tensor, tokens [t0, t0 + n).
-inline std::vector<std::vector<double>> rows_of(const Tensor& t, std::int64_t b, std::int64_t h,
-                                                std::int64_t t0, std::int64_t n) {
+inline std::vector<std::vector<double>> rows_of(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t t0,
+                                                std::int64_t n) {
   std::vector<std::vector<double>> r(std::size_t(n), std::vector<double>(std::size_t(t.view.shape[3])));
   for (std::int64_t s = 0; s < n; ++s)
     for (std::int64_t d = 0; d < t.view.shape[3]; ++d) r[s][d] = t.get(b, t0 + s, h, d);

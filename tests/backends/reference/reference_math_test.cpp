@@ -13,9 +13,9 @@ namespace reftest {
 namespace {
 
 using strideattn::MaskKind;
+using strideattn::detail::reference_compute;
 using strideattn::detail::ReferenceOutputs;
 using strideattn::detail::RefPrecision;
-using strideattn::detail::reference_compute;
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -129,8 +129,10 @@ TEST(ReferenceVarlen, EqualsPerSequenceDenseAndWritesPadding) {
         for (std::int64_t t = 0; t < lq[n]; ++t) {
           const double want_lse = r.lse[std::size_t(h * lq[n] + t)];
           const double got_lse = c.lse_at(0, h, oq[n] + t);
-          if (std::isinf(want_lse)) EXPECT_EQ(got_lse, want_lse);
-          else EXPECT_NEAR(got_lse, want_lse, 1e-5);
+          if (std::isinf(want_lse))
+            EXPECT_EQ(got_lse, want_lse);
+          else
+            EXPECT_NEAR(got_lse, want_lse, 1e-5);
           for (std::int64_t d = 0; d < s.dv; ++d) {
             EXPECT_NEAR(c.o.get(0, oq[n] + t, h, d), r.o[std::size_t((t * s.h + h) * s.dv + d)], 1e-6);
             EXPECT_NEAR(c.dq.get(0, oq[n] + t, h, d), r.dq[std::size_t((t * s.h + h) * s.dqk + d)], 1e-5);

@@ -16,9 +16,9 @@ namespace reftest {
 namespace {
 
 using strideattn::MaskKind;
+using strideattn::detail::reference_compute;
 using strideattn::detail::ReferenceOutputs;
 using strideattn::detail::RefPrecision;
-using strideattn::detail::reference_compute;
 namespace harness = strideattn::harness;
 
 CaseSpec random_spec(std::mt19937_64& rng) {
@@ -62,12 +62,11 @@ CaseSpec random_spec(std::mt19937_64& rng) {
 }
 
 std::string describe(const CaseSpec& s) {
-  std::string d = std::string(strideattn::to_string(s.dtype)) + " b" + std::to_string(s.b) +
-                  " sq" + std::to_string(s.sq) + " skv" + std::to_string(s.skv) + " h" +
-                  std::to_string(s.h) + "/" + std::to_string(s.hg) + " d" + std::to_string(s.dqk) +
-                  "/" + std::to_string(s.dv) + " " + std::string(strideattn::to_string(s.options.mask)) +
-                  " window(" + std::to_string(s.options.window.left) + "," +
-                  std::to_string(s.options.window.right) + ")";
+  std::string d = std::string(strideattn::to_string(s.dtype)) + " b" + std::to_string(s.b) + " sq" +
+                  std::to_string(s.sq) + " skv" + std::to_string(s.skv) + " h" + std::to_string(s.h) + "/" +
+                  std::to_string(s.hg) + " d" + std::to_string(s.dqk) + "/" + std::to_string(s.dv) + " " +
+                  std::string(strideattn::to_string(s.options.mask)) + " window(" +
+                  std::to_string(s.options.window.left) + "," + std::to_string(s.options.window.right) + ")";
   if (s.varlen.enabled()) d += " varlen x" + std::to_string(s.varlen.seqlens_q.size());
   return d;
 }
@@ -104,11 +103,10 @@ void check_case(const CaseSpec& spec, std::uint64_t seed) {
   for (const Item& it : items) {
     const harness::ErrorStats naive_err = harness::compare(*it.naive, *it.exact);
     EXPECT_EQ(naive_err.non_finite, 0) << it.name << ": the naive model disagrees on -inf/NaN";
-    const harness::TensorCheck check = harness::check_tensor(
-        it.name, it.is_lse ? DType::f32 : spec.dtype, it.got, *it.naive, *it.exact);
-    EXPECT_TRUE(check.pass()) << it.name << ": err " << check.err.max_abs_err << " tol " << check.tol
-                              << " non-finite " << check.err.non_finite << " worst index "
-                              << check.err.worst_index;
+    const harness::TensorCheck check =
+        harness::check_tensor(it.name, it.is_lse ? DType::f32 : spec.dtype, it.got, *it.naive, *it.exact);
+    EXPECT_TRUE(check.pass()) << it.name << ": err " << check.err.max_abs_err << " tol " << check.tol << " non-finite "
+                              << check.err.non_finite << " worst index " << check.err.worst_index;
   }
 }
 

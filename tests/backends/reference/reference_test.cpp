@@ -67,8 +67,7 @@ TEST(ReferenceHand, TwoByThreeByHand) {
   };
   const Expect cases[] = {
       {MaskKind::none, 2.5752103826044412, 2.40760596444438, 2.850937092220868, 4.142931628499899},
-      {MaskKind::causal_bottom_right, 1.7310585786300048, 1.3132616875182228, 2.850937092220868,
-       4.142931628499899},
+      {MaskKind::causal_bottom_right, 1.7310585786300048, 1.3132616875182228, 2.850937092220868, 4.142931628499899},
       {MaskKind::causal, 1.0, 0.0, 1.8807970779778824, 2.1269280110429727},
   };
   for (const Expect& e : cases) {
@@ -115,9 +114,9 @@ void check_against_brute(const MaskCase& m, DType dtype, std::uint64_t seed) {
     std::vector<std::vector<double>> dk(std::size_t(s.skv), std::vector<double>(s.dqk, 0.0));
     std::vector<std::vector<double>> dv(std::size_t(s.skv), std::vector<double>(s.dv, 0.0));
     for (std::int64_t h = 0; h < s.h; ++h) {
-      const Brute r = brute_force(rows_of(c.q, b, h, 0, s.sq), rows_of(c.k, b, 0, 0, s.skv),
-                                  rows_of(c.v, b, 0, 0, s.skv), rows_of(c.d_o, b, h, 0, s.sq),
-                                  c.scale(), m.mask, m.left, m.right);
+      const Brute r =
+          brute_force(rows_of(c.q, b, h, 0, s.sq), rows_of(c.k, b, 0, 0, s.skv), rows_of(c.v, b, 0, 0, s.skv),
+                      rows_of(c.d_o, b, h, 0, s.sq), c.scale(), m.mask, m.left, m.right);
       for (std::int64_t i = 0; i < s.sq; ++i) {
         if (std::isinf(r.lse[i])) {
           EXPECT_TRUE(std::isinf(c.lse_at(b, h, i)) && c.lse_at(b, h, i) < 0) << "row " << i;
@@ -148,15 +147,15 @@ void check_against_brute(const MaskCase& m, DType dtype, std::uint64_t seed) {
 }
 
 TEST(ReferenceMask, EveryMaskAndWindowAgainstDocFormula) {
-  const std::pair<std::int64_t, std::int64_t> windows[] = {
-      {-1, -1}, {0, 0}, {2, 0}, {0, 3}, {1, -1}, {-1, 1}, {3, 1}, {-1, 0}, {5, 2}};
+  const std::pair<std::int64_t, std::int64_t> windows[] = {{-1, -1}, {0, 0}, {2, 0},  {0, 3}, {1, -1},
+                                                           {-1, 1},  {3, 1}, {-1, 0}, {5, 2}};
   const std::pair<std::int64_t, std::int64_t> sizes[] = {{5, 5}, {3, 7}, {7, 3}, {1, 4}, {4, 1}, {1, 1}};
   std::uint64_t seed = 100;
   for (MaskKind mask : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right})
     for (auto [left, right] : windows)
       for (auto [sq, skv] : sizes) {
-        SCOPED_TRACE(testing::Message() << "mask " << strideattn::to_string(mask) << " window ("
-                                        << left << "," << right << ") s_q " << sq << " s_kv " << skv);
+        SCOPED_TRACE(testing::Message() << "mask " << strideattn::to_string(mask) << " window (" << left << "," << right
+                                        << ") s_q " << sq << " s_kv " << skv);
         check_against_brute({mask, left, right, sq, skv}, DType::f32, ++seed);
         if (HasFatalFailure()) return;
       }

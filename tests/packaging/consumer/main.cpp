@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "explain") {
     const Explanation e = explain(args);
     for (const Verdict& v : e.verdicts)
-      std::printf("%s: %s: %s\n", std::string(to_string(v.backend)).c_str(),
-                  v.supported ? "supported" : v.rule.c_str(), v.reason.c_str());
+      std::printf("%s: %s: %s\n", std::string(to_string(v.backend)).c_str(), v.supported ? "supported" : v.rule.c_str(),
+                  v.reason.c_str());
   }
   if (Status st = forward(args); !st.ok()) {
     std::fprintf(stderr, "forward failed: %s\n", st.message().c_str());
