@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from ._core import attention
-from ._util import describe, framework, int64, int_list
+from ._util import cu_seqlens_lengths, describe, framework, int64
 
 
 def _bhsd_to_bshd(x: Any, name: str) -> Any:
@@ -150,26 +150,6 @@ def flash_attn_func(
     )
 
 
-def _lengths(cu: Any, name: str) -> Tuple[list, list]:
-    """(lengths, offsets) of a cumulative cu_seqlens array of length batch + 1."""
-    if cu is None:
-        raise ValueError(f"{name} is required (cumulative sequence lengths, length batch + 1)")
-    values = int_list(cu, name)
-    if len(values) < 2:
-        raise ValueError(
-            f"{name} has {len(values)} entries; supported: batch + 1 >= 2 "
-            "cumulative sequence lengths starting at the first token"
-        )
-    for i in range(1, len(values)):
-        if values[i] < values[i - 1]:
-            raise ValueError(
-                f"{name} decreases at index {i} ({values[i - 1]} -> {values[i]}); "
-                "cumulative sequence lengths never decrease"
-            )
-    lengths = [b - a for a, b in zip(values, values[1:])]
-    return lengths, values[:-1]
-
-
 def _check_max(max_seqlen: Any, lengths: list, name: str) -> None:
     # FlashAttention sizes its grid from max_seqlen: a smaller value than the longest
     # sequence leaves that sequence's rows unprocessed there; refuse it instead.
@@ -211,8 +191,8 @@ def flash_attn_varlen_func(
     _flash_unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs)
     if block_table is not None:
         raise _no("block_table", block_table, "None (no paged KV cache)")
-    lens_q, offs_q = _lengths(cu_seqlens_q, "cu_seqlens_q")
-    lens_k, offs_k = _lengths(cu_seqlens_k, "cu_seqlens_k")
+    lens_q, offs_q = cu_seqlens_lengths(cu_seqlens_q, "cu_seqlens_q")
+    lens_k, offs_k = cu_seqlens_lengths(cu_seqlens_k, "cu_seqlens_k")
     if len(lens_q) != len(lens_k):
         raise ValueError(
             f"cu_seqlens_q has {len(lens_q) + 1} entries but cu_seqlens_k has "

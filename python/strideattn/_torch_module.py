@@ -21,7 +21,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._torch_ops import attention
-from ._util import MASK_ALIASES, MASKS, canonical_mask, describe, int64, int_list, window_pair
+from ._util import (
+    MASK_ALIASES,
+    MASKS,
+    canonical_mask,
+    cu_seqlens_lengths,
+    describe,
+    int64,
+    int_list,
+    window_pair,
+)
 
 _FORMATS = ("sbhd", "bshd", "thd")
 _TE_MASK_TYPES = (
@@ -110,16 +119,6 @@ def _mask_lengths(m: Any, s: int, name: str) -> List[int]:
             "supported: right padding (True only after the last token)"
         )
     return [int(x) for x in lens.tolist()]
-
-
-def _cu_lengths(cu: Any, name: str) -> Tuple[List[int], List[int]]:
-    values = int_list(cu, name)
-    if len(values) < 2:
-        raise ValueError(f"{name} has {len(values)} entries; supported: batch + 1 >= 2")
-    for i in range(1, len(values)):
-        if values[i] < values[i - 1]:
-            raise ValueError(f"{name} decreases at index {i} ({values[i - 1]} -> {values[i]})")
-    return [b - a for a, b in zip(values, values[1:])], values[:-1]
 
 
 def _unpack(qkv_layer, kv_layer, q, k, v, fmt: str, dim: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -487,8 +486,8 @@ class DotProductAttention(torch.nn.Module):
     ) -> Tensor:
         if cu_q is None or cu_kv is None:
             raise ValueError("qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv")
-        lens_q, offs_q = _cu_lengths(cu_q, "cu_seqlens_q")
-        lens_kv, offs_kv = _cu_lengths(cu_kv, "cu_seqlens_kv")
+        lens_q, offs_q = cu_seqlens_lengths(cu_q, "cu_seqlens_q")
+        lens_kv, offs_kv = cu_seqlens_lengths(cu_kv, "cu_seqlens_kv")
         if len(lens_q) != len(lens_kv):
             raise ValueError(
                 f"cu_seqlens_q has {len(lens_q) + 1} entries, cu_seqlens_kv "
@@ -500,9 +499,9 @@ class DotProductAttention(torch.nn.Module):
                 "cu_seqlens_kv_padded (where each sequence starts)"
             )
         if pad_q is not None:
-            offs_q = _cu_lengths(pad_q, "cu_seqlens_q_padded")[1]
+            offs_q = cu_seqlens_lengths(pad_q, "cu_seqlens_q_padded")[1]
         if pad_kv is not None:
-            offs_kv = _cu_lengths(pad_kv, "cu_seqlens_kv_padded")[1]
+            offs_kv = cu_seqlens_lengths(pad_kv, "cu_seqlens_kv_padded")[1]
         for name, m, lens in (("max_seqlen_q", max_q, lens_q), ("max_seqlen_kv", max_kv, lens_kv)):
             if m is not None and lens and int64(m, name) < max(lens):
                 raise ValueError(f"{name} is {m} but the longest sequence has {max(lens)} tokens")
@@ -537,8 +536,8 @@ class DotProductAttention(torch.nn.Module):
             if cu_q is None or cu_kv is None:
                 raise ValueError("padding needs both cu_seqlens_q and cu_seqlens_kv")
             lens_q, lens_kv = (
-                _cu_lengths(cu_q, "cu_seqlens_q")[0],
-                _cu_lengths(cu_kv, "cu_seqlens_kv")[0],
+                cu_seqlens_lengths(cu_q, "cu_seqlens_q")[0],
+                cu_seqlens_lengths(cu_kv, "cu_seqlens_kv")[0],
             )
         elif attention_mask is not None:
             if isinstance(attention_mask, (tuple, list)):

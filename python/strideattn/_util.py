@@ -210,3 +210,24 @@ def dim_order(shape: Sequence[int], strides: Optional[Sequence[int]]) -> List[in
         key=lambda i: (0 if shape[i] == 1 or strides[i] == 0 else 1, -abs(strides[i]), i),
     )
     return outer + [n - 1]
+
+
+def cu_seqlens_lengths(cu: Any, name: str) -> Tuple[List[int], List[int]]:
+    """(lengths, offsets) of a cumulative cu_seqlens array of length batch + 1 (FlashAttention's
+    and TransformerEngine's form), refusing fewer than 2 entries and decreasing values."""
+    if cu is None:
+        raise ValueError(f"{name} is required (cumulative sequence lengths, length batch + 1)")
+    values = int_list(cu, name)
+    if len(values) < 2:
+        raise ValueError(
+            f"{name} has {len(values)} entries; supported: batch + 1 >= 2 "
+            "cumulative sequence lengths starting at the first token"
+        )
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(
+                f"{name} decreases at index {i} ({values[i - 1]} -> {values[i]}); "
+                "cumulative sequence lengths never decrease"
+            )
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    return lengths, values[:-1]
