@@ -9,7 +9,9 @@
 // of the forward (bench_cpu); one per 4 tiles is within the run-to-run noise.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -25,13 +27,27 @@ inline constexpr int kTilesPerPartial = 4;
 // A binary counter of partials, each `n` floats. Level k holds the merge of 2^k consecutive
 // partials. merge(older, newer) combines two partials into `newer`; it is always called with
 // the earlier partial first, so the result is deterministic.
+//
+// Per tile: if starts_partial(), initialise next(); add the tile's contribution to next();
+// then end_tile(merge), which pushes the partial every kTilesPerPartial tiles. finish()
+// pushes a partly filled last one.
 class PartialStack {
  public:
   // Starts a new reduction of partials of n floats (buffers are kept across reductions).
   void reset(std::size_t n) {
     n_ = n;
     count_ = 0;
+    tiles_ = 0;
     if (cur_.size() < n) cur_.resize(n);
+  }
+
+  // Whether the next tile begins a new partial (next() holds stale values to overwrite).
+  [[nodiscard]] bool starts_partial() const { return tiles_ == 0; }
+
+  // One tile's contribution is in next(): push the partial once it holds kTilesPerPartial.
+  template <class Merge>
+  void end_tile(Merge&& merge) {
+    if (++tiles_ == kTilesPerPartial) push(merge);
   }
 
   // The buffer the next partial is to be written into (n floats, contents unspecified).
@@ -46,12 +62,14 @@ class PartialStack {
     std::swap(levels_[static_cast<std::size_t>(k)], cur_);
     if (cur_.size() < n_) cur_.resize(n_);
     ++count_;
+    tiles_ = 0;
   }
 
-  // Merges every partial pushed since reset() into one and returns it (nullptr when none
-  // was pushed). The stack must be reset() before the next push.
+  // Merges every partial since reset() (a partly filled last one included) into one and
+  // returns it (nullptr when there was none). The stack must be reset() before reuse.
   template <class Merge>
   [[nodiscard]] const float* finish(Merge&& merge) {
+    if (tiles_ > 0) push(merge);
     float* result = nullptr;
     for (int k = 0; (count_ >> k) != 0; ++k) {
       if (!((count_ >> k) & 1u)) continue;
@@ -64,6 +82,14 @@ class PartialStack {
     return result;
   }
 
+  // finish(), or n zeros when there was no partial (no tile reached these rows or keys).
+  template <class Merge>
+  [[nodiscard]] const float* finish_or_zeros(Merge&& merge) {
+    if (const float* r = finish(merge)) return r;
+    std::fill(cur_.begin(), cur_.begin() + static_cast<std::ptrdiff_t>(n_), 0.f);
+    return cur_.data();
+  }
+
  private:
   float* level(int k) {
     if (levels_.size() <= static_cast<std::size_t>(k)) levels_.resize(static_cast<std::size_t>(k) + 1);
@@ -74,6 +100,7 @@ class PartialStack {
 
   std::size_t n_ = 0;
   std::uint64_t count_ = 0;
+  int tiles_ = 0;  // tiles in the partial being filled (next())
   std::vector<float> cur_;
   std::vector<std::vector<float>> levels_;
 };

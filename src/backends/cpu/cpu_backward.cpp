@@ -184,7 +184,6 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
   w.partials.reset(static_cast<std::size_t>(size));
   const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, false, w);
   const kernel::TileRange queries = kernel::query_range_for_keys(vw.mask, c0, it.r1);
-  int tiles_in_block = 0;
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (std::int64_t r0 = queries.begin; r0 < queries.end; r0 += kBlockRows) {
       if (cancel && cancel->load(std::memory_order_relaxed)) return false;
@@ -193,7 +192,7 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w);
       float* dk = w.partials.next();
       float* dv = dk + dk_size;
-      if (tiles_in_block == 0) std::fill_n(dk, size, 0.f);
+      if (w.partials.starts_partial()) std::fill_n(dk, size, 0.f);
       if (full || (all_finite(ro.d_o, rows * w.dv) && all_finite(ro.q, rows * w.dq))) {
         // dV += P^T dO ; dK += dS^T Q (scaled when stored)   (A(j, i) = P[i][j]: row step 1, column step
         // kBlockKeys)
@@ -210,18 +209,10 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
           gemm_acc(1, w.dq, i1 - i0, w.ds.data() + off, 1, kBlockKeys, ro.q + i0 * w.dq, w.dq, dk + j * w.dq, w.dq);
         }
       }
-      if (++tiles_in_block == kTilesPerPartial) {
-        w.partials.push(merge);
-        tiles_in_block = 0;
-      }
+      w.partials.end_tile(merge);
     }
   }
-  if (tiles_in_block > 0) w.partials.push(merge);
-  const float* total = w.partials.finish(merge);
-  if (total == nullptr) {  // no query sees these keys
-    std::fill_n(w.partials.next(), size, 0.f);
-    total = w.partials.next();
-  }
+  const float* total = w.partials.finish_or_zeros(merge);  // zeros: no query sees these keys
   for (std::int64_t j = 0; j < nc; ++j) {
     store_row(a.dk, dt, kernel::row_offset(vw.dk, a.dk_st, c0 + j, kvh), a.dk_st.d, w.dq, total + j * w.dq, a.scale);
     store_row(a.dv, dt, kernel::row_offset(vw.dv, a.dv_st, c0 + j, kvh), a.dv_st.d, w.dv, total + dk_size + j * w.dv);
@@ -243,14 +234,13 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
   const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
   // Key tiles start at multiples of kBlockKeys (the pack's layout).
   const kernel::TileRange keys = kernel::key_range_for_rows(vw.mask, r0, it.r1);
-  int tiles_in_block = 0;
   for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
     if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
     const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, true, w);
     const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w);
     float* dq = w.partials.next();
-    if (tiles_in_block == 0) std::fill_n(dq, size, 0.f);
+    if (w.partials.starts_partial()) std::fill_n(dq, size, 0.f);
     if (full || all_finite(ko.k, nc * w.dq)) {
       gemm_acc(rows, w.dq, nc, w.ds.data(), kBlockKeys, 1, ko.k, w.dq, dq, w.dq);  // dQ += dS K
     } else {
@@ -259,17 +249,9 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
         gemm_acc(1, w.dq, w.j1[r] - w.j0[r], w.ds.data() + r * kBlockKeys + w.j0[r], kBlockKeys, 1,
                  ko.k + w.j0[r] * w.dq, w.dq, dq + r * w.dq, w.dq);
     }
-    if (++tiles_in_block == kTilesPerPartial) {
-      w.partials.push(merge);
-      tiles_in_block = 0;
-    }
+    w.partials.end_tile(merge);
   }
-  if (tiles_in_block > 0) w.partials.push(merge);
-  const float* total = w.partials.finish(merge);
-  if (total == nullptr) {  // these rows see no key
-    std::fill_n(w.partials.next(), size, 0.f);
-    total = w.partials.next();
-  }
+  const float* total = w.partials.finish_or_zeros(merge);  // zeros: these rows see no key
   for (std::int64_t r = 0; r < rows; ++r)
     store_row(a.dq, dt, kernel::row_offset(vw.dq, a.dq_st, r0 + r, h), a.dq_st.d, w.dq, total + r * w.dq, a.scale);
   return true;

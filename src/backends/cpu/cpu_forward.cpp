@@ -93,7 +93,6 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
   // Key tiles start at multiples of kBlockKeys (the pack's layout); keys before
   // keys.begin are invisible to every row and are masked like any other.
   const kernel::TileRange keys = kernel::key_range_for_rows(mask, it.r0, it.r1);
-  int tiles_in_block = 0;
   for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
     if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t c1 = kernel::min64(c0 + kBlockKeys, keys.end), nc = c1 - c0;
@@ -110,7 +109,7 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     float* tm = w.partials.next();
     float* tl = tm + rows;
     float* to = tm + 2 * rows;
-    if (tiles_in_block == 0) {
+    if (w.partials.starts_partial()) {
       std::fill_n(tm, rows, kNegInf);
       std::fill_n(tl, rows, 0.f);
       std::fill_n(to, rows * dv, 0.f);
@@ -148,12 +147,8 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
         gemm_acc(1, dv, w.j1[r] - w.j0[r], s + r * kBlockKeys + w.j0[r], kBlockKeys, 1, kv.v + w.j0[r] * dv, dv,
                  to + r * dv, dv);
     }
-    if (++tiles_in_block == kTilesPerPartial) {
-      w.partials.push(merge);
-      tiles_in_block = 0;
-    }
+    w.partials.end_tile(merge);
   }
-  if (tiles_in_block > 0) w.partials.push(merge);
   const float* total = w.partials.finish(merge);
 
   for (std::int64_t r = 0; r < rows; ++r) {
