@@ -125,6 +125,26 @@ TEST(CliInvalid, StrideZeroOverHugeKeyCountIsRefusedForItsWork) {
 
 TEST(CliInvalid, NegativeSize) { expect_invalid("check --heads -3 --backends cpu", "negative"); }
 TEST(CliInvalid, UnknownBackend) { expect_invalid("check --backends cpu,tpu", "tpu"); }
+TEST(CliInvalid, InputScaleNotPositive) {
+  expect_invalid("check --preset small --input-scale -1 --backends cpu", "--input-scale");
+}
+TEST(CliInvalid, PlantInputValue) {
+  expect_invalid("check --preset small --plant-input q:3:zero --backends cpu", "--plant-input");
+}
+TEST(CliInvalid, PlantInputDoWithoutGrad) {
+  expect_invalid("check --preset small --plant-input do:0:nan --backends cpu", "do");
+}
+
+// A planted NaN key and scaled-up inputs, through the whole check on odd (packed split)
+// views: cpu must propagate the NaN where the fp64 definition does (exit 0), and the report
+// says the case is the reproducer's.
+TEST(Cli, CheckWithPlantedNanAndLargeInputsAgrees) {
+  const Result r = run_cli(
+      "check --dtype f32 --batch 2 --seqlen-q 70 --seqlen-kv 70 --heads 4 --kv-heads 2 --head-dim 16 "
+      "--layout 'sb(h+2hg)d' --mask causal_bottom_right --grad --seed 5 --input-scale 30 "
+      "--plant-input k:100:nan,v:7:inf --backends cpu,reference");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+}
 TEST(CliInvalid, UnknownLayout) { expect_invalid("check --layout abcd", "abcd"); }
 // An empty --layout silently fell back to the default layout, and --scale took hex
 // ("0x10" ran with scale 16); both are now exit 2.

@@ -110,7 +110,8 @@ TEST(CudaBackend, GroupSplitsOfTheDkDvPass) {
 // Rows that see more than kFoldKeys keys fold their fp32 accumulator into a global slot
 // (outer_accumulator.cuh): random inputs over 20,000 keys in every head-dim bucket and dtype,
 // GQA, masks whose rows see from a few keys to all of them, a window that keeps every row
-// short, and varlen with one long and one short sequence, against the fp64 reference.
+// short, varlen with one long and one short sequence, and split views of a fused buffer,
+// against the fp64 reference.
 TEST(CudaBackend, LongKeyRangesFoldTheirAccumulator) {
   SKIP_WITHOUT_GPU();
   for (std::int64_t d : {64, 128, 256}) {
@@ -120,6 +121,8 @@ TEST(CudaBackend, LongKeyRangesFoldTheirAccumulator) {
   }
   expect_cuda_ok(dense(DType::bf16, 1, 40, 20000, 2, 1, 128, 128, MaskKind::none, 9000, 0, false));
   expect_cuda_ok(varlen(DType::bf16, {30, 50}, {12000, 300}, {}, {}, MaskKind::causal_bottom_right));
+  // split views of one fused sb(h+2hg)d buffer (the seed layout); causal rows past 8192 fold
+  expect_cuda_ok(dense(DType::f16, 1, 9000, 9000, 2, 1, 64, 64, MaskKind::causal, -1, -1, false, "sb(h+2hg)d"));
 }
 
 TEST(CudaBackend, DifferentQkAndVHeadDims) {
