@@ -22,10 +22,13 @@ when the function is traced (and work on both platforms); given as JAX arrays th
 when the call runs, on the CPU platform (on the GPU that needs the library's device-side
 sequence lengths, which this build lacks: UnsupportedError).
 
-Errors the library finds when the call is traced (shapes, dtypes, options, no backend for
-the problem) raise ValueError, UnsupportedError or BackendError with its message; errors
-only the run can find (values of seqlens passed as JAX arrays) come from XLA as its runtime
-error, whose text carries "strideattn (<code>): <message>".
+The library checks each call when it is traced, for each platform: an error it finds
+there (shapes, dtypes, options, no backend for the problem) raises ValueError,
+UnsupportedError or BackendError with its message when every platform the call could run
+on refuses it (the platform of concrete inputs; under jit, every platform of the process).
+Errors only the run can find (the values of lengths passed as JAX arrays), and a refusal
+by one of several possible platforms, come from XLA as jax.errors.JaxRuntimeError, whose
+text carries "strideattn (<code>): <message>".
 
 The workspace a GPU backend needs is asked of the library at trace time and requested as
 an extra XLA result buffer, so nothing allocates device memory inside the handler (the host
@@ -275,9 +278,12 @@ def _platform_of(name: str) -> str:
     return "cuda" if name in ("gpu", "cuda") else name
 
 
-def _expected_platform(arrays: Sequence[Any]) -> str:
-    """Where the call will most likely run: the device of a concrete input, else JAX's
-    default backend. Only that platform's trace-time errors are raised at trace time."""
+_PLATFORMS = ("cpu", "cuda")
+
+
+def _input_platform(arrays: Sequence[Any]) -> Optional[str]:
+    """The platform of the first concrete input's device; None when every input is a tracer
+    (under jax.jit, where the platform is only fixed when the program is lowered)."""
     for x in arrays:
         try:
             devices = x.devices()  # a tracer has none (AttributeError or a JAX error)
@@ -285,40 +291,59 @@ def _expected_platform(arrays: Sequence[Any]) -> str:
             continue
         for d in devices:
             return _platform_of(d.platform)
-    return _platform_of(jax.default_backend())
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _available_platforms() -> Tuple[str, ...]:
+    """The platforms of this process that the call could run on, JAX's default first."""
+    found = []
+    for p in ("cpu", "gpu"):
+        try:
+            if jax.devices(p):
+                found.append(_platform_of(p))
+        except RuntimeError:
+            pass
+    default = _platform_of(jax.default_backend())
+    return tuple(sorted(found, key=lambda p: p != default))
 
 
 def _spec(x: Any) -> Tuple[str, List[int]]:
     return (np.dtype(x.dtype).name, [int(s) for s in x.shape])
 
 
-def _ffi(call: _Call, backward: bool, arrays, results, platform: str, expected: str):
-    """One FFI call for `platform`: the library validates it and sizes its workspace (an
-    extra uint8 result); the results without the workspace are returned."""
+def _run(call: _Call, backward: bool, arrays, results):
+    """The forward or backward FFI call, one branch per platform (jax.lax.platform_dependent:
+    the lowering keeps the platform's own). Each branch's problem is checked by the library
+    now and its workspace (an extra uint8 result) sized for that platform's memory; the
+    results are returned without the workspace.
+
+    Errors are raised here when every platform the call could run on refuses it: the
+    platform of concrete inputs, else (under jit) every platform of this process. A problem
+    that only some of them refuse is reported by that platform's handler if it runs there."""
     attrs = _attrs(call, backward, len(results) + 1)
     args = [_spec(x) for x in arrays]
     rets = [_spec(r) for r in results] + [("uint8", [0])]
-    code, msg, ws = _jax_ffi.query(backward, platform == "cuda", args, rets, _plain(attrs))
-    if code != "ok":
-        if platform == expected:
-            _raise(code, msg, call)
-        ws = 0  # another platform's branch: if it ever runs, its handler reports the error
-    results = list(results) + [jax.ShapeDtypeStruct((ws,), jnp.uint8)]
-    target = _BACKWARD if backward else _FORWARD
-    out = jax.ffi.ffi_call(target, results, vmap_method="sequential")(*arrays, **attrs)
-    return tuple(out[:-1])
-
-
-def _run(call: _Call, backward: bool, arrays, results):
-    expected = _expected_platform(arrays)
-    if expected not in ("cpu", "cuda"):
+    answers = {
+        p: _jax_ffi.query(backward, p == "cuda", args, rets, _plain(attrs)) for p in _PLATFORMS
+    }
+    where = _input_platform(arrays)
+    candidates = (where,) if where is not None else _available_platforms()
+    if any(p not in _PLATFORMS for p in candidates):
         raise UnsupportedError(
             f"strideattn.jax runs on JAX's cpu and cuda platforms; this call would run on "
-            f"'{expected}'"
+            f"'{candidates[0]}'"
         )
+    if all(answers[p][0] != "ok" for p in candidates):
+        code, msg, _ = answers[candidates[0]]
+        _raise(code, msg, call)
+    target = _BACKWARD if backward else _FORWARD
 
     def branch(platform):
-        return lambda *xs: _ffi(call, backward, xs, results, platform, expected)
+        code, _, ws = answers[platform]
+        shapes = list(results) + [jax.ShapeDtypeStruct((ws if code == "ok" else 0,), jnp.uint8)]
+        call_ffi = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")
+        return lambda *xs: tuple(call_ffi(*xs, **attrs)[:-1])
 
     return jax.lax.platform_dependent(*arrays, cpu=branch("cpu"), cuda=branch("cuda"))
 

@@ -230,7 +230,7 @@ def test_qkvpacked(rng, seed, axes, shape, num_kv_heads):
 def test_qkvpacked_compiles_without_copies():
     # q, k, v are views of the parameter and dqkv is the backward's own result: the compiled
     # program has the two custom calls and no slice, concatenate, transpose or copy.
-    qkv = jnp.zeros((6, 2, 8, 16), jnp.float16)
+    qkv = jax.device_put(jnp.zeros((6, 2, 8, 16), jnp.float16), CPU)
     fn = lambda x: jnp.sum(  # noqa: E731
         sj.attention_qkvpacked(x, axes="sbhd", num_kv_heads=2).astype(jnp.float32)
     )
@@ -336,7 +336,7 @@ def test_varlen_packed(rng, seed):
 
 
 def test_errors(rng):
-    x = jnp.zeros((2, 6, 4, 8), jnp.float32)
+    x = jax.device_put(jnp.zeros((2, 6, 4, 8), jnp.float32), CPU)  # eager: runs on the CPU
     cases = [
         (ValueError, "mask='bogus' is not a mask", lambda: sj.attention(x, x, x, mask="bogus")),
         (ValueError, "scale is -1", lambda: sj.attention(x, x, x, scale=-1.0)),
@@ -412,13 +412,13 @@ def test_errors(rng):
 def test_run_time_error_carries_the_message():
     # Lengths read at run time are validated when the call runs: XLA's error carries the
     # library's code and message.
-    x = jnp.zeros((10, 2, 8), jnp.float32)
-    fn = jax.jit(lambda a, b: sj.attention(x, x, x, seqlens_q=a, seqlens_kv=b))
-    bad = jnp.asarray([3, 9], jnp.int32)
+    x = jax.device_put(jnp.zeros((10, 2, 8), jnp.float32), CPU)
+    fn = jax.jit(lambda x, a, b: sj.attention(x, x, x, seqlens_q=a, seqlens_kv=b))
+    bad = jax.device_put(jnp.asarray([3, 9], jnp.int32), CPU)
     with pytest.raises(
         Exception, match=r"strideattn \(invalid_argument\): q: sequence 1 runs to token 12"
     ):
-        fn(bad, jnp.asarray([3, 3], jnp.int32)).block_until_ready()
+        fn(x, bad, jax.device_put(jnp.asarray([3, 3], jnp.int32), CPU)).block_until_ready()
 
 
 def query_forward(views, rets=(("float32", [2, 6, 4, 8]),), **extra):
@@ -519,4 +519,8 @@ def test_gpu_varlen(rng, seed):
     # Lengths as JAX arrays need the library's device-side sequence lengths on the GPU.
     arrays = {n: jax.device_put(jnp.asarray(x, jnp.int32), dev) for n, x in lengths.items()}
     with pytest.raises(sa.UnsupportedError, match="device-side sequence lengths"):
-        sj.attention(q, k, v, **arrays)
+        sj.attention(q, k, v, **arrays)  # eager: refused when traced
+    # Under jit the CPU platform could run it, so the GPU handler refuses it when it runs.
+    fn = jax.jit(lambda q, k, v, a, b: sj.attention(q, k, v, seqlens_q=a, seqlens_kv=b))
+    with pytest.raises(Exception, match=r"strideattn \(unsupported\): .*device-side sequence"):
+        fn(q, k, v, arrays["seqlens_q"], arrays["seqlens_kv"]).block_until_ready()
