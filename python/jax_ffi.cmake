@@ -18,11 +18,20 @@ elseif(STRIDEATTN_XLA_FFI_INCLUDE)
   set(_jax_include "${STRIDEATTN_XLA_FFI_INCLUDE}")
   set(_jax_from "STRIDEATTN_XLA_FFI_INCLUDE")
 else()
-  # jaxlib alone (not jax): its include directory and version, without importing jax.
-  execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c
-            "import os, jaxlib.version as v; print(os.path.join(os.path.dirname(v.__file__), 'include')); print(v.__version__)"
-    OUTPUT_VARIABLE _jax_out ERROR_QUIET RESULT_VARIABLE _jax_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  # jax.ffi.include_dir() where jax imports; else jaxlib's own include directory.
+  set(_jax_probe [=[
+import os
+import jaxlib.version as v
+try:
+    import jax.ffi
+    include = jax.ffi.include_dir()
+except Exception:
+    include = os.path.join(os.path.dirname(v.__file__), "include")
+print(include)
+print(v.__version__)
+]=])
+  execute_process(COMMAND "${Python_EXECUTABLE}" -c "${_jax_probe}"
+                  OUTPUT_VARIABLE _jax_out ERROR_QUIET RESULT_VARIABLE _jax_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(_jax_rc EQUAL 0)
     string(REPLACE "\n" ";" _jax_out "${_jax_out}")
     list(GET _jax_out 0 _jax_include)

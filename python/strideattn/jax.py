@@ -56,6 +56,11 @@ from ._util import (
     window_pair,
 )
 
+if not hasattr(getattr(jax, "ffi", None), "ffi_call"):
+    raise ImportError(
+        f"strideattn.jax needs a JAX with jax.ffi.ffi_call (JAX 0.5 or newer); this is jax "
+        f"{jax.__version__}"
+    )
 try:
     from . import _jax_ffi
 except ImportError as _e:  # built without jaxlib's XLA FFI headers
@@ -138,6 +143,11 @@ def _parse_axes(axes: Any, shape: Sequence[int], what: str, packed: str = "") ->
     return letters
 
 
+def _names(axes: Any, letter: str) -> bool:
+    """Whether axes (a string or a sequence of letters) has `letter`."""
+    return isinstance(axes, (str, list, tuple)) and letter in "".join(str(a) for a in axes)
+
+
 def _default_axes(rank: int, what: str, packed: str = "") -> str:
     # The default for each rank is written out as letters and parsed like any other.
     table = {5: "bs" + packed + "hd", 4: "t" + packed + "hd"} if packed else {4: "bshd", 3: "thd"}
@@ -156,9 +166,9 @@ def _extent(shape: Sequence[int], axes: str, letter: str) -> int:
     return int(shape[axes.index(letter)]) if letter in axes else 1
 
 
-def _desc(src: _Source, shape: Sequence[int], buf: Optional[int] = None) -> np.ndarray:
+def _desc(src: _Source, shape: Sequence[int]) -> np.ndarray:
     """The view attribute of strideattn._jax_ffi: [buffer, (role, start, extent) per axis]."""
-    out = [src.buf if buf is None else buf]
+    out = [src.buf]
     for ax, c in enumerate(src.axes):
         if c in "32":
             out += [_HELD, src.pick, 1]
@@ -596,7 +606,7 @@ def attention_qkvpacked(
     shape = qkv.shape
     if axes is None:
         axes = _default_axes(len(shape), "qkv", packed="3")
-    letters = _parse_axes(axes, shape, "qkv", packed="3" if "3" in "".join(axes) else "")
+    letters = _parse_axes(axes, shape, "qkv", packed="3" if _names(axes, "3") else "")
     if "3" in letters:
         if shape[letters.index("3")] != 3:
             raise ValueError(
@@ -655,7 +665,7 @@ def attention_kvpacked(
     q_axes = _parse_axes(_default_axes(len(q.shape), "q") if axes is None else axes, q.shape, "q")
     if kv_axes is None:
         kv_axes = _default_axes(len(kv.shape), "kv", packed="2")
-    packed = "2" if "2" in "".join(kv_axes) else ""
+    packed = "2" if _names(kv_axes, "2") else ""
     letters = _parse_axes(kv_axes, kv.shape, "kv", packed=packed)
     if packed:
         if kv.shape[letters.index("2")] != 2:
