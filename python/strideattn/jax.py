@@ -1,0 +1,700 @@
+"""strideattn.jax: attention for JAX, differentiable with jax.grad (a jax.custom_vjp) and
+usable under jax.jit and jax.vmap, through XLA's FFI: the C++ handlers of
+strideattn._jax_ffi read each tensor as a strided view of an XLA buffer and call the
+library, on XLA's CPU platform (host buffers: the reference and cpu backends) and its CUDA
+platform (device buffers on XLA's stream: the cuda and cudnn backends).
+
+- `attention(q, k, v, axes=...)`: q, k, v in any axis order; `axes` says, one letter per
+  axis, which axis is which (b batch, s seq, t tokens (varlen; the same as s), h heads,
+  d head dim). The output keeps q's axis order.
+- `attention_qkvpacked(qkv, ...)`: one fused buffer, either with a "3" axis ([b, s, 3, h, d]
+  is axes "bs3hd", [s, b, h, 3, d] is "sbh3d") or with h + 2 * num_kv_heads heads on its
+  head axis (q's heads first, then k's, then v's: GQA). q, k and v are strided views of that
+  one buffer and their gradient is one buffer of its shape: no split and no concatenation.
+- `attention_kvpacked(q, kv, ...)`: the same for a fused KV buffer ("2" axis, or
+  2 * num_kv_heads heads).
+
+Strides are never looked up from a layout name: each buffer axis is named by its letter and
+its stride follows from the buffer's shape (XLA buffers are dense row-major).
+
+Varlen: seqlens_q / seqlens_kv (and offsets) given as Python ints or numpy arrays are fixed
+when the function is traced (and work on both platforms); given as JAX arrays they are read
+when the call runs, on the CPU platform (on the GPU that needs the library's device-side
+sequence lengths, which this build lacks: UnsupportedError).
+
+The library checks each call when it is traced, for each platform: an error it finds
+there (shapes, dtypes, options, no backend for the problem) raises ValueError,
+UnsupportedError or BackendError with its message when every platform the call could run
+on refuses it (the platform of concrete inputs; under jit, every platform of the process).
+Errors only the run can find (the values of lengths passed as JAX arrays), and a refusal
+by one of several possible platforms, come from XLA as jax.errors.JaxRuntimeError, whose
+text carries "strideattn (<code>): <message>".
+
+The workspace a GPU backend needs is asked of the library at trace time and requested as
+an extra XLA result buffer, so nothing allocates device memory inside the handler (the host
+backends take no workspace and allocate their own host scratch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _checks
+from ._util import (
+    BackendError,
+    UnsupportedError,
+    canonical_mask,
+    cu_seqlens_hint,
+    describe,
+    int_list,
+    raise_for,
+    window_pair,
+)
+
+if not hasattr(getattr(jax, "ffi", None), "ffi_call"):
+    raise ImportError(
+        f"strideattn.jax needs a JAX with jax.ffi.ffi_call (JAX 0.5 or newer); this is jax "
+        f"{jax.__version__}"
+    )
+try:
+    from . import _jax_ffi
+except ImportError as _e:  # built without jaxlib's XLA FFI headers
+    raise ImportError(
+        "strideattn.jax needs the JAX binding (strideattn._jax_ffi), which this build of "
+        "strideattn does not have: it was built without jaxlib's XLA FFI headers. Install "
+        "jaxlib, then rebuild with `pip install --no-build-isolation strideattn` (or `.` in a "
+        f"checkout); its configure summary says 'jax ON'. ({_e})"
+    ) from None
+
+__all__ = [
+    "BackendError",
+    "UnsupportedError",
+    "attention",
+    "attention_kvpacked",
+    "attention_qkvpacked",
+]
+
+_FORWARD = "strideattn_forward"
+_BACKWARD = "strideattn_backward"
+for _platform, (_fwd, _bwd) in _jax_ffi.handlers().items():
+    jax.ffi.register_ffi_target(_FORWARD, _fwd, platform=_platform)
+    jax.ffi.register_ffi_target(_BACKWARD, _bwd, platform=_platform)
+
+# Logical dimension of each axis letter: tensors [batch, seq, head, head_dim]; "t" (varlen
+# tokens) is the seq dimension. The LSE is [batch, head, seq].
+_ROLE = {"b": 0, "s": 1, "t": 1, "h": 2, "d": 3}
+_LSE_ROLE = {"b": 0, "h": 1, "s": 2}
+_HELD = -1  # an axis held at one index (the "3" / "2" axis of a packed buffer)
+
+Window = Optional[Tuple[Optional[int], Optional[int]]]
+Ints = Any  # Python ints, a numpy array (fixed at trace time) or a JAX array (read at run time)
+Axes = Optional[Union[str, Sequence[str]]]
+
+
+# ----------------------------------------------------------------------------- views
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """Where a logical tensor lives: buffer `buf` of the call, read with `axes` (one letter
+    per buffer axis), at index `pick` of its packed ("3"/"2") axis, and heads
+    [head_start, head_start + heads) of its head axis (None: all of them)."""
+
+    buf: int
+    axes: str
+    pick: Optional[int] = None
+    head_start: int = 0
+    heads: Optional[int] = None
+
+
+def _parse_axes(axes: Any, shape: Sequence[int], what: str, packed: str = "") -> str:
+    """The axes of a buffer as a string of one letter per axis, checked: each of s (or t),
+    h, d once, b at most once, and the packed letter (3 or 2) once when `packed`."""
+    if isinstance(axes, (list, tuple)) and all(isinstance(a, str) and len(a) == 1 for a in axes):
+        axes = "".join(axes)
+    if not isinstance(axes, str):
+        raise ValueError(f"{what} axes must be a string such as 'bshd', got {describe(axes)}")
+    letters = axes.strip().lower()
+    allowed = "bsthd" + packed
+    supported = (
+        f"one letter per axis of the buffer, each once: b (batch, optional), s or t (seq), "
+        f"h (heads), d (head dim){f', {packed} (which of the packed tensors)' if packed else ''}"
+    )
+    if len(letters) != len(shape):
+        raise ValueError(
+            f"{what} axes '{axes}' name {len(letters)} axes but {what} has shape "
+            f"{tuple(shape)}; supported: {supported}"
+        )
+    seq = [c for c in letters if c in "st"]
+    if (
+        any(c not in allowed for c in letters)
+        or len(set(letters)) != len(letters)
+        or len(seq) != 1
+        or "h" not in letters
+        or "d" not in letters
+        or (packed and packed not in letters)
+    ):
+        raise ValueError(f"{what} axes '{axes}' are not valid; supported: {supported}")
+    return letters
+
+
+def _names(axes: Any, letter: str) -> bool:
+    """Whether axes (a string or a sequence of letters) has `letter`."""
+    return isinstance(axes, (str, list, tuple)) and letter in "".join(str(a) for a in axes)
+
+
+def _default_axes(rank: int, what: str, packed: str = "") -> str:
+    # The default for each rank is written out as letters and parsed like any other.
+    table = {5: "bs" + packed + "hd", 4: "t" + packed + "hd"} if packed else {4: "bshd", 3: "thd"}
+    if rank not in table:
+        raise ValueError(
+            f"{what} has {rank} dimensions; pass axes= to say which axis is which "
+            f"(default axes exist for {' and '.join(str(r) for r in table)} dimensions: "
+            f"{', '.join(table.values())})"
+        )
+    return table[rank]
+
+
+def _extent(shape: Sequence[int], axes: str, letter: str) -> int:
+    if letter == "s":
+        return int(shape[axes.index("s" if "s" in axes else "t")])
+    return int(shape[axes.index(letter)]) if letter in axes else 1
+
+
+def _desc(src: _Source, shape: Sequence[int]) -> np.ndarray:
+    """The view attribute of strideattn._jax_ffi: [buffer, (role, start, extent) per axis]."""
+    out = [src.buf]
+    for ax, c in enumerate(src.axes):
+        if c in "32":
+            out += [_HELD, src.pick, 1]
+        elif c == "h" and src.heads is not None:
+            out += [_ROLE[c], src.head_start, src.heads]
+        else:
+            out += [_ROLE[c], 0, int(shape[ax])]
+    return np.asarray(out, np.int64)
+
+
+def _full_desc(buf: int, axes: str, shape: Sequence[int], roles: Dict[str, int]) -> np.ndarray:
+    out = [buf]
+    for ax, c in enumerate(axes):
+        out += [roles[c], 0, int(shape[ax])]
+    return np.asarray(out, np.int64)
+
+
+# ----------------------------------------------------------------------------- one call
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """Everything static about one attention call (hashable: custom_vjp's non-differentiable
+    argument). The call's arrays are the buffers, then the varlen arrays (if any)."""
+
+    sources: Tuple[_Source, _Source, _Source]  # q, k, v
+    shapes: Tuple[Tuple[int, ...], ...]  # of the buffers
+    dtypes: Tuple[str, ...]
+    o_axes: str
+    o_shape: Tuple[int, ...]
+    lse_axes: str
+    lse_shape: Tuple[int, ...]
+    options: Tuple[Tuple[str, Any], ...]  # mask, backend, window, scale, deterministic
+    static_varlen: Tuple[Tuple[str, Tuple[int, ...]], ...]  # lengths fixed at trace time
+    dynamic_varlen: Tuple[str, ...]  # names of the varlen arrays that follow the buffers
+    return_lse: bool
+
+    @property
+    def n_buffers(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def varlen(self) -> bool:
+        return bool(self.static_varlen or self.dynamic_varlen)
+
+
+def _attrs(call: _Call, backward: bool, n_rets: int) -> Dict[str, Any]:
+    """The FFI attributes of a forward or backward call; the workspace is the last result."""
+    nb = call.n_buffers
+    a: Dict[str, Any] = {}
+    for name, src in zip("qkv", call.sources):
+        a[name] = _desc(src, call.shapes[src.buf])
+        if backward:
+            a["d" + name] = _desc(src, call.shapes[src.buf])  # result i mirrors buffer i
+    o_roles = {c: _ROLE[c] for c in call.o_axes}
+    lse_roles = {c: _LSE_ROLE[c] for c in call.lse_axes}
+    if backward:
+        a["o"] = _full_desc(nb, call.o_axes, call.o_shape, o_roles)
+        a["do"] = _full_desc(nb + 1, call.o_axes, call.o_shape, o_roles)
+        a["lse"] = _full_desc(nb + 2, call.lse_axes, call.lse_shape, lse_roles)
+    else:
+        a["o"] = _full_desc(0, call.o_axes, call.o_shape, o_roles)
+        if n_rets == 3:
+            a["lse"] = _full_desc(1, call.lse_axes, call.lse_shape, lse_roles)
+    for key, value in call.options:
+        a[key] = value
+    a["workspace"] = np.int64(n_rets - 1)
+    if call.static_varlen:
+        a["varlen"] = np.int64(1)
+        for key, values in call.static_varlen:
+            a[key] = np.asarray(values, np.int64)
+    elif call.dynamic_varlen:
+        first = nb + (3 if backward else 0)
+        names = ("seqlens_q", "seqlens_kv", "offsets_q", "offsets_kv")
+        index = [
+            first + call.dynamic_varlen.index(n) if n in call.dynamic_varlen else -1 for n in names
+        ]
+        a["varlen"] = np.int64(2)
+        a["varlen_args"] = np.asarray(index, np.int64)
+    else:
+        a["varlen"] = np.int64(0)
+    return a
+
+
+_SHAPE_WORDS = ("head", "seq", "shape", "extent", "dimension")
+
+
+def _raise(code: str, message: str, call: _Call) -> None:
+    """The library's error as an exception, with a hint for the mistakes it often comes
+    from: cumulative cu_seqlens passed as lengths, or a wrong axis order."""
+    if code == "invalid_argument":
+        if call.varlen:
+            message += cu_seqlens_hint({k: list(v) for k, v in call.static_varlen})
+        elif any(w in message.lower() for w in _SHAPE_WORDS):
+            given = ", ".join(f"{n} '{s.axes}'" for n, s in zip("qkv", call.sources))
+            message += (
+                f" (strideattn.jax read the arrays with axes {given}: b batch, s seq, "
+                "h heads, d head dim; pass axes= for another order)"
+            )
+    raise_for(code, message)
+
+
+def _plain(a: Dict[str, Any]) -> Dict[str, Any]:
+    """The attributes as Python values, for the trace-time query."""
+    out = {}
+    for k, v in a.items():
+        if isinstance(v, np.ndarray):
+            out[k] = [int(x) for x in v.tolist()]
+        elif isinstance(v, np.generic):
+            out[k] = v.item()
+        else:
+            out[k] = v
+    return out
+
+
+def _platform_of(name: str) -> str:
+    return "cuda" if name in ("gpu", "cuda") else name
+
+
+_PLATFORMS = ("cpu", "cuda")
+
+
+def _input_platform(arrays: Sequence[Any]) -> Optional[str]:
+    """The platform of the first concrete input's device; None when every input is a tracer
+    (under jax.jit, where the platform is only fixed when the program is lowered)."""
+    for x in arrays:
+        try:
+            devices = x.devices()  # a tracer has none (AttributeError or a JAX error)
+        except Exception:  # noqa: BLE001
+            continue
+        for d in devices:
+            return _platform_of(d.platform)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _available_platforms() -> Tuple[str, ...]:
+    """The platforms of this process that the call could run on, JAX's default first."""
+    found = []
+    for p in ("cpu", "gpu"):
+        try:
+            if jax.devices(p):
+                found.append(_platform_of(p))
+        except RuntimeError:
+            pass
+    default = _platform_of(jax.default_backend())
+    return tuple(sorted(found, key=lambda p: p != default))
+
+
+def _spec(x: Any) -> Tuple[str, List[int]]:
+    return (np.dtype(x.dtype).name, [int(s) for s in x.shape])
+
+
+def _run(call: _Call, backward: bool, arrays, results):
+    """The forward or backward FFI call, one branch per platform (jax.lax.platform_dependent:
+    the lowering keeps the platform's own). Each branch's problem is checked by the library
+    now and its workspace (an extra uint8 result) sized for that platform's memory; the
+    results are returned without the workspace.
+
+    Errors are raised here when every platform the call could run on refuses it: the
+    platform of concrete inputs, else (under jit) every platform of this process. A problem
+    that only some of them refuse is reported by that platform's handler if it runs there."""
+    attrs = _attrs(call, backward, len(results) + 1)
+    args = [_spec(x) for x in arrays]
+    rets = [_spec(r) for r in results] + [("uint8", [0])]
+    answers = {
+        p: _jax_ffi.query(backward, p == "cuda", args, rets, _plain(attrs)) for p in _PLATFORMS
+    }
+    where = _input_platform(arrays)
+    candidates = (where,) if where is not None else _available_platforms()
+    if any(p not in _PLATFORMS for p in candidates):
+        raise UnsupportedError(
+            f"strideattn.jax runs on JAX's cpu and cuda platforms; this call would run on "
+            f"'{candidates[0]}'"
+        )
+    if all(answers[p][0] != "ok" for p in candidates):
+        code, msg, _ = answers[candidates[0]]
+        _raise(code, msg, call)
+    target = _BACKWARD if backward else _FORWARD
+
+    def branch(platform):
+        code, _, ws = answers[platform]
+        shapes = list(results) + [jax.ShapeDtypeStruct((ws if code == "ok" else 0,), jnp.uint8)]
+        call_ffi = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")
+        return lambda *xs: tuple(call_ffi(*xs, **attrs)[:-1])
+
+    return jax.lax.platform_dependent(*arrays, cpu=branch("cpu"), cuda=branch("cuda"))
+
+
+def _forward(call: _Call, arrays, with_lse: bool):
+    dtype = call.dtypes[call.sources[0].buf]
+    results = [jax.ShapeDtypeStruct(call.o_shape, dtype)]
+    if with_lse:
+        results.append(jax.ShapeDtypeStruct(call.lse_shape, jnp.float32))
+    out = _run(call, False, arrays, results)
+    return (out[0], out[1]) if with_lse else (out[0], None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(call: _Call, *arrays):
+    o, lse = _forward(call, arrays, call.return_lse)
+    return (o, lse) if call.return_lse else o
+
+
+def _attention_fwd(call: _Call, *primals):
+    arrays = tuple(p.value for p in primals)
+    o, lse = _forward(call, arrays, True)
+    return ((o, lse) if call.return_lse else o), (arrays, o, lse)
+
+
+def _attention_bwd(call: _Call, residuals, cotangent):
+    arrays, o, lse = residuals
+    nb = call.n_buffers
+    zero = jax.custom_derivatives.SymbolicZero
+    d_o = cotangent
+    if call.return_lse:
+        d_o, d_lse = cotangent
+        if not isinstance(d_lse, zero):
+            raise NotImplementedError(
+                "strideattn.jax.attention: gradients through the LSE output are not "
+                "supported (the library's backward takes dO only); apply "
+                "jax.lax.stop_gradient to the LSE where it is used"
+            )
+    if isinstance(d_o, zero):
+        d_o = jnp.zeros(o.shape, o.dtype)
+    results = [jax.ShapeDtypeStruct(call.shapes[i], call.dtypes[i]) for i in range(nb)]
+    inputs = tuple(arrays[:nb]) + (o, d_o, lse) + tuple(arrays[nb:])
+    grads = _run(call, True, inputs, results)
+    return tuple(grads) + (None,) * (len(arrays) - nb)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _is_jax(x: Any) -> bool:
+    return isinstance(x, jax.Array)
+
+
+def _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv):
+    """(static pairs, dynamic names, dynamic arrays): lengths as Python/numpy values are
+    fixed at trace time; any given as a JAX array makes them all arrays read at run time."""
+    given = {
+        "seqlens_q": seqlens_q,
+        "seqlens_kv": seqlens_kv,
+        "offsets_q": offsets_q,
+        "offsets_kv": offsets_kv,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if not any(_is_jax(v) for v in given.values()):
+        pairs = tuple((k, tuple(int_list(v, k))) for k, v in given.items())
+        return tuple((k, v) for k, v in pairs if v), (), ()
+    names, arrays = [], []
+    for k, v in given.items():
+        a = v if _is_jax(v) else jnp.asarray(np.asarray(int_list(v, k), np.int32))
+        if a.ndim != 1 or a.dtype not in (jnp.int32, jnp.int64):
+            raise ValueError(
+                f"{k} must be a one-dimensional int32 or int64 array, got {describe(a)}"
+            )
+        names.append(k)
+        arrays.append(a)
+    return (), tuple(names), tuple(arrays)
+
+
+def _options(mask, window, scale, deterministic, backend) -> Tuple[Tuple[str, Any], ...]:
+    mask = canonical_mask(mask)
+    if not isinstance(backend, str):
+        raise ValueError(
+            f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {describe(backend)}"
+        )
+    left, right = window_pair(window)
+    scale = _checks.scale(scale)
+    return (
+        ("mask", mask),
+        ("backend", backend),
+        ("window_left", np.int64(left)),
+        ("window_right", np.int64(right)),
+        ("has_scale", np.bool_(scale is not None)),
+        ("scale", np.float64(0.0 if scale is None else scale)),
+        ("deterministic", np.bool_(bool(deterministic))),
+    )
+
+
+def _check_array(x: Any, name: str) -> None:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name} must be a JAX array, got {describe(x)}")
+
+
+def _call(buffers, sources, mask, window, scale, deterministic, backend, varlen, return_lse) -> Any:
+    """Builds the _Call for `buffers` read as the q, k, v `sources` and runs it."""
+    static_varlen, dynamic_names, dynamic_arrays = varlen
+    # As every jax.numpy function does: numpy inputs become JAX arrays (float64 becomes
+    # float32 unless jax_enable_x64 is set).
+    buffers = tuple(jnp.asarray(b) for b in buffers)
+    shapes = tuple(tuple(int(s) for s in b.shape) for b in buffers)
+    q_src, k_src, v_src = sources
+    q_shape, v_shape = shapes[q_src.buf], shapes[v_src.buf]
+    heads = q_src.heads if q_src.heads is not None else _extent(q_shape, q_src.axes, "h")
+    d_v = _extent(v_shape, v_src.axes, "d")
+    o_axes = q_src.axes.replace("3", "").replace("2", "")
+    o_shape = tuple(
+        heads if c == "h" else d_v if c == "d" else int(q_shape[q_src.axes.index(c)])
+        for c in o_axes
+    )
+    has_b = "b" in q_src.axes
+    lse_axes = ("b" if has_b else "") + "hs"
+    lse_shape = ((_extent(q_shape, q_src.axes, "b"),) if has_b else ()) + (
+        heads,
+        _extent(q_shape, q_src.axes, "s"),
+    )
+    call = _Call(
+        sources=tuple(sources),
+        shapes=shapes,
+        dtypes=tuple(np.dtype(b.dtype).name for b in buffers),
+        o_axes=o_axes,
+        o_shape=o_shape,
+        lse_axes=lse_axes,
+        lse_shape=lse_shape,
+        options=_options(mask, window, scale, deterministic, backend),
+        static_varlen=static_varlen,
+        dynamic_varlen=dynamic_names,
+        return_lse=bool(return_lse),
+    )
+    return _attention(call, *buffers, *dynamic_arrays)
+
+
+# ----------------------------------------------------------------------------- public API
+
+_DOC_OPTIONS = """
+    mask: "none", "causal" (top-left, key j visible from query i iff j <= i) or
+    "causal_bottom_right" (j <= i + s_kv - s_q), and the aliases of strideattn.MASKS;
+    window=(left, right) around the bottom-right diagonal, -1/None unbounded; scale default
+    1/sqrt(d_qk); backend "auto", "reference", "cpu" (CPU platform), "cuda", "cudnn" (GPU);
+    deterministic=True asks for a bitwise reproducible backward.
+    Varlen: q/k/v without a batch axis (axes "thd"), seqlens_q/seqlens_kv the tokens of
+    each sequence and offsets_q/offsets_kv its first token (default: packed back to back);
+    Python ints or numpy arrays are fixed at trace time, JAX arrays are read at run time
+    (CPU platform only).
+    Returns O (q's dtype, in q's axis order without a packed axis), and with
+    return_lse=True also the fp32 LSE, [b, h, s_q] (without a batch axis: [h, s_q]); the LSE
+    takes no gradient (NotImplementedError if one reaches it: stop_gradient it)."""
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    axes: Axes = None,
+    mask: str = "none",
+    window: Window = None,
+    scale: Optional[float] = None,
+    seqlens_q: Ints = None,
+    seqlens_kv: Ints = None,
+    offsets_q: Ints = None,
+    offsets_kv: Ints = None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
+    """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V on JAX arrays,
+    differentiable and jit-compatible. q [.., s_q, h, d_qk], k [.., s_kv, hg, d_qk],
+    v [.., s_kv, hg, d_v] with h % hg == 0, each in the axis order `axes` gives: one string
+    for all three (default "bshd" for 4 dimensions, "thd" for 3) or one per tensor, e.g.
+    axes="sbhd" for [s, b, h, d] arrays."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_array(x, name)
+    if axes is None or isinstance(axes, str):
+        per = [axes] * 3
+    else:
+        per = list(axes)
+        if len(per) != 3 or not all(isinstance(a, str) for a in per):
+            raise ValueError(
+                f"axes must be one string for q, k and v or three (q, k, v), got {describe(axes)}"
+            )
+    sources = []
+    for i, (name, x, a) in enumerate(zip("qkv", (q, k, v), per)):
+        a = _default_axes(len(x.shape), name) if a is None else a
+        sources.append(_Source(buf=i, axes=_parse_axes(a, x.shape, name)))
+    return _call(
+        (q, k, v),
+        sources,
+        mask,
+        window,
+        scale,
+        deterministic,
+        backend,
+        _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv),
+        return_lse,
+    )
+
+
+def _split_heads(
+    total: int, groups: int, num_kv_heads: Optional[int], what: str
+) -> Tuple[int, int]:
+    """(h, hg) of a head axis holding h + groups * hg heads (groups 2: qkv; 1: kv)."""
+    if num_kv_heads is None:
+        if total % (groups + 1) != 0:
+            raise ValueError(
+                f"{what}'s head axis has {total} heads, not a multiple of {groups + 1}; pass "
+                f"num_kv_heads= (the axis holds q's h heads, then {groups} x num_kv_heads)"
+            )
+        return total // (groups + 1), total // (groups + 1)
+    hg = int(num_kv_heads)
+    if hg <= 0 or total - groups * hg <= 0:
+        raise ValueError(
+            f"num_kv_heads={num_kv_heads} does not fit {what}'s head axis of {total} heads; "
+            f"supported: 0 < num_kv_heads and h = {total} - {groups} * num_kv_heads > 0"
+        )
+    return total - groups * hg, hg
+
+
+def attention_qkvpacked(
+    qkv: Any,
+    *,
+    axes: Axes = None,
+    num_kv_heads: Optional[int] = None,
+    mask: str = "none",
+    window: Window = None,
+    scale: Optional[float] = None,
+    seqlens: Ints = None,
+    offsets: Ints = None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
+    """Attention over one fused QKV buffer read as three strided views (no split, no copy;
+    its gradient is one buffer of qkv's shape). axes name its axes: with a "3" axis
+    (default "bs3hd" for 5 dimensions, "t3hd" for 4) q, k, v are its indices 0, 1, 2; without
+    one (e.g. "bshd") the head axis holds q's h heads, then k's and v's num_kv_heads each
+    (default: a third each). Varlen: seqlens/offsets (one set: q and kv share them)."""
+    _check_array(qkv, "qkv")
+    shape = qkv.shape
+    if axes is None:
+        axes = _default_axes(len(shape), "qkv", packed="3")
+    letters = _parse_axes(axes, shape, "qkv", packed="3" if _names(axes, "3") else "")
+    if "3" in letters:
+        if shape[letters.index("3")] != 3:
+            raise ValueError(
+                f"qkv's '3' axis (axis {letters.index('3')}) has extent "
+                f"{shape[letters.index('3')]}; supported: 3 (q, k, v)"
+            )
+        if num_kv_heads is not None and num_kv_heads != shape[letters.index("h")]:
+            raise ValueError(
+                f"num_kv_heads={num_kv_heads} with a '3' axis: q, k and v have the same "
+                f"{shape[letters.index('h')]} heads there; leave num_kv_heads out"
+            )
+        sources = [_Source(0, letters, pick=i) for i in range(3)]
+    else:
+        h, hg = _split_heads(int(shape[letters.index("h")]), 2, num_kv_heads, "qkv")
+        sources = [
+            _Source(0, letters, head_start=0, heads=h),
+            _Source(0, letters, head_start=h, heads=hg),
+            _Source(0, letters, head_start=h + hg, heads=hg),
+        ]
+    return _call(
+        (qkv,),
+        sources,
+        mask,
+        window,
+        scale,
+        deterministic,
+        backend,
+        _varlen(seqlens, seqlens, offsets, offsets),
+        return_lse,
+    )
+
+
+def attention_kvpacked(
+    q: Any,
+    kv: Any,
+    *,
+    axes: Axes = None,
+    kv_axes: Axes = None,
+    mask: str = "none",
+    window: Window = None,
+    scale: Optional[float] = None,
+    seqlens_q: Ints = None,
+    seqlens_kv: Ints = None,
+    offsets_q: Ints = None,
+    offsets_kv: Ints = None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
+    """Attention with q in its own buffer (axes: default "bshd" / "thd") and k, v as strided
+    views of one fused KV buffer (kv_axes: with a "2" axis, default "bs2hd" / "t2hd", k and v
+    are its indices 0 and 1; without one the head axis holds k's heads, then v's, half
+    each)."""
+    _check_array(q, "q")
+    _check_array(kv, "kv")
+    q_axes = _parse_axes(_default_axes(len(q.shape), "q") if axes is None else axes, q.shape, "q")
+    if kv_axes is None:
+        kv_axes = _default_axes(len(kv.shape), "kv", packed="2")
+    packed = "2" if _names(kv_axes, "2") else ""
+    letters = _parse_axes(kv_axes, kv.shape, "kv", packed=packed)
+    if packed:
+        if kv.shape[letters.index("2")] != 2:
+            raise ValueError(
+                f"kv's '2' axis (axis {letters.index('2')}) has extent "
+                f"{kv.shape[letters.index('2')]}; supported: 2 (k, v)"
+            )
+        k_src, v_src = _Source(1, letters, pick=0), _Source(1, letters, pick=1)
+    else:
+        total = int(kv.shape[letters.index("h")])
+        if total % 2 != 0:
+            raise ValueError(
+                f"kv's head axis has {total} heads; without a '2' axis it holds k's heads "
+                "then v's, so an even number"
+            )
+        k_src = _Source(1, letters, head_start=0, heads=total // 2)
+        v_src = _Source(1, letters, head_start=total // 2, heads=total // 2)
+    return _call(
+        (q, kv),
+        [_Source(0, q_axes), k_src, v_src],
+        mask,
+        window,
+        scale,
+        deterministic,
+        backend,
+        _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv),
+        return_lse,
+    )
+
+
+for _f in (attention, attention_qkvpacked, attention_kvpacked):
+    _f.__doc__ += "\n" + _DOC_OPTIONS
