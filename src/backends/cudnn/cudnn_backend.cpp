@@ -12,8 +12,10 @@
 
 #include "backends/cudnn/fixup.hpp"
 #include "backends/cudnn/graph.hpp"
+#include "backends/cudnn/nonfinite.hpp"
 #include "backends/cudnn/rules.hpp"
 #include "dispatch/backend.hpp"
+#include "problem/params.hpp"
 
 namespace strideattn::detail {
 
@@ -66,7 +68,8 @@ GraphKey make_key(const Problem& p, const Band& band, int device) {
     k.dk = layout_of(p.dk, p.batch, p.s_kv, p.varlen);
     k.dv = layout_of(p.dv, p.batch, p.s_kv, p.varlen);
   }
-  k.stats = k.backward || p.writes_lse();
+  // The non-finite fix-up reads the stats of every forward (nonfinite.hpp).
+  k.stats = k.backward || p.writes_lse() || nonfinite_fixup_enabled();
   k.varlen = p.varlen;
   k.band = band;
   k.scale = p.scale;
@@ -103,13 +106,15 @@ constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Everything one call needs beside the caller's tensors: cuDNN's workspace, the int32 tables
-// cuDNN reads (seq lens, ragged offsets), the int64 tables of the fix-up kernels, and the
-// packed stats when the caller's LSE cannot be used directly. Laid out in one allocation.
+// cuDNN reads (seq lens, ragged offsets), the int64 tables of the fix-up kernels, the packed
+// stats when the caller's LSE cannot be used directly (or the caller wants none), and the
+// non-finite backward fix-up's flags. Laid out in one allocation.
 struct Scratch {
-  std::size_t cudnn_ws = 0, tables = 0, stats = 0, total = 0;
+  std::size_t cudnn_ws = 0, tables = 0, stats = 0, nonfinite = 0, total = 0;
   std::vector<std::byte> host_tables;  // uploaded to [tables, tables + size)
   // byte offsets within host_tables
   std::size_t seq_q = 0, seq_kv = 0, ragged = 0, lens64 = 0, offs64 = 0, q_pad = 0, kv_pad = 0;
+  std::size_t lens64_kv = 0, offs64_kv = 0;
   std::int64_t n_q_pad = 0, n_kv_pad = 0;
   bool temp_stats = false;
 };
@@ -138,7 +143,8 @@ std::vector<std::int64_t> unowned_tokens(std::int64_t tokens, const std::vector<
 Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   Scratch s;
   s.cudnn_ws = align_up(std::size_t(std::max<std::int64_t>(cudnn_ws, 0)));
-  s.temp_stats = (p.is_backward() || p.writes_lse()) && !lse_is_packed(p);
+  const bool fixup = nonfinite_fixup_enabled();
+  s.temp_stats = (p.is_backward() || p.writes_lse() || fixup) && !lse_is_packed(p);
   if (p.varlen) {
     // Lengths cuDNN sees: a sequence with no keys gets 0 queries too (its rows are written
     // here as O = 0, LSE = -inf, dQ = 0); a sequence with no queries keeps its keys but its
@@ -175,6 +181,8 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
     s.ragged = append(&s.host_tables, ragged);
     s.lens64 = append(&s.host_tables, std::vector<std::int64_t>(lq.begin(), lq.end()));
     s.offs64 = append(&s.host_tables, std::vector<std::int64_t>(p.offsets_q));
+    s.lens64_kv = append(&s.host_tables, std::vector<std::int64_t>(lkv.begin(), lkv.end()));
+    s.offs64_kv = append(&s.host_tables, std::vector<std::int64_t>(p.offsets_kv));
     auto qpad = unowned_tokens(p.q_tokens(), p.offsets_q, lq);
     auto kvpad = unowned_tokens(p.kv_tokens(), p.offsets_kv, kv_owned);
     s.n_q_pad = std::int64_t(qpad.size());
@@ -184,7 +192,8 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   }
   s.tables = align_up(s.host_tables.size());
   if (s.temp_stats) s.stats = align_up(std::size_t(p.batch * p.heads * p.s_q) * sizeof(float));
-  s.total = s.cudnn_ws + s.tables + s.stats;
+  if (fixup && p.is_backward()) s.nonfinite = align_up(nonfinite_backward_scratch(make_params(p)));
+  s.total = s.cudnn_ws + s.tables + s.stats + s.nonfinite;
   return s;
 }
 
@@ -304,6 +313,22 @@ class CudnnBackend final : public BackendImpl {
       for (int i = 0; i < slots; ++i) ptrs.ragged[std::size_t(i)] = ragged + i * (p.batch + 1);
     }
     if (auto e = execute(key, ptrs, stream); !e.empty()) return "executing the graph: " + e;
+
+    if (nonfinite_fixup_enabled()) {
+      NonFiniteFix fix;
+      fix.a = make_params(p);
+      fix.bf16 = p.dtype == DType::bf16;
+      fix.stats = stats;
+      if (p.varlen) {
+        fix.a.q_seq.seqlens = lens64;  // cuDNN's lengths: 0 queries for a sequence with no keys
+        fix.a.q_seq.offsets = offs64;
+        fix.a.kv_seq.seqlens = reinterpret_cast<const std::int64_t*>(table(sc.lens64_kv));
+        fix.a.kv_seq.offsets = reinterpret_cast<const std::int64_t*>(table(sc.offs64_kv));
+      }
+      const std::string e = p.is_backward() ? nonfinite_backward(fix, tables + sc.tables + sc.stats, stream)
+                                            : nonfinite_forward(fix, stream);
+      if (!e.empty()) return e;
+    }
 
     if (!p.is_backward() && sc.temp_stats && p.lse.data)
       if (auto e = lse_copy(copy, /*packed_to_user=*/true, stream); !e.empty()) return e;

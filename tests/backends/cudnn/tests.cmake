@@ -3,9 +3,13 @@
 #    faked devices and cuDNN versions; no GPU needed.
 #  - cudnn_gpu_test (label gpu): cudnn against the fp64 reference on the option matrix, cuda
 #    and cudnn on the same inputs, refusals with reasons; skips (saying so) without a GPU.
+#  - cudnn_nonfinite_test (label gpu): planted NaN / Inf against the fp64 reference under the
+#    non-finite policy, and where each plant may and may not reach; skips without a GPU.
 get_property(_have_cudnn GLOBAL PROPERTY STRIDEATTN_HAVE_CUDNN)
 if(_have_cudnn)
   strideattn_test(cudnn_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/rules_test.cpp)
   target_link_libraries(cudnn_rules_test PRIVATE strideattn_gpu)  # calls the rules directly
   strideattn_test(cudnn_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_test.cpp LABELS gpu)
+  strideattn_test(cudnn_nonfinite_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/nonfinite_test.cpp LABELS gpu)
+  target_link_libraries(cudnn_nonfinite_test PRIVATE CUDA::cudart)
 endif()
