@@ -69,7 +69,7 @@ GraphKey make_key(const Problem& p, const Band& band, int device) {
     k.dv = layout_of(p.dv, p.batch, p.s_kv, p.varlen);
   }
   // The non-finite fix-up reads the stats of every forward (nonfinite.hpp).
-  k.stats = k.backward || p.writes_lse() || nonfinite_fixup_enabled();
+  k.stats = true;  // the non-finite fix-up reads the stats of every forward
   k.varlen = p.varlen;
   k.band = band;
   k.scale = p.scale;
@@ -143,8 +143,7 @@ std::vector<std::int64_t> unowned_tokens(std::int64_t tokens, const std::vector<
 Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   Scratch s;
   s.cudnn_ws = align_up(std::size_t(std::max<std::int64_t>(cudnn_ws, 0)));
-  const bool fixup = nonfinite_fixup_enabled();
-  s.temp_stats = (p.is_backward() || p.writes_lse() || fixup) && !lse_is_packed(p);
+  s.temp_stats = !lse_is_packed(p);
   if (p.varlen) {
     // Lengths cuDNN sees: a sequence with no keys gets 0 queries too (its rows are written
     // here as O = 0, LSE = -inf, dQ = 0); a sequence with no queries keeps its keys but its
@@ -192,7 +191,7 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   }
   s.tables = align_up(s.host_tables.size());
   if (s.temp_stats) s.stats = align_up(std::size_t(p.batch * p.heads * p.s_q) * sizeof(float));
-  if (fixup && p.is_backward()) s.nonfinite = align_up(nonfinite_backward_scratch(make_params(p)));
+  if (p.is_backward()) s.nonfinite = align_up(nonfinite_backward_scratch(make_params(p)));
   s.total = s.cudnn_ws + s.tables + s.stats + s.nonfinite;
   return s;
 }
@@ -314,7 +313,7 @@ class CudnnBackend final : public BackendImpl {
     }
     if (auto e = execute(key, ptrs, stream); !e.empty()) return "executing the graph: " + e;
 
-    if (nonfinite_fixup_enabled()) {
+    {  // NaN where the definition has it (cuDNN's answer differs on non-finite inputs)
       NonFiniteFix fix;
       fix.a = make_params(p);
       fix.bf16 = p.dtype == DType::bf16;

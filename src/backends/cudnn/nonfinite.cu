@@ -14,9 +14,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "backends/cudnn/nonfinite.hpp"
 
 namespace strideattn::detail::cudnn {
@@ -322,11 +319,6 @@ std::string nonfinite_backward(const NonFiniteFix& f, void* scratch, void* strea
   if (auto e = last_error("non-finite backward row kernel"); !e.empty()) return e;
   backward_keys_kernel<<<blocks_for(a.batch * a.kv_heads, 1), kThreads, 0, st>>>(f, s);
   return last_error("non-finite backward key kernel");
-}
-
-bool nonfinite_fixup_enabled() {
-  const char* env = std::getenv("STRIDEATTN_CUDNN_NONFINITE_FIXUP");
-  return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 }  // namespace strideattn::detail::cudnn

@@ -40,9 +40,4 @@ struct NonFiniteFix {
 // it); its contents on entry do not matter.
 [[nodiscard]] std::string nonfinite_backward(const NonFiniteFix& f, void* scratch, void* stream);
 
-// False when STRIDEATTN_CUDNN_NONFINITE_FIXUP=0 (bench A/B runs, and showing that the tests
-// catch cuDNN's own answer): no fix-up runs and the forward asks for stats only when the
-// caller wants LSE. True otherwise.
-[[nodiscard]] bool nonfinite_fixup_enabled();
-
 }  // namespace strideattn::detail::cudnn
