@@ -263,24 +263,30 @@ def from_bshd(t: Tensor, layout: int) -> Tensor:
     return t
 
 
+def views(q, out, lse, layout, flat):
+    """The library's [b, s, h, d_v] view of O and [b, h, s] view of LSE (as forward_layout
+    allocates them)."""
+    o_nf = out.view(*q.shape[:-1], -1) if flat else out  # (unpacked: faster than a Size)
+    return to_bshd(o_nf, layout), lse.unsqueeze(0) if layout == THD else lse
+
+
 def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, flat):
-    """(O, LSE, O as [b, s, h, d_v], LSE as [b, h, s]) for the caller's layout: O in q's
-    coordinates and dimension order, its last two dims merged when flat (allocated that way,
-    so that the O returned is its own base); LSE [b, h, s] ([h, t] for thd)."""
+    """(O, LSE) for the caller's layout: O in q's coordinates and dimension order, its last
+    two dims merged when flat (allocated that way: the O returned is its own base, and no
+    view of it outlives the call, so autograd's in-place checks stay the usual ones); LSE
+    [b, h, s] ([h, t] for thd)."""
     shape = q.shape[:-1] + v.shape[-1:]
     if flat:
         strides = _strides(shape, q, True)
         out = q.new_empty_strided(shape[:-2] + (shape[-2] * shape[-1],), strides[:-2] + (1,))
-        o_nf = out.view(*shape)  # (unpacked: a torch.Size argument takes a slower path)
     else:
-        out = o_nf = empty_like_order(shape, q)
+        out = empty_like_order(shape, q)
     if layout == THD:
         t, h = q.shape[0], q.shape[1]
         lse = q.new_empty_strided((h, t), (t, 1), dtype=torch.float32)
-        lse4 = lse.unsqueeze(0)
     else:
-        lse4 = lse = _empty_lse(to_bshd(q, layout))
-    o4 = to_bshd(o_nf, layout)
+        lse = _empty_lse(to_bshd(q, layout))
+    o4, lse4 = views(q, out, lse, layout, flat)
     run_forward(
         to_bshd(q, layout),
         to_bshd(k, layout),
@@ -295,15 +301,16 @@ def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, f
         backend,
         det,
     )
-    return out, lse, o4, lse4
+    return out, lse
 
 
 def backward_layout(
-    dout, q, k, v, o4, lse4, varlen, mask, wl, wr, scale, backend, det, layout, flat
+    dout, q, k, v, out, lse, varlen, mask, wl, wr, scale, backend, det, layout, flat
 ):
-    """(dQ, dK, dV) in the caller's coordinates, for forward_layout's O."""
+    """(dQ, dK, dV) in the caller's coordinates, for forward_layout's O and LSE."""
     if flat:
         dout = dout.reshape(*q.shape[:-1], v.shape[-1])
+    o4, lse4 = views(q, out, lse, layout, flat)
     dq, dk, dv = backward(
         to_bshd(dout, layout),
         to_bshd(q, layout),

@@ -98,20 +98,19 @@ class _Attention(torch.autograd.Function):
     flat): one tuple, since every argument of apply() costs host time. direct: the caller
     checked _eager(), the extension is called here (in the caller's layout, see
     _torch_call.forward_layout); else the op runs below autograd ([b, s, h, d], not flat).
-    Saved: q, k, v and O, LSE as the library's [b, s, h, d] / [b, h, s] views."""
+    Saved: q, k, v, O, LSE (as returned: the backward takes its views again)."""
 
     @staticmethod
     def forward(ctx, q, k, v, args):
         direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat = args
         if direct:
-            out, lse, o4, lse4 = call.forward_layout(
+            out, lse = call.forward_layout(
                 q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det, layout, flat
             )
         else:
             with torch._C._AutoDispatchBelowAutograd():
                 out, lse = torch.ops.strideattn.attention_fwd.default(q, k, v, *args[1:11])
-            o4, lse4 = out, lse
-        ctx.save_for_backward(q, k, v, o4, lse4)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = args
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -119,16 +118,17 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, _dlse):
-        q, k, v, o4, lse4 = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat = ctx.args
         if direct and type(dout) is Tensor and _eager(q, k, v):
             dq, dk, dv = call.backward_layout(
-                dout, q, k, v, o4, lse4, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det,
+                dout, q, k, v, out, lse, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det,
                 layout, flat,
             )  # fmt: skip
         else:
             if flat:
                 dout = dout.reshape(*q.shape[:-1], v.shape[-1])
+            o4, lse4 = call.views(q, out, lse, layout, flat)
             dq, dk, dv = torch.ops.strideattn.attention_bwd.default(
                 call.to_bshd(dout, layout),
                 call.to_bshd(q, layout),
@@ -263,10 +263,9 @@ def attend(q, k, v, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout,
         args = (True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             return _Attention.apply(q, k, v, args)
-        out, lse, _, _ = call.forward_layout(
+        return call.forward_layout(
             q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det, layout, flat
         )
-        return out, lse
     out, lse = torch.ops.strideattn.attention_fwd.default(
         call.to_bshd(q, layout),
         call.to_bshd(k, layout),
