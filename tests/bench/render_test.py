@@ -86,9 +86,7 @@ class RenderTest(unittest.TestCase):
         path, data = newest_file()
         with tempfile.TemporaryDirectory() as tmp:
             results = os.path.join(tmp, "results")
-            os.mkdir(results)
-            for p, _ in render.data_files(render.RESULTS):
-                shutil.copy(p, results)
+            shutil.copytree(render.RESULTS, results)  # the host-time data in results/host too
             readme = os.path.join(tmp, "README.md")
             shutil.copy(render.README, readme)
             check = [
@@ -107,6 +105,27 @@ class RenderTest(unittest.TestCase):
             with open(os.path.join(results, os.path.basename(path)), "w") as f:
                 f.write(render.dumps(planted))
             rc = subprocess.run(check, capture_output=True, text=True)
+            self.assertEqual(rc.returncode, 1)
+            self.assertIn("out of date", rc.stderr)
+
+    def test_a_changed_host_time_makes_the_check_fail(self):
+        files = render.host_files(render.RESULTS)
+        self.assertTrue(files, "no host-time data in bench/results/host/")
+        path, data = files[-1]
+        with tempfile.TemporaryDirectory() as tmp:
+            results = os.path.join(tmp, "results")
+            shutil.copytree(render.RESULTS, results)
+            readme = os.path.join(tmp, "README.md")
+            shutil.copy(render.README, readme)
+            planted = copy.deepcopy(data)
+            planted["rows"][0][planted["metrics"][0]] = 9999.0
+            with open(os.path.join(results, "host", os.path.basename(path)), "w") as f:
+                f.write(render.dumps(planted))
+            rc = subprocess.run(
+                [sys.executable, os.path.join(REPO, "bench", "render.py"), "--check",
+                 "--results", results, "--readme", readme],
+                capture_output=True, text=True,
+            )  # fmt: skip
             self.assertEqual(rc.returncode, 1)
             self.assertIn("out of date", rc.stderr)
 
