@@ -10,7 +10,8 @@ the current summary, from the newest data files, into bench/README.md between th
   python3 bench/render.py --check    exit 1 if bench/README.md is not what the data renders
 
 Data file (format "strideattn-bench/1"): date, commit, gpu, command, versions (torch,
-cudnn, ...), protocol (runs, warmup, timer, flops), backends (ours, in column order), modes,
+cudnn, ...), protocol (runs, warmup, timer, flops), backends (ours, in column order),
+optional user_backends (the user-path columns torch-<be>, rendered as a second table), modes,
 optional transcribed_from (where hand-copied numbers came from), and rows: shape name, b, h,
 hg, s, d, mask, dtype, layout, mode, tflops {column: TFLOP/s}, ratios {"be/flash",
 "be/sdpa-cudnn": ours over SDPA}, not_measured {column: reason}.
@@ -95,6 +96,34 @@ def table(rows: list[dict], backends: list[str], run_column: bool = False) -> st
     return out
 
 
+def user_table(
+    rows: list[dict], user_backends: list[str], backends: list[str], run_column=False
+) -> str:
+    """The user-path table: SDPA's two columns, each torch-<be> column (DotProductAttention
+    with autograd) and its ratios over the C ABI's same backend and over SDPA."""
+    head = ["shape (b, h/hg, s, d)", "mask", "dtype", "mode", "SDPA flash", "SDPA cuDNN"]
+    for be in user_backends:
+        head += [f"torch {be}", f"torch-{be}/sdpa-cudnn"]
+        if be in backends:
+            head.append(f"torch-{be}/{be}")
+    if run_column:
+        head.append("run")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        t = r["tflops"]
+        fl, cu = t.get("sdpa-flash"), t.get("sdpa-cudnn")
+        cells = [shape_cell(r), r["mask"], r["dtype"], r["mode"], fmt(fl), fmt(cu)]
+        for be in user_backends:
+            col = f"torch-{be}"
+            cells += [fmt(t.get(col)), ratio_cell(r, f"{col}/sdpa-cudnn", t.get(col), cu)]
+            if be in backends:
+                cells.append(ratio_cell(r, f"{col}/{be}", t.get(col), t.get(be)))
+        if run_column:
+            cells.append(r["_run"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def header(data: dict) -> str:
     """The line above the table: GPU, library versions, protocol."""
     v, p = data.get("versions", {}), data.get("protocol", {})
@@ -145,7 +174,7 @@ def summary(results_dir: str) -> str:
         gpus.setdefault(data["gpu"], []).append((path, data))
     parts = []
     for gpu in sorted(gpus):
-        rows, seen, used, backends = [], set(), [], []
+        rows, seen, used, backends, users = [], set(), [], [], []
         for path, data in gpus[gpu]:
             took = 0
             for r in data["rows"]:
@@ -158,6 +187,7 @@ def summary(results_dir: str) -> str:
             if took:
                 used.append((path, data))
                 backends += [b for b in data["backends"] if b not in backends]
+                users += [b for b in data.get("user_backends", []) if b not in users]
         parts.append(f"### {gpu}")
         for path, data in used:
             src = (
@@ -174,6 +204,15 @@ def summary(results_dir: str) -> str:
         parts.append("")
         parts.append(table(rows, backends, run_column=len(used) > 1))
         parts.append("")
+        user_rows = [r for r in rows if any(r["tflops"].get(f"torch-{b}") for b in users)]
+        if user_rows:
+            parts.append(
+                "User path: the same tensors through strideattn.torch.DotProductAttention "
+                "with autograd, in the same run (torch-be/be: over the C ABI's same backend)"
+            )
+            parts.append("")
+            parts.append(user_table(user_rows, users, backends, run_column=len(used) > 1))
+            parts.append("")
     return "\n".join(parts).rstrip("\n")
 
 

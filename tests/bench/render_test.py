@@ -146,6 +146,25 @@ class RenderTest(unittest.TestCase):
         self.assertTrue(lines[2].endswith("| fffffff |"), lines[2])
         self.assertTrue(lines[3].endswith(f"| {data['commit']} |"), lines[3])
 
+    def test_user_path_columns_render_as_a_second_table(self):
+        path, data = newest_file()
+        newer = copy.deepcopy(data)
+        newer["date"], newer["commit"] = "9999-12-31", "eeeeeee"
+        newer["user_backends"] = ["auto"]
+        newer["rows"] = [copy.deepcopy(data["rows"][0])]
+        newer["rows"][0]["tflops"]["torch-auto"] = 321.0
+        newer["rows"][0]["ratios"] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(path, tmp)
+            with open(os.path.join(tmp, "9999-12-31-gpu-eeeeeee.json"), "w") as f:
+                f.write(render.dumps(newer))
+            text = render.summary(tmp)
+        self.assertIn("User path:", text)
+        user = text[text.index("User path:") :].splitlines()
+        rows = [line for line in user if line.startswith("| ") and "| 321 |" in line]
+        self.assertEqual(len(rows), 1, text)
+        self.assertTrue(rows[0].endswith("| eeeeeee |"))
+
     def test_missing_markers_are_an_error(self):
         with self.assertRaises(ValueError):
             render.render_readme("# no markers here\n", render.RESULTS)
