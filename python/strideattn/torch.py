@@ -2,8 +2,8 @@
 
 - `attention(q, k, v, ...)`: differentiable attention over any strided views (e.g. the
   `split` of a fused QKV projection, passed straight in), an autograd function over
-  torch.library ops that
-  works under torch.compile and CUDA graph capture (strideattn/_torch_ops.py).
+  torch.library ops that works under torch.compile and CUDA graph capture
+  (strideattn/_torch_ops.py).
 - `DotProductAttention`: a module that takes TransformerEngine's DotProductAttention
   arguments (strideattn/_torch_module.py).
 
