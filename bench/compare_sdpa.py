@@ -9,6 +9,13 @@ ratios ours / SDPA flash and ours / SDPA cudnn. Each run also writes its results
 file, RESULTS_DIR/<date>-<gpu>-<commit>.json (bench/render.py renders them into
 bench/README.md).
 
+The user path: the same shapes, on the same tensors in the same run, through
+strideattn.torch.DotProductAttention (qkv_format sbhd for the seed's split views, bshd
+otherwise) with autograd, per backend of --user-backends (columns torch-auto, torch-cuda,
+torch-cudnn), as SDPA is called: what a PyTorch user gets, beside the C ABI's kernel speed.
+It needs the strideattn package importable (e.g. PYTHONPATH at a `pip install --target`);
+without it those columns say why they are empty.
+
 Protocol (docs/design.md, "Benchmark protocol"): CUDA events around each run, warm-up first,
 the median of >= 20 runs; fwd+bwd times the forward and the whole backward (every kernel);
 FLOPs: forward 2 * visible_pairs * (d_qk + d_v) summed over batch and query heads, backward
@@ -16,6 +23,7 @@ FLOPs: forward 2 * visible_pairs * (d_qk + d_v) summed over batch and query head
 
   python3 bench/compare_sdpa.py [--quick | --only NAME-PART] [--out bench.md]
                                 [--results-dir DIR] [--append-results]
+                                [--user-backends auto,cuda,cudnn | --user-backends none]
 """
 
 from __future__ import annotations
@@ -238,6 +246,31 @@ def ours_fns(sa: Strideattn, backend: str, sh: Shape, q, k, v):
     return fwd, fwd_bwd
 
 
+def user_fns(backend: str, sh: Shape, q, k, v):
+    """DotProductAttention with autograd on leaves that are the same views (same strides)
+    as q, k, v: the seed's sbhd split views as sbhd, contiguous ones as bshd."""
+    import strideattn.torch as sat
+
+    seed = sh.layout == "seed"
+    fmt = "sbhd" if seed else "bshd"
+    lq, lk, lv = (
+        (x.transpose(0, 1) if seed else x).detach().requires_grad_(True) for x in (q, k, v)
+    )
+    mod = sat.DotProductAttention(
+        sh.h, sh.d, num_gqa_groups=sh.hg, qkv_format=fmt,
+        attn_mask_type="causal" if sh.causal else "no_mask", backend=backend,
+    )  # fmt: skip
+    do = torch.randn(*lq.shape[:2], sh.h * sh.d, device="cuda", dtype=sh.torch_dtype())
+
+    def fwd():
+        return mod(lq, lk, lv)
+
+    def fwd_bwd():  # autograd.grad: no accumulation kernel into .grad, as for SDPA
+        torch.autograd.grad(fwd(), (lq, lk, lv), do)
+
+    return fwd, fwd_bwd
+
+
 COLUMNS = ["sdpa-flash", "sdpa-cudnn", "cuda", "cudnn"]
 
 
@@ -248,7 +281,13 @@ class Row:
 
 
 def run_shape(
-    sh: Shape, sa: Strideattn | None, backends: list[str], runs: int, warmup: int, modes: list[str]
+    sh: Shape,
+    sa: Strideattn | None,
+    backends: list[str],
+    runs: int,
+    warmup: int,
+    modes: list[str],
+    user_backends: list[str] = (),
 ) -> Row:
     row = Row(sh)
     torch.manual_seed(0)
@@ -259,6 +298,8 @@ def run_shape(
     impls["sdpa-cudnn"] = lambda: sdpa_fns(sh, q, k, v, SDPBackend.CUDNN_ATTENTION)
     for be in backends:
         impls[be] = lambda be=be: ours_fns(sa, be, sh, q, k, v)
+    for be in user_backends:
+        impls[f"torch-{be}"] = lambda be=be: user_fns(be, sh, q, k, v)
     for col, make in impls.items():
         try:
             fwd, fwd_bwd = make()
@@ -276,15 +317,20 @@ def run_shape(
     return row
 
 
-def data_rows(rows: list[Row], backends: list[str], modes: list[str]) -> list[dict]:
+def data_rows(
+    rows: list[Row], backends: list[str], modes: list[str], user_backends: list[str] = ()
+) -> list[dict]:
     """The measured rows in the data file's form (bench/render.py): one per shape and mode,
-    every table column (TFLOP/s of each column, each ratio) and why a column has no number."""
+    every table column (TFLOP/s of each column, each ratio) and why a column has no number.
+    User-path columns torch-<be> add the ratios torch-<be>/<be> (over the C ABI's same
+    backend), torch-<be>/flash and torch-<be>/sdpa-cudnn."""
     out = []
+    users = [f"torch-{be}" for be in user_backends]
     for r in rows:
         sh = r.shape
         for m in modes:
             tflops, ratios, missing = {}, {}, {}
-            for col in COLUMNS[:2] + backends:
+            for col in COLUMNS[:2] + backends + users:
                 val = r.tflops.get((col, m))
                 tflops[col] = val if isinstance(val, float) else None
                 if isinstance(val, str):
@@ -296,6 +342,13 @@ def data_rows(rows: list[Row], backends: list[str], modes: list[str]) -> list[di
                 ):
                     a, b = tflops[be], tflops[peer]
                     ratios[key] = a / b if a is not None and b else None
+            for be, col in zip(user_backends, users):
+                peers = [("sdpa-flash", "flash"), ("sdpa-cudnn", "sdpa-cudnn")]
+                if be in backends:
+                    peers.append((be, be))
+                for peer, name in peers:
+                    a, b = tflops[col], tflops[peer]
+                    ratios[f"{col}/{name}"] = a / b if a is not None and b else None
             out.append(
                 {
                     "shape": sh.name,
@@ -350,6 +403,11 @@ def parse_args(argv=None):
     ap.add_argument("--runs", type=int, default=20, help="timed runs per measurement (>= 20)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--fwd-only", action="store_true")
+    ap.add_argument(
+        "--user-backends",
+        default="auto,cuda,cudnn",
+        help="backends of the user-path columns (DotProductAttention with autograd); 'none'",
+    )
     ap.add_argument("--out", help="write the table (markdown) here")
     ap.add_argument(
         "--results-dir",
@@ -399,15 +457,25 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"compare_sdpa: cannot load {args.lib}: {e}; timing SDPA only", file=sys.stderr)
 
+    user_backends = [
+        be.strip() for be in args.user_backends.split(",") if be.strip() not in ("", "none")
+    ]
+    if user_backends:
+        try:
+            import strideattn.torch  # noqa: F401
+        except ImportError as e:
+            print(f"compare_sdpa: no user-path columns: strideattn.torch: {e}", file=sys.stderr)
+            user_backends = []
     modes = ["fwd"] if args.fwd_only else ["fwd", "fwd+bwd"]
     rows = []
+    users = [f"torch-{be}" for be in user_backends]
     for sh in shapes:
-        row = run_shape(sh, sa, backends, args.runs, args.warmup, modes)
+        row = run_shape(sh, sa, backends, args.runs, args.warmup, modes, user_backends)
         rows.append(row)
         summary = ", ".join(
             f"{c} {render.fmt(row.tflops.get((c, m)))}"
             for m in modes
-            for c in COLUMNS[:2] + backends
+            for c in COLUMNS[:2] + backends + users
         )
         print(f"{sh.name} {'causal' if sh.causal else 'none'}: {summary}", flush=True)
 
@@ -434,11 +502,15 @@ def main(argv=None) -> int:
             "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs",
         },
         "backends": backends,
+        "user_backends": user_backends,
         "modes": modes,
-        "rows": data_rows(rows, backends, modes),
+        "rows": data_rows(rows, backends, modes, user_backends),
     }
     header = render.header(data)
     text = render.table(data["rows"], backends)
+    if user_backends:
+        text += "\n\nUser path (DotProductAttention with autograd):\n\n"
+        text += render.user_table(data["rows"], user_backends, backends)
     print()
     print(header)
     print(text)

@@ -10,7 +10,8 @@ the current summary, from the newest data files, into bench/README.md between th
   python3 bench/render.py --check    exit 1 if bench/README.md is not what the data renders
 
 Data file (format "strideattn-bench/1"): date, commit, gpu, command, versions (torch,
-cudnn, ...), protocol (runs, warmup, timer, flops), backends (ours, in column order), modes,
+cudnn, ...), protocol (runs, warmup, timer, flops), backends (ours, in column order),
+optional user_backends (the user-path columns torch-<be>, rendered as a second table), modes,
 optional transcribed_from (where hand-copied numbers came from), and rows: shape name, b, h,
 hg, s, d, mask, dtype, layout, mode, tflops {column: TFLOP/s}, ratios {"be/flash",
 "be/sdpa-cudnn": ours over SDPA}, not_measured {column: reason}.
@@ -18,6 +19,13 @@ hg, s, d, mask, dtype, layout, mode, tflops {column: TFLOP/s}, ratios {"be/flash
 The summary takes, for each GPU, every (shape, mode) row from the newest file that has it
 (newest by date, then file name), so a partial run (--quick, --only) updates its rows and
 leaves the others. Rendering depends on the files' contents alone: no clock, no machine.
+
+Host-time data (bench/host_overhead.py, format "strideattn-host/1", in results/host/):
+date, commit, machine, device, command, versions, protocol (shape, dtype, mask, calls,
+repeats, timer, threads), metrics (the two timings of the device, e.g. enqueue_us and
+synced_us), peers (the SDPA columns) and rows: column, layer, backend, mode, each metric,
+ratios {"metric/peer": over the peer's}, error. The newest file of
+each machine is rendered between `<!-- host:begin -->` and `<!-- host:end -->`.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(BENCH, "results")
 README = os.path.join(BENCH, "README.md")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+HOST_BEGIN, HOST_END = "<!-- host:begin -->", "<!-- host:end -->"
 FORMAT = "strideattn-bench/1"
+HOST_FORMAT = "strideattn-host/1"
 PEERS = ["sdpa-flash", "sdpa-cudnn"]
 
 
@@ -86,6 +96,34 @@ def table(rows: list[dict], backends: list[str], run_column: bool = False) -> st
     return out
 
 
+def user_table(
+    rows: list[dict], user_backends: list[str], backends: list[str], run_column=False
+) -> str:
+    """The user-path table: SDPA's two columns, each torch-<be> column (DotProductAttention
+    with autograd) and its ratios over the C ABI's same backend and over SDPA."""
+    head = ["shape (b, h/hg, s, d)", "mask", "dtype", "mode", "SDPA flash", "SDPA cuDNN"]
+    for be in user_backends:
+        head += [f"torch {be}", f"torch-{be}/sdpa-cudnn"]
+        if be in backends:
+            head.append(f"torch-{be}/{be}")
+    if run_column:
+        head.append("run")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        t = r["tflops"]
+        fl, cu = t.get("sdpa-flash"), t.get("sdpa-cudnn")
+        cells = [shape_cell(r), r["mask"], r["dtype"], r["mode"], fmt(fl), fmt(cu)]
+        for be in user_backends:
+            col = f"torch-{be}"
+            cells += [fmt(t.get(col)), ratio_cell(r, f"{col}/sdpa-cudnn", t.get(col), cu)]
+            if be in backends:
+                cells.append(ratio_cell(r, f"{col}/{be}", t.get(col), t.get(be)))
+        if run_column:
+            cells.append(r["_run"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def header(data: dict) -> str:
     """The line above the table: GPU, library versions, protocol."""
     v, p = data.get("versions", {}), data.get("protocol", {})
@@ -136,7 +174,7 @@ def summary(results_dir: str) -> str:
         gpus.setdefault(data["gpu"], []).append((path, data))
     parts = []
     for gpu in sorted(gpus):
-        rows, seen, used, backends = [], set(), [], []
+        rows, seen, used, backends, users = [], set(), [], [], []
         for path, data in gpus[gpu]:
             took = 0
             for r in data["rows"]:
@@ -149,6 +187,7 @@ def summary(results_dir: str) -> str:
             if took:
                 used.append((path, data))
                 backends += [b for b in data["backends"] if b not in backends]
+                users += [b for b in data.get("user_backends", []) if b not in users]
         parts.append(f"### {gpu}")
         for path, data in used:
             src = (
@@ -165,15 +204,118 @@ def summary(results_dir: str) -> str:
         parts.append("")
         parts.append(table(rows, backends, run_column=len(used) > 1))
         parts.append("")
+        user_rows = [r for r in rows if any(r["tflops"].get(f"torch-{b}") for b in users)]
+        if user_rows:
+            parts.append(
+                "User path: the same tensors through strideattn.torch.DotProductAttention "
+                "with autograd, in the same run (torch-be/be: over the C ABI's same backend)"
+            )
+            parts.append("")
+            parts.append(user_table(user_rows, users, backends, run_column=len(used) > 1))
+            parts.append("")
     return "\n".join(parts).rstrip("\n")
 
 
-def render_readme(readme_text: str, results_dir: str) -> str:
-    """readme_text with the section between the markers replaced by the summary."""
-    b, e = readme_text.find(BEGIN), readme_text.find(END)
+# ----------------------------------------------------------------------------- host time
+
+
+def host_header(data: dict) -> str:
+    p, v = data.get("protocol", {}), data.get("versions", {})
+    shape = ", ".join(str(x) for x in p.get("shape", []))
+    return (
+        f"{data['machine']} ({data['device']}), torch {v.get('torch')}; [{shape}] "
+        f"{p.get('dtype')}, mask {p.get('mask')}; µs per call, median of {p.get('repeats')} "
+        f"repeats of {p.get('calls')} calls ({p.get('timer')}), {p.get('threads')} threads"
+    )
+
+
+def host_table(data: dict) -> str:
+    """The table bench/host_overhead.py prints: one row per column and mode, each metric
+    (µs per call) and its ratio to the same metric of each SDPA column."""
+    metrics, peers = data["metrics"], data.get("peers", [])
+    label = lambda m: m[: -len("_us")] if m.endswith("_us") else m  # noqa: E731
+    head = ["column", "mode"] + [f"{label(m)} µs" for m in metrics]
+    head += [f"{label(m)}/{p}" for p in peers for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    notes = []
+    for r in data["rows"]:
+        cells = [r["column"], r["mode"]]
+        cells += ["—" if r.get(m) is None else f"{r[m]:.1f}" for m in metrics]
+        ratios = r.get("ratios", {})
+        for p in peers:
+            for m in metrics:
+                x = ratios.get(f"{m}/{p}")
+                cells.append("—" if x is None else f"{x:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+        if r.get("error"):
+            notes.append(f"- {r['column']} {r['mode']}: {r['error']}")
+    out = "\n".join(lines)
+    if notes:
+        out += "\n\nNot measured:\n" + "\n".join(notes)
+    return out
+
+
+def host_files(results_dir: str) -> list[tuple[str, dict]]:
+    """Every host-time data file in results_dir/host, oldest first."""
+    files = []
+    for p in glob.glob(os.path.join(results_dir, "host", "*.json")):
+        with open(p) as f:
+            data = json.load(f)
+        if data.get("format") != HOST_FORMAT:
+            raise ValueError(f"{p}: format {data.get('format')!r}, expected {HOST_FORMAT!r}")
+        for key in (
+            "date",
+            "commit",
+            "machine",
+            "device",
+            "command",
+            "protocol",
+            "metrics",
+            "rows",
+        ):
+            if key not in data:
+                raise ValueError(f"{p}: no {key!r}")
+        files.append((p, data))
+    return sorted(files, key=lambda f: (f[1]["date"], os.path.basename(f[0])))
+
+
+def host_summary(results_dir: str) -> str:
+    """The newest host-time table of each (machine, device)."""
+    newest: dict[tuple[str, str], tuple[str, dict]] = {}
+    for path, data in host_files(results_dir):
+        newest[(data["machine"], data["device"])] = (path, data)
+    if not newest:
+        return "No host-time data in bench/results/host/ yet."
+    parts = []
+    for key in sorted(newest):
+        path, data = newest[key]
+        parts += [
+            f"### {data['machine']}",
+            f"- `{os.path.basename(path)}`: {data['date']}, commit {data['commit']}, "
+            f"`{data['command']}`",
+            "",
+            host_header(data),
+            "",
+            host_table(data),
+            "",
+        ]
+    return "\n".join(parts).rstrip("\n")
+
+
+def _replace(text: str, begin: str, end: str, body: str) -> str:
+    b, e = text.find(begin), text.find(end)
     if b < 0 or e < b:
-        raise ValueError(f"bench/README.md lacks the markers {BEGIN} ... {END}")
-    return readme_text[: b + len(BEGIN)] + "\n" + summary(results_dir) + "\n" + readme_text[e:]
+        raise ValueError(f"bench/README.md lacks the markers {begin} ... {end}")
+    return text[: b + len(begin)] + "\n" + body + "\n" + text[e:]
+
+
+def render_readme(readme_text: str, results_dir: str) -> str:
+    """readme_text with the sections between the markers replaced by the summaries (the
+    host-time section only where the README has its markers)."""
+    text = _replace(readme_text, BEGIN, END, summary(results_dir))
+    if HOST_BEGIN in text or HOST_END in text:
+        text = _replace(text, HOST_BEGIN, HOST_END, host_summary(results_dir))
+    return text
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ padding mask type with neither is refused. Windows follow TE's alignment rule
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -20,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._torch_ops import attention
+from . import _checks
+from . import _torch_call as call
+from ._torch_ops import attend, attention
 from ._util import (
     MASK_ALIASES,
     MASKS,
@@ -69,6 +72,18 @@ def mask_type(t: Any) -> Tuple[str, bool]:
             f"(',' for '_', e.g. 'padding,causal'), or strideattn's {', '.join(MASKS)} "
             f"(aliases {', '.join(MASK_ALIASES)})"
         ) from None
+
+
+_MASK_TYPES: Dict[str, Tuple[str, bool]] = {}  # attn_mask_type -> mask_type(), seen before
+
+
+def _mask_type_cached(t: Any) -> Tuple[str, bool]:
+    got = _MASK_TYPES.get(t) if isinstance(t, str) else None
+    if got is None:
+        got = mask_type(t)
+        if len(_MASK_TYPES) < 64:
+            _MASK_TYPES[t] = got
+    return got
 
 
 def _refuse(arg: str, value: Any, supported: str) -> NotImplementedError:
@@ -363,27 +378,46 @@ class DotProductAttention(torch.nn.Module):
         output_final_state: bool = False,
         use_qk_l2norm_in_kernel: bool = False,
     ) -> Tensor:
-        self._refuse_unsupported(
-            dict(
-                core_attention_bias_type=core_attention_bias_type,
-                core_attention_bias=core_attention_bias,
-                alibi_slopes=alibi_slopes,
-                inference_params=inference_params,
-                fp8_output=fp8_output,
-                bf16_backward=bf16_backward,
-                score_mod=score_mod,
-                score_mod_bprop=score_mod_bprop,
-                score_mod_tensors=score_mod_tensors,
-                score_mod_bprop_tensors=score_mod_bprop_tensors,
-                g=g,
-                beta=beta,
-                initial_state=initial_state,
-                output_final_state=output_final_state,
-                num_splits=num_splits,
+        if not (  # the neutral values, checked without building anything (the common case)
+            core_attention_bias_type == "no_bias"
+            and core_attention_bias is None
+            and alibi_slopes is None
+            and inference_params is None
+            and not fp8_output
+            and not bf16_backward
+            and score_mod is None
+            and score_mod_bprop is None
+            and score_mod_tensors is None
+            and score_mod_bprop_tensors is None
+            and g is None
+            and beta is None
+            and initial_state is None
+            and not output_final_state
+            and (num_splits is None or (type(num_splits) is int and num_splits >= 1))
+        ):
+            self._refuse_unsupported(
+                dict(
+                    core_attention_bias_type=core_attention_bias_type,
+                    core_attention_bias=core_attention_bias,
+                    alibi_slopes=alibi_slopes,
+                    inference_params=inference_params,
+                    fp8_output=fp8_output,
+                    bf16_backward=bf16_backward,
+                    score_mod=score_mod,
+                    score_mod_bprop=score_mod_bprop,
+                    score_mod_tensors=score_mod_tensors,
+                    score_mod_bprop_tensors=score_mod_bprop_tensors,
+                    g=g,
+                    beta=beta,
+                    initial_state=initial_state,
+                    output_final_state=output_final_state,
+                    num_splits=num_splits,
+                )
             )
-        )
-        fmt = self._check_format(qkv_format or self.qkv_format)
-        mask, padding = mask_type(attn_mask_type or self.attn_mask_type)
+        fmt = qkv_format or self.qkv_format
+        if fmt not in _FORMATS:
+            self._check_format(fmt)
+        mask, padding = _mask_type_cached(attn_mask_type or self.attn_mask_type)
         q, k, v = _unpack(
             qkv_layer, kv_layer, query_layer, key_layer, value_layer, fmt, qkv_interleave_dim
         )
@@ -413,11 +447,6 @@ class DotProductAttention(torch.nn.Module):
             else self.bottom_right_diagonal
         )
         top_left = mask == "causal" or (mask == "none" and brd is False)
-        why = (
-            f"attn_mask_type '{attn_mask_type or self.attn_mask_type}'"
-            if mask == "causal"
-            else "bottom_right_diagonal=False"
-        )
         opts = dict(
             mask=mask,
             scale=self.softmax_scale,
@@ -426,7 +455,14 @@ class DotProductAttention(torch.nn.Module):
         )
 
         def window(shifts: Sequence[int]) -> Tuple[int, int]:
-            if top_left and (left, right) != (-1, -1) and len(set(shifts)) > 1:
+            if not top_left or (left, right) == (-1, -1):
+                return left, right  # nothing to translate
+            why = (
+                f"attn_mask_type '{attn_mask_type or self.attn_mask_type}'"
+                if mask == "causal"
+                else "bottom_right_diagonal=False"
+            )
+            if len(set(shifts)) > 1:
                 raise NotImplementedError(
                     f"window_size={(left, right)} aligned to the top-left diagonal ({why}) with "
                     "sequences whose s_kv - s_q differ; supported: equal s_kv - s_q, or a "
@@ -449,9 +485,36 @@ class DotProductAttention(torch.nn.Module):
                 window,
                 opts,
             )
+        if not padding:  # attention_mask is ignored here, as TE ignores it
+            # one call on the tensors as given: the sbhd transposes and the merge of the
+            # heads happen inside the autograd function, not as autograd nodes around it
+            seq = 0 if fmt == "sbhd" else 1
+            self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, q.shape[seq], k.shape[seq], fmt)
+            layout = call.SBHD if fmt == "sbhd" else call.BSHD
+            return self._attend(q, k, v, None, window([k.shape[seq] - q.shape[seq]]), opts, layout)
         if fmt == "sbhd":
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
+        self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt)
+        lens_q, lens_kv = self._padding_lengths(
+            b,
+            s_q,
+            s_kv,
+            attention_mask,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            cu_seqlens_q_padded,
+            cu_seqlens_kv_padded,
+            fmt,
+            attn_mask_type or self.attn_mask_type,
+        )
+        o = self._padded(q, k, v, lens_q, lens_kv, window, opts)
+        if fmt == "sbhd":
+            o = o.transpose(0, 1)
+        return o.reshape(o.shape[0], o.shape[1], -1)
+
+    @staticmethod
+    def _check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt) -> None:
         for name, m, s in (
             ("max_seqlen_q", max_seqlen_q, s_q),
             ("max_seqlen_kv", max_seqlen_kv, s_kv),
@@ -461,25 +524,22 @@ class DotProductAttention(torch.nn.Module):
                     f"{name} is {m} but the {fmt} tensors have sequence extent {s}; "
                     f"with qkv_format '{fmt}' it is that extent"
                 )
-        if not padding:  # attention_mask is ignored here, as TE ignores it
-            o = attention(q, k, v, window=window([s_kv - s_q]), **opts)
-        else:
-            lens_q, lens_kv = self._padding_lengths(
-                b,
-                s_q,
-                s_kv,
-                attention_mask,
-                cu_seqlens_q,
-                cu_seqlens_kv,
-                cu_seqlens_q_padded,
-                cu_seqlens_kv_padded,
-                fmt,
-                attn_mask_type or self.attn_mask_type,
-            )
-            o = self._padded(q, k, v, lens_q, lens_kv, window, opts)
-        if fmt == "sbhd":
-            o = o.transpose(0, 1)
-        return o.reshape(o.shape[0], o.shape[1], -1)
+
+    @staticmethod
+    def _attend(q, k, v, varlen, win, opts, layout) -> Tensor:
+        """attend() with the module's options, O's heads merged ([..., h * d_v])."""
+        scale = opts["scale"]
+        if scale is None:
+            d = q.shape[-1]
+            scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+        elif type(scale) is not float:
+            scale = _checks.scale(scale)
+        sq, skv, oq, okv = varlen or (None, None, None, None)
+        out, _ = attend(
+            q, k, v, sq, skv, oq, okv, opts["mask"], win[0], win[1], scale, opts["backend"],
+            bool(opts["deterministic"]), layout, True,
+        )  # fmt: skip
+        return out
 
     def _thd(
         self, q, k, v, cu_q, cu_kv, pad_q, pad_kv, max_q, max_kv, pad_between_seqs, window, opts
@@ -505,18 +565,8 @@ class DotProductAttention(torch.nn.Module):
         for name, m, lens in (("max_seqlen_q", max_q, lens_q), ("max_seqlen_kv", max_kv, lens_kv)):
             if m is not None and lens and int64(m, name) < max(lens):
                 raise ValueError(f"{name} is {m} but the longest sequence has {max(lens)} tokens")
-        o = attention(
-            q,
-            k,
-            v,
-            seqlens_q=lens_q,
-            seqlens_kv=lens_kv,
-            offsets_q=offs_q,
-            offsets_kv=offs_kv,
-            window=window([b - a for a, b in zip(lens_q, lens_kv)]),
-            **opts,
-        )
-        return o.reshape(o.shape[0], -1)
+        win = window([b - a for a, b in zip(lens_q, lens_kv)])
+        return self._attend(q, k, v, (lens_q, lens_kv, offs_q, offs_kv), win, opts, call.THD)
 
     @staticmethod
     def _padding_lengths(

@@ -1,246 +1,205 @@
 """The PyTorch autograd op of strideattn: `attention(q, k, v, ...)`, differentiable over any
-strided views (e.g. the `split` of a fused QKV projection, passed straight in). Forward and
-backward are custom ops (`torch.ops.strideattn.attention_fwd/_bwd`, registered with
-torch.library, with fake implementations), so it works under torch.compile. Gradients come
-back as new tensors that autograd accumulates into the views' bases (e.g. the fused
+strided views (e.g. the `split` of a fused QKV projection, passed straight in). Gradients
+come back as new tensors that autograd accumulates into the views' bases (e.g. the fused
 buffer's .grad). Importing this module registers `attention` with strideattn._core, which
 then routes strideattn.attention() calls on tensors that require grad here.
 
-Work runs on torch.cuda.current_stream() of the tensors' device. The LSE output is not
-differentiable (gradients through it are not propagated)."""
+Two ways through, one implementation (strideattn/_torch_call.py):
+- Eager, on plain tensors with no dispatch mode, tracer or functorch transform active (what
+  a training loop and a CUDA-graph capture do): `_Attention`, an autograd.Function whose
+  forward and backward call the extension directly. torch.library.custom_op costs about
+  50 µs per call on the host in its Python layers (argument normalisation against the
+  schema, pytree handling), more than the whole SDPA call it stands in for.
+- Everything else (torch.compile, FakeTensor, export, opcheck, dispatch modes): the ops
+  `torch.ops.strideattn.attention_fwd` / `attention_bwd`, declared with torch.library's
+  low-level registration: CPU and CUDA kernels, fake kernels for tracing, and an Autograd
+  kernel that runs `_Attention` (whose forward then re-dispatches below autograd).
+
+Work runs on the current CUDA stream of the tensors' device. The LSE output is not
+differentiable (gradients through it are not propagated); the backward is not itself
+differentiable (double backward raises)."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-from . import _checks, _core, _ext
-from ._util import canonical_mask, describe, dim_order, int_list, raise_status, window_pair
+from . import _checks, _core
+from . import _torch_call as call
+from ._util import canonical_mask, describe, int_list, window_pair
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- the ops
 
-
-def _alloc(
-    shape: Sequence[int], dtype: torch.dtype, device: torch.device, like: Tensor, zero: bool
-) -> Tensor:
-    """A tensor of logical `shape` laid out in `like`'s dimension order (head dim innermost);
-    the real and the fake implementations share this, so their strides agree."""
-    order = dim_order(tuple(like.shape), tuple(like.stride()))
-    phys = [shape[i] for i in order]
-    inverse = [0] * len(order)
-    for pos, dim in enumerate(order):
-        inverse[dim] = pos
-    make = torch.zeros if zero else torch.empty
-    return make(phys, dtype=dtype, device=device).permute(inverse)
+_lib = torch.library.Library("strideattn", "DEF")  # noqa: TOR901 - the ops' own namespace
+_OPTS = "str mask, int window_left, int window_right, float scale, str backend, bool deterministic"
+_VARLEN = "Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? offsets_q, Tensor? offsets_kv"
+_lib.define(f"attention_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN}, {_OPTS}) -> (Tensor, Tensor)")
+_lib.define(
+    "attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+    f"{_VARLEN}, {_OPTS}) -> (Tensor, Tensor, Tensor)"
+)
 
 
-def _lse_shape(q: Tensor) -> List[int]:
-    return [q.shape[0], q.shape[2], q.shape[1]]
+def _fwd_kernel(q, k, v, sq, skv, oq, okv, mask, wl, wr, scale, backend, det):
+    return call.forward(q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det)
 
 
-def _scope(t: Tensor):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
-def _stream(t: Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.device.type == "cuda" else 0
-
-
-def _ints(t: Optional[Tensor]) -> List[int]:
-    return [] if t is None else [int(x) for x in t.tolist()]
-
-
-def _head_dim_dense(t: Tensor) -> Tensor:
-    # Gradients handed to us by autograd may be expanded (stride 0) or otherwise lack a unit
-    # head-dim stride; the library needs one, so only then make a copy.
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
-def _options(
-    mask, window_left, window_right, scale, backend, deterministic, sq, skv, oq, okv, stream
-):
-    return dict(
-        mask=mask,
-        window_left=window_left,
-        window_right=window_right,
-        scale=scale,
-        deterministic=deterministic,
-        seqlens_q=_ints(sq),
-        seqlens_kv=_ints(skv),
-        offsets_q=_ints(oq),
-        offsets_kv=_ints(okv),
-        backend=backend,
-        stream=stream,
+def _bwd_kernel(dout, q, k, v, out, lse, sq, skv, oq, okv, mask, wl, wr, scale, backend, det):
+    return call.backward(
+        dout, q, k, v, out, lse, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det
     )
 
 
-# ----------------------------------------------------------------------------- custom ops
+for _key in ("CPU", "CUDA"):
+    _lib.impl("attention_fwd", _fwd_kernel, _key)
+    _lib.impl("attention_bwd", _bwd_kernel, _key)
 
 
-@torch.library.custom_op("strideattn::attention_fwd", mutates_args=())
-def _attention_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    seqlens_q: Optional[Tensor],
-    seqlens_kv: Optional[Tensor],
-    offsets_q: Optional[Tensor],
-    offsets_kv: Optional[Tensor],
-    mask: str,
-    window_left: int,
-    window_right: int,
-    scale: float,
-    backend: str,
-    deterministic: bool,
-) -> Tuple[Tensor, Tensor]:
-    varlen = seqlens_q is not None
-    with _scope(q):
-        out = _alloc(list(q.shape[:-1]) + [v.shape[-1]], q.dtype, q.device, q, zero=varlen)
-        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-        if varlen:
-            lse.fill_(-math.inf)  # padding tokens: no sequence covers them
-        opts = _options(
-            mask,
-            window_left,
-            window_right,
-            scale,
-            backend,
-            deterministic,
-            seqlens_q,
-            seqlens_kv,
-            offsets_q,
-            offsets_kv,
-            _stream(q),
-        )
-        code, msg = _ext.forward(q, k, v, out, lse, **opts)
-    raise_status(code, msg, opts, varlen)
-    return out, lse
+@torch.library.register_fake("strideattn::attention_fwd", lib=_lib)
+def _fwd_fake(q, k, v, sq, skv, oq, okv, mask, wl, wr, scale, backend, det):
+    out = call.fake_like_order(q.shape[:-1] + v.shape[-1:], q)
+    return out, q.new_empty(call.lse_shape(q), dtype=torch.float32)
 
 
-@_attention_fwd.register_fake
-def _attention_fwd_fake(
-    q,
-    k,
-    v,
-    seqlens_q,
-    seqlens_kv,
-    offsets_q,
-    offsets_kv,
-    mask,
-    window_left,
-    window_right,
-    scale,
-    backend,
-    deterministic,
-):
-    out = _alloc(list(q.shape[:-1]) + [v.shape[-1]], q.dtype, q.device, q, zero=False)
-    lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
-    return out, lse
-
-
-@torch.library.custom_op("strideattn::attention_bwd", mutates_args=())
-def _attention_bwd(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    seqlens_q: Optional[Tensor],
-    seqlens_kv: Optional[Tensor],
-    offsets_q: Optional[Tensor],
-    offsets_kv: Optional[Tensor],
-    mask: str,
-    window_left: int,
-    window_right: int,
-    scale: float,
-    backend: str,
-    deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    varlen = seqlens_q is not None
-    with _scope(q):
-        dq = _alloc(q.shape, q.dtype, q.device, q, zero=varlen)
-        dk = _alloc(k.shape, k.dtype, k.device, k, zero=varlen)
-        dv = _alloc(v.shape, v.dtype, v.device, v, zero=varlen)
-        opts = _options(
-            mask,
-            window_left,
-            window_right,
-            scale,
-            backend,
-            deterministic,
-            seqlens_q,
-            seqlens_kv,
-            offsets_q,
-            offsets_kv,
-            _stream(q),
-        )
-        code, msg = _ext.backward(q, k, v, out, _head_dim_dense(dout), lse, dq, dk, dv, **opts)
-    raise_status(code, msg, opts, varlen)
-    return dq, dk, dv
-
-
-@_attention_bwd.register_fake
-def _attention_bwd_fake(
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    seqlens_q,
-    seqlens_kv,
-    offsets_q,
-    offsets_kv,
-    mask,
-    window_left,
-    window_right,
-    scale,
-    backend,
-    deterministic,
-):
+@torch.library.register_fake("strideattn::attention_bwd", lib=_lib)
+def _bwd_fake(dout, q, k, v, out, lse, sq, skv, oq, okv, mask, wl, wr, scale, backend, det):
     return (
-        _alloc(q.shape, q.dtype, q.device, q, zero=False),
-        _alloc(k.shape, k.dtype, k.device, k, zero=False),
-        _alloc(v.shape, v.dtype, v.device, v, zero=False),
+        call.fake_like_order(q.shape, q),
+        call.fake_like_order(k.shape, k),
+        call.fake_like_order(v.shape, v),
     )
 
 
-def _setup_context(ctx, inputs, output):
-    (q, k, v, sq, skv, oq, okv, mask, wl, wr, scale, backend, det) = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.varlen = (sq, skv, oq, okv)
-    ctx.opts = (mask, wl, wr, scale, backend, det)
-    ctx.mark_non_differentiable(lse)
+# ----------------------------------------------------------------------------- autograd
 
 
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.strideattn.attention_bwd(dout, q, k, v, out, lse, *ctx.varlen, *ctx.opts)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+def _eager(q, k, v) -> bool:
+    """Whether the extension may be called directly: not under torch.compile (checked first:
+    dynamo then never traces the rest), plain tensors, and no dispatch mode, JIT tracer or
+    functorch transform that expects to see the op."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(q) is Tensor
+        and type(k) is Tensor
+        and type(v) is Tensor
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._get_tracing_state()
+        and torch._C._functorch.peek_interpreter_stack() is None
+    )
 
 
-_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+class _Attention(torch.autograd.Function):
+    """O, LSE = attention(q, k, v). `args` is (direct, seqlens_q, seqlens_kv, offsets_q,
+    offsets_kv, mask, window_left, window_right, scale, backend, deterministic, layout,
+    flat): one tuple, since every argument of apply() costs host time. direct: the caller
+    checked _eager(), the extension is called here (in the caller's layout, see
+    _torch_call.forward_layout); else the op runs below autograd ([b, s, h, d], not flat).
+    Saved: q, k, v, O, LSE (as returned: the backward takes its views again)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, args):
+        direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat = args
+        if direct:
+            out, lse = call.forward_layout(
+                q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det, layout, flat
+            )
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                out, lse = torch.ops.strideattn.attention_fwd.default(q, k, v, *args[1:11])
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat = ctx.args
+        if direct and type(dout) is Tensor and _eager(q, k, v):
+            dq, dk, dv = call.backward_layout(
+                dout, q, k, v, out, lse, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det,
+                layout, flat,
+            )  # fmt: skip
+        else:
+            if flat:
+                dout = dout.reshape(*q.shape[:-1], v.shape[-1])
+            o4, lse4 = call.views(q, out, lse, layout, flat)
+            dq, dk, dv = torch.ops.strideattn.attention_bwd.default(
+                call.to_bshd(dout, layout),
+                call.to_bshd(q, layout),
+                call.to_bshd(k, layout),
+                call.to_bshd(v, layout),
+                o4,
+                lse4,
+                *_as_tensors(sq, skv, oq, okv),
+                mask, wl, wr, scale, backend, det,
+            )  # fmt: skip
+            dq, dk, dv = (call.from_bshd(t, layout) for t in (dq, dk, dv))
+        return dq, dk, dv, None
+
+
+def _fwd_autograd(q, k, v, *rest):
+    # The Autograd kernel of attention_fwd: records _Attention when a gradient is wanted,
+    # else runs the kernel below it.
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, (False, *rest, call.BSHD, False))
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.strideattn.attention_fwd.default(q, k, v, *rest)
+
+
+def _bwd_autograd(dout, q, k, v, out, lse, *rest):
+    if torch.is_grad_enabled() and any(
+        t.requires_grad for t in (dout, q, k, v, out, lse) if t is not None
+    ):
+        raise RuntimeError(
+            "strideattn::attention_bwd is not differentiable (double backward through "
+            "strideattn attention is not supported)"
+        )
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.strideattn.attention_bwd.default(dout, q, k, v, out, lse, *rest)
+
+
+_lib.impl("attention_fwd", _fwd_autograd, "Autograd")
+_lib.impl("attention_bwd", _bwd_autograd, "Autograd")
 
 
 # ----------------------------------------------------------------------------- functional
 
 
-def _as_index_tensor(x, name: str) -> Optional[Tensor]:
+def _index(x, name: str):
+    """Sequence lengths or offsets: None, a list of ints, or a 1-D integer tensor (kept as
+    it is: the ops take tensors, and the extension call reads them)."""
     if x is None:
         return None
     if isinstance(x, Tensor):
-        if x.dim() != 1 or x.dtype.is_floating_point:
+        if x.dim() != 1 or x.dtype.is_floating_point or x.dtype == torch.bool:
             raise ValueError(
                 f"{name} must be a 1-D integer tensor, got shape {tuple(x.shape)} dtype {x.dtype}"
             )
         return x
-    return torch.tensor(int_list(x, name), dtype=torch.int64)
+    return int_list(x, name)
+
+
+def _as_tensors(*xs):
+    """Lists as int64 tensors (what the ops' schema takes); tensors and None unchanged."""
+    return tuple(torch.tensor(x, dtype=torch.int64) if isinstance(x, list) else x for x in xs)
+
+
+_MASKS = {}  # mask argument -> canonical name, for names seen before
+
+
+def _mask(mask) -> str:
+    got = _MASKS.get(mask) if isinstance(mask, str) else None
+    if got is None:
+        got = canonical_mask(mask)
+        if len(_MASKS) < 64:
+            _MASKS[mask] = got
+    return got
 
 
 def attention(
@@ -262,38 +221,64 @@ def attention(
     """Differentiable strideattn.attention for PyTorch tensors (same arguments and shapes:
     q [b, s_q, h, d_qk] or varlen [tokens, h, d_qk] with seqlens_*/offsets_* as lists or 1-D
     integer tensors). Returns O (and the fp32, non-differentiable LSE)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {describe(x)}")
-    mask = canonical_mask(mask)
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(x, Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {describe(x)}")
+    mask = _mask(mask)
     if not isinstance(backend, str):
         raise ValueError(
             f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {describe(backend)}"
         )
-    left, right = window_pair(window)
-    if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
+    left, right = (-1, -1) if window is None else window_pair(window)
+    nd = q.dim()
+    if nd not in (3, 4) or k.dim() != nd or v.dim() != nd:
         raise ValueError(
             f"q, k, v must all have 4 dimensions [b, s, h, d] (or 3 for varlen "
             f"[tokens, h, d]); got {q.dim()}, {k.dim()}, {v.dim()}"
         )
-    scale = _checks.scale(scale)
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] > 0 else 1.0
-    sq, skv = _as_index_tensor(seqlens_q, "seqlens_q"), _as_index_tensor(seqlens_kv, "seqlens_kv")
-    oq, okv = _as_index_tensor(offsets_q, "offsets_q"), _as_index_tensor(offsets_kv, "offsets_kv")
+        d = q.shape[-1]
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    elif type(scale) is not float:
+        scale = _checks.scale(scale)
+    det = bool(deterministic)
+    sq, skv = _index(seqlens_q, "seqlens_q"), _index(seqlens_kv, "seqlens_kv")
+    oq, okv = _index(offsets_q, "offsets_q"), _index(offsets_kv, "offsets_kv")
     if (sq is None) != (skv is None):
         raise ValueError("varlen needs both seqlens_q and seqlens_kv")
-    lifted = q.dim() == 3
-    if lifted:
-        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    out, lse = torch.ops.strideattn.attention_fwd(
-        q, k, v, sq, skv, oq, okv, mask, left, right, float(scale), backend, bool(deterministic)
-    )
-    if lifted:
-        out = out.squeeze(0)
-    if sq is not None:
-        lse = lse.squeeze(0)  # [h, tokens]
+    layout = call.THD if nd == 3 else call.BSHD
+    out, lse = attend(q, k, v, sq, skv, oq, okv, mask, left, right, scale, backend, det, layout)
+    if sq is not None and nd == 4:
+        lse = lse.squeeze(0)  # varlen: [h, tokens]
     return (out, lse) if return_lse else out
+
+
+def attend(q, k, v, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat=False):
+    """(O, LSE) of checked arguments (canonical mask, window pair, float scale, lengths as
+    lists or tensors) in a layout of _torch_call (BSHD, SBHD, THD); flat merges O's heads
+    and head dim (TransformerEngine's output). The eager path calls the extension from
+    _Attention (or directly, with no gradient wanted); the rest goes through the op."""
+    if _eager(q, k, v):
+        args = (True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _Attention.apply(q, k, v, args)
+        return call.forward_layout(
+            q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det, layout, flat
+        )
+    out, lse = torch.ops.strideattn.attention_fwd.default(
+        call.to_bshd(q, layout),
+        call.to_bshd(k, layout),
+        call.to_bshd(v, layout),
+        *_as_tensors(sq, skv, oq, okv),
+        mask, wl, wr, scale, backend, det,
+    )  # fmt: skip
+    out = call.from_bshd(out, layout)
+    if layout == call.THD:
+        lse = lse.squeeze(0)  # [h, tokens]
+    if flat:
+        out = out.reshape(out.shape[:-2] + (-1,))
+    return out, lse
 
 
 def _wants_grad(q, k, v) -> bool:

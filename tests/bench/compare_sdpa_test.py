@@ -34,6 +34,7 @@ class CommandLineTest(unittest.TestCase):
             "--append-results",
             "--fwd-only",
             "--strideattn",
+            "--user-backends",
         ):
             self.assertIn(opt, r.stdout)
 
@@ -115,6 +116,40 @@ class ShapesAndRecordsTest(unittest.TestCase):
             table,
         )
         self.assertIn("- gqa 64/8 s8k fwd cudnn: error: graph build failed", table)
+
+    def test_user_path_columns_become_data_and_table(self):
+        sh = cs.Shape("seed strided", 8, 2048, 16, 1, 64, True, "fp16", "seed")
+        row = cs.Row(
+            sh,
+            {
+                ("sdpa-flash", "fwd"): 198.0,
+                ("sdpa-cudnn", "fwd"): 280.0,
+                ("cuda", "fwd"): 225.0,
+                ("torch-auto", "fwd"): 240.0,
+                ("torch-cuda", "fwd"): 220.5,
+                ("torch-cudnn", "fwd"): "n/a: unsupported",
+            },
+        )
+        users = ["auto", "cuda", "cudnn"]
+        (d,) = cs.data_rows([row], ["cuda"], ["fwd"], users)
+        self.assertEqual(d["tflops"]["torch-cuda"], 220.5)
+        self.assertIsNone(d["tflops"]["torch-cudnn"])
+        self.assertAlmostEqual(d["ratios"]["torch-cuda/cuda"], 220.5 / 225.0)
+        self.assertAlmostEqual(d["ratios"]["torch-auto/sdpa-cudnn"], 240.0 / 280.0)
+        self.assertNotIn("torch-auto/auto", d["ratios"])  # no C ABI column named auto
+        self.assertEqual(d["not_measured"]["torch-cudnn"], "n/a: unsupported")
+        table = render.user_table([d], users, ["cuda"])
+        self.assertEqual(
+            table.splitlines()[0],
+            "| shape (b, h/hg, s, d) | mask | dtype | mode | SDPA flash | SDPA cuDNN | "
+            "torch auto | torch-auto/sdpa-cudnn | torch cuda | torch-cuda/sdpa-cudnn | "
+            "torch-cuda/cuda | torch cudnn | torch-cudnn/sdpa-cudnn |",
+        )
+        self.assertIn(
+            "| seed strided: 8, 16/1, 2048, 64 | causal | fp16 | fwd | 198 | 280 | 240 | 0.86 "
+            "| 220 | 0.79 | 0.98 | — | — |",
+            table,
+        )
 
     def test_data_file_name(self):
         self.assertEqual(

@@ -86,9 +86,7 @@ class RenderTest(unittest.TestCase):
         path, data = newest_file()
         with tempfile.TemporaryDirectory() as tmp:
             results = os.path.join(tmp, "results")
-            os.mkdir(results)
-            for p, _ in render.data_files(render.RESULTS):
-                shutil.copy(p, results)
+            shutil.copytree(render.RESULTS, results)  # the host-time data in results/host too
             readme = os.path.join(tmp, "README.md")
             shutil.copy(render.README, readme)
             check = [
@@ -110,6 +108,27 @@ class RenderTest(unittest.TestCase):
             self.assertEqual(rc.returncode, 1)
             self.assertIn("out of date", rc.stderr)
 
+    def test_a_changed_host_time_makes_the_check_fail(self):
+        files = render.host_files(render.RESULTS)
+        self.assertTrue(files, "no host-time data in bench/results/host/")
+        path, data = files[-1]
+        with tempfile.TemporaryDirectory() as tmp:
+            results = os.path.join(tmp, "results")
+            shutil.copytree(render.RESULTS, results)
+            readme = os.path.join(tmp, "README.md")
+            shutil.copy(render.README, readme)
+            planted = copy.deepcopy(data)
+            planted["rows"][0][planted["metrics"][0]] = 9999.0
+            with open(os.path.join(results, "host", os.path.basename(path)), "w") as f:
+                f.write(render.dumps(planted))
+            rc = subprocess.run(
+                [sys.executable, os.path.join(REPO, "bench", "render.py"), "--check",
+                 "--results", results, "--readme", readme],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            self.assertEqual(rc.returncode, 1)
+            self.assertIn("out of date", rc.stderr)
+
     def test_newer_partial_run_replaces_only_its_rows(self):
         path, data = newest_file()
         newer = copy.deepcopy(data)
@@ -126,6 +145,25 @@ class RenderTest(unittest.TestCase):
         self.assertIn("| 1234 |", lines[2])
         self.assertTrue(lines[2].endswith("| fffffff |"), lines[2])
         self.assertTrue(lines[3].endswith(f"| {data['commit']} |"), lines[3])
+
+    def test_user_path_columns_render_as_a_second_table(self):
+        path, data = newest_file()
+        newer = copy.deepcopy(data)
+        newer["date"], newer["commit"] = "9999-12-31", "eeeeeee"
+        newer["user_backends"] = ["auto"]
+        newer["rows"] = [copy.deepcopy(data["rows"][0])]
+        newer["rows"][0]["tflops"]["torch-auto"] = 321.0
+        newer["rows"][0]["ratios"] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(path, tmp)
+            with open(os.path.join(tmp, "9999-12-31-gpu-eeeeeee.json"), "w") as f:
+                f.write(render.dumps(newer))
+            text = render.summary(tmp)
+        self.assertIn("User path:", text)
+        user = text[text.index("User path:") :].splitlines()
+        rows = [line for line in user if line.startswith("| ") and "| 321 |" in line]
+        self.assertEqual(len(rows), 1, text)
+        self.assertTrue(rows[0].endswith("| eeeeeee |"))
 
     def test_missing_markers_are_an_error(self):
         with self.assertRaises(ValueError):

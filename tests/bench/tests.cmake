@@ -1,7 +1,7 @@
 # Tests of bench/ that need no GPU (Python standard library only): the rendered summary in
 # bench/README.md matches the data in bench/results/, the generated ctypes description of the
 # C ABI matches the header (and, outside sanitizer builds, calls libstrideattn_c.so through
-# it), and compare_sdpa.py's command line and data records.
+# it), and the command lines and data records of compare_sdpa.py and host_overhead.py.
 find_package(Python3 COMPONENTS Interpreter)
 if(NOT Python3_Interpreter_FOUND)
   message(STATUS "strideattn: no Python 3 interpreter; the bench/ tests are not registered")
@@ -9,6 +9,7 @@ if(NOT Python3_Interpreter_FOUND)
 endif()
 add_test(NAME bench_render COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/render_test.py)
 add_test(NAME bench_compare_sdpa COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/compare_sdpa_test.py)
+add_test(NAME bench_host_overhead COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/host_overhead_test.py)
 # A library built with sanitizers cannot be loaded into a plain Python process: there the
 # test checks the generated module and the struct layout only.
 set(_abi_env "SA_CXX=${CMAKE_CXX_COMPILER}")
@@ -17,4 +18,4 @@ if(NOT CMAKE_CXX_FLAGS MATCHES "sanitize")
 endif()
 add_test(NAME bench_abi COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/abi_test.py)
 set_tests_properties(bench_abi PROPERTIES ENVIRONMENT "${_abi_env}")
-set_tests_properties(bench_render bench_compare_sdpa bench_abi PROPERTIES LABELS cpu TIMEOUT 120)
+set_tests_properties(bench_render bench_compare_sdpa bench_host_overhead bench_abi PROPERTIES LABELS cpu TIMEOUT 120)
