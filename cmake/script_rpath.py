@@ -1,7 +1,8 @@
 """Prints the RPATH entries that let an executable in a wheel's scripts directory find the
 libraries in its package directory (platlib/PACKAGE), one per line: "$ORIGIN/<path from the
 scripts directory to the package>" for each install scheme pip may use with this interpreter
-(its default one, a venv, --user, --prefix), so the entries hold no path of the build machine.
+(its default one, a venv, --user, --prefix) and "$ORIGIN/../PACKAGE" for `pip install
+--target DIR` (DIR/bin beside DIR/PACKAGE), so the entries hold no path of the build machine.
 Usage: python script_rpath.py PACKAGE. Used by python/CMakeLists.txt."""
 
 import os
@@ -25,6 +26,7 @@ def main(package):
         entry = "$ORIGIN/" + rel.replace(os.sep, "/")
         if entry not in seen:
             seen.append(entry)
+    seen.append("$ORIGIN/../" + package)
     print("\n".join(seen))
 
 

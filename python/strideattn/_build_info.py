@@ -38,7 +38,8 @@ def _recorded() -> Dict[str, Any]:
 
 def cli_path() -> Optional[pathlib.Path]:
     """The strideattn CLI executable installed with this package (the wheel's scripts, found
-    through the installed distribution's file list), or None when there is none."""
+    through the installed distribution's file list and checked against its recorded size),
+    or None when there is none."""
     try:
         dist = importlib.metadata.distribution("strideattn")
     except importlib.metadata.PackageNotFoundError:
@@ -48,10 +49,16 @@ def cli_path() -> Optional[pathlib.Path]:
     if pathlib.Path(str(dist.locate_file("strideattn"))).resolve() != here:
         return None
     for f in dist.files or ():
-        if f.name == "strideattn" and len(f.parts) > 1 and f.parts[-2] in ("bin", "Scripts"):
-            path = pathlib.Path(str(dist.locate_file(f))).resolve()
-            if path.is_file() and os.access(path, os.X_OK):
-                return path
+        if f.name != "strideattn" or len(f.parts) < 2 or f.parts[-2] not in ("bin", "Scripts"):
+            continue
+        # where the record says; `pip install --target DIR` puts it in DIR/bin instead
+        for path in (pathlib.Path(str(dist.locate_file(f))), here.parent / f.parts[-2] / f.name):
+            if (
+                path.is_file()
+                and os.access(path, os.X_OK)
+                and (f.size is None or path.stat().st_size == f.size)
+            ):
+                return path.resolve()
     return None
 
 
