@@ -19,6 +19,8 @@ from ._core import (
 from ._dropin import flash_attn_func, flash_attn_varlen_func, sdpa
 from ._util import MASK_ALIASES
 from ._log import flush_log, get_log_level, set_log_level
+from . import _build_info
+from ._build_info import build_info
 
 __version__ = version()
 
@@ -29,6 +31,7 @@ __all__ = [
     "UnsupportedError",
     "attention",
     "attention_backward",
+    "build_info",
     "compiled_backends",
     "explain",
     "flash_attn_func",
@@ -56,6 +59,9 @@ def _torch_attention(*args, **kwargs):
 
     return importlib.import_module(".torch", __name__).attention(*args, **kwargs)
 
+
+# A GPU is visible but a GPU backend asked for is not in this build: a warning, once.
+_build_info.warn_if_gpu_backends_missing()
 
 # PyTorch tensors that require grad go to strideattn.torch's autograd op, loaded on first use.
 _core.register_autograd("torch", _torch_wants_grad, _torch_attention)

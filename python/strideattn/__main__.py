@@ -1,24 +1,36 @@
-"""`python -m strideattn`: the part of the CLI that the Python package can offer without the
-C++ tool (which is not in the wheel): `demo` (the default), `version`, `backends`, `help`.
-The full CLI (check, explain, bench, fuzz on any problem) is tools/strideattn, built with
--DSTRIDEATTN_TOOLS=ON. Exit codes as the CLI's: 0 ok, 1 a backend disagrees, 2 bad usage."""
+"""`python -m strideattn`: the strideattn CLI (tools/strideattn: demo, check, explain, bench,
+fuzz, help, --version), which `pip install .` installs as a script beside the package, plus
+three commands of the Python package itself: `info` (what this build contains: each backend
+built or not and why, build_info()), `version` and `backends`. Any other command goes to the
+CLI executable. A package installed without the CLI (see `info`) runs a subset here: `demo`
+(the default), `version`, `backends`, `info`, `help`. Exit codes as the CLI's: 0 ok, 1 a
+backend disagrees, 2 bad usage."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from typing import List, Optional
 
-USAGE = """usage: python -m strideattn [demo | version | backends | help]
+from ._build_info import build_info, cli_path, format_info
 
+PYTHON_COMMANDS = """  info      what this build contains: each backend built or not (and the configure step's
+            reason when not), the CLI; --json for build_info() as JSON
+  version   the library version
+  backends  the backends this build has and can load now"""
+
+USAGE = f"""usage: python -m strideattn [COMMAND ...]
+
+With the strideattn CLI installed (pip install . puts it beside the package), every command
+but the three below runs it: `python -m strideattn help` shows its usage.
+{PYTHON_COMMANDS}
+
+Without the CLI, these run here:
   demo      the seed case (q, k, v split from one fused [s, b, h + 2*hg, d] fp16 buffer,
             h=16, hg=1, d=64, causal) on every backend this build runs on the CPU, each
             compared with the reference backend (default command)
-  version   the library version
-  backends  the backends compiled into this build
-  help      this text
-
-The full CLI (check, explain, bench, fuzz) is the C++ tool tools/strideattn
-(configure with -DSTRIDEATTN_TOOLS=ON)."""
+  help      this text"""
 
 
 def _demo() -> int:
@@ -55,36 +67,57 @@ def _demo() -> int:
     return status
 
 
+def _usage_error(message: str) -> int:
+    print(f"strideattn: {message}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def _exec_cli(cli, args: List[str]) -> int:
+    # The process becomes the CLI (its exit code, signals and terminal). The package directory
+    # goes first on the library path too, for install layouts the CLI's RPATH does not cover.
+    env = dict(os.environ)
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (pkg, env.get("LD_LIBRARY_PATH")) if p)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(str(cli), [str(cli), *args], env)
+    return 2  # not reached
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    command = args[0] if args else "demo"
-    if len(args) > 1:
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = args[0] if args else None
+    if command == "info":
+        if args[1:] not in ([], ["--json"]):
+            return _usage_error(f"'info' takes only --json (got {' '.join(args[1:])})")
+        print(json.dumps(build_info(), indent=2) if args[1:] else format_info())
+        return 0
+    if command in ("version", "backends"):
+        if len(args) > 1:
+            return _usage_error(f"'{command}' takes no arguments (got {' '.join(args[1:])})")
+        import strideattn as sa
+
         print(
-            f"strideattn: '{command}' takes no arguments (got {' '.join(args[1:])})\n{USAGE}",
-            file=sys.stderr,
+            f"strideattn {sa.__version__}"
+            if command == "version"
+            else " ".join(sa.compiled_backends())
         )
-        return 2
-    if command == "demo":
-        return _demo()
-    if command == "version":
-        import strideattn as sa
-
-        print(f"strideattn {sa.__version__}")
         return 0
-    if command == "backends":
-        import strideattn as sa
-
-        print(" ".join(sa.compiled_backends()))
-        return 0
+    cli = cli_path()
+    if cli is not None:
+        return _exec_cli(cli, args)
+    # No CLI in this install: the subset above, and why the CLI is missing.
+    command = command or "demo"
     if command in ("help", "-h", "--help"):
         print(USAGE)
         return 0
-    print(
-        f"strideattn: unknown command '{command}' from Python; supported: demo, version, "
-        f"backends, help\n{USAGE}",
-        file=sys.stderr,
+    if command == "demo" and len(args) <= 1:
+        return _demo()
+    reason = build_info()["cli"]["reason"] or "not found where pip installs scripts"
+    return _usage_error(
+        f"'{' '.join(args)}' needs the strideattn CLI, which this install does not have "
+        f"({reason}); without it: demo, info, version, backends, help"
     )
-    return 2
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Tests of the package itself, not of attention numbers: module structure (no import cycle
 between _core and torch.py), the license and metadata of the installed distribution, one
-version everywhere, the extension's type stubs, and `python -m strideattn`."""
+version everywhere, the extension's type stubs. (build_info() and `python -m strideattn`:
+test_build_info.py.)"""
 
 import ast
 import importlib.metadata
@@ -137,43 +138,9 @@ def test_public_functions_have_type_hints():
         "flash_attn_varlen_func",
         "version",
         "compiled_backends",
+        "build_info",
     ):
         sig = inspect.signature(getattr(sa, name))
         assert sig.return_annotation is not inspect.Signature.empty, name
         for p in sig.parameters.values():
             assert p.annotation is not inspect.Parameter.empty, f"{name}({p.name})"
-
-
-# ----------------------------------------------------------------------------- python -m strideattn
-
-
-def _run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "strideattn", *args], capture_output=True, text=True
-    )
-
-
-def test_main_demo_runs_the_seed_case_on_every_cpu_backend():
-    r = _run()
-    assert r.returncode == 0, r.stderr
-    assert "seed case" in r.stdout
-    for backend in ("reference", "cpu"):
-        assert re.search(rf"{backend}\s+max \|o - reference\| = \S+\s+ok", r.stdout), r.stdout
-    assert _run("demo").stdout == r.stdout
-
-
-def test_main_version_backends_help_and_errors():
-    r = _run("version")
-    assert r.returncode == 0 and r.stdout.strip() == f"strideattn {sa.__version__}"
-    r = _run("backends")
-    assert r.returncode == 0 and set(r.stdout.split()) == set(sa.compiled_backends())
-    r = _run("help")
-    assert r.returncode == 0 and "usage: python -m strideattn" in r.stdout
-    r = _run("fuzz")
-    assert (
-        r.returncode == 2
-        and "unknown command 'fuzz'" in r.stderr
-        and "tools/strideattn" in r.stderr
-    )
-    r = _run("version", "--json")
-    assert r.returncode == 2 and "takes no arguments" in r.stderr

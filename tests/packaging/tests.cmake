@@ -30,6 +30,15 @@ add_test(NAME packaging_require_cudnn_refuses
           ${_work}/require_cudnn ${STRIDEATTN_HAVE_CUDA})
 set_tests_properties(packaging_require_cudnn_refuses PROPERTIES LABELS cpu TIMEOUT 300)
 
+# build_config.json (strideattn.build_info(), `python -m strideattn info`) records what each
+# configure built, what it was asked for and why a backend is missing. A configure with the
+# Python extension: the interpreter must have nanobind, as scripts/build's .venv.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+add_test(NAME packaging_build_info
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/packaging/build_info.sh ${PROJECT_SOURCE_DIR}
+          ${_work}/build_info ${Python3_EXECUTABLE} ${STRIDEATTN_HAVE_CUDA})
+set_tests_properties(packaging_build_info PROPERTIES LABELS cpu TIMEOUT 300)
+
 # The core's loader of the GPU module: failures become reasons (file, dlerror), the build's
 # own module loads.
 strideattn_test(packaging_gpu_loader_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_loader_test.cpp)
@@ -42,7 +51,6 @@ target_compile_definitions(packaging_gpu_loader_test PRIVATE
 # for each -virtual one), and the default list keeps a PTX entry, so a GPU newer than the
 # build JIT-compiles the kernels instead of failing with "no kernel image".
 if(STRIDEATTN_HAVE_CUDA)
-  find_package(Python3 COMPONENTS Interpreter QUIET)
   add_test(NAME packaging_cuda_archs
     COMMAND bash -c "set -e; '${Python3_EXECUTABLE}' '${CMAKE_CURRENT_SOURCE_DIR}/packaging/fatbin_archs.py' \
       '$<TARGET_FILE:strideattn_gpu>' --expect '${CMAKE_CUDA_ARCHITECTURES}'; \
