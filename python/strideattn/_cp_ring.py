@@ -58,6 +58,7 @@ class RingConfig:
     deterministic: bool
     group: Optional[object] = None
     stream: Optional[object] = None  # the merge stream (CUDA), or None for the default one
+    comm: bool = True  # False: every step reuses the local K/V (benchmarks: compute alone)
 
 
 # ----------------------------------------------------------------------------- library calls
@@ -266,7 +267,7 @@ def _views(buf: Tensor, k_shape, v_shape) -> Tuple[Tensor, Tensor]:
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, cfg: RingConfig) -> Tuple[Tensor, Tensor]:
     """O (q's dtype) and the fp32 LSE of this rank's queries over the whole sequence."""
     state = RankState(q, v, cfg)
-    if cfg.last >= 1:
+    if cfg.last >= 1 and cfg.comm:
         ring = _Ring(cfg.group)
         cur, ck, cv = _pack(k, v)
         ck.copy_(k)
@@ -274,9 +275,9 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, cfg: RingConfig) -> Tuple[Tens
         nxt = torch.empty_like(cur)
     for i in range(cfg.last + 1):
         works = []
-        if i < cfg.last:
+        if i < cfg.last and cfg.comm:
             works = ring.exchange(cur, ring.rank + 1, nxt, ring.rank - 1)
-        kb, vb = (k, v) if i == 0 else _views(cur, k.shape, v.shape)
+        kb, vb = (k, v) if i == 0 or not cfg.comm else _views(cur, k.shape, v.shape)
         state.forward_step(i, q, kb, vb)
         if works:
             _wait(works)
@@ -289,7 +290,7 @@ def ring_backward(dout, q, k, v, out, lse, cfg: RingConfig) -> Tuple[Tensor, Ten
     state = RankState(q, v, cfg, backward=True)
     if cfg.last < 0:
         return state.finish_backward(q), torch.zeros_like(k), torch.zeros_like(v)
-    ring = _Ring(cfg.group) if cfg.last >= 1 else None
+    ring = _Ring(cfg.group) if cfg.last >= 1 and cfg.comm else None
     if ring is not None:
         cur, ck, cv = _pack(k, v)
         ck.copy_(k)
@@ -300,13 +301,13 @@ def ring_backward(dout, q, k, v, out, lse, cfg: RingConfig) -> Tuple[Tensor, Ten
     dkv_works: List = []
     for i in range(cfg.last + 1):
         works = []
-        if i < cfg.last:
+        if i < cfg.last and ring is not None:
             works = ring.exchange(cur, ring.rank + 1, nxt, ring.rank - 1)
-        kb, vb = (k, v) if i == 0 else _views(cur, k.shape, v.shape)
-        part = acc if i == 0 else torch.zeros_like(acc)
+        kb, vb = (k, v) if i == 0 or ring is None else _views(cur, k.shape, v.shape)
+        part = acc if i == 0 or ring is None else torch.zeros_like(acc)
         pk, pv = _views(part, k.shape, v.shape)
         state.backward_step(i, dout, q, kb, vb, out, lse, pk, pv)
-        if i > 0:  # the accumulator of this block from the ranks before, plus ours
+        if i > 0 and ring is not None:  # this block's accumulator from the ranks before
             _wait(dkv_works)
             acc = recv[(i - 1) % 2]
             state.side.join()
@@ -327,6 +328,24 @@ def ring_backward(dout, q, k, v, out, lse, cfg: RingConfig) -> Tuple[Tensor, Ten
         acc = final
     dk, dv = _views(acc, k.shape, v.shape)
     return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+def ring_comm_only(k: Tensor, v: Tensor, cfg: RingConfig) -> None:
+    """The exchanges of one forward and one backward ring and nothing else (benchmarks:
+    communication alone), on the same buffers and in the same order."""
+    if cfg.last < 1:
+        return
+    ring = _Ring(cfg.group)
+    for _ in range(2):  # forward, then the backward's K/V
+        cur, nxt = _pack(k, v)[0], _pack(k, v)[0]
+        for i in range(cfg.last):
+            _wait(ring.exchange(cur, ring.rank + 1, nxt, ring.rank - 1))
+            cur, nxt = nxt, cur
+    acc, other = _pack(k, v, torch.float32)[0], _pack(k, v, torch.float32)[0]
+    for i in range(cfg.last + 1):
+        peer = 1 if i < cfg.last else -i
+        _wait(ring.exchange(acc, ring.rank + peer, other, ring.rank - peer))
+        acc, other = other, acc
 
 
 class RingAttention(torch.autograd.Function):
