@@ -9,6 +9,8 @@ sequences, strided views of fused buffers, the functional API and DotProductAtte
 The two-rank group is global ranks 1 and 3 of the four, so group and global ranks differ.
 Skips, saying why, without torch or gloo."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -229,3 +231,118 @@ def test_single_process_on_the_whole_sequence(rng, seed):
         ge, gn = backward_targets(qn, kn, vn, o.detach().float().numpy(), do.float().numpy(), p["dtype"], **p["ref"])  # fmt: skip
         for nm, t in (("dq", q), ("dk", k), ("dv", v)):
             check(f"{name} {nm}", t.grad.float().numpy(), ge[nm], gn[nm], p["dtype"], seed, magnitude=grad_magnitude(ge))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def refused(pool, group, rng, case, edit, exc, match):
+    """Every rank of the group refuses the case (after `edit` changes rank r's job) with
+    `exc` and a message matching `match`, and the pool still answers afterwards."""
+    n = 2 if group == "pair" else 4
+    p = build(rng, case, n)
+    jobs = []
+    for r in range(n):
+        shard = lambda x, off: sat.cp_shard(x, n, r, seq_dim=p["seq_dim"], offsets=off)
+        bufs = [shard(b, off) for b, off in zip(p["bufs"], p["offs"])]
+        job = dict(
+            api=case["api"], comm=case["comm"], fmt=case["fmt"], h=p["h"], hg=p["hg"],
+            d=p["d"], dv=p["dv"], fused=p["fused"], kwargs=dict(p["kwargs"]),
+            ctor=case.get("ctor", {}), bufs=bufs, do=torch.zeros(1),
+        )  # fmt: skip
+        edit(r, job)
+        job["bufs"] = [to_wire(b) for b in job["bufs"]]
+        job["do"] = to_wire(job["do"])
+        jobs.append(job)
+    for r, (status, msg) in enumerate(live(pool).run(group, jobs)):
+        assert status == exc, f"rank {r}: expected {exc}, got {status}: {msg}"
+        assert match in msg.splitlines()[0], f"rank {r}: {msg}"
+
+
+def test_a2a_refuses_heads_that_do_not_divide(pool, rng):
+    case = dict(CASES["fn-a2a-bshd-causal-gqa"], h=6, hg=2)
+    refused(pool, "world", rng, case, lambda r, j: None, "ValueError", "6 query heads and 2")
+
+
+def test_odd_local_sequence_is_refused(pool, rng):
+    def edit(r, job):
+        job["bufs"] = [b[:, :-1] for b in job["bufs"]]
+
+    case = CASES["fn-p2p-bshd-causal-gqa"]
+    refused(pool, "pair", rng, case, edit, "ValueError", "local sequence extent must be even")
+
+
+def test_varlen_extent_not_a_multiple_of_2n_is_refused(pool, rng):
+    def edit(r, job):
+        job["kwargs"]["offsets_q"] = [0, 10]
+
+    case = CASES["fn-p2p-thd-causal"]
+    case = dict(case, varlen=case["varlen"][:2])
+    refused(pool, "pair", rng, case, edit, "ValueError", "multiple of 4")
+
+
+def test_ranks_that_disagree_are_refused_on_every_rank(pool, rng):
+    def edit(r, job):
+        if r == 1:
+            job["kwargs"]["window"] = (2, 0)
+
+    case = CASES["fn-p2p-bshd-causal-gqa"]
+    refused(pool, "world", rng, case, edit, "ValueError", "disagree on window")
+
+
+def test_unknown_comm_type_is_refused(pool, rng):
+    case = dict(CASES["fn-p2p-bshd-causal-gqa"], comm="all_gather")
+    refused(pool, "pair", rng, case, lambda r, j: None, "NotImplementedError", "all_gather")
+
+
+def test_module_padding_mask_on_bshd_is_refused(pool, rng):
+    case = dict(CASES["mod-p2p-bshd-window"], ctor=dict(attn_mask_type="padding_causal"))
+    refused(pool, "pair", rng, case, lambda r, j: None, "NotImplementedError", "qkv_format 'thd'")
+
+
+def test_module_cp_group_must_be_a_process_group():
+    with pytest.raises(ValueError, match="cp_group must be a torch.distributed ProcessGroup"):
+        sat.DotProductAttention(2, 8, cp_group=object())
+
+
+def test_cp_group_needs_torch_distributed_initialised():
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised in this process")
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="init_process_group"):
+        sat.attention(q, q, q, cp_group=object())
+
+
+def test_shard_unshard_round_trip_and_layout():
+    x = torch.arange(2 * 16).view(2, 16)
+    parts = [sat.cp_shard(x, 4, r) for r in range(4)]
+    assert parts[1][0].tolist() == [2, 3, 12, 13]  # chunks 1 and 6 of 8
+    assert torch.equal(sat.cp_unshard(parts), x)
+    t = torch.arange(24)
+    parts = [sat.cp_shard(t, 2, r, seq_dim=0, offsets=[0, 8]) for r in range(2)]
+    assert parts[0].tolist() == [0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23]
+    assert torch.equal(sat.cp_unshard(parts, seq_dim=0, offsets=[0, 8]), t)
+    with pytest.raises(ValueError, match="multiples of 4"):
+        sat.cp_shard(t, 2, 0, seq_dim=0, offsets=[0, 10])
+
+
+def test_readme_two_process_example(tmp_path):
+    # The README's example as a user runs it: torchrun, two processes, gloo. Its printout is
+    # the largest difference between the two ranks' O and one process on the whole sequence
+    # (the correctness rule is checked by the cases above; here it must run and agree).
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "# cp_demo.py" in b]
+    assert len(blocks) == 1, "README.md lost its two-process example"
+    script = tmp_path / "cp_demo.py"
+    script.write_text(blocks[0])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]  # fmt: skip
+    env = dict(os.environ, STRIDEATTN_CPU_THREADS="1", OMP_NUM_THREADS="1")
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    diff = float(res.stdout.strip().splitlines()[-1])
+    assert diff < 0.05, f"the two ranks' O differs from one process by {diff}"
