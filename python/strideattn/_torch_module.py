@@ -577,7 +577,7 @@ class DotProductAttention(torch.nn.Module):
         o = cp_attention(
             q, k, v, self.cp[0], cp_comm_type=self.cp[1], mask=opts["mask"], window=win,
             scale=opts["scale"], seqlens_q=sq, seqlens_kv=skv, offsets_q=oq, offsets_kv=okv,
-            backend=opts["backend"], deterministic=opts["deterministic"],
+            backend=opts["backend"], deterministic=opts["deterministic"], cp_stream=self.cp[2],
         )  # fmt: skip
         if layout == call.SBHD:
             o = o.transpose(0, 1)

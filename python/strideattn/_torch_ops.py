@@ -219,6 +219,7 @@ def attention(
     return_lse: bool = False,
     cp_group=None,
     cp_comm_type: str = "p2p",
+    cp_stream=None,
 ):
     """Differentiable strideattn.attention for PyTorch tensors (same arguments and shapes:
     q [b, s_q, h, d_qk] or varlen [tokens, h, d_qk] with seqlens_*/offsets_* as lists or 1-D
@@ -232,7 +233,7 @@ def attention(
             q, k, v, cp_group, cp_comm_type=cp_comm_type, mask=mask, window=window, scale=scale,
             seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, offsets_q=offsets_q,
             offsets_kv=offsets_kv, backend=backend, deterministic=deterministic,
-            return_lse=return_lse,
+            return_lse=return_lse, cp_stream=cp_stream,
         )  # fmt: skip
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         for name, x in (("q", q), ("k", k), ("v", v)):
