@@ -24,13 +24,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import _torch_call as call
+from ._torch_ops import _as_tensors, _eager
+
 
 @dataclass
 class Unit:
     """One attention call of a step: local query rows [q0, q1) against keys [k0, k1) of the
     step's K/V block, with the library's mask and window; varlen calls carry seqlens and
-    offsets (int64 tensors on the CPU) and span every local token. `first`: no earlier call
-    of this rank wrote these rows."""
+    offsets (host lists of ints, as the extension takes them) and span every local token.
+    `first`: no earlier call of this rank wrote these rows."""
 
     q0: int
     q1: int
@@ -40,10 +43,10 @@ class Unit:
     left: int
     right: int
     first: bool
-    seqlens_q: Optional[Tensor] = None
-    seqlens_kv: Optional[Tensor] = None
-    offsets_q: Optional[Tensor] = None
-    offsets_kv: Optional[Tensor] = None
+    seqlens_q: Optional[List[int]] = None
+    seqlens_kv: Optional[List[int]] = None
+    offsets_q: Optional[List[int]] = None
+    offsets_kv: Optional[List[int]] = None
 
 
 @dataclass
@@ -64,44 +67,32 @@ class RingConfig:
 # ----------------------------------------------------------------------------- library calls
 
 
-def _fwd(q: Tensor, k: Tensor, v: Tensor, u: Unit, cfg: RingConfig) -> Tuple[Tensor, Tensor]:
-    return torch.ops.strideattn.attention_fwd(
-        q[:, u.q0 : u.q1],
-        k[:, u.k0 : u.k1],
-        v[:, u.k0 : u.k1],
-        u.seqlens_q,
-        u.seqlens_kv,
-        u.offsets_q,
-        u.offsets_kv,
-        u.mask,
-        u.left,
-        u.right,
-        cfg.scale,
-        cfg.backend,
-        cfg.deterministic,
-    )
+def _varlen(u: Unit):
+    return (u.seqlens_q, u.seqlens_kv, u.offsets_q, u.offsets_kv)
 
 
-def _bwd(dout, q, k, v, out, lse, u: Unit, cfg: RingConfig):
-    rows = slice(u.q0, u.q1)
-    return torch.ops.strideattn.attention_bwd(
-        dout[:, rows],
-        q[:, rows],
-        k[:, u.k0 : u.k1],
-        v[:, u.k0 : u.k1],
-        out[:, rows],
-        lse[:, :, rows],
-        u.seqlens_q,
-        u.seqlens_kv,
-        u.offsets_q,
-        u.offsets_kv,
-        u.mask,
-        u.left,
-        u.right,
-        cfg.scale,
-        cfg.backend,
-        cfg.deterministic,
-    )
+# direct: the extension is called here (strideattn/_torch_call.py), as the eager autograd
+# path of strideattn.torch.attention calls it; the ring runs inside its own autograd.Function,
+# so the ops' dispatch would only add host time to every call of every step. Under a dispatch
+# mode, tracer or functorch transform (_torch_ops._eager false) the calls go through the
+# registered ops instead, so that the mode sees them, as it sees the single-process call.
+
+
+def _fwd(q, k, v, u: Unit, cfg: RingConfig, direct: bool) -> Tuple[Tensor, Tensor]:
+    qs, ks, vs = q[:, u.q0 : u.q1], k[:, u.k0 : u.k1], v[:, u.k0 : u.k1]
+    opts = (u.mask, u.left, u.right, cfg.scale, cfg.backend, cfg.deterministic)
+    if direct:
+        return call.forward(qs, ks, vs, _varlen(u), *opts)
+    return torch.ops.strideattn.attention_fwd(qs, ks, vs, *_as_tensors(*_varlen(u)), *opts)
+
+
+def _bwd(dout, q, k, v, out, lse, u: Unit, cfg: RingConfig, direct: bool):
+    rows, cols = slice(u.q0, u.q1), slice(u.k0, u.k1)
+    views = (dout[:, rows], q[:, rows], k[:, cols], v[:, cols], out[:, rows], lse[:, :, rows])
+    opts = (u.mask, u.left, u.right, cfg.scale, cfg.backend, cfg.deterministic)
+    if direct:
+        return call.backward(*views, _varlen(u), *opts)
+    return torch.ops.strideattn.attention_bwd(*views, *_as_tensors(*_varlen(u)), *opts)
 
 
 # ----------------------------------------------------------------------------- streams
@@ -155,6 +146,13 @@ def _safe_weights(old: Tensor, part: Tensor):
     return new, w_old, w_part
 
 
+def _zeros_like_order(shape, like: Tensor) -> Tensor:
+    """fp32 zeros of `shape` in like's dimension order: O and dQ come back laid out as the
+    single-process call lays them out (e.g. an sbhd caller's O merges its heads as a view)."""
+    strides = call.order_strides(shape, like.shape, like.stride())
+    return torch.empty_strided(shape, strides, dtype=torch.float32, device=like.device).zero_()
+
+
 class RankState:
     """One rank's forward accumulators (fp32 O and LSE over its local rows) and backward
     accumulators (fp32 dQ; fp32 dK/dV of the block at hand)."""
@@ -162,17 +160,18 @@ class RankState:
     def __init__(self, q: Tensor, v: Tensor, cfg: RingConfig, backward: bool = False):
         self.cfg = cfg
         self.side = _Side(q.device, cfg.stream)
+        self.direct = _eager(q, q, v)  # see _fwd
         b, s, h = q.shape[0], q.shape[1], q.shape[2]
         if backward:
-            self.dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            self.dq = _zeros_like_order(q.shape, q)
             return
-        self.o = torch.zeros(b, s, h, v.shape[-1], dtype=torch.float32, device=q.device)
+        self.o = _zeros_like_order(q.shape[:-1] + v.shape[-1:], q)
         self.lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
 
     def forward_step(self, i: int, q: Tensor, k: Tensor, v: Tensor) -> None:
         """The calls of step i against this K/V block, merged into the accumulators."""
         for u in self.cfg.units[i]:
-            o, lse = _fwd(q, k, v, u, self.cfg)
+            o, lse = _fwd(q, k, v, u, self.cfg, self.direct)
             self.side.run(lambda u=u, o=o, lse=lse: self._merge(u, o, lse), o, lse)
 
     def _merge(self, u: Unit, o: Tensor, lse: Tensor) -> None:
@@ -181,7 +180,7 @@ class RankState:
             acc_o.copy_(o)
             acc_lse.copy_(lse)
             return
-        if u.first:  # varlen: rows outside the call are 0 / -inf in o / lse
+        if u.first:  # varlen: the library writes 0 / -inf into o / lse outside its sequences
             acc_o.add_(o)
             torch.maximum(acc_lse, lse, out=acc_lse)
             return
@@ -199,8 +198,9 @@ class RankState:
     def backward_step(self, i, dout, q, k, v, out, lse, dk: Tensor, dv: Tensor) -> None:
         """Adds step i's gradients: dQ into the accumulator, dK/dV of this block into dk/dv
         (fp32, shaped like the block)."""
+        direct = self.direct and type(dout) is Tensor
         for u in self.cfg.units[i]:
-            gq, gk, gv = _bwd(dout, q, k, v, out, lse, u, self.cfg)
+            gq, gk, gv = _bwd(dout, q, k, v, out, lse, u, self.cfg, direct)
 
             def add(u=u, gq=gq, gk=gk, gv=gv):
                 self.dq[:, u.q0 : u.q1].add_(gq)

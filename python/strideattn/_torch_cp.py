@@ -113,9 +113,8 @@ def _varlen_units(calls, t_q: int, t_kv: int) -> List[_cp_ring.Unit]:
     units = []
     for c in calls:
         m, wl, wr = _cp_plan.mask_and_window(c.left, c.right)
-        cols = list(zip(*c.items))
-        ints = [torch.tensor(col, dtype=torch.int64) for col in cols]
-        units.append(_cp_ring.Unit(0, t_q, 0, t_kv, m, wl, wr, c.first, ints[1], ints[3], ints[0], ints[2]))  # fmt: skip
+        cols = [[int(x) for x in col] for col in zip(*c.items)]
+        units.append(_cp_ring.Unit(0, t_q, 0, t_kv, m, wl, wr, c.first, cols[1], cols[3], cols[0], cols[2]))  # fmt: skip
     return units
 
 

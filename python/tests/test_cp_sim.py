@@ -3,7 +3,11 @@ by the LSE, dQ and dK/dV accumulated in fp32) in one process that plays N ranks:
 steps get the K/V block of rank (r - i) mod N directly instead of over a network. On CPU
 with the `cpu` backend (small problems), and on one GPU with the `cuda` and `cudnn`
 backends (the merges then run on the second CUDA stream), against the fp64 reference under
-the correctness rule. The GPU cases skip, saying why, without a CUDA device."""
+the correctness rule; and which way the ring's calls go (the extension directly when eager,
+the registered ops under a dispatch mode). The GPU cases skip, saying why, without a CUDA
+device."""
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -12,7 +16,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import strideattn.torch as sat  # noqa: E402
 from npref import attention_ref, backward_targets, check, grad_magnitude  # noqa: E402
-from strideattn import _cp_plan, _cp_ring, _torch_cp  # noqa: E402
+from strideattn import _cp_plan, _cp_ring, _torch_call, _torch_cp  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -73,7 +77,13 @@ def simulate(q, k, v, do, cp, mask, window, backend, varlen=None):
     )
 
 
-def run(rng, seed, device, backend, dtype, cp, mask, window, b, s_q, s_kv, h, hg, d, varlen=None):
+def run(
+    rng, seed, device, backend, dtype, cp, mask, window, b, s_q, s_kv, h, hg, d, varlen=None,
+    mode=None,
+):  # fmt: skip
+    """One problem simulated rank by rank and checked against fp64; the ranks run under
+    `mode` (a TorchDispatchMode) when one is given."""
+
     def draw(*shape):
         return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dtype)
 
@@ -82,7 +92,8 @@ def run(rng, seed, device, backend, dtype, cp, mask, window, b, s_q, s_kv, h, hg
     do = draw(*lead_q, h, d)
     dev = [x.to(device) for x in (q, k, v, do)]
     try:
-        o, lse, dq, dk, dv = simulate(*dev, cp, mask, window, backend, varlen)
+        with mode if mode is not None else contextlib.nullcontext():
+            o, lse, dq, dk, dv = simulate(*dev, cp, mask, window, backend, varlen)
     except NotImplementedError as e:  # a GPU backend's support rule
         pytest.skip(f"{backend} refuses this problem: {e}")
     if device == "cuda":
@@ -119,6 +130,56 @@ def test_cpu_varlen_ranks_in_one_process(rng, seed):
     # padded extents 16 and 24 (multiples of 2 x 4), real lengths 13 and 24 / 16 and 20
     varlen = ([13, 24], [0, 16], [16, 20], [0, 16])
     run(rng, seed, "cpu", "cpu", torch.float16, 4, "causal", (-1, -1), 1, 40, 40, 4, 2, 16, varlen)
+
+
+class _StrideattnOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the strideattn ops that reach the dispatcher, and runs every op unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "strideattn":
+            self.seen.add(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+class _DirectCalls:
+    """strideattn._torch_call as the ring module sees it, counting the ring's own calls of
+    forward() and backward() (the ops' kernels keep the real module)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __getattr__(self, name):
+        real = getattr(_torch_call, name)
+        if name not in ("forward", "backward"):
+            return real
+
+        def counted(*args):
+            self.n += 1
+            return real(*args)
+
+        return counted
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_ring_calls_the_ops_only_under_a_dispatch_mode(rng, seed, monkeypatch, varlen):
+    # Eager, the ring calls the extension directly, as the single-process fast path does;
+    # under a dispatch mode it calls the registered ops instead, so that the mode sees every
+    # call (as it sees the single-process call); the answers are right either way.
+    direct = _DirectCalls()
+    monkeypatch.setattr(_cp_ring, "call", direct)
+    args = ("cpu", "cpu", torch.float16, 4, "causal", (-1, -1), 1, 40, 40, 4, 2, 16)
+    var = ([13, 24], [0, 16], [16, 20], [0, 16]) if varlen else None
+    run(rng, seed, *args, var)
+    assert direct.n > 0, "the eager ring went through the ops"
+    direct.n = 0
+    mode = _StrideattnOps()
+    run(rng, seed, *args, var, mode=mode)
+    assert mode.seen == {"strideattn::attention_fwd", "strideattn::attention_bwd"}, mode.seen
+    assert direct.n == 0, "the ring called the extension past the dispatch mode"
 
 
 GPU_CASES = [
