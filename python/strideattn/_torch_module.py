@@ -3,13 +3,15 @@ constructor and forward arguments (TE 2.x names, order and defaults) and compute
 strideattn's autograd op on the tensors' real strides (no `.contiguous()`).
 
 Every TE argument is accepted; those strideattn cannot honour (dropout, bias, ALiBi, FP8,
-KV caching, context parallelism, sink softmax, score_mod, GDN, arbitrary masks) raise
+KV caching, sink softmax, score_mod, GDN, arbitrary masks) raise
 NotImplementedError naming the argument when set to anything but their neutral value. TE's
 mask-type spellings are normalised ('padding,causal' == 'causal,padding' ==
 'padding_causal'); strideattn's mask vocabulary is accepted too. Padding comes from
 cu_seqlens_q/kv or, for padding mask types, from a right-padded boolean attention_mask; a
 padding mask type with neither is refused. Windows follow TE's alignment rule
-(bottom_right_diagonal) and are translated onto strideattn's bottom-right window."""
+(bottom_right_diagonal) and are translated onto strideattn's bottom-right window. With
+cp_group, each rank passes its shard of the sequence and the call runs context-parallel
+(strideattn/_torch_cp.py; cp_comm_type p2p or a2a)."""
 
 from __future__ import annotations
 
@@ -181,7 +183,8 @@ class DotProductAttention(torch.nn.Module):
     num_gqa_groups, attention_dropout (0.0 only), qkv_format (sbhd, bshd, thd),
     attn_mask_type, window_size, bottom_right_diagonal, sequence_parallel, tp_size,
     get_rng_state_tracker, tp_group, layer_number, attention_type (self, cross), cp_group
-    (None only), cp_global_ranks, cp_stream, cp_comm_type, softmax_scale, softmax_type
+    (a torch.distributed group; see set_context_parallel_group), cp_global_ranks, cp_stream,
+    cp_comm_type, softmax_scale, softmax_type
     (vanilla only), return_max_logit (False only), name. strideattn's extras (keyword only):
     backend, deterministic (default: torch.are_deterministic_algorithms_enabled() or
     NVTE_ALLOW_NONDETERMINISTIC_ALGO=0).
@@ -224,8 +227,7 @@ class DotProductAttention(torch.nn.Module):
         super().__init__()
         if attention_dropout != 0.0:
             raise _refuse("attention_dropout", attention_dropout, "0.0 (no dropout)")
-        if cp_group is not None:
-            raise _refuse("cp_group", cp_group, "None (no context parallelism)")
+        self.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
         if softmax_type != "vanilla":
             raise _refuse("softmax_type", softmax_type, "'vanilla'")
         if return_max_logit:
@@ -271,9 +273,18 @@ class DotProductAttention(torch.nn.Module):
         *args: Any,
         **kwargs: Any,
     ) -> None:
-        """TE's context-parallel setter: only None (no context parallelism) is supported."""
-        if cp_group is not None:
-            raise _refuse("cp_group", cp_group, "None (no context parallelism)")
+        """TE's context-parallel setter: cp_group (None: no context parallelism) and
+        cp_comm_type ('p2p' or 'a2a'); cp_stream is the CUDA stream of the ring's merges;
+        cp_global_ranks is not needed (torch.distributed knows the group's ranks)."""
+        from ._torch_cp import COMM_TYPES
+
+        if cp_group is not None and not isinstance(cp_group, torch.distributed.ProcessGroup):
+            raise ValueError(
+                f"cp_group must be a torch.distributed ProcessGroup; got {describe(cp_group)}"
+            )
+        if cp_group is not None and cp_comm_type not in COMM_TYPES:
+            raise _refuse("cp_comm_type", cp_comm_type, ", ".join(COMM_TYPES))
+        self.cp = None if cp_group is None else (cp_group, cp_comm_type, cp_stream)
 
     @staticmethod
     def _check_format(fmt: Any) -> str:
@@ -453,6 +464,15 @@ class DotProductAttention(torch.nn.Module):
             backend=self.backend,
             deterministic=self._deterministic(),
         )
+        cp_size = 1
+        if self.cp is not None:  # every call below then runs context-parallel (_attend)
+            cp_size = torch.distributed.get_world_size(self.cp[0])
+            if padding and fmt != "thd":
+                raise _refuse(
+                    "attn_mask_type", attn_mask_type or self.attn_mask_type,
+                    f"a mask type without padding for qkv_format '{fmt}' with cp_group "
+                    "(padding with context parallelism: qkv_format 'thd')",
+                )  # fmt: skip
 
         def window(shifts: Sequence[int]) -> Tuple[int, int]:
             if not top_left or (left, right) == (-1, -1):
@@ -489,13 +509,14 @@ class DotProductAttention(torch.nn.Module):
             # one call on the tensors as given: the sbhd transposes and the merge of the
             # heads happen inside the autograd function, not as autograd nodes around it
             seq = 0 if fmt == "sbhd" else 1
-            self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, q.shape[seq], k.shape[seq], fmt)
+            s_q, s_kv = q.shape[seq], k.shape[seq]
+            self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt, cp_size)
             layout = call.SBHD if fmt == "sbhd" else call.BSHD
-            return self._attend(q, k, v, None, window([k.shape[seq] - q.shape[seq]]), opts, layout)
+            return self._attend(q, k, v, None, window([(s_kv - s_q) * cp_size]), opts, layout)
         if fmt == "sbhd":
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
-        self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt)
+        self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt, cp_size)
         lens_q, lens_kv = self._padding_lengths(
             b,
             s_q,
@@ -514,20 +535,24 @@ class DotProductAttention(torch.nn.Module):
         return o.reshape(o.shape[0], o.shape[1], -1)
 
     @staticmethod
-    def _check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt) -> None:
+    def _check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt, cp_size) -> None:
         for name, m, s in (
             ("max_seqlen_q", max_seqlen_q, s_q),
             ("max_seqlen_kv", max_seqlen_kv, s_kv),
         ):
-            if m is not None and int64(m, name) != s:
+            if m is not None and int64(m, name) != s * cp_size:
                 raise ValueError(
-                    f"{name} is {m} but the {fmt} tensors have sequence extent {s}; "
-                    f"with qkv_format '{fmt}' it is that extent"
+                    f"{name} is {m} but the {fmt} tensors have sequence extent {s}"
+                    + (f" on each of {cp_size} ranks" if cp_size > 1 else "")
+                    + f"; with qkv_format '{fmt}' it is that extent"
+                    + (" times the ranks" if cp_size > 1 else "")
                 )
 
-    @staticmethod
-    def _attend(q, k, v, varlen, win, opts, layout) -> Tensor:
-        """attend() with the module's options, O's heads merged ([..., h * d_v])."""
+    def _attend(self, q, k, v, varlen, win, opts, layout) -> Tensor:
+        """attend() with the module's options, O's heads merged ([..., h * d_v]); with a
+        cp_group, the context-parallel call on this rank's shard."""
+        if self.cp is not None:
+            return self._cp_attend(q, k, v, varlen, win, opts, layout)
         scale = opts["scale"]
         if scale is None:
             d = q.shape[-1]
@@ -540,6 +565,23 @@ class DotProductAttention(torch.nn.Module):
             bool(opts["deterministic"]), layout, True,
         )  # fmt: skip
         return out
+
+    def _cp_attend(self, q, k, v, varlen, win, opts, layout) -> Tensor:
+        """_attend under context parallelism: cp_attention on this rank's tokens ([b, s, h, d]
+        views of sbhd, thd as it is), O's heads merged in the caller's layout."""
+        from ._torch_cp import cp_attention
+
+        if layout == call.SBHD:
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        sq, skv, oq, okv = varlen or (None, None, None, None)
+        o = cp_attention(
+            q, k, v, self.cp[0], cp_comm_type=self.cp[1], mask=opts["mask"], window=win,
+            scale=opts["scale"], seqlens_q=sq, seqlens_kv=skv, offsets_q=oq, offsets_kv=okv,
+            backend=opts["backend"], deterministic=opts["deterministic"], cp_stream=self.cp[2],
+        )  # fmt: skip
+        if layout == call.SBHD:
+            o = o.transpose(0, 1)
+        return o.reshape(o.shape[:-2] + (-1,))
 
     def _thd(
         self, q, k, v, cu_q, cu_kv, pad_q, pad_kv, max_q, max_kv, pad_between_seqs, window, opts

@@ -217,10 +217,24 @@ def attention(
     backend: str = "auto",
     deterministic: bool = False,
     return_lse: bool = False,
+    cp_group=None,
+    cp_comm_type: str = "p2p",
+    cp_stream=None,
 ):
     """Differentiable strideattn.attention for PyTorch tensors (same arguments and shapes:
     q [b, s_q, h, d_qk] or varlen [tokens, h, d_qk] with seqlens_*/offsets_* as lists or 1-D
-    integer tensors). Returns O (and the fp32, non-differentiable LSE)."""
+    integer tensors). Returns O (and the fp32, non-differentiable LSE). With cp_group (a
+    torch.distributed group), each rank passes its shard of the sequence: see
+    strideattn.torch.cp_attention."""
+    if cp_group is not None:
+        from ._torch_cp import cp_attention
+
+        return cp_attention(
+            q, k, v, cp_group, cp_comm_type=cp_comm_type, mask=mask, window=window, scale=scale,
+            seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, offsets_q=offsets_q,
+            offsets_kv=offsets_kv, backend=backend, deterministic=deterministic,
+            return_lse=return_lse, cp_stream=cp_stream,
+        )  # fmt: skip
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         for name, x in (("q", q), ("k", k), ("v", v)):
             if not isinstance(x, Tensor):

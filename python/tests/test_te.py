@@ -227,7 +227,6 @@ def test_unsupported_forward_arguments_are_named(rng, arg, value):
     "arg,value",
     [
         ("attention_dropout", 0.1),
-        ("cp_group", object()),
         ("softmax_type", "off-by-one"),
         ("return_max_logit", True),
     ],
