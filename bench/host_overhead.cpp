@@ -8,7 +8,9 @@
 //                    outside the timed region).
 // Each backend is timed through the per-call functions (forward/backward), on contiguous views
 // and on the split views of one fused QKV buffer with the gradients in one fused buffer too
-// (whose byte ranges interleave, so the overlap rules have real work). Times are the median
+// (whose byte ranges interleave, so the overlap rules have real work), and through plans: one
+// made once and run with the case's pointers (plan_run), and the making itself (plan_make).
+// Times are the median
 // over batches of the mean per call, in microseconds. `--json PATH` writes a data file (the
 // format of bench/results/host/*.json, bench/README.md).
 #include <algorithm>
@@ -272,8 +274,8 @@ int main(int argc, char** argv) {
   std::printf("bench_host: b=%lld s=%lld h=%lld hg=%lld d=%lld bf16 causal; us per call, median of %d batches\n",
               (long long)z.b, (long long)z.s, (long long)z.h, (long long)z.hg, (long long)z.d, batches);
   std::vector<Record> records;
-  auto add = [&](const std::string& backend, const std::string& layout, const std::string& path,
-                 const std::string& dir, Timing t) {
+  auto add = [&](const std::string& backend, const std::string& layout, const std::string& path, const std::string& dir,
+                 Timing t) {
     records.push_back({backend, layout, path, dir, t});
     if (t.us < 0)
       std::printf("  %-9s %-6s %-10s %-8s  error: %s\n", backend.c_str(), layout.c_str(), path.c_str(), dir.c_str(),
@@ -293,12 +295,54 @@ int main(int argc, char** argv) {
         continue;
       }
       add(name, layout, "per_call", "fwd", time_calls([&] { return forward(c.fwd); }, device, batches, budget_us));
-      add(name, layout, "per_call", "fwd+bwd", time_calls(
-                                                   [&] {
-                                                     Status s = forward(c.fwd);
-                                                     return s.ok() ? backward(c.bwd) : s;
-                                                   },
-                                                   device, batches, budget_us));
+      add(name, layout, "per_call", "fwd+bwd",
+          time_calls(
+              [&] {
+                Status s = forward(c.fwd);
+                return s.ok() ? backward(c.bwd) : s;
+              },
+              device, batches, budget_us));
+      // Plans made once (pointers given at run time), run with the case's pointers.
+      ForwardArgs fa = c.fwd;
+      fa.q.data = fa.k.data = fa.v.data = fa.o.data = nullptr;
+      fa.lse.data = nullptr;
+      BackwardArgs ba = c.bwd;
+      ba.q.data = ba.k.data = ba.v.data = ba.o.data = ba.d_o.data = ba.dq.data = ba.dk.data = ba.dv.data = nullptr;
+      ba.lse.data = nullptr;
+      ForwardPlan fp;
+      BackwardPlan bp;
+      if (Status s = make_plan(fa, &fp); !s.ok()) {
+        add(name, layout, "plan_run", "fwd", Timing{-1, 0, s.message()});
+        continue;
+      }
+      if (Status s = make_plan(ba, &bp); !s.ok()) {
+        add(name, layout, "plan_run", "fwd+bwd", Timing{-1, 0, s.message()});
+        continue;
+      }
+      ForwardRun fr;
+      fr.q = c.fwd.q.data, fr.k = c.fwd.k.data, fr.v = c.fwd.v.data, fr.o = c.fwd.o.data, fr.lse = c.fwd.lse.data;
+      fr.workspace = c.fwd.workspace, fr.workspace_bytes = c.fwd.workspace_bytes;
+      BackwardRun br;
+      br.q = fr.q, br.k = fr.k, br.v = fr.v, br.o = fr.o, br.d_o = c.bwd.d_o.data, br.lse = fr.lse;
+      br.dq = c.bwd.dq.data, br.dk = c.bwd.dk.data, br.dv = c.bwd.dv.data;
+      br.workspace = c.bwd.workspace, br.workspace_bytes = c.bwd.workspace_bytes;
+      add(name, layout, "plan_run", "fwd", time_calls([&] { return fp.run(fr); }, device, batches, budget_us));
+      add(name, layout, "plan_run", "fwd+bwd",
+          time_calls(
+              [&] {
+                Status s = fp.run(fr);
+                return s.ok() ? bp.run(br) : s;
+              },
+              device, batches, budget_us));
+      // Making the plans (validation, selection, the backend's preparation; cached graphs stay
+      // cached, so on cudnn this is the graph lookup, not the build).
+      add(name, layout, "plan_make", "fwd",
+          time_calls(
+              [&] {
+                ForwardPlan p;
+                return make_plan(fa, &p);
+              },
+              device, batches, budget_us));
     }
   };
   {
