@@ -20,7 +20,7 @@ namespace strideattn::detail {
 struct PlanState {
   Problem problem;  // validated; its pointers are the make-time ones (null: given at run time)
   Backend backend = Backend::reference;
-  std::string why;  // the selection's line, logged at info on every run
+  std::string why;                               // the selection's line, logged at info on every run
   std::unique_ptr<const PreparedCall> prepared;  // null when there is nothing to run (no heads)
   std::size_t workspace = 0;
   RunChecks checks;

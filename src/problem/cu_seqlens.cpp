@@ -42,8 +42,8 @@ Status read_cu_seqlens(Problem* p) {
                            &p->seqlens_q, &p->offsets_q);
       !s.ok())
     return s;
-  return read_side("kv", "k", p->cu_seqlens_kv, p->seq_offsets_kv, p->batch, p->s_kv, p->k.shape[kSeq],
-                   &p->seqlens_kv, &p->offsets_kv);
+  return read_side("kv", "k", p->cu_seqlens_kv, p->seq_offsets_kv, p->batch, p->s_kv, p->k.shape[kSeq], &p->seqlens_kv,
+                   &p->offsets_kv);
 }
 
 }  // namespace strideattn::detail

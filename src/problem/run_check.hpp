@@ -46,7 +46,7 @@ class RunChecks {
     bool present = false;   // the problem has this tensor (the forward's LSE may be absent)
     bool empty = true;      // no element: nothing to check
     bool output = false;
-    __int128 lo = 0, hi = 0;  // bytes from the pointer: lowest reached, one past the highest
+    __int128 lo = 0, hi = 0;      // bytes from the pointer: lowest reached, one past the highest
     std::size_t extent_text = 0;  // index into shapes_ for messages
   };
   std::array<Slot, kMaxSlots> slots_{};

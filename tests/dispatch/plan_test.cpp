@@ -251,7 +251,7 @@ TEST_F(PlanTest, FusedGradientBuffersPassAndAnOverlapAmongThemIsCaught) {
   BackwardRun r = buf.backward_run();
   r.dq = g, r.dk = g + Buffers::h * Buffers::d, r.dv = g + 2 * Buffers::h * Buffers::d;
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(plan.run(r).ok());  // the exact test once, then remembered
-  r.dk = g + Buffers::d;  // dk's heads now share dq's second head
+  r.dk = g + Buffers::d;                                      // dk's heads now share dq's second head
   EXPECT_INVALID_WITH(plan.run(r), "dq overlaps dk in memory");
   r.dk = g + Buffers::h * Buffers::d;
   EXPECT_TRUE(plan.run(r).ok());

@@ -44,8 +44,8 @@ TEST(HostPlans, CuSeqlensWithEmptySequencesGapsAndOffsets) {
   const MaskKind masks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
   for (MaskKind m : masks) {
     // seq_offsets given (gaps and a tail of padding), then packed (cu_seqlens only).
-    CaseSpec gaps = varlen(DType::bf16, {0, 17, 40, 1, 9}, {5, 17, 50, 0, 3}, {0, 2, 21, 64, 66},
-                           {0, 7, 30, 81, 82}, m);
+    CaseSpec gaps =
+        varlen(DType::bf16, {0, 17, 40, 1, 9}, {5, 17, 50, 0, 3}, {0, 2, 21, 64, 66}, {0, 7, 30, 81, 82}, m);
     CaseSpec packed = varlen(DType::f16, {12, 0, 33}, {12, 9, 20}, {}, {}, m, 6, 2);
     for (CaseSpec* s : {&gaps, &packed}) {
       s->cu_seqlens = true;
@@ -101,7 +101,8 @@ TEST(HostPlans, TheHostChecksCuSeqlensArraysWhenARunReadsThem) {
     c.args.backend = b;
     ASSERT_TRUE(forward(c.args).ok());
     c.cu_q = {0, 5, 14, 20};  // sequence 1 has 9 > max_seqlen_q 8 tokens
-    EXPECT_INVALID_WITH(forward(c.args), "sequence 1 has 9 tokens (cu_seqlens_q[2] - cu_seqlens_q[1]) but max_seqlen_q is 8");
+    EXPECT_INVALID_WITH(forward(c.args),
+                        "sequence 1 has 9 tokens (cu_seqlens_q[2] - cu_seqlens_q[1]) but max_seqlen_q is 8");
     c.cu_q = {0, 5, 4, 20};  // decreasing
     EXPECT_INVALID_WITH(forward(c.args), "cu_seqlens_q[2] = 4 is below cu_seqlens_q[1] = 5");
     c.cu_q = {0, 5, 12, 20};

@@ -3,9 +3,13 @@
 #    faked devices and cuDNN versions; no GPU needed.
 #  - cudnn_gpu_test (label gpu): cudnn against the fp64 reference on the option matrix, cuda
 #    and cudnn on the same inputs, refusals with reasons; skips (saying so) without a GPU.
+#  - cudnn_plan_gpu_test (label gpu): cudnn and cuda through plans, cudnn with cu_seqlens
+#    arrays in device memory (and arrays that break the promise staying inside the views).
 get_property(_have_cudnn GLOBAL PROPERTY STRIDEATTN_HAVE_CUDNN)
 if(_have_cudnn)
   strideattn_test(cudnn_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/rules_test.cpp)
   target_link_libraries(cudnn_rules_test PRIVATE strideattn_gpu)  # calls the rules directly
   strideattn_test(cudnn_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_test.cpp LABELS gpu)
+  strideattn_test(cudnn_plan_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_gpu_test.cpp LABELS gpu)
+  target_link_libraries(cudnn_plan_gpu_test PRIVATE CUDA::cudart)
 endif()
