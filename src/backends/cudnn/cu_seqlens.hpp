@@ -25,7 +25,7 @@ struct CuSeqlensTables {
   const std::int32_t* off_kv = nullptr;
   std::int64_t count = 0, max_q = 0, max_kv = 0, q_tokens = 0, kv_tokens = 0;
   bool backward = false;
-  int slots = 4;                                // ragged tables: 4 forward, 8 backward
+  int slots = 4;                               // ragged tables: 4 forward, 8 backward
   std::int64_t seq_stride[kRaggedSlots] = {};  // each tensor's seq stride (0: one token)
   // Written (workspace): what the graph reads ...
   std::int32_t* seq_q = nullptr;   // [count] query rows per sequence (0 where it has no keys)
