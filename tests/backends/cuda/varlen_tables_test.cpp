@@ -71,7 +71,8 @@ std::vector<std::int64_t> on_device(const std::vector<std::int32_t>& cu_q, const
 TEST(CudaVarlenTables, KeptPromisesGiveTheLengthsAndOffsets) {
   if (!gpu()) GTEST_SKIP() << "no GPU present";
   const std::vector<std::int32_t> cu_q{0, 5, 5, 12}, cu_kv{0, 3, 10, 20};
-  EXPECT_EQ(on_device(cu_q, cu_kv, {}, {}, 7, 10, 12, 20), (std::vector<std::int64_t>{5, 0, 7, 0, 5, 5, 3, 7, 10, 0, 3, 10}));
+  EXPECT_EQ(on_device(cu_q, cu_kv, {}, {}, 7, 10, 12, 20),
+            (std::vector<std::int64_t>{5, 0, 7, 0, 5, 5, 3, 7, 10, 0, 3, 10}));
   const std::vector<std::int32_t> off_q{20, 0, 8}, off_kv{1, 5, 30};  // gaps, any order
   EXPECT_EQ(on_device(cu_q, cu_kv, off_q, off_kv, 7, 10, 30, 40), expected(cu_q, cu_kv, off_q, off_kv, 7, 10, 30, 40));
 }
