@@ -247,6 +247,8 @@ int main(int argc, char** argv) {
   double budget_us = 20000;
   std::string json_path, commit = "unknown", machine = "unknown";
   bool fake_only = false;
+  std::string profile;  // per_call | plan_run: only N calls on the no-work backend (for a profiler)
+  int profile_calls = 100000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
@@ -264,12 +266,46 @@ int main(int argc, char** argv) {
       z.s = std::max(1, std::atoi(next()));
     } else if (a == "--fake-only") {
       fake_only = true;
+    } else if (a == "--profile") {
+      profile = next();
+    } else if (a == "--calls") {
+      profile_calls = std::max(1, std::atoi(next()));
     } else {
       std::fprintf(stderr,
                    "usage: bench_host [--json PATH] [--commit C] [--machine M] [--batches N] [--budget-ms MS] "
-                   "[--seqlen S] [--fake-only]\n");
+                   "[--seqlen S] [--fake-only] [--profile per_call|plan_run --calls N]\n");
       return 2;
     }
+  }
+  if (!profile.empty()) {
+    // N forward + backward calls on the no-work backend and nothing else, to run under a
+    // profiler (valgrind --tool=callgrind: instructions per call; perf record).
+    FakeBackend fake;
+    detail::ScopedBackendOverride o({{Backend::cpu, &fake}});
+    Case c = make_case(z, "fused", Memory::host, Backend::cpu);
+    std::function<Status()> call = [&] {
+      Status s = forward(c.fwd);
+      return s.ok() ? backward(c.bwd) : s;
+    };
+    if (profile == "plan_run") {
+      ForwardPlan fp;
+      BackwardPlan bp;
+      if (!make_plan(c.fwd, &fp).ok() || !make_plan(c.bwd, &bp).ok()) return 1;
+      ForwardRun fr;
+      fr.q = c.fwd.q.data, fr.k = c.fwd.k.data, fr.v = c.fwd.v.data, fr.o = c.fwd.o.data, fr.lse = c.fwd.lse.data;
+      BackwardRun br;
+      br.q = fr.q, br.k = fr.k, br.v = fr.v, br.o = fr.o, br.d_o = c.bwd.d_o.data, br.lse = fr.lse;
+      br.dq = c.bwd.dq.data, br.dk = c.bwd.dk.data, br.dv = c.bwd.dv.data;
+      call = [&, fp, bp, fr, br] {
+        Status s = fp.run(fr);
+        return s.ok() ? bp.run(br) : s;
+      };
+    }
+    for (int i = 0; i < profile_calls; ++i)
+      if (!call().ok()) return 1;
+    std::printf("bench_host: %d %s calls (forward + backward, fused views, no-work backend)\n", profile_calls,
+                profile.c_str());
+    return 0;
   }
   std::printf("bench_host: b=%lld s=%lld h=%lld hg=%lld d=%lld bf16 causal; us per call, median of %d batches\n",
               (long long)z.b, (long long)z.s, (long long)z.h, (long long)z.hg, (long long)z.d, batches);

@@ -100,10 +100,8 @@ Status check_run_memory(const PlanState& st, const Problem& p) {
   const std::size_t n = bwd ? 9 : 5;
   const char* names[16];
   const void* ptrs[16];
-  for (std::size_t i = 0; i < n; ++i) {
-    names[i] = bwd ? kBackwardNames[i] : kNames[i];
-    ptrs[i] = slot_pointer(p, i);
-  }
+  slot_pointers(p, ptrs);
+  for (std::size_t i = 0; i < n; ++i) names[i] = bwd ? kBackwardNames[i] : kNames[i];
   std::size_t k = n;
   const std::pair<const char*, const void*> extra[] = {{"workspace", p.workspace},
                                                        {"cu_seqlens_q", p.cu_seqlens_q},

@@ -23,7 +23,7 @@ using detail::PlanState;
 
 struct Key {
   static constexpr std::size_t kWords = 128;
-  std::array<std::uint64_t, kWords> w{};
+  std::array<std::uint64_t, kWords> w;  // the first n are set (no need to clear the rest)
   std::size_t n = 0;
   std::uint64_t hash = 1469598103934665603ull;
   void add(std::uint64_t x) {

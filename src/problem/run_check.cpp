@@ -52,13 +52,20 @@ std::size_t alignment_class(const void* ptr) {
   return c;
 }
 
-const void* slot_pointer(const Problem& p, std::size_t i) {
-  if (!p.is_backward()) {
-    const void* f[] = {p.q.data, p.k.data, p.v.data, p.o.data, p.lse.data};
-    return i < 5 ? f[i] : nullptr;
+std::size_t slot_pointers(const Problem& p, const void** out) {
+  const bool bwd = p.is_backward();
+  out[0] = p.q.data, out[1] = p.k.data, out[2] = p.v.data, out[3] = p.o.data;
+  if (!bwd) {
+    out[4] = p.lse.data;
+    return 5;
   }
-  const void* b[] = {p.q.data, p.k.data, p.v.data, p.o.data, p.d_o.data, p.lse.data, p.dq.data, p.dk.data, p.dv.data};
-  return i < 9 ? b[i] : nullptr;
+  out[4] = p.d_o.data, out[5] = p.lse.data, out[6] = p.dq.data, out[7] = p.dk.data, out[8] = p.dv.data;
+  return 9;
+}
+
+const void* slot_pointer(const Problem& p, std::size_t i) {
+  const void* ptrs[RunChecks::kMaxSlots];
+  return i < slot_pointers(p, ptrs) ? ptrs[i] : nullptr;
 }
 
 void RunChecks::init(const Problem& p) {
@@ -99,13 +106,24 @@ void RunChecks::init(const Problem& p) {
     fill_view(7, {"dk", &p.dk, true});
     fill_view(8, {"dv", &p.dv, true});
   }
+  // The pairs a run compares: each output against every other non-empty tensor, each pair of
+  // outputs once.
+  n_pairs_ = 0;
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (!slots_[i].output || slots_[i].empty) continue;
+    for (std::size_t j = 0; j < n_; ++j)
+      if (j != i && !slots_[j].empty && !(slots_[j].output && j < i))
+        pairs_[n_pairs_++] = {std::uint8_t(i), std::uint8_t(j)};
+  }
 }
 
 Status RunChecks::check(const Problem& run) const {
   const void* ptrs[kMaxSlots];
+  slot_pointers(run, ptrs);
+  // Each view's bytes [begin, end) as addresses (they fit: checked below).
+  std::uint64_t begin[kMaxSlots], end[kMaxSlots];
   for (std::size_t i = 0; i < n_; ++i) {
     const Slot& s = slots_[i];
-    ptrs[i] = slot_pointer(run, i);
     if (s.empty) continue;
     const auto addr = reinterpret_cast<std::uintptr_t>(ptrs[i]);
     if (addr == 0)
@@ -126,34 +144,37 @@ Status RunChecks::check(const Problem& run) const {
     if (base + s.hi - 1 > kI64Max)
       return invalid(std::string(s.name) + ": view extent overflows int64 (pointer plus " + std::to_string(i64(s.hi)) +
                      " bytes); supported: views whose last byte fits in int64");
+    begin[i] = static_cast<std::uint64_t>(base + s.lo);
+    end[i] = static_cast<std::uint64_t>(base + s.hi);
   }
-  // Outputs against every other tensor: byte ranges first.
-  std::pair<std::size_t, i128> met[kMaxSlots * kMaxSlots];
+  // Outputs against every other tensor: byte ranges first. (Uninitialised: only the first
+  // n_met entries are written and read.)
+  struct Met {
+    std::size_t pair;
+    i128 distance;
+  };
+  Met met[kMaxSlots * kMaxSlots];
   std::size_t n_met = 0;
-  for (std::size_t i = 0; i < n_; ++i) {
-    const Slot& a = slots_[i];
-    if (!a.output || a.empty) continue;
-    const i128 a0 = static_cast<i128>(reinterpret_cast<std::uintptr_t>(ptrs[i]));
-    for (std::size_t j = 0; j < n_; ++j) {
-      const Slot& b = slots_[j];
-      if (j == i || b.empty || (b.output && j < i)) continue;  // each pair of outputs once
-      const i128 b0 = static_cast<i128>(reinterpret_cast<std::uintptr_t>(ptrs[j]));
-      if (a0 + a.hi <= b0 + b.lo || b0 + b.hi <= a0 + a.lo) continue;
-      met[n_met++] = {i * kMaxSlots + j, b0 - a0};
-    }
+  for (std::size_t k = 0; k < n_pairs_; ++k) {
+    const std::size_t i = pairs_[k].first, j = pairs_[k].second;
+    if (end[i] <= begin[j] || end[j] <= begin[i]) continue;
+    met[n_met++] = {k, static_cast<i128>(reinterpret_cast<std::uintptr_t>(ptrs[j])) -
+                           static_cast<i128>(reinterpret_cast<std::uintptr_t>(ptrs[i]))};
   }
   if (n_met == 0) return Status::Ok();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (proven_.size() == n_met) {
       bool same = true;
-      for (std::size_t k = 0; k < n_met && same; ++k) same = proven_[k] == met[k];
+      for (std::size_t k = 0; k < n_met && same; ++k)
+        same = proven_[k].first == met[k].pair && proven_[k].second == met[k].distance;
       if (same) return Status::Ok();
     }
   }
   if (Status s = check_overlap(run); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
-  proven_.assign(met, met + n_met);
+  proven_.clear();
+  for (std::size_t k = 0; k < n_met; ++k) proven_.emplace_back(met[k].pair, met[k].distance);
   return Status::Ok();
 }
 

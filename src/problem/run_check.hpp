@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "problem/problem.hpp"
@@ -51,6 +52,8 @@ class RunChecks {
   };
   std::array<Slot, kMaxSlots> slots_{};
   std::size_t n_ = 0;
+  std::array<std::pair<std::uint8_t, std::uint8_t>, kMaxSlots * kMaxSlots> pairs_{};  // (output, other)
+  std::size_t n_pairs_ = 0;
   std::vector<std::string> shapes_;  // "[1, 128, 4, 64]" per slot
   // Distances between the pointers of the pairs whose byte ranges met in the last run found
   // disjoint by the exact test (pair index, distance); runs with the same ones skip the test.
@@ -58,7 +61,9 @@ class RunChecks {
   mutable std::vector<std::pair<std::size_t, __int128>> proven_;
 };
 
-// The data pointer of slot `i` of `p` (the order of RunChecks).
+// The data pointers of `p` in slot order (RunChecks); returns how many (5 forward, 9 backward).
+std::size_t slot_pointers(const Problem& p, const void** out);
+// The data pointer of slot `i` of `p`.
 [[nodiscard]] const void* slot_pointer(const Problem& p, std::size_t i);
 
 }  // namespace strideattn::detail
