@@ -9,8 +9,9 @@ table of restype / argtypes that `load()` applies.
   python3 bench/gen_abi.py --check    exit 1 if bench/sa_abi.py differs from the header's
 
 The parser knows the subset of C the header uses (fixed-width integers, size_t, double,
-pointers, arrays of constant size, comma-separated declarators) and fails with the line it
-cannot read rather than guessing.
+pointers, arrays of constant size, comma-separated declarators, opaque handles such as
+`typedef struct sa_plan sa_plan;`, passed as addresses) and fails with the line it cannot
+read rather than guessing.
 """
 
 from __future__ import annotations
@@ -99,12 +100,26 @@ def parse_structs(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
     return structs
 
 
-def param_type(decl: str, structs: set[str]) -> str:
+def parse_opaque(text: str) -> set[str]:
+    """Opaque handles: `typedef struct X X;` (no body). A pointer to one is an address."""
+    opaque = set()
+    for m in re.finditer(r"typedef\s+struct\s+(\w+)\s+(\w+)\s*;", text):
+        if m.group(1) != m.group(2):
+            raise ParseError(f"struct {m.group(1)} is typedef'd as {m.group(2)}")
+        opaque.add(m.group(1))
+    return opaque
+
+
+def param_type(decl: str, structs: set[str], opaque: frozenset = frozenset()) -> str:
     decl = re.sub(r"\bconst\b", "", decl).strip()
-    m = re.fullmatch(r"(\w+)\s*(\*?)\s*\w*", decl)
+    m = re.fullmatch(r"(\w+)\s*(\*{0,2})\s*\w*", decl)
     if not m:
         raise ParseError(f"cannot read parameter {decl!r}")
     base, star = m.groups()
+    if base in opaque and star:
+        return "ctypes.POINTER(ctypes.c_void_p)" if star == "**" else "ctypes.c_void_p"
+    if star == "**":
+        raise ParseError(f"unknown pointer-to-pointer type {decl!r}")
     if star:
         if base == "char":
             return "ctypes.c_char_p"
@@ -120,16 +135,18 @@ def param_type(decl: str, structs: set[str]) -> str:
     return ctype_of(base, False, structs)
 
 
-def parse_functions(text: str, structs: set[str]) -> list[tuple[str, str, list[str]]]:
+def parse_functions(
+    text: str, structs: set[str], opaque: frozenset = frozenset()
+) -> list[tuple[str, str, list[str]]]:
     fns = []
     for m in re.finditer(r"\bSA_API\s+([^;(]+?)\s*\b(sa_\w+)\s*\(([^)]*)\)\s*;", text):
         ret, name, params = m.groups()
         args = (
             []
             if params.strip() in ("", "void")
-            else [param_type(p, structs) for p in params.split(",")]
+            else [param_type(p, structs, opaque) for p in params.split(",")]
         )
-        fns.append((name, param_type(ret, structs), args))
+        fns.append((name, param_type(ret, structs, opaque), args))
     return fns
 
 
@@ -137,7 +154,7 @@ def generate(header_text: str) -> str:
     text = strip_comments(header_text)
     enums = parse_enums(text)
     structs = parse_structs(text)
-    fns = parse_functions(text, {s for s, _ in structs})
+    fns = parse_functions(text, {s for s, _ in structs}, frozenset(parse_opaque(text)))
     if not enums or not structs or not fns:
         raise ParseError("found no enums, structs or functions: is this strideattn.h?")
     out = [

@@ -73,6 +73,18 @@ class sa_options(ctypes.Structure):
     ]
 
 
+class sa_cu_seqlens(ctypes.Structure):
+    _fields_ = [
+        ("count", ctypes.c_int64),
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_kv", ctypes.c_void_p),
+        ("seq_offsets_q", ctypes.c_void_p),
+        ("seq_offsets_kv", ctypes.c_void_p),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_kv", ctypes.c_int64),
+    ]
+
+
 class sa_forward_args(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
@@ -89,6 +101,7 @@ class sa_forward_args(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("cancel", ctypes.c_void_p),
+        ("cu_seqlens", sa_cu_seqlens),
     ]
 
 
@@ -112,6 +125,49 @@ class sa_backward_args(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("cancel", ctypes.c_void_p),
+        ("cu_seqlens", sa_cu_seqlens),
+    ]
+
+
+class sa_forward_run(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_kv", ctypes.c_void_p),
+        ("seq_offsets_q", ctypes.c_void_p),
+        ("seq_offsets_kv", ctypes.c_void_p),
+        ("cancel", ctypes.c_void_p),
+    ]
+
+
+class sa_backward_run(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("d_o", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("dq", ctypes.c_void_p),
+        ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_kv", ctypes.c_void_p),
+        ("seq_offsets_q", ctypes.c_void_p),
+        ("seq_offsets_kv", ctypes.c_void_p),
+        ("cancel", ctypes.c_void_p),
     ]
 
 
@@ -122,6 +178,15 @@ FUNCTIONS = {
     "sa_backward_workspace_size": (ctypes.c_int, [ctypes.POINTER(sa_backward_args), ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]),
     "sa_explain": (ctypes.c_int, [ctypes.POINTER(sa_forward_args), ctypes.c_char_p, ctypes.c_size_t]),
     "sa_explain_backward": (ctypes.c_int, [ctypes.POINTER(sa_backward_args), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_plan_create": (ctypes.c_int, [ctypes.POINTER(sa_forward_args), ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_plan_create_backward": (ctypes.c_int, [ctypes.POINTER(sa_backward_args), ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_plan_run": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(sa_forward_run), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_plan_run_backward": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(sa_backward_run), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_plan_workspace_size": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_plan_backend": (ctypes.c_int32, [ctypes.c_void_p]),
+    "sa_plan_is_backward": (ctypes.c_int32, [ctypes.c_void_p]),
+    "sa_plan_reason": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_plan_destroy": (None, [ctypes.c_void_p]),
     "sa_version": (ctypes.c_char_p, []),
     "sa_backend_compiled": (ctypes.c_int, [ctypes.c_int32]),
     "sa_status_name": (ctypes.c_char_p, [ctypes.c_int]),

@@ -1,9 +1,9 @@
-// Public C++ entry points: validate -> select a backend -> run, and `explain`.
+// Public C++ entry points: the per-call functions (a plan from the default plan cache, run with
+// the call's pointers: dispatch/plan_cache.cpp), and `explain`.
 #include <exception>
+#include <type_traits>
 
 #include "common/log.hpp"
-#include "common/memory_check.hpp"
-#include "dispatch/gpu_module.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/select.hpp"
 #include "problem/layout.hpp"
@@ -92,51 +92,23 @@ std::string_view version() { return STRIDEATTN_VERSION_STRING; }
 bool backend_compiled(Backend backend) { return detail::backend_impl(backend) != nullptr; }
 
 namespace {
-// Where a pointer lives, asked of the GPU module (its CUDA runtime); without a module (a
-// CPU-only build, or one that failed to load) there are no device pointers to tell apart.
-detail::PointerKind pointer_kind(const void* ptr) {
-  const detail::GpuModuleLoad& m = detail::gpu_module();
-  if (m.module == nullptr || m.module->classify_pointer == nullptr) return detail::PointerKind::unknown;
-  return m.module->classify_pointer(ptr);
-}
-}  // namespace
-
-namespace {
 
 using detail::Problem;
-
-template <class Args>
-Status run(const Args& args, bool backward) {
-  try {
-    Problem problem;
-    if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
-    if (Status s = detail::check_memory(args, &pointer_kind); !s.ok()) return s;
-    detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
-    if (!sel.chosen) return sel.status;
-    detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);
-    if (problem.heads == 0) return Status::Ok();  // zero heads: every output is empty
-    return backward ? impl->backward(problem) : impl->forward(problem);
-  } catch (const std::bad_alloc&) {
-    return Status(StatusCode::backend_error, "out of host memory");
-  } catch (const std::exception& e) {
-    return Status(StatusCode::internal, std::string("internal error: ") + e.what());
-  }
-}
 
 template <class Args>
 Status workspace(const Args& args, std::size_t* bytes) {
   if (!bytes) return Status(StatusCode::invalid_argument, "workspace_size: bytes is null");
   *bytes = 0;
-  try {
-    Problem problem;
-    if (Status s = detail::make_problem(args, &problem); !s.ok()) return s;
-    detail::Selection sel = detail::select_backend(problem, args.backend, detail::VerdictScope::until_chosen);
-    if (!sel.chosen) return sel.status;
-    if (problem.heads == 0) return Status::Ok();  // zero heads: nothing to run, no workspace
-    return detail::backend_impl(*sel.chosen)->workspace_size(problem, bytes);
-  } catch (const std::exception& e) {
-    return Status(StatusCode::internal, std::string("internal error: ") + e.what());
+  if constexpr (std::is_same_v<Args, ForwardArgs>) {
+    ForwardPlan plan;
+    if (Status s = default_plan_cache().get(args, &plan); !s.ok()) return s;
+    *bytes = plan.workspace_size();
+  } else {
+    BackwardPlan plan;
+    if (Status s = default_plan_cache().get(args, &plan); !s.ok()) return s;
+    *bytes = plan.workspace_size();
   }
+  return Status::Ok();
 }
 
 template <class Args>
@@ -160,8 +132,8 @@ Explanation explain_impl(const Args& args) {
 
 }  // namespace
 
-Status forward(const ForwardArgs& args) { return run(args, false); }
-Status backward(const BackwardArgs& args) { return run(args, true); }
+Status forward(const ForwardArgs& args) { return default_plan_cache().forward(args); }
+Status backward(const BackwardArgs& args) { return default_plan_cache().backward(args); }
 Status workspace_size(const ForwardArgs& args, std::size_t* bytes) { return workspace(args, bytes); }
 Status workspace_size(const BackwardArgs& args, std::size_t* bytes) { return workspace(args, bytes); }
 Explanation explain(const ForwardArgs& args) { return explain_impl(args); }

@@ -1,14 +1,17 @@
 // The C ABI (include/strideattn/strideattn.h) over the C++ API: converts the plain-C argument
 // structs to ForwardArgs / BackwardArgs, calls the library, and turns the Status into a
-// code plus a message copied into the caller's buffer. No exception, and no C++ type,
-// crosses the boundary. Built into the shared library strideattn_c (src/CMakeLists.txt).
+// code plus a message copied into the caller's buffer; and the plans (sa_plan) over the C++
+// plans. No exception, and no C++ type, crosses the boundary. Built into the shared library strideattn_c
+// (src/CMakeLists.txt).
 #include "strideattn/strideattn.h"
 
 #include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
+#include <type_traits>
 
 #include "strideattn/strideattn.hpp"
 
@@ -163,6 +166,14 @@ Status convert_common(const CArgs& c, Args* a) {
   a->workspace_bytes = c.workspace_bytes;
   // C11 atomic_bool and std::atomic<bool> share size, alignment and representation.
   a->options.cancel = static_cast<const std::atomic<bool>*>(c.cancel);
+  const sa_cu_seqlens& cu = c.cu_seqlens;  // zero for callers whose struct ends before it
+  a->varlen.count = cu.count;
+  a->varlen.cu_seqlens_q = cu.cu_seqlens_q;
+  a->varlen.cu_seqlens_kv = cu.cu_seqlens_kv;
+  a->varlen.seq_offsets_q = cu.seq_offsets_q;
+  a->varlen.seq_offsets_kv = cu.seq_offsets_kv;
+  a->varlen.max_seqlen_q = cu.max_seqlen_q;
+  a->varlen.max_seqlen_kv = cu.max_seqlen_kv;
   return Status::Ok();
 }
 
@@ -195,6 +206,29 @@ int guarded(char* msg, std::size_t msg_len, F&& body) {
   } catch (...) {
     return finish(Status(StatusCode::internal, "internal error: unknown exception"), msg, msg_len);
   }
+}
+
+Status convert(const sa_forward_run* in, ForwardRun* out) {
+  sa_forward_run c;
+  if (Status s = read_struct(in, sizeof(sa_forward_run), "sa_forward_run", &c); !s.ok()) return s;
+  out->q = c.q, out->k = c.k, out->v = c.v, out->o = c.o, out->lse = c.lse;
+  out->stream = c.stream, out->workspace = c.workspace, out->workspace_bytes = c.workspace_bytes;
+  out->cu_seqlens_q = c.cu_seqlens_q, out->cu_seqlens_kv = c.cu_seqlens_kv;
+  out->seq_offsets_q = c.seq_offsets_q, out->seq_offsets_kv = c.seq_offsets_kv;
+  out->cancel = static_cast<const std::atomic<bool>*>(c.cancel);
+  return Status::Ok();
+}
+
+Status convert(const sa_backward_run* in, BackwardRun* out) {
+  sa_backward_run c;
+  if (Status s = read_struct(in, sizeof(sa_backward_run), "sa_backward_run", &c); !s.ok()) return s;
+  out->q = c.q, out->k = c.k, out->v = c.v, out->o = c.o, out->d_o = c.d_o, out->lse = c.lse;
+  out->dq = c.dq, out->dk = c.dk, out->dv = c.dv;
+  out->stream = c.stream, out->workspace = c.workspace, out->workspace_bytes = c.workspace_bytes;
+  out->cu_seqlens_q = c.cu_seqlens_q, out->cu_seqlens_kv = c.cu_seqlens_kv;
+  out->seq_offsets_q = c.seq_offsets_q, out->seq_offsets_kv = c.seq_offsets_kv;
+  out->cancel = static_cast<const std::atomic<bool>*>(c.cancel);
+  return Status::Ok();
 }
 
 std::string explanation_text(const Explanation& ex) {
@@ -230,7 +264,101 @@ int explain_c(const CArgs* in, char* buf, std::size_t len) {
 
 }  // namespace
 
+// The opaque plan of the C ABI: one of the two C++ plans.
+struct sa_plan {
+  bool backward = false;
+  ForwardPlan forward;
+  BackwardPlan backward_plan;
+  [[nodiscard]] const PlanInfo& info() const {
+    return backward ? static_cast<const PlanInfo&>(backward_plan) : static_cast<const PlanInfo&>(forward);
+  }
+};
+
+namespace {
+
+template <class CArgs, class Args>
+int plan_create(const CArgs* args, sa_plan** plan, char* msg, std::size_t msg_len, bool backward) {
+  return guarded(msg, msg_len, [&] {
+    if (plan == nullptr) return invalid("sa_plan_create: plan is null");
+    *plan = nullptr;
+    Args a;
+    if (Status s = convert(args, &a); !s.ok()) return s;
+    auto p = std::make_unique<sa_plan>();
+    p->backward = backward;
+    Status s;
+    if constexpr (std::is_same_v<Args, ForwardArgs>)
+      s = make_plan(a, &p->forward);
+    else
+      s = make_plan(a, &p->backward_plan);
+    if (!s.ok()) return s;
+    *plan = p.release();
+    return Status::Ok();
+  });
+}
+
+}  // namespace
+
 extern "C" {
+
+SA_API int sa_plan_create(const sa_forward_args* args, sa_plan** plan, char* msg, size_t msg_len) {
+  return plan_create<sa_forward_args, ForwardArgs>(args, plan, msg, msg_len, false);
+}
+
+SA_API int sa_plan_create_backward(const sa_backward_args* args, sa_plan** plan, char* msg, size_t msg_len) {
+  return plan_create<sa_backward_args, BackwardArgs>(args, plan, msg, msg_len, true);
+}
+
+SA_API int sa_plan_run(const sa_plan* plan, const sa_forward_run* run, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    if (plan == nullptr) return invalid("sa_plan_run: plan is null");
+    if (plan->backward) return invalid("sa_plan_run: a backward plan; run it with sa_plan_run_backward");
+    ForwardRun r;
+    if (Status s = convert(run, &r); !s.ok()) return s;
+    return plan->forward.run(r);
+  });
+}
+
+SA_API int sa_plan_run_backward(const sa_plan* plan, const sa_backward_run* run, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    if (plan == nullptr) return invalid("sa_plan_run_backward: plan is null");
+    if (!plan->backward) return invalid("sa_plan_run_backward: a forward plan; run it with sa_plan_run");
+    BackwardRun r;
+    if (Status s = convert(run, &r); !s.ok()) return s;
+    return plan->backward_plan.run(r);
+  });
+}
+
+SA_API int sa_plan_workspace_size(const sa_plan* plan, size_t* bytes, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    if (bytes == nullptr) return invalid("sa_plan_workspace_size: bytes is null");
+    *bytes = 0;
+    if (plan == nullptr) return invalid("sa_plan_workspace_size: plan is null");
+    *bytes = plan->info().workspace_size();
+    return Status::Ok();
+  });
+}
+
+SA_API int32_t sa_plan_backend(const sa_plan* plan) {
+  return plan == nullptr ? -1 : static_cast<int32_t>(plan->info().backend());
+}
+
+SA_API int32_t sa_plan_is_backward(const sa_plan* plan) { return plan != nullptr && plan->backward ? 1 : 0; }
+
+SA_API int sa_plan_reason(const sa_plan* plan, char* buf, size_t len) {
+  if (plan == nullptr) {
+    write_text("sa_plan_reason: plan is null", buf, len);
+    return SA_INVALID_ARGUMENT;
+  }
+  try {
+    write_text(plan->info().reason(), buf, len);
+    return SA_OK;
+  } catch (...) {
+    write_text("internal error", buf, len);
+    return SA_INTERNAL;
+  }
+}
+
+SA_API void sa_plan_destroy(sa_plan* plan) { delete plan; }
 
 SA_API int sa_forward(const sa_forward_args* args, char* msg, size_t msg_len) {
   return guarded(msg, msg_len, [&] {
@@ -317,3 +445,5 @@ static_assert(sizeof(std::atomic<bool>) == 1 && std::atomic<bool>::is_always_loc
 static_assert(static_cast<int>(strideattn::DType::bf16) == SA_BF16 &&
               static_cast<int>(strideattn::DType::f32) == SA_F32);
 static_assert(static_cast<int>(strideattn::MaskKind::causal_bottom_right) == SA_MASK_CAUSAL_BOTTOM_RIGHT);
+static_assert(static_cast<int>(strideattn::Backend::cudnn) == SA_BACKEND_CUDNN &&
+              static_cast<int>(strideattn::Backend::cpu) == SA_BACKEND_CPU);

@@ -98,6 +98,22 @@ typedef struct sa_options {
   int32_t deterministic; /* backward: bitwise reproducible run to run */
 } sa_options;
 
+/* Varlen lengths as cu_seqlens arrays (FlashAttention's and TransformerEngine's form; see
+ * docs/semantics.md): int32 arrays in the tensors' memory (device memory for GPU backends),
+ * read by the backend when the call runs. count sequences (0: not used); cu_seqlens_q has
+ * count + 1 entries (sequence i has cu_seqlens_q[i + 1] - cu_seqlens_q[i] tokens), seq_offsets_q
+ * (optional, NULL: cu_seqlens_q) the first token of each; max_seqlen_q / kv bound every length.
+ * Appended to the argument structs; give either this or sa_varlen, not both. */
+typedef struct sa_cu_seqlens {
+  int64_t count;
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_kv;
+  const int32_t* seq_offsets_q;
+  const int32_t* seq_offsets_kv;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_kv;
+} sa_cu_seqlens;
+
 typedef struct sa_forward_args {
   size_t struct_size;     /* sizeof(sa_forward_args) */
   sa_tensor_view q, k, v; /* [b,s_q,h,d_qk], [b,s_kv,hg,d_qk], [b,s_kv,hg,d_v] */
@@ -111,9 +127,10 @@ typedef struct sa_forward_args {
   void* workspace; /* optional, see sa_workspace_size; NULL: the library allocates */
   size_t workspace_bytes;
   /* Appended fields (absent from older callers' structs, which get the defaults). */
-  const void* cancel; /* NULL, or an atomic_bool (C11 <stdatomic.h>; std::atomic<bool> in C++)
-                         that another thread sets to true to stop a host-backend call: it
-                         then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
+  const void* cancel;       /* NULL, or an atomic_bool (C11 <stdatomic.h>; std::atomic<bool> in C++)
+                               that another thread sets to true to stop a host-backend call: it
+                               then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
+  sa_cu_seqlens cu_seqlens; /* appended: varlen lengths as cu_seqlens arrays */
 } sa_forward_args;
 
 typedef struct sa_backward_args {
@@ -128,9 +145,10 @@ typedef struct sa_backward_args {
   void* stream;
   void* workspace;
   size_t workspace_bytes;
-  const void* cancel; /* NULL, or an atomic_bool (C11 <stdatomic.h>; std::atomic<bool> in C++)
-                         that another thread sets to true to stop a host-backend call: it
-                         then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
+  const void* cancel;       /* NULL, or an atomic_bool (C11 <stdatomic.h>; std::atomic<bool> in C++)
+                               that another thread sets to true to stop a host-backend call: it
+                               then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
+  sa_cu_seqlens cu_seqlens; /* appended: varlen lengths as cu_seqlens arrays */
 } sa_backward_args;
 
 SA_API int sa_forward(const sa_forward_args* args, char* msg, size_t msg_len);
@@ -145,6 +163,69 @@ SA_API int sa_backward_workspace_size(const sa_backward_args* args, size_t* byte
  * `auto` would run. Returns the validation status (SA_OK when the input is valid). */
 SA_API int sa_explain(const sa_forward_args* args, char* buf, size_t len);
 SA_API int sa_explain_backward(const sa_backward_args* args, char* buf, size_t len);
+
+/* Plans: made once from a problem (validation, backend choice, the backend's preparation,
+ * the workspace size), run many times with new pointers and a stream. In the arguments of
+ * sa_plan_create a NULL data pointer is given at run time (the plan then assumes it 16-byte
+ * aligned); a forward plan writes LSE when lse.data is set or lse.shape is not all zero. A
+ * run gives every data pointer (and lse iff the plan writes it), the stream, the workspace
+ * (at least sa_plan_workspace_size bytes, 16-byte aligned; NULL: the library allocates) and,
+ * for a cu_seqlens plan, the arrays; it checks what depends on them (null, alignment against
+ * the plan's, overlap, memory kind) with an error naming the tensor. A plan may run on several
+ * threads at once. */
+typedef struct sa_plan sa_plan;
+
+typedef struct sa_forward_run {
+  size_t struct_size; /* sizeof(sa_forward_run) */
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_kv;
+  const int32_t* seq_offsets_q;
+  const int32_t* seq_offsets_kv;
+  const void* cancel;
+} sa_forward_run;
+
+typedef struct sa_backward_run {
+  size_t struct_size; /* sizeof(sa_backward_run) */
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* d_o;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_kv;
+  const int32_t* seq_offsets_q;
+  const int32_t* seq_offsets_kv;
+  const void* cancel;
+} sa_backward_run;
+
+/* *plan receives a new plan (NULL on failure); free it with sa_plan_destroy. */
+SA_API int sa_plan_create(const sa_forward_args* args, sa_plan** plan, char* msg, size_t msg_len);
+SA_API int sa_plan_create_backward(const sa_backward_args* args, sa_plan** plan, char* msg, size_t msg_len);
+SA_API int sa_plan_run(const sa_plan* plan, const sa_forward_run* run, char* msg, size_t msg_len);
+SA_API int sa_plan_run_backward(const sa_plan* plan, const sa_backward_run* run, char* msg, size_t msg_len);
+/* Workspace bytes a run needs; the backend that runs it (enum sa_backend; -1 for NULL); 1 for a
+ * backward plan, 0 for a forward one; the one-line reason for the backend (NUL-terminated,
+ * truncated to len - 1 bytes; returns SA_OK, or SA_INVALID_ARGUMENT for NULL). */
+SA_API int sa_plan_workspace_size(const sa_plan* plan, size_t* bytes, char* msg, size_t msg_len);
+SA_API int32_t sa_plan_backend(const sa_plan* plan);
+SA_API int32_t sa_plan_is_backward(const sa_plan* plan);
+SA_API int sa_plan_reason(const sa_plan* plan, char* buf, size_t len);
+SA_API void sa_plan_destroy(sa_plan* plan);
 
 /* The library version ("0.1.0"); whether a backend is compiled in (1) or not (0). */
 SA_API const char* sa_version(void);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -69,13 +70,31 @@ struct LseView {
   std::array<std::int64_t, 3> stride{0, 0, 0};  // in elements
 };
 
-// Varlen (THD) description, host memory. Sequence i has `seqlens[i]` tokens starting at
-// token `offsets[i]` of the tensor's seq dimension. Empty `offsets` means packed back to back
-// (the prefix sum of seqlens). Sequences may be empty; gaps between sequences are padding.
+// Varlen (THD) description, in one of two forms (docs/semantics.md, "Tensors"):
+//  - host lists: sequence i has `seqlens[i]` tokens starting at token `offsets[i]` of the
+//    tensor's seq dimension. Empty `offsets` means packed back to back (the prefix sum of
+//    seqlens). The lists are part of the problem (a plan is made for these lengths).
+//  - cu_seqlens arrays (FlashAttention's and TransformerEngine's form), `count > 0`: int32
+//    arrays in the tensors' memory (device memory for GPU backends), read by the backend when
+//    the call runs, never copied to the host. cu_seqlens_q has count + 1 entries and sequence i
+//    has cu_seqlens_q[i + 1] - cu_seqlens_q[i] query tokens; seq_offsets_q (optional, count
+//    entries are read: TransformerEngine's cu_seqlens_q_padded) gives its first token, else
+//    cu_seqlens_q[i]. max_seqlen_q/kv is the caller's bound on every length: a plan is made
+//    for the count and the bounds, not for the lengths. Lengths that break the bound, or
+//    sequences outside the views, are refused where the backend reads them on the host, and
+//    on the device give unspecified outputs without a read or write outside the views.
+// Sequences may be empty; gaps between sequences are padding.
 struct Varlen {
   std::vector<std::int64_t> seqlens_q, seqlens_kv;
   std::vector<std::int64_t> offsets_q, offsets_kv;
-  [[nodiscard]] bool enabled() const { return !seqlens_q.empty() || !seqlens_kv.empty(); }
+  std::int64_t count = 0;  // > 0: the cu_seqlens form, with this many sequences
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_kv = nullptr;
+  const std::int32_t* seq_offsets_q = nullptr;   // optional
+  const std::int32_t* seq_offsets_kv = nullptr;  // optional
+  std::int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  [[nodiscard]] bool enabled() const { return !seqlens_q.empty() || !seqlens_kv.empty() || count > 0; }
+  [[nodiscard]] bool cu_seqlens() const { return count > 0; }
 };
 
 // ---------------------------------------------------------------- options
@@ -175,6 +194,133 @@ struct Explanation {
 
 [[nodiscard]] Explanation explain(const ForwardArgs& args);
 [[nodiscard]] Explanation explain(const BackwardArgs& args);
+
+// ---------------------------------------------------------------- plans
+
+// A plan is made once from a problem (ForwardArgs / BackwardArgs: validation, backend choice
+// and its reason, the device query, the backend's preparation such as a cuDNN graph, and the
+// workspace size) and run many times with new pointers and a stream. forward() and backward()
+// are a plan made (or found in a cache of recent plans) and run.
+//
+// Pointers at make time are optional. A tensor whose `data` is null is given at run time and
+// the plan assumes its data 16-byte aligned; a tensor given at make time is checked then and
+// fixes the alignment the plan assumes (16 bytes, or what its address has). A forward plan
+// writes LSE when `lse.data` is set or `lse.shape` is not all zero. Varlen cu_seqlens arrays
+// are always given at run time (make-time pointers are checked and otherwise unused).
+//
+// Each run checks what depends on its pointers: null pointers, alignment against what the
+// plan assumed (the error names the tensor), views that reach past the address space, outputs
+// that overlap an input or each other (byte ranges first; the exact test only where ranges
+// meet), and that every pointer lives where `memory` says. A plan is immutable and may run on
+// several threads at once; copies share it.
+
+// What changes from run to run; shapes, strides, dtype and options are the plan's.
+struct ForwardRun {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;       // set iff the plan writes LSE
+  void* stream = nullptr;     // cudaStream_t for GPU backends
+  void* workspace = nullptr;  // at least workspace_size() bytes, 16-byte aligned; null: allocated
+  std::size_t workspace_bytes = 0;
+  // cu_seqlens varlen plans: the arrays of Varlen (in the tensors' memory); null otherwise.
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_kv = nullptr;
+  const std::int32_t* seq_offsets_q = nullptr;   // optional
+  const std::int32_t* seq_offsets_kv = nullptr;  // optional
+  const std::atomic<bool>* cancel = nullptr;     // as AttentionOptions::cancel (host backends)
+};
+
+struct BackwardRun {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const void* d_o = nullptr;
+  const float* lse = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* stream = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_kv = nullptr;
+  const std::int32_t* seq_offsets_q = nullptr;
+  const std::int32_t* seq_offsets_kv = nullptr;
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+namespace detail {
+struct PlanState;
+struct PlanAccess;
+}  // namespace detail
+
+// What both plan kinds report. An empty (default-constructed) plan refuses to run.
+class PlanInfo {
+ public:
+  [[nodiscard]] bool valid() const { return state_ != nullptr; }
+  [[nodiscard]] Backend backend() const;             // the backend that runs it
+  [[nodiscard]] std::size_t workspace_size() const;  // bytes a run needs (0: none)
+  // One line: the backend and why it was chosen, e.g. "forward runs on cudnn (auto, class
+  // 'sm90 device', ...)". With STRIDEATTN_LOG=info every run logs it.
+  [[nodiscard]] const std::string& reason() const;
+  [[nodiscard]] bool writes_lse() const;
+
+ protected:
+  std::shared_ptr<const detail::PlanState> state_;
+  friend struct detail::PlanAccess;
+};
+
+class ForwardPlan : public PlanInfo {
+ public:
+  [[nodiscard]] Status run(const ForwardRun& run) const;
+};
+
+class BackwardPlan : public PlanInfo {
+ public:
+  [[nodiscard]] Status run(const BackwardRun& run) const;
+};
+
+// Validates and prepares; on failure `*plan` is left empty and the status says why
+// (invalid_argument: the input; unsupported: every backend's rule).
+[[nodiscard]] Status make_plan(const ForwardArgs& args, ForwardPlan* plan);
+[[nodiscard]] Status make_plan(const BackwardArgs& args, BackwardPlan* plan);
+
+// Plans of recent problems, keyed by everything but the pointers (and the alignment class of
+// each pointer), least recently used dropped first. Thread-safe. forward() and backward() use
+// one of these (kDefaultPlanCacheCapacity plans); a framework binding may keep its own.
+// STRIDEATTN_BACKEND is read when a plan is made: a problem with a plan keeps its backend.
+class PlanCache {
+ public:
+  explicit PlanCache(std::size_t capacity = 64);
+  ~PlanCache();
+  PlanCache(const PlanCache&) = delete;
+  PlanCache& operator=(const PlanCache&) = delete;
+
+  // The plan for `args` (made on a miss; failures are not kept).
+  [[nodiscard]] Status get(const ForwardArgs& args, ForwardPlan* plan);
+  [[nodiscard]] Status get(const BackwardArgs& args, BackwardPlan* plan);
+  // get(), then run with `args`' pointers.
+  [[nodiscard]] Status forward(const ForwardArgs& args);
+  [[nodiscard]] Status backward(const BackwardArgs& args);
+
+  struct Stats {
+    std::size_t size = 0, capacity = 0;
+    std::uint64_t hits = 0, misses = 0;
+  };
+  [[nodiscard]] Stats stats() const;
+  void clear();  // drops every plan and zeroes the counts
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+inline constexpr std::size_t kDefaultPlanCacheCapacity = 256;
+
+// The cache forward(), backward() and workspace_size() use (stats, clear).
+[[nodiscard]] PlanCache& default_plan_cache();
 
 // The library's version string, and which backends this build contains.
 [[nodiscard]] std::string_view version();

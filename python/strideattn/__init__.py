@@ -12,9 +12,12 @@ from ._core import (
     UnsupportedError,
     attention,
     attention_backward,
+    clear_plan_cache,
     compiled_backends,
     explain,
+    plan_cache_info,
     version,
+    workspace_size,
 )
 from ._dropin import flash_attn_func, flash_attn_varlen_func, sdpa
 from ._util import MASK_ALIASES
@@ -33,6 +36,7 @@ __all__ = [
     "attention_backward",
     "build_info",
     "compiled_backends",
+    "clear_plan_cache",
     "explain",
     "flash_attn_func",
     "flash_attn_varlen_func",
@@ -40,7 +44,9 @@ __all__ = [
     "flush_log",
     "get_log_level",
     "set_log_level",
+    "plan_cache_info",
     "version",
+    "workspace_size",
     "torch",
 ]
 

@@ -18,7 +18,9 @@ from ._util import (
     describe,
     dim_order,
     framework,
+    int64,
     int_list,
+    raise_for,
     raise_status,
     window_pair,
 )
@@ -33,6 +35,9 @@ __all__ = [
     "version",
     "compiled_backends",
     "register_autograd",
+    "workspace_size",
+    "plan_cache_info",
+    "clear_plan_cache",
 ]
 
 # Argument types: a (left, right) window with -1 or None for unbounded; integer sequences
@@ -240,6 +245,44 @@ def _dtype_of(x: Any) -> Any:
 # ----------------------------------------------------------------------------- arguments
 
 
+# Varlen cu_seqlens arrays (int32 tensors on the tensors' device), their bounds and a caller's
+# workspace: passed to the extension as they are (no copy, nothing read on the host).
+_ARRAYS = ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv")
+
+
+def _device_options(ctx, extra: dict) -> dict:
+    """The extension keywords of cu_seqlens arrays, max_seqlen bounds and workspace in `extra`
+    (None: not given)."""
+    out = {}
+    given = [n for n in _ARRAYS if extra.get(n) is not None]
+    for name in given:
+        _check_tensor(extra[name], name)
+        out[name] = ctx.prepare(extra[name])
+    if given:
+        for side in ("q", "kv"):
+            if extra.get("cu_seqlens_" + side) is None:
+                raise ValueError(
+                    f"cu_seqlens_{side} is missing; cu_seqlens varlen needs both cu_seqlens_q and "
+                    "cu_seqlens_kv (int32, count + 1 entries)"
+                )
+            bound = extra.get("max_seqlen_" + side)
+            if bound is None:
+                raise ValueError(
+                    f"max_seqlen_{side} is required with cu_seqlens_{side}: the bound on every "
+                    "length that a plan is made for (FlashAttention's max_seqlen); it is not read "
+                    "from the arrays, which stay on their device"
+                )
+            out["max_seqlen_" + side] = int64(bound, "max_seqlen_" + side)
+    else:
+        for side in ("q", "kv"):
+            if extra.get("max_seqlen_" + side) is not None:
+                raise ValueError(f"max_seqlen_{side} is given without cu_seqlens_q / cu_seqlens_kv")
+    if extra.get("workspace") is not None:
+        _check_tensor(extra["workspace"], "workspace", writable=True)
+        out["workspace"] = ctx.prepare(extra["workspace"])
+    return out
+
+
 def _options(
     mask,
     window,
@@ -301,10 +344,22 @@ def _shape(x: Any) -> tuple:
 
 
 def _begin(
-    q, v, mask, window, scale, deterministic, seqlens_q, seqlens_kv, offsets_q, offsets_kv, backend
+    q,
+    v,
+    mask,
+    window,
+    scale,
+    deterministic,
+    seqlens_q,
+    seqlens_kv,
+    offsets_q,
+    offsets_kv,
+    backend,
+    extra=None,
 ):
     """What attention() and explain() share: the caller's framework context, the parsed
-    options, whether the call is varlen, and the q / v shapes (checked for rank)."""
+    options (with the cu_seqlens arrays, bounds and workspace of `extra`), whether the call is
+    varlen, and the q / v shapes (checked for rank)."""
     ctx = _Context(q)
     opts = _options(
         mask,
@@ -318,7 +373,8 @@ def _begin(
         backend,
         ctx.stream,
     )
-    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"])
+    opts.update(_device_options(ctx, extra or {}))
+    varlen = bool(opts["seqlens_q"] or opts["seqlens_kv"] or "cu_seqlens_q" in opts)
     qs, vs = _shape(q), _shape(v)
     if len(qs) not in (3, 4) or len(vs) not in (3, 4):
         raise ValueError(
@@ -355,6 +411,13 @@ def attention(
     deterministic: bool = False,
     return_lse: bool = False,
     out: Any = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_kv: Any = None,
+    seq_offsets_q: Any = None,
+    seq_offsets_kv: Any = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    workspace: Any = None,
 ) -> Union[Any, Tuple[Any, Any]]:
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V.
 
@@ -372,6 +435,14 @@ def attention(
     tensors have the same rank and are not told apart here; pass those to strideattn.sdpa.
     mask also accepts the aliases no_mask, top_left / causal_top_left and bottom_right.
 
+    Varlen lengths may instead come as cu_seqlens arrays (FlashAttention's and
+    TransformerEngine's form): cu_seqlens_q / cu_seqlens_kv int32 tensors of count + 1
+    prefix sums on the tensors' device, seq_offsets_q / seq_offsets_kv (optional) the first
+    token of each sequence, and max_seqlen_q / max_seqlen_kv (required with them) the bound
+    on every length. They are read by the backend where they are: nothing is copied to the
+    host and nothing synchronises. `workspace` is scratch memory for the call (a tensor of at
+    least workspace_size() bytes on the tensors' device); without it the library allocates.
+
     PyTorch tensors that require grad go through the autograd op of strideattn.torch.
     Raises ValueError (bad input), UnsupportedError (a NotImplementedError) and
     BackendError (a RuntimeError) with the library's message.
@@ -380,6 +451,15 @@ def attention(
         _check_tensor(x, name)
     if out is not None:
         _check_tensor(out, "out", writable=True)
+    extra = dict(
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_kv=cu_seqlens_kv,
+        seq_offsets_q=seq_offsets_q,
+        seq_offsets_kv=seq_offsets_kv,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv,
+        workspace=workspace,
+    )
     hook = _AUTOGRAD.get(framework(q))
     if hook is not None and out is None and hook[0](q, k, v):
         return hook[1](
@@ -396,6 +476,7 @@ def attention(
             backend=backend,
             deterministic=deterministic,
             return_lse=return_lse,
+            **{key: val for key, val in extra.items() if val is not None},
         )
 
     ctx, opts, varlen, qs, vs = _begin(
@@ -410,6 +491,7 @@ def attention(
         offsets_q,
         offsets_kv,
         backend,
+        extra,
     )
     with ctx.device_scope():
         o = out
@@ -463,12 +545,20 @@ def attention_backward(
     dq: Any = None,
     dk: Any = None,
     dv: Any = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_kv: Any = None,
+    seq_offsets_q: Any = None,
+    seq_offsets_kv: Any = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    workspace: Any = None,
 ) -> Tuple[Any, Any, Any]:
     """Gradients of attention(): returns (dq, dk, dv) for the forward output `out`, its
     gradient `dout` and the forward's LSE (return_lse=True). dk/dv are summed over each GQA
     group. dq/dk/dv may be given as (strided) views to write into, e.g. slices of the
     gradient of a fused QKV buffer; the others are allocated like q, k, v. Options must match
-    the forward call. deterministic=True asks for a bitwise reproducible result."""
+    the forward call. deterministic=True asks for a bitwise reproducible result. cu_seqlens
+    arrays, their bounds and a workspace as attention() takes them."""
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)):
         _check_tensor(x, name)
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
@@ -486,6 +576,15 @@ def attention_backward(
         offsets_q,
         offsets_kv,
         backend,
+        dict(
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv,
+            seq_offsets_q=seq_offsets_q,
+            seq_offsets_kv=seq_offsets_kv,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv,
+            workspace=workspace,
+        ),
     )
     given = (dq, dk, dv)
     with ctx.device_scope():
@@ -534,6 +633,12 @@ def explain(
     out: Any = None,
     dout: Any = None,
     lse: Any = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_kv: Any = None,
+    seq_offsets_q: Any = None,
+    seq_offsets_kv: Any = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
 ) -> Dict[str, Any]:
     """What the library would do with these tensors, without running anything.
 
@@ -556,6 +661,14 @@ def explain(
         offsets_q,
         offsets_kv,
         backend,
+        dict(
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv,
+            seq_offsets_q=seq_offsets_q,
+            seq_offsets_kv=seq_offsets_kv,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv,
+        ),
     )
     with ctx.device_scope():
         order = dim_order(qs, _element_strides(q, ctx.fw))
@@ -597,6 +710,38 @@ def explain(
             *[ctx.as_ext(g) for g in grads],
             **opts,
         )
+
+
+def workspace_size(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    grad: bool = False,
+    out: Any = None,
+    dout: Any = None,
+    lse: Any = None,
+    **options: Any,
+) -> int:
+    """Bytes of workspace a call of attention() (grad=False) or attention_backward()
+    (grad=True) with these tensors and options needs: allocate that much in the caller's
+    framework (e.g. torch.empty(n, dtype=torch.uint8, device=q.device)) and pass it as
+    workspace=. Missing out/dout/lse are allocated for the query. Raises as attention() does."""
+    ex = explain(q, k, v, grad=grad, out=out, dout=dout, lse=lse, **options)
+    if not ex["valid"]:
+        raise_for(ex["code"], ex["error"])
+    return int(ex.get("workspace_size", 0))
+
+
+def plan_cache_info() -> Dict[str, int]:
+    """The extension's cache of plans: size, capacity, hits, misses (one plan per problem:
+    everything but the pointers)."""
+    return dict(_ext.plan_cache_info())
+
+
+def clear_plan_cache() -> None:
+    """Drops the extension's plans (the next call of each problem makes its plan again)."""
+    _ext.clear_plan_cache()
 
 
 def version() -> str:

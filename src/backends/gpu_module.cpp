@@ -29,6 +29,15 @@ Platform query_platform() {
   return p;
 }
 
+int current_device() {
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return dev;
+}
+
 }  // namespace
 
 #if !defined(STRIDEATTN_WITH_CUDNN)
@@ -50,4 +59,5 @@ extern "C" __attribute__((visibility("default"))) void strideattn_gpu_module_v1(
   out->cudnn = cudnn_backend();
   out->query_platform = &query_platform;
   out->classify_pointer = &classify_pointer;
+  out->current_device = &current_device;
 }

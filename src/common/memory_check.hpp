@@ -69,16 +69,36 @@ Status check(const Named (&list)[N], Memory memory, PointerClassifier classify) 
 }
 }  // namespace memory_check_impl
 
+// Also the varlen cu_seqlens arrays, which live in the tensors' memory.
 [[nodiscard]] inline Status check_memory(const ForwardArgs& a, PointerClassifier classify) {
-  const memory_check_impl::Named list[] = {{"q", a.q.data}, {"k", a.k.data},     {"v", a.v.data},
-                                           {"o", a.o.data}, {"lse", a.lse.data}, {"workspace", a.workspace}};
+  const memory_check_impl::Named list[] = {{"q", a.q.data},
+                                           {"k", a.k.data},
+                                           {"v", a.v.data},
+                                           {"o", a.o.data},
+                                           {"lse", a.lse.data},
+                                           {"workspace", a.workspace},
+                                           {"cu_seqlens_q", a.varlen.cu_seqlens_q},
+                                           {"cu_seqlens_kv", a.varlen.cu_seqlens_kv},
+                                           {"seq_offsets_q", a.varlen.seq_offsets_q},
+                                           {"seq_offsets_kv", a.varlen.seq_offsets_kv}};
   return memory_check_impl::check(list, a.memory, classify);
 }
 
 [[nodiscard]] inline Status check_memory(const BackwardArgs& a, PointerClassifier classify) {
-  const memory_check_impl::Named list[] = {
-      {"q", a.q.data},     {"k", a.k.data},   {"v", a.v.data},   {"o", a.o.data},   {"d_o", a.d_o.data},
-      {"lse", a.lse.data}, {"dq", a.dq.data}, {"dk", a.dk.data}, {"dv", a.dv.data}, {"workspace", a.workspace}};
+  const memory_check_impl::Named list[] = {{"q", a.q.data},
+                                           {"k", a.k.data},
+                                           {"v", a.v.data},
+                                           {"o", a.o.data},
+                                           {"d_o", a.d_o.data},
+                                           {"lse", a.lse.data},
+                                           {"dq", a.dq.data},
+                                           {"dk", a.dk.data},
+                                           {"dv", a.dv.data},
+                                           {"workspace", a.workspace},
+                                           {"cu_seqlens_q", a.varlen.cu_seqlens_q},
+                                           {"cu_seqlens_kv", a.varlen.cu_seqlens_kv},
+                                           {"seq_offsets_q", a.varlen.seq_offsets_q},
+                                           {"seq_offsets_kv", a.varlen.seq_offsets_kv}};
   return memory_check_impl::check(list, a.memory, classify);
 }
 

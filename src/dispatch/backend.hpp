@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,23 @@ struct SupportRule {
 // Runs the rules in order; the first failure becomes the verdict.
 [[nodiscard]] Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules, const Problem& problem);
 
+// A backend's preparation of one problem for many runs: what a plan holds (src/dispatch/plan.cpp).
+// Everything that depends on the problem but not on its pointers belongs in it (a cuDNN graph,
+// kernel and tile choices, the device's facts, the workspace layout), so a run does only the
+// per-pointer work and the launches.
+class PreparedCall {
+ public:
+  virtual ~PreparedCall() = default;
+  // Scratch bytes each run needs (the plan's workspace_size()).
+  [[nodiscard]] virtual std::size_t workspace_bytes() const = 0;
+  // One run. `run` is the prepared problem with this run's pointers bound: data pointers,
+  // stream, workspace (the caller's, at least workspace_bytes() and 16-byte aligned, or null:
+  // allocate), cancel flag and, for a cu_seqlens problem, its arrays (host backends get the
+  // lists already read from them). The plan checked the pointers. Must be safe to call from
+  // several threads at once (a plan is shared); must never throw.
+  [[nodiscard]] virtual Status run(const Problem& run) const = 0;
+};
+
 class BackendImpl {
  public:
   virtual ~BackendImpl() = default;
@@ -39,6 +57,18 @@ class BackendImpl {
   [[nodiscard]] virtual Status forward(const Problem& problem) = 0;
   // Preconditions: supports(problem).supported. Writes dQ, dK, dV.
   [[nodiscard]] virtual Status backward(const Problem& problem) = 0;
+
+  // Preconditions: supports(problem).supported. Prepares `problem` (pointers may be null:
+  // given at run time, assumed 16-byte aligned) for PreparedCall::run. The default keeps
+  // workspace_size() and calls forward() / backward() on each run, so a backend works with
+  // plans before it has a preparation of its own: override it to move per-call work here.
+  [[nodiscard]] virtual Status prepare_call(const Problem& problem, std::unique_ptr<const PreparedCall>* out);
+
+  // Whether the backend reads varlen lengths given as cu_seqlens arrays (Varlen::count > 0):
+  // host backends get the lists read on the host, device backends the arrays themselves.
+  // Backends that do not are refused such problems by the rule `cu_seqlens` before their
+  // supports() is asked (their rules may read the lists).
+  [[nodiscard]] virtual bool reads_cu_seqlens() const { return false; }
 };
 
 // Registry: one instance per backend compiled into this build (nullptr otherwise).

@@ -14,7 +14,7 @@
 
 namespace strideattn::detail {
 
-inline constexpr int kGpuModuleAbi = 1;
+inline constexpr int kGpuModuleAbi = 2;
 
 struct GpuModule {
   int abi = 0;
@@ -24,6 +24,8 @@ struct GpuModule {
   Platform (*query_platform)() = nullptr;
   // Where a pointer lives (cudaPointerGetAttributes): the memory check of every call.
   PointerKind (*classify_pointer)(const void* ptr) = nullptr;
+  // cudaGetDevice (-1 when it fails): the device a plan of device memory is made for.
+  int (*current_device)() = nullptr;
 };
 
 // Result of one attempt to load a module file: `module` on success, else `error` says which

@@ -4,6 +4,7 @@
 #include "dispatch/registry.hpp"
 
 #include <array>
+#include <atomic>
 #include <mutex>
 
 #include "dispatch/build_config.hpp"
@@ -21,6 +22,7 @@ struct OverrideState {
 
 std::mutex g_mu;
 OverrideState g_state;
+std::atomic<std::uint64_t> g_generation{0};
 
 std::size_t slot(Backend b) { return static_cast<std::size_t>(b); }
 
@@ -46,13 +48,17 @@ ScopedBackendOverride::ScopedBackendOverride(std::vector<std::pair<Backend, Back
     g_state.impl[slot(b)] = impl;
   }
   if (fake_platform) g_state.platform = fake_platform;
+  g_generation.fetch_add(1);
 }
 
 ScopedBackendOverride::~ScopedBackendOverride() {
   std::lock_guard<std::mutex> lock(g_mu);
   g_state = saved_->state;
+  g_generation.fetch_add(1);
   delete saved_;
 }
+
+std::uint64_t registry_generation() { return g_generation.load(std::memory_order_acquire); }
 
 Platform platform() {
   {

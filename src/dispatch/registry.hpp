@@ -3,6 +3,7 @@
 // platform so the selection rules and log lines can be tested on a CPU-only machine.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -29,6 +30,10 @@ struct Platform {
 // Why backend_impl(backend) is nullptr: not built (the configure step's reason), or the GPU
 // module failed to load (naming the file and dlerror's text).
 [[nodiscard]] std::string missing_backend_reason(Backend backend);
+
+// Changes with every ScopedBackendOverride made or undone: caches of plans (which point at
+// backends) drop what they hold when it moves.
+[[nodiscard]] std::uint64_t registry_generation();
 
 class ScopedBackendOverride {
  public:

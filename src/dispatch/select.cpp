@@ -30,6 +30,15 @@ std::string order_text(const std::vector<Backend>& order) {
 
 Verdict verdict_for(Backend b, const Problem& problem) {
   if (BackendImpl* impl = backend_impl(b)) {
+    if (problem.cu_seqlens && !impl->reads_cu_seqlens()) {
+      Verdict v;
+      v.backend = b;
+      v.rule = "cu_seqlens";
+      v.reason =
+          "varlen lengths given as cu_seqlens arrays (count " + std::to_string(problem.batch) +
+          ") are not read by this backend yet; supported: seqlens lists (Varlen::seqlens_q/kv), or another backend";
+      return v;
+    }
     Verdict v = impl->supports(problem);
     v.backend = b;
     return v;
@@ -75,9 +84,10 @@ SupportRule memory_rule(Memory required) {
 SupportRule work_rule(double max_flops, double typical_rate) {
   return {"work", [max_flops, typical_rate](const Problem& p) -> std::optional<std::string> {
             double pairs = 0;  // dense bound: cheap, and no loop over (possibly 2^62) rows
+            const bool lists = p.varlen && p.lengths_known();  // else every sequence at its bounds
             for (std::int64_t b = 0; b < p.batch; ++b)
-              pairs += double(p.varlen ? p.seqlens_q[std::size_t(b)] : p.s_q) *
-                       double(p.varlen ? p.seqlens_kv[std::size_t(b)] : p.s_kv);
+              pairs += double(lists ? p.seqlens_q[std::size_t(b)] : p.s_q) *
+                       double(lists ? p.seqlens_kv[std::size_t(b)] : p.s_kv);
             const double flops = 2.0 * pairs * double(p.heads) * double(p.d_qk + p.d_v) * (p.is_backward() ? 2.5 : 1.0);
             if (flops <= max_flops) return std::nullopt;
             std::ostringstream os;
@@ -143,9 +153,14 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
   }
   const std::string dir(to_string(problem.direction));
   // A call that runs reports its choice at info; explain's selection (every verdict, nothing
-  // runs) says what would run, at debug, so a log never claims a run that did not happen.
-  const bool running = scope == VerdictScope::until_chosen;
+  // runs) says what would run, at debug, so a log never claims a run that did not happen. A
+  // plan's selection reports a refusal at info and leaves the choice to each of its runs.
+  const bool running = scope != VerdictScope::all;
   const std::string runs = running ? " runs on " : " would run on ";
+  auto report_choice = [&](const std::string& line) {
+    if (scope == VerdictScope::plan) return;
+    log_line(running ? LogLevel::info : LogLevel::debug, running ? line : "explain: " + line);
+  };
   auto report = [&](const std::string& line) {
     log_line(running ? LogLevel::info : LogLevel::debug, running ? line : "explain: " + line);
   };
@@ -157,7 +172,7 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
         sel.chosen = requested;
         v.reason = "chosen (" + why + ")";
         sel.why = dir + runs + std::string(to_string(requested)) + " (" + why + ")";
-        report(sel.why);
+        report_choice(sel.why);
       } else {
         sel.status =
             Status(StatusCode::unsupported, std::string("backend '") + std::string(to_string(requested)) + "' (" + why +
@@ -179,7 +194,7 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
         sel.why = dir + runs + std::string(to_string(v.backend)) + " (auto, class '" + cls.name + "', order " +
                   order_text(cls.order) + "; " +
                   (skipped.empty() ? std::string("first in order") : "skipped " + skipped) + ")";
-        report(sel.why);
+        report_choice(sel.why);
       } else {
         v.reason = "supported; ranks after " + std::string(to_string(*sel.chosen)) + " for class '" + cls.name + "'";
       }

@@ -35,7 +35,9 @@ struct Selection {
 // How many verdicts to compute: `all` for explain() and debug logs; `until_chosen` for a
 // call that will run (the backends after the chosen one are never asked: their support
 // checks - a cuDNN graph lookup, say - are work on every call).
-enum class VerdictScope { all, until_chosen };
+// `plan`: as until_chosen, for a plan being made: the choice is not logged (each run of the
+// plan logs it), a refusal is.
+enum class VerdictScope { all, until_chosen, plan };
 [[nodiscard]] Selection select_backend(const Problem& problem, Backend requested,
                                        VerdictScope scope = VerdictScope::all);
 

@@ -58,7 +58,17 @@ void resolve_common(const Args& args, Direction direction, Problem* p) {
   p->workspace = args.workspace;
   p->workspace_bytes = args.workspace_bytes;
   p->varlen = args.varlen.enabled();
-  if (p->varlen) {
+  if (args.varlen.cu_seqlens()) {
+    // Host lists given too are refused by validation; the bounds stand in for the lengths.
+    p->cu_seqlens = true;
+    p->batch = args.varlen.count;
+    p->s_q = args.varlen.max_seqlen_q;
+    p->s_kv = args.varlen.max_seqlen_kv;
+    p->cu_seqlens_q = args.varlen.cu_seqlens_q;
+    p->cu_seqlens_kv = args.varlen.cu_seqlens_kv;
+    p->seq_offsets_q = args.varlen.seq_offsets_q;
+    p->seq_offsets_kv = args.varlen.seq_offsets_kv;
+  } else if (p->varlen) {
     p->seqlens_q = args.varlen.seqlens_q;
     p->seqlens_kv = args.varlen.seqlens_kv;
     p->offsets_q = args.varlen.offsets_q.empty() ? packed_offsets(p->seqlens_q) : args.varlen.offsets_q;
@@ -77,10 +87,12 @@ void resolve_common(const Args& args, Direction direction, Problem* p) {
 
 double Problem::visible_pairs() const {
   double pairs = 0;
+  // Unread cu_seqlens arrays: every sequence at its bounds (an upper bound).
+  const bool lists = varlen && lengths_known();
   for (std::int64_t b = 0; b < batch; ++b) {
     kernel::MaskRule m;
-    m.s_q = varlen ? seqlens_q[b] : s_q;
-    m.s_kv = varlen ? seqlens_kv[b] : s_kv;
+    m.s_q = lists ? seqlens_q[b] : s_q;
+    m.s_kv = lists ? seqlens_kv[b] : s_kv;
     m.kind = static_cast<int>(mask);
     m.left = window.left;
     m.right = window.right;
@@ -94,23 +106,25 @@ double Problem::flops() const {
   return is_backward() ? 2.5 * fwd : fwd;
 }
 
-Status make_problem(const ForwardArgs& args, Problem* out) {
+Status make_problem(const ForwardArgs& args, Problem* out, Pointers mode) {
   Problem p;
   resolve_common(args, Direction::forward, &p);
-  Status s = validate_problem(p);
+  const auto& ls = args.lse.shape;
+  p.lse_out = args.lse.data != nullptr || (mode == Pointers::deferred && (ls[0] != 0 || ls[1] != 0 || ls[2] != 0));
+  Status s = validate_problem(p, mode, args.varlen);
   if (!s.ok()) return s;
   *out = std::move(p);
   return Status::Ok();
 }
 
-Status make_problem(const BackwardArgs& args, Problem* out) {
+Status make_problem(const BackwardArgs& args, Problem* out, Pointers mode) {
   Problem p;
   resolve_common(args, Direction::backward, &p);
   p.d_o = args.d_o;
   p.dq = args.dq;
   p.dk = args.dk;
   p.dv = args.dv;
-  Status s = validate_problem(p);
+  Status s = validate_problem(p, mode, args.varlen);
   if (!s.ok()) return s;
   *out = std::move(p);
   return Status::Ok();

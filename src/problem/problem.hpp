@@ -35,6 +35,20 @@ struct Problem {
   // varlen: lengths and first-token offsets (offsets filled in when packed); empty if dense
   bool varlen = false;
   std::vector<std::int64_t> seqlens_q, seqlens_kv, offsets_q, offsets_kv;
+  // varlen in the cu_seqlens form (Varlen::count > 0): batch is the count and s_q / s_kv the
+  // caller's max_seqlen bounds. The arrays are the run's (null in a plan's problem); the lists
+  // above stay empty unless a host backend's run read the arrays (read_cu_seqlens).
+  bool cu_seqlens = false;
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_kv = nullptr;
+  const std::int32_t* seq_offsets_q = nullptr;
+  const std::int32_t* seq_offsets_kv = nullptr;
+  // The lists hold every sequence (dense problems have none): false only for a cu_seqlens
+  // problem whose arrays have not been read on the host.
+  [[nodiscard]] bool lengths_known() const { return !cu_seqlens || std::int64_t(seqlens_q.size()) == batch; }
+
+  // forward: LSE is written (set at make time; the data pointer may come with the run)
+  bool lse_out = false;
 
   // the caller's views (unchanged)
   TensorView q, k, v, o;
@@ -46,7 +60,7 @@ struct Problem {
   std::size_t workspace_bytes = 0;
 
   [[nodiscard]] bool is_backward() const { return direction == Direction::backward; }
-  [[nodiscard]] bool writes_lse() const { return lse.data != nullptr; }
+  [[nodiscard]] bool writes_lse() const { return lse_out; }
   [[nodiscard]] std::int64_t group_size() const { return heads / kv_heads; }
   // Tokens in the seq dimension of the views (dense: s_q / s_kv).
   [[nodiscard]] std::int64_t q_tokens() const { return q.shape[kSeq]; }
@@ -57,9 +71,16 @@ struct Problem {
   [[nodiscard]] double flops() const;
 };
 
+// How make_problem treats the pointers of the arguments:
+//   bound     - a call: every non-empty view needs its data, LSE is written iff lse.data is
+//               set, and the overlap rules are checked on the pointers;
+//   deferred  - a plan: a null pointer is given at run time (it is then unchecked here; the
+//               run checks it), a forward writes LSE when lse.data or lse.shape is set.
+enum class Pointers { bound, deferred };
+
 // Validate arguments and build the problem. On error, `out` is unspecified and the status
 // names the tensor, the value found and what is supported.
-[[nodiscard]] Status make_problem(const ForwardArgs& args, Problem* out);
-[[nodiscard]] Status make_problem(const BackwardArgs& args, Problem* out);
+[[nodiscard]] Status make_problem(const ForwardArgs& args, Problem* out, Pointers mode = Pointers::bound);
+[[nodiscard]] Status make_problem(const BackwardArgs& args, Problem* out, Pointers mode = Pointers::bound);
 
 }  // namespace strideattn::detail

@@ -42,6 +42,7 @@ using i128 = __int128;
 
 constexpr i64 kI64Max = std::numeric_limits<i64>::max();
 constexpr i64 kMaxWindow = i64{1} << 62;  // window sizes above this overflow the mask arithmetic
+constexpr i64 kMaxCuSeqlensCount = std::numeric_limits<std::int32_t>::max() - 1;  // count + 1 int32 entries
 
 Status invalid(const std::string& message) { return Status(StatusCode::invalid_argument, message); }
 
@@ -91,9 +92,11 @@ NamedRegion named_region(const char* name, const LseView& v) {
 }
 
 // One view alone: sizes, strides, extent overflow, null data.
+// `deferred`: a null data pointer is given at run time (a plan), not an error here.
 template <std::size_t N>
 Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std::array<i64, N>& shape,
-                        const std::array<i64, N>& stride, const char* const* dim_names, int unit_stride_dim) {
+                        const std::array<i64, N>& stride, const char* const* dim_names, int unit_stride_dim,
+                        bool deferred) {
   for (std::size_t i = 0; i < N; ++i) {
     if (shape[i] < 0)
       return invalid(std::string(name) + ": " + dim_names[i] + " extent is " + std::to_string(shape[i]) +
@@ -130,7 +133,7 @@ Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std:
                      " bytes below the data pointer, past address 0; supported: views whose every element "
                      "lies at a valid address");
   }
-  if (data == nullptr && !empty)
+  if (data == nullptr && !empty && !deferred)
     return invalid(std::string(name) + ": data is null but the view has shape " + shape_str(shape) +
                    "; supported: a valid pointer, or null only for an empty view");
   if (!empty && reinterpret_cast<std::uintptr_t>(data) % static_cast<std::uintptr_t>(elem_bytes) != 0)
@@ -141,12 +144,13 @@ Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std:
   return Status::Ok();
 }
 
-Status check_tensor_alone(const char* name, const TensorView& v) {
+Status check_tensor_alone(const char* name, const TensorView& v, bool deferred) {
   if (!valid_dtype(v.dtype))
     return invalid(std::string(name) + ": dtype " + std::to_string(static_cast<int>(v.dtype)) +
                    " is unknown; supported: f16, bf16, f32");
   if (v.shape[kHeadDim] == 0) return invalid(std::string(name) + ": head-dim extent is 0; supported: >= 1");
-  return check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride, kTensorDims, kHeadDim);
+  return check_view_alone(name, v.data, static_cast<i64>(size_of(v.dtype)), v.shape, v.stride, kTensorDims, kHeadDim,
+                          deferred);
 }
 
 // `a`'s extent of `dim` must equal `b`'s.
@@ -223,12 +227,16 @@ Status check_options(const Problem& p) {
   return Status::Ok();
 }
 
-// One side's varlen tables against the token extent of its views.
+}  // namespace
+
+// One side's varlen tables against the token extent of its views. `lens` and `offs` name the
+// lists in messages (seqlens_q / offsets_q, or what the cu_seqlens arrays were read into).
 Status check_varlen_side(const char* side, const char* tensor, const std::vector<i64>& seqlens,
-                         const std::vector<i64>& offsets, i64 tokens) {
+                         const std::vector<i64>& offsets, i64 tokens, const std::string& lens,
+                         const std::string& offs) {
   if (offsets.size() != seqlens.size())
-    return invalid(std::string("varlen: offsets_") + side + " has " + std::to_string(offsets.size()) +
-                   " entries but seqlens_" + side + " has " + std::to_string(seqlens.size()) +
+    return invalid("varlen: " + offs + " has " + std::to_string(offsets.size()) + " entries but " + lens + " has " +
+                   std::to_string(seqlens.size()) +
                    "; supported: one offset per sequence (or none: packed back to back)");
   struct Seq {
     i64 begin, end;
@@ -237,11 +245,11 @@ Status check_varlen_side(const char* side, const char* tensor, const std::vector
   std::vector<Seq> seqs;
   for (std::size_t i = 0; i < seqlens.size(); ++i) {
     if (seqlens[i] < 0)
-      return invalid(std::string("varlen: seqlens_") + side + "[" + std::to_string(i) + "] is " +
-                     std::to_string(seqlens[i]) + "; supported: >= 0");
+      return invalid("varlen: " + lens + "[" + std::to_string(i) + "] is " + std::to_string(seqlens[i]) +
+                     "; supported: >= 0");
     if (offsets[i] < 0)
-      return invalid(std::string("varlen: offsets_") + side + "[" + std::to_string(i) + "] is " +
-                     std::to_string(offsets[i]) + "; supported: >= 0");
+      return invalid("varlen: " + offs + "[" + std::to_string(i) + "] is " + std::to_string(offsets[i]) +
+                     "; supported: >= 0");
     const i128 end = static_cast<i128>(offsets[i]) + seqlens[i];
     if (end > tokens)
       return invalid(std::string(tensor) + ": sequence " + std::to_string(i) + " runs to token " + str(end) + " but " +
@@ -261,8 +269,65 @@ Status check_varlen_side(const char* side, const char* tensor, const std::vector
   return Status::Ok();
 }
 
-Status check_varlen(const Problem& p, const std::vector<Named>& tensors) {
+namespace {
+
+// The cu_seqlens form (Varlen::count > 0): what can be checked without reading the arrays.
+Status check_cu_seqlens(const Problem& p, Pointers mode, const Varlen& vl) {
+  const bool any_array = vl.cu_seqlens_q || vl.cu_seqlens_kv || vl.seq_offsets_q || vl.seq_offsets_kv;
+  if (vl.count == 0) {
+    if (any_array || vl.max_seqlen_q != 0 || vl.max_seqlen_kv != 0)
+      return invalid(
+          "varlen: cu_seqlens arrays or max_seqlen bounds are set but count is 0; supported: count = the number "
+          "of sequences (cu_seqlens_q has count + 1 entries), or none of them (dense, or seqlens lists)");
+    return Status::Ok();
+  }
+  if (vl.count < 0 || vl.count > kMaxCuSeqlensCount)
+    return invalid("varlen: count is " + std::to_string(vl.count) + "; supported: 1 to " +
+                   std::to_string(kMaxCuSeqlensCount) + " sequences (int32 cu_seqlens)");
+  if (!vl.seqlens_q.empty() || !vl.seqlens_kv.empty() || !vl.offsets_q.empty() || !vl.offsets_kv.empty())
+    return invalid("varlen: both forms are given (seqlens/offsets lists and count " + std::to_string(vl.count) +
+                   " with cu_seqlens arrays); supported: one of them");
+  const struct {
+    const char* name;
+    i64 max;
+    i64 tokens;
+    const char* tensor;
+  } bounds[] = {{"max_seqlen_q", vl.max_seqlen_q, p.q.shape[kSeq], "q"},
+                {"max_seqlen_kv", vl.max_seqlen_kv, p.k.shape[kSeq], "k"}};
+  for (const auto& b : bounds)
+    if (b.max < 0 || b.max > b.tokens)
+      return invalid(std::string("varlen: ") + b.name + " is " + std::to_string(b.max) + "; supported: 0 to the " +
+                     std::to_string(b.tokens) + " tokens of " + b.tensor + " (a sequence lies within the view)");
+  const struct {
+    const char* name;
+    const std::int32_t* ptr;
+    bool required;
+  } arrays[] = {{"cu_seqlens_q", vl.cu_seqlens_q, true},
+                {"cu_seqlens_kv", vl.cu_seqlens_kv, true},
+                {"seq_offsets_q", vl.seq_offsets_q, false},
+                {"seq_offsets_kv", vl.seq_offsets_kv, false}};
+  for (const auto& a : arrays) {
+    if (a.ptr == nullptr && a.required && mode == Pointers::bound)
+      return invalid(std::string("varlen: count is ") + std::to_string(vl.count) + " but " + a.name +
+                     " is null; supported: an int32 array of count + 1 entries in the tensors' memory");
+    if (reinterpret_cast<std::uintptr_t>(a.ptr) % 4 != 0)
+      return invalid(std::string("varlen: ") + a.name + " is " +
+                     std::to_string(reinterpret_cast<std::uintptr_t>(a.ptr) % 4) +
+                     " bytes past a 4-byte boundary; supported: an int32 array aligned to 4 bytes");
+  }
+  return Status::Ok();
+}
+
+Status check_varlen(const Problem& p, const std::vector<Named>& tensors, Pointers mode, const Varlen& given) {
+  if (Status s = check_cu_seqlens(p, mode, given); !s.ok()) return s;
   if (!p.varlen) return Status::Ok();
+  if (p.cu_seqlens) {
+    for (const Named& t : tensors)
+      if (t.view->shape[kBatch] != 1)
+        return invalid(std::string(t.name) + ": batch extent is " + std::to_string(t.view->shape[kBatch]) +
+                       " in a varlen problem; supported: 1 (the seq dimension counts tokens)");
+    return Status::Ok();
+  }
   if (p.seqlens_q.size() != p.seqlens_kv.size())
     return invalid("varlen: seqlens_q has " + std::to_string(p.seqlens_q.size()) + " sequences but seqlens_kv has " +
                    std::to_string(p.seqlens_kv.size()) + "; supported: the same count on both sides");
@@ -271,17 +336,19 @@ Status check_varlen(const Problem& p, const std::vector<Named>& tensors) {
       return invalid(std::string(t.name) + ": batch extent is " + std::to_string(t.view->shape[kBatch]) +
                      " in a varlen problem; supported: 1 (the seq dimension counts tokens)");
   }
-  if (Status s = check_varlen_side("q", "q", p.seqlens_q, p.offsets_q, p.q.shape[kSeq]); !s.ok()) return s;
-  return check_varlen_side("kv", "k", p.seqlens_kv, p.offsets_kv, p.k.shape[kSeq]);
+  if (Status s = check_varlen_side("q", "q", p.seqlens_q, p.offsets_q, p.q.shape[kSeq], "seqlens_q", "offsets_q");
+      !s.ok())
+    return s;
+  return check_varlen_side("kv", "k", p.seqlens_kv, p.offsets_kv, p.k.shape[kSeq], "seqlens_kv", "offsets_kv");
 }
 
-Status check_lse(const Problem& p) {
-  if (p.lse.data == nullptr) {
-    if (p.is_backward())
-      return invalid("lse: data is null; supported: backward needs the forward's LSE [b, h, s_q] (fp32)");
-    return Status::Ok();  // forward: LSE not requested
-  }
-  if (Status s = check_view_alone("lse", p.lse.data, 4, p.lse.shape, p.lse.stride, kLseDims, -1); !s.ok()) return s;
+Status check_lse(const Problem& p, Pointers mode) {
+  const bool deferred = mode == Pointers::deferred;
+  if (!p.is_backward() && !p.writes_lse()) return Status::Ok();  // forward: LSE not requested
+  if (p.lse.data == nullptr && !deferred)
+    return invalid("lse: data is null; supported: backward needs the forward's LSE [b, h, s_q] (fp32)");
+  if (Status s = check_view_alone("lse", p.lse.data, 4, p.lse.shape, p.lse.stride, kLseDims, -1, deferred); !s.ok())
+    return s;
   const std::array<i64, 3> want{p.varlen ? 1 : p.q.shape[kBatch], p.q.shape[kHead], p.q.shape[kSeq]};
   if (p.lse.shape != want)
     return invalid("lse: shape " + shape_str(p.lse.shape) + " differs from " +
@@ -293,6 +360,8 @@ std::string witness_text(const NamedRegion& a, const NamedRegion& b, const Overl
   return std::string("(") + a.name + " data + " + str(r.witness - a.data) + " bytes is " + b.name + " data + " +
          str(r.witness - b.data) + " bytes)";
 }
+
+}  // namespace
 
 Status check_overlap(const Problem& p) {
   std::vector<NamedRegion> inputs, outputs;
@@ -330,18 +399,22 @@ Status check_overlap(const Problem& p) {
     return invalid(std::string(out.name) + " overlaps " + other.name + " in memory " + witness_text(out, other, r) +
                    "; supported: outputs disjoint from every other tensor");
   };
+  // A plan's pointer given at run time (null) has no address yet: its pairs are the run's.
+  auto known = [](const NamedRegion& r) { return r.data != 0 || r.region.empty; };
   for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (!known(outputs[i])) continue;
     for (const NamedRegion& in : inputs)
-      if (Status s = check_pair(outputs[i], in); !s.ok()) return s;
+      if (known(in))
+        if (Status s = check_pair(outputs[i], in); !s.ok()) return s;
     for (std::size_t j = i + 1; j < outputs.size(); ++j)
-      if (Status s = check_pair(outputs[i], outputs[j]); !s.ok()) return s;
+      if (known(outputs[j]))
+        if (Status s = check_pair(outputs[i], outputs[j]); !s.ok()) return s;
   }
   return Status::Ok();
 }
 
-}  // namespace
-
-Status validate_problem(const Problem& p) {
+Status validate_problem(const Problem& p, Pointers mode, const Varlen& varlen) {
+  const bool deferred = mode == Pointers::deferred;
   std::vector<Named> tensors = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}};
   if (p.is_backward()) {
     tensors.push_back({"dO", &p.d_o});
@@ -350,7 +423,7 @@ Status validate_problem(const Problem& p) {
     tensors.push_back({"dv", &p.dv});
   }
   for (const Named& t : tensors)
-    if (Status s = check_tensor_alone(t.name, *t.view); !s.ok()) return s;
+    if (Status s = check_tensor_alone(t.name, *t.view, deferred); !s.ok()) return s;
   for (const Named& t : tensors) {
     if (t.view->dtype != p.q.dtype)
       return invalid(std::string(t.name) + ": dtype " + std::string(to_string(t.view->dtype)) + " differs from q's " +
@@ -358,8 +431,8 @@ Status validate_problem(const Problem& p) {
   }
   if (Status s = check_shapes(p); !s.ok()) return s;
   if (Status s = check_options(p); !s.ok()) return s;
-  if (Status s = check_varlen(p, tensors); !s.ok()) return s;
-  if (Status s = check_lse(p); !s.ok()) return s;
+  if (Status s = check_varlen(p, tensors, mode, varlen); !s.ok()) return s;
+  if (Status s = check_lse(p, mode); !s.ok()) return s;
   return check_overlap(p);
 }
 

@@ -2,13 +2,27 @@
 // one message naming the tensor, the value found and what is supported.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "problem/problem.hpp"
 
 namespace strideattn::detail {
 
 // All rules, in a fixed order; the first failure is returned. Runs on a resolved but
 // unvalidated problem and must not crash on any input (garbage sizes, null pointers,
-// mismatched varlen vector lengths).
-[[nodiscard]] Status validate_problem(const Problem& problem);
+// mismatched varlen vector lengths). `varlen` is the caller's description (the cu_seqlens
+// form's rules need what the problem does not keep); `mode` says what a null pointer means.
+[[nodiscard]] Status validate_problem(const Problem& problem, Pointers mode, const Varlen& varlen);
+
+// The overlap rules alone (every output against the inputs, the other outputs and itself) on
+// the problem's pointers; pairs with a null (not yet given) pointer are skipped.
+[[nodiscard]] Status check_overlap(const Problem& problem);
+
+// One side's varlen lists against the tokens of its views (lengths and offsets >= 0, every
+// sequence inside the view, no two overlapping). `lens` and `offs` name the lists in messages.
+[[nodiscard]] Status check_varlen_side(const char* side, const char* tensor, const std::vector<std::int64_t>& seqlens,
+                                       const std::vector<std::int64_t>& offsets, std::int64_t tokens,
+                                       const std::string& lens, const std::string& offs);
 
 }  // namespace strideattn::detail

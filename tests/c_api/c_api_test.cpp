@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <random>
@@ -26,6 +27,8 @@
 extern "C" {
 size_t sa_test_forward_args_size_c(void);
 size_t sa_test_backward_args_size_c(void);
+size_t sa_test_forward_run_size_c(void);
+size_t sa_test_backward_run_size_c(void);
 sa_forward_args sa_test_default_forward_args_c(void);
 sa_tensor_view sa_test_view_c(void* data, int32_t dtype, const int64_t shape[4], const int64_t stride[4]);
 }
@@ -43,6 +46,8 @@ sa_tensor_view c_view(void* data, const Dims4& shape, const Dims4& stride) {
 TEST(CApi, HeaderIsPlainCWithTheSameLayout) {
   EXPECT_EQ(sa_test_forward_args_size_c(), sizeof(sa_forward_args));
   EXPECT_EQ(sa_test_backward_args_size_c(), sizeof(sa_backward_args));
+  EXPECT_EQ(sa_test_forward_run_size_c(), sizeof(sa_forward_run));
+  EXPECT_EQ(sa_test_backward_run_size_c(), sizeof(sa_backward_run));
   EXPECT_STREQ(sa_version(), std::string(version()).c_str());
   EXPECT_STREQ(sa_status_name(SA_INVALID_ARGUMENT), "invalid_argument");
   EXPECT_EQ(sa_backend_compiled(SA_BACKEND_REFERENCE), backend_compiled(Backend::reference) ? 1 : 0);
@@ -84,8 +89,8 @@ TEST(CApi, NewerCallersStructAcceptedOnlyWithZeroUnknownFields) {
 }
 
 // The struct ends right before a PROT_NONE page: a struct_size past what the library may
-// read (here 560 > 496 + 32) must be refused without touching the guard page (reading the
-// claimed tail faults), and the largest accepted size reads only zero bytes.
+// read (sizeof + 64 > sizeof + 32) must be refused without touching the guard page (reading
+// the claimed tail faults), and the largest accepted size reads only zero bytes.
 TEST(CApi, OversizedStructSizeIsRefusedWithoutReadingPastTheStruct) {
   const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   void* mem = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -96,7 +101,8 @@ TEST(CApi, OversizedStructSizeIsRefusedWithoutReadingPastTheStruct) {
   auto* f = reinterpret_cast<sa_forward_args*>(bytes + page - sizeof(sa_forward_args));
   *f = sa_test_default_forward_args_c();
   char msg[512];
-  for (std::size_t size : {std::size_t{560}, sizeof(sa_forward_args) + 33, std::size_t{1} << 40, ~std::size_t{0}}) {
+  for (std::size_t size :
+       {sizeof(sa_forward_args) + 64, sizeof(sa_forward_args) + 33, std::size_t{1} << 40, ~std::size_t{0}}) {
     f->struct_size = size;
     EXPECT_EQ(sa_forward(f, msg, sizeof msg), SA_INVALID_ARGUMENT);
     EXPECT_NE(std::string(msg).find("sa_forward_args.struct_size is " + std::to_string(size) + "; supported: "),
@@ -429,6 +435,180 @@ TEST(CApi, VarlenTablesTravelThroughTheAbi) {
   f.varlen.offsets_q = bad_offsets;
   EXPECT_EQ(sa_forward(&f, msg, sizeof msg), SA_INVALID_ARGUMENT);
   EXPECT_STREQ(msg, "q: sequence 2 runs to token 11 but q has 9 tokens");
+}
+
+// ---------------------------------------------------------------- plans
+
+// The seed split through sa_plan_*: plans made once, run on the buffers (and again on a copy
+// of them elsewhere in memory), against the fp64 reference; the per-run checks and the
+// argument errors come back as codes and one-line messages.
+TEST(CApi, PlansRunTheSeedSplitWithPointersGivenPerRun) {
+  if (!backend_compiled(Backend::reference)) GTEST_SKIP() << "reference backend not in this build";
+  harness::ProblemSizes z;
+  z.batch = 2;
+  z.s_q = z.s_kv = 7;
+  z.heads = 4;
+  z.kv_heads = 1;
+  z.d_qk = z.d_v = 16;
+  harness::LayoutViews lv;
+  ASSERT_TRUE(harness::make_layout_views("sb(h+2hg)d", z, &lv).ok());
+  Buffers buf;
+  for (const auto* v : {&lv.q, &lv.k, &lv.v, &lv.o, &lv.d_o, &lv.dq, &lv.dk, &lv.dv}) buf.add(*v);
+  std::mt19937 rng(99);
+  buf.fill_random("qkv", rng);
+  buf.fill_random("do", rng);
+  std::vector<float> lse(static_cast<std::size_t>(z.batch * z.heads * z.s_q), 0.f);
+
+  sa_forward_args f = sa_test_default_forward_args_c();
+  f.q = buf.view(lv.q), f.k = buf.view(lv.k), f.v = buf.view(lv.v), f.o = buf.view(lv.o);
+  // The views here are 2-byte aligned (a 37-element guard band): the plan is made with the
+  // pointers, which fixes that alignment (null would assume 16 bytes), and the LSE is
+  // requested by its shape alone.
+  f.lse.shape[0] = z.batch, f.lse.shape[1] = z.heads, f.lse.shape[2] = z.s_q;
+  f.lse.stride[0] = z.heads * z.s_q, f.lse.stride[1] = z.s_q, f.lse.stride[2] = 1;
+  f.options.mask = SA_MASK_CAUSAL;
+  f.backend = SA_BACKEND_REFERENCE;
+  char msg[512];
+  sa_plan* fp = nullptr;
+  ASSERT_EQ(sa_plan_create(&f, &fp, msg, sizeof msg), SA_OK) << msg;
+  ASSERT_NE(fp, nullptr);
+  EXPECT_EQ(sa_plan_backend(fp), SA_BACKEND_REFERENCE);
+  EXPECT_EQ(sa_plan_is_backward(fp), 0);
+  char reason[256];
+  EXPECT_EQ(sa_plan_reason(fp, reason, sizeof reason), SA_OK);
+  EXPECT_NE(std::string(reason).find("forward runs on reference"), std::string::npos) << reason;
+  std::size_t ws = 99;
+  EXPECT_EQ(sa_plan_workspace_size(fp, &ws, msg, sizeof msg), SA_OK);
+  EXPECT_EQ(ws, 0u);
+
+  sa_forward_run r{};
+  r.struct_size = sizeof r;
+  r.q = buf.at(lv.q), r.k = buf.at(lv.k), r.v = buf.at(lv.v), r.o = buf.at(lv.o), r.lse = lse.data();
+  const std::vector<std::uint16_t> o_before = buf.mem.at("o");
+  ASSERT_EQ(sa_plan_run(fp, &r, msg, sizeof msg), SA_OK) << msg;
+  expect_written_and_guarded(buf, "o", {lv.o}, o_before);
+  ForwardArgs cf;
+  cf.q = buf.cpp(lv.q), cf.k = buf.cpp(lv.k), cf.v = buf.cpp(lv.v), cf.o = buf.cpp(lv.o);
+  cf.lse = {lse.data(), {z.batch, z.heads, z.s_q}, {z.heads * z.s_q, z.s_q, 1}};
+  cf.options.mask = MaskKind::causal;
+  detail::Problem prob;
+  ASSERT_TRUE(detail::make_problem(cf, &prob).ok());
+  const auto exact = detail::reference_compute(prob, detail::RefPrecision::exact);
+  const auto naive = detail::reference_compute(prob, detail::RefPrecision::naive_lowp);
+  expect_close("o", gather(buf.at(lv.o), lv.o, nullptr, nullptr), exact.o, naive.o, false);
+  expect_close("lse", std::vector<double>(lse.begin(), lse.end()), exact.lse, naive.lse, true);
+
+  // The same plan on a copy of the inputs elsewhere: the same answer.
+  Buffers copy = buf;
+  sa_forward_run r2 = r;
+  r2.q = copy.at(lv.q), r2.k = copy.at(lv.k), r2.v = copy.at(lv.v), r2.o = copy.at(lv.o);
+  std::fill(copy.mem.at("o").begin(), copy.mem.at("o").end(), kPoison);
+  std::vector<float> lse2(lse.size(), 0.f);
+  r2.lse = lse2.data();
+  ASSERT_EQ(sa_plan_run(fp, &r2, msg, sizeof msg), SA_OK) << msg;
+  EXPECT_EQ(gather(copy.at(lv.o), lv.o, nullptr, nullptr), gather(buf.at(lv.o), lv.o, nullptr, nullptr));
+
+  // Per-run checks and argument errors.
+  sa_forward_run bad = r;
+  bad.o = const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(r.q));
+  EXPECT_EQ(sa_plan_run(fp, &bad, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("o overlaps q in memory"), std::string::npos) << msg;
+  bad = r;
+  bad.lse = nullptr;
+  EXPECT_EQ(sa_plan_run(fp, &bad, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("lse: data is null"), std::string::npos) << msg;
+  bad = r;
+  bad.struct_size = 8;
+  EXPECT_EQ(sa_plan_run(fp, &bad, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("sa_forward_run.struct_size is 8"), std::string::npos) << msg;
+  EXPECT_EQ(sa_plan_run(nullptr, &r, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  sa_backward_run br{};
+  br.struct_size = sizeof br;
+  EXPECT_EQ(sa_plan_run_backward(fp, &br, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("a forward plan"), std::string::npos) << msg;
+
+  // Backward into the fused dqkv buffer.
+  sa_backward_args g{};
+  g.struct_size = sizeof g;
+  g.q = f.q, g.k = f.k, g.v = f.v, g.o = f.o, g.lse = f.lse;
+  g.d_o = buf.view(lv.d_o), g.dq = buf.view(lv.dq), g.dk = buf.view(lv.dk), g.dv = buf.view(lv.dv);
+  g.options = f.options;
+  g.backend = SA_BACKEND_REFERENCE;
+  sa_plan* bp = nullptr;
+  ASSERT_EQ(sa_plan_create_backward(&g, &bp, msg, sizeof msg), SA_OK) << msg;
+  EXPECT_EQ(sa_plan_is_backward(bp), 1);
+  br.q = r.q, br.k = r.k, br.v = r.v, br.o = r.o, br.d_o = buf.at(lv.d_o), br.lse = lse.data();
+  br.dq = buf.at(lv.dq), br.dk = buf.at(lv.dk), br.dv = buf.at(lv.dv);
+  const std::vector<std::uint16_t> dqkv_before = buf.mem.at("dqkv");
+  ASSERT_EQ(sa_plan_run_backward(bp, &br, msg, sizeof msg), SA_OK) << msg;
+  expect_written_and_guarded(buf, "dqkv", {lv.dq, lv.dk, lv.dv}, dqkv_before);
+  BackwardArgs cb;
+  cb.q = cf.q, cb.k = cf.k, cb.v = cf.v, cb.o = cf.o, cb.lse = cf.lse;
+  cb.d_o = buf.cpp(lv.d_o), cb.dq = buf.cpp(lv.dq), cb.dk = buf.cpp(lv.dk), cb.dv = buf.cpp(lv.dv);
+  cb.options = cf.options;
+  detail::Problem bprob;
+  ASSERT_TRUE(detail::make_problem(cb, &bprob).ok());
+  const auto bexact = detail::reference_compute(bprob, detail::RefPrecision::exact);
+  const auto bnaive = detail::reference_compute(bprob, detail::RefPrecision::naive_lowp);
+  expect_close("dq", gather(buf.at(lv.dq), lv.dq, nullptr, nullptr), bexact.dq, bnaive.dq, false);
+  expect_close("dk", gather(buf.at(lv.dk), lv.dk, nullptr, nullptr), bexact.dk, bnaive.dk, false);
+  expect_close("dv", gather(buf.at(lv.dv), lv.dv, nullptr, nullptr), bexact.dv, bnaive.dv, false);
+  sa_plan_destroy(fp);
+  sa_plan_destroy(bp);
+  sa_plan_destroy(nullptr);
+
+  // A refused plan: *plan stays null.
+  f.backend = 42;
+  sa_plan* none = reinterpret_cast<sa_plan*>(&f);
+  EXPECT_EQ(sa_plan_create(&f, &none, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_EQ(sa_plan_backend(nullptr), -1);
+}
+
+TEST(CApi, CuSeqlensArraysTravelThroughTheAbi) {
+  if (!backend_compiled(Backend::reference)) GTEST_SKIP() << "reference backend not in this build";
+  harness::ProblemSizes z;
+  z.heads = 2;
+  z.kv_heads = 2;
+  z.d_qk = z.d_v = 8;
+  z.seqlens_q = {3, 0, 5};
+  z.offsets_q = {0, 3, 4};
+  z.seqlens_kv = {4, 2, 6};
+  z.offsets_kv = {1, 6, 9};
+  harness::LayoutViews lv;
+  ASSERT_TRUE(harness::make_layout_views("thd_thd_thd", z, &lv).ok());
+  Buffers buf;
+  for (const auto* v : {&lv.q, &lv.k, &lv.v, &lv.o}) buf.add(*v);
+  std::mt19937 rng(8);
+  for (const char* n : {"q", "k", "v"}) buf.fill_random(n, rng);
+  const std::int32_t cu_q[] = {0, 3, 3, 8}, cu_kv[] = {0, 4, 6, 12}, off_q[] = {0, 3, 4}, off_kv[] = {1, 6, 9};
+  sa_forward_args f = sa_test_default_forward_args_c();
+  f.q = buf.view(lv.q), f.k = buf.view(lv.k), f.v = buf.view(lv.v), f.o = buf.view(lv.o);
+  f.cu_seqlens.count = 3;
+  f.cu_seqlens.cu_seqlens_q = cu_q;
+  f.cu_seqlens.cu_seqlens_kv = cu_kv;
+  f.cu_seqlens.seq_offsets_q = off_q;
+  f.cu_seqlens.seq_offsets_kv = off_kv;
+  f.cu_seqlens.max_seqlen_q = 5;
+  f.cu_seqlens.max_seqlen_kv = 6;
+  f.backend = SA_BACKEND_REFERENCE;
+  char msg[512];
+  ASSERT_EQ(sa_forward(&f, msg, sizeof msg), SA_OK) << msg;
+  ForwardArgs cf;
+  cf.q = buf.cpp(lv.q), cf.k = buf.cpp(lv.k), cf.v = buf.cpp(lv.v), cf.o = buf.cpp(lv.o);
+  cf.varlen.seqlens_q = z.seqlens_q, cf.varlen.seqlens_kv = z.seqlens_kv;
+  cf.varlen.offsets_q = z.offsets_q, cf.varlen.offsets_kv = z.offsets_kv;
+  detail::Problem p;
+  ASSERT_TRUE(detail::make_problem(cf, &p).ok());
+  const auto exact = detail::reference_compute(p, detail::RefPrecision::exact);
+  const auto naive = detail::reference_compute(p, detail::RefPrecision::naive_lowp);
+  expect_close("o", gather(buf.at(lv.o), lv.o, nullptr, nullptr), exact.o, naive.o, false);
+  f.cu_seqlens.max_seqlen_q = 4;  // sequence 2 has 5 tokens
+  EXPECT_EQ(sa_forward(&f, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("sequence 2 has 5 tokens"), std::string::npos) << msg;
+  // An older caller's struct (ending before cu_seqlens) gets none.
+  f.struct_size = offsetof(sa_forward_args, cu_seqlens);
+  EXPECT_EQ(sa_forward(&f, msg, sizeof msg), SA_OK) << msg;  // dense [1, 9, 2, 8] against [1, 12, 2, 8]
 }
 
 }  // namespace

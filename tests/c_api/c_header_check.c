@@ -4,6 +4,8 @@
 
 size_t sa_test_forward_args_size_c(void) { return sizeof(sa_forward_args); }
 size_t sa_test_backward_args_size_c(void) { return sizeof(sa_backward_args); }
+size_t sa_test_forward_run_size_c(void) { return sizeof(sa_forward_run); }
+size_t sa_test_backward_run_size_c(void) { return sizeof(sa_backward_run); }
 
 /* A zero-initialised forward struct from C: every default. */
 sa_forward_args sa_test_default_forward_args_c(void) {

@@ -571,6 +571,117 @@ TEST_F(Varlen, LseShapeIsTokens) {
   EXPECT_INVALID(check(a), "lse: shape [3, 2, 5]", "[1, h, tokens_q] = [1, 2, 12]");
 }
 
+// ---------------------------------------------------------------- cu_seqlens arrays
+
+struct CuSeqlensFixture : VarlenFixture {
+  std::vector<std::int32_t> cu_q{0, 5, 5, 9}, cu_kv{0, 3, 5, 9};
+  ForwardArgs cu() {
+    ForwardArgs a = fwd();
+    a.varlen = {};
+    a.varlen.count = 3;
+    a.varlen.cu_seqlens_q = cu_q.data();
+    a.varlen.cu_seqlens_kv = cu_kv.data();
+    a.varlen.max_seqlen_q = 5;
+    a.varlen.max_seqlen_kv = 4;
+    return a;
+  }
+};
+using CuSeqlens = CuSeqlensFixture;
+
+TEST_F(CuSeqlens, ValidPassesWithTheBoundsAsTheSizes) {
+  Problem p;
+  ASSERT_TRUE(make_problem(cu(), &p).ok());
+  EXPECT_TRUE(p.varlen && p.cu_seqlens);
+  EXPECT_EQ(p.batch, 3);
+  EXPECT_EQ(p.s_q, 5);
+  EXPECT_EQ(p.s_kv, 4);
+  EXPECT_FALSE(p.lengths_known()) << "the arrays are not read when the problem is made";
+}
+
+TEST_F(CuSeqlens, OneFormOnly) {
+  ForwardArgs a = cu();
+  a.varlen.seqlens_q = {5, 0, 4};
+  a.varlen.seqlens_kv = {3, 2, 4};
+  EXPECT_INVALID(check(a), "both forms are given");
+}
+
+TEST_F(CuSeqlens, ArraysWithoutCount) {
+  ForwardArgs a = cu();
+  a.varlen.count = 0;
+  EXPECT_INVALID(check(a), "cu_seqlens arrays or max_seqlen bounds are set but count is 0");
+  a = fwd();
+  a.varlen = {};
+  a.varlen.max_seqlen_q = 4;
+  EXPECT_INVALID(check(a), "but count is 0");
+}
+
+TEST_F(CuSeqlens, CountRange) {
+  ForwardArgs a = cu();
+  a.varlen.count = -2;
+  EXPECT_INVALID(check(a), "count is -2; supported: 1 to 2147483646");
+  a.varlen.count = std::int64_t(1) << 31;
+  EXPECT_INVALID(check(a), "count is 2147483648");
+}
+
+TEST_F(CuSeqlens, BoundsWithinTheViews) {
+  ForwardArgs a = cu();
+  a.varlen.max_seqlen_q = 13;
+  EXPECT_INVALID(check(a), "max_seqlen_q is 13; supported: 0 to the 12 tokens of q");
+  a = cu();
+  a.varlen.max_seqlen_kv = -1;
+  EXPECT_INVALID(check(a), "max_seqlen_kv is -1");
+}
+
+TEST_F(CuSeqlens, ArraysPresentAndAligned) {
+  ForwardArgs a = cu();
+  a.varlen.cu_seqlens_q = nullptr;
+  EXPECT_INVALID(check(a), "count is 3 but cu_seqlens_q is null");
+  a = cu();
+  a.varlen.seq_offsets_kv = reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(cu_kv.data()) + 1);
+  EXPECT_INVALID(check(a), "seq_offsets_kv is 1 bytes past a 4-byte boundary");
+  // A plan's problem: the arrays come with each run.
+  a = cu();
+  a.varlen.cu_seqlens_q = a.varlen.cu_seqlens_kv = nullptr;
+  Problem p;
+  EXPECT_TRUE(make_problem(a, &p, Pointers::deferred).ok());
+}
+
+TEST_F(CuSeqlens, ViewsNeedBatchOne) {
+  ForwardArgs a = cu();
+  a.k.shape[kBatch] = a.v.shape[kBatch] = a.q.shape[kBatch] = a.o.shape[kBatch] = 2;
+  a.q.shape[kSeq] = a.o.shape[kSeq] = 6;
+  a.k.shape[kSeq] = a.v.shape[kSeq] = 5;
+  a.lse = {};
+  EXPECT_INVALID(check(a), "q: batch extent is 2 in a varlen problem");
+}
+
+// ---------------------------------------------------------------- pointers given at run time
+
+TEST_F(Fixture, DeferredPointersAreNotRequiredButEverythingElseIsChecked) {
+  ForwardArgs a = fwd();
+  a.q.data = a.k.data = a.v.data = a.o.data = nullptr;
+  a.lse.data = nullptr;
+  Problem p;
+  ASSERT_TRUE(make_problem(a, &p, Pointers::deferred).ok());
+  EXPECT_TRUE(p.writes_lse()) << "an LSE shape requests LSE";
+  EXPECT_INVALID(check(a), "q: data is null");  // a call needs them
+  a.lse = {};
+  ASSERT_TRUE(make_problem(a, &p, Pointers::deferred).ok());
+  EXPECT_FALSE(p.writes_lse());
+  a = fwd();
+  a.q.data = nullptr;
+  a.k.stride[kHeadDim] = 2;
+  EXPECT_INVALID(make_problem(a, &p, Pointers::deferred), "k: head-dim stride is 2");
+  // An output given with a pointer is still checked against the inputs given with one.
+  a = fwd();
+  a.q.data = nullptr;
+  a.o = bshd(k_buf.data(), B, SQ, H, DV);  // (validation reads no element)
+  EXPECT_INVALID(make_problem(a, &p, Pointers::deferred), "o overlaps k in memory");
+  BackwardArgs b = bwd();
+  b.lse = {};
+  EXPECT_INVALID(make_problem(b, &p, Pointers::deferred), "lse: shape [0, 0, 0] differs from [b, h, s_q]");
+}
+
 TEST(ValidateGarbage, NeverCrashes) {
   // Garbage of every kind must give a status, not a crash. Deterministic pseudo-random sweep.
   std::uint64_t x = 88172645463325252ull;

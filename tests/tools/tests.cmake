@@ -28,6 +28,11 @@ add_test(NAME cli_fuzz_cpu_grad
          COMMAND ${_cli} fuzz --cases 500 --grad --backends cpu --seed 1 --require-ran)
 set_tests_properties(cli_fuzz_cpu_grad PROPERTIES LABELS cpu TIMEOUT 900)
 
+# The same through plans made without pointers, varlen lengths as cu_seqlens arrays.
+add_test(NAME cli_fuzz_cpu_plans_cu_seqlens
+         COMMAND ${_cli} fuzz --cases 150 --grad --backends cpu --seed 11 --require-ran --via-plan --cu-seqlens)
+set_tests_properties(cli_fuzz_cpu_plans_cu_seqlens PROPERTIES LABELS cpu TIMEOUT 900)
+
 # GPU fuzz: skip (exit 77, saying why) without a GPU; with one, a backend that never ran a
 # case fails (--require-ran), so these cannot pass vacuously.
 add_test(NAME cli_fuzz_cuda_grad
@@ -45,6 +50,13 @@ foreach(_part 1 2 3 4)
                    --require-gpu --require-ran)
   set_tests_properties(cli_fuzz_cudnn_grad_${_part} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 endforeach()
+
+# cudnn and cuda through plans, varlen cases with cu_seqlens arrays in device memory (cudnn
+# reads them on the device; cuda refuses them by rule, so its varlen cases are refusals).
+add_test(NAME cli_fuzz_gpu_plans_cu_seqlens
+         COMMAND ${_cli} fuzz --cases 200 --min-ran 60 --grad --backends cudnn,cuda --seed 9 --require-gpu
+                 --require-ran --finite-inputs --via-plan --cu-seqlens)
+set_tests_properties(cli_fuzz_gpu_plans_cu_seqlens PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 
 # README.md's CLI block is `strideattn help`'s output, byte for byte (one source: the usage
 # text); tools/strideattn/readme_cli.cmake with MODE=update regenerates it.

@@ -59,8 +59,12 @@ Status bench_case(const CaseSpec& spec, const std::vector<Backend>& backends, in
           continue;
         }
       const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
-      const ForwardArgs fa = forward_args(spec, p.cv, bases, b, mem);
-      const BackwardArgs ba = spec.grad ? backward_args(spec, p.cv, bases, b, mem) : BackwardArgs{};
+      ForwardArgs fa = forward_args(spec, p.cv, bases, b, mem);
+      BackwardArgs ba = spec.grad ? backward_args(spec, p.cv, bases, b, mem) : BackwardArgs{};
+      if (spec.cu_seqlens && spec.sizes.varlen()) {
+        use_cu_seqlens(spec, bases, &fa.varlen);
+        ba.varlen = fa.varlen;
+      }
       auto once = [&]() -> Status {
         if (Status s = forward(fa); !s.ok()) return s;
         if (spec.grad)

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <limits>
+#include <type_traits>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -108,6 +110,72 @@ BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Base
   a.dk = tensor(bases, *cv.dk, spec.dtype);
   a.dv = tensor(bases, *cv.dv, spec.dtype);
   return a;
+}
+
+void use_cu_seqlens(const CaseSpec& spec, const Bases& bases, Varlen* vl) {
+  const ProblemSizes& z = spec.sizes;
+  const std::int64_t n = std::int64_t(z.seqlens_q.size());
+  auto* tables = reinterpret_cast<const std::int32_t*>(bases.at(kCuSeqlensBuffer));
+  *vl = Varlen{};
+  vl->count = n;
+  vl->cu_seqlens_q = tables;
+  vl->cu_seqlens_kv = tables + n + 1;
+  if (!z.offsets_q.empty()) vl->seq_offsets_q = tables + 2 * n + 2;
+  if (!z.offsets_kv.empty()) vl->seq_offsets_kv = tables + 3 * n + 2;
+  for (auto x : z.seqlens_q) vl->max_seqlen_q = std::max(vl->max_seqlen_q, x);
+  for (auto x : z.seqlens_kv) vl->max_seqlen_kv = std::max(vl->max_seqlen_kv, x);
+}
+
+namespace {
+
+// The plan's arguments: a 16-byte aligned pointer is left to the run (null: the plan assumes
+// 16 bytes), a less aligned one is replaced by one 16 bytes further on, which has the same
+// alignment but is not the run's (a plan that kept a make-time pointer would read and write
+// the wrong elements; the shifted view stays inside its buffer's guard band, in the same
+// allocation, so its memory kind is the run's). The LSE stays requested by its shape.
+template <class Args>
+Args without_pointers(Args a) {
+  auto strip = [](auto*& p) {
+    using T = std::remove_reference_t<decltype(p)>;
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    p = addr % 16 == 0 ? nullptr : reinterpret_cast<T>(addr + 16);
+  };
+  strip(a.q.data), strip(a.k.data), strip(a.v.data), strip(a.o.data), strip(a.lse.data);
+  if constexpr (std::is_same_v<Args, BackwardArgs>)
+    strip(a.d_o.data), strip(a.dq.data), strip(a.dk.data), strip(a.dv.data);
+  a.varlen.cu_seqlens_q = a.varlen.cu_seqlens_kv = a.varlen.seq_offsets_q = a.varlen.seq_offsets_kv = nullptr;
+  return a;
+}
+
+template <class Run, class Args>
+void common_run(const Args& a, Run* r) {
+  r->stream = a.stream, r->workspace = a.workspace, r->workspace_bytes = a.workspace_bytes;
+  r->cu_seqlens_q = a.varlen.cu_seqlens_q, r->cu_seqlens_kv = a.varlen.cu_seqlens_kv;
+  r->seq_offsets_q = a.varlen.seq_offsets_q, r->seq_offsets_kv = a.varlen.seq_offsets_kv;
+  r->cancel = a.options.cancel;
+}
+
+}  // namespace
+
+Status run_forward(const CaseSpec& spec, const ForwardArgs& a) {
+  if (!spec.via_plan) return forward(a);
+  ForwardPlan plan;
+  if (Status s = make_plan(without_pointers(a), &plan); !s.ok()) return s;
+  ForwardRun r;
+  r.q = a.q.data, r.k = a.k.data, r.v = a.v.data, r.o = a.o.data, r.lse = a.lse.data;
+  common_run(a, &r);
+  return plan.run(r);
+}
+
+Status run_backward(const CaseSpec& spec, const BackwardArgs& a) {
+  if (!spec.via_plan) return backward(a);
+  BackwardPlan plan;
+  if (Status s = make_plan(without_pointers(a), &plan); !s.ok()) return s;
+  BackwardRun r;
+  r.q = a.q.data, r.k = a.k.data, r.v = a.v.data, r.o = a.o.data, r.d_o = a.d_o.data, r.lse = a.lse.data;
+  r.dq = a.dq.data, r.dk = a.dk.data, r.dv = a.dv.data;
+  common_run(a, &r);
+  return plan.run(r);
 }
 
 Bases host_bases(BufferSet& bufs) {
@@ -245,8 +313,33 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
   if (Status s = check_host_memory(before, keys); !s.ok()) return s;
   p->bufs.allocate(views, spec.dtype);
   p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(p->cv.lse));
+  const ProblemSizes& z = spec.sizes;
+  const std::int64_t n_seq = std::int64_t(z.seqlens_q.size());
+  if (spec.cu_seqlens && z.varlen()) p->bufs.allocate_named(kCuSeqlensBuffer, DType::f32, 4 * n_seq + 2);
   p->bufs.fill_random(spec.seed);
   if (Status s = apply_input_draws(spec, p); !s.ok()) return s;
+  if (spec.cu_seqlens && z.varlen()) {
+    // The lists as int32 arrays: prefix sums of the lengths, then the first tokens.
+    if (z.seqlens_kv.size() != z.seqlens_q.size() ||
+        (!z.offsets_q.empty() && z.offsets_q.size() != z.seqlens_q.size()) ||
+        (!z.offsets_kv.empty() && z.offsets_kv.size() != z.seqlens_q.size()))
+      return Status(StatusCode::invalid_argument, "--cu-seqlens: the varlen lists must have one entry per sequence");
+    std::vector<std::int64_t> all;
+    for (const auto* lens : {&z.seqlens_q, &z.seqlens_kv}) {
+      std::int64_t sum = 0;
+      all.push_back(0);
+      for (auto x : *lens) all.push_back(sum += x);
+    }
+    for (const auto* offs : {&z.offsets_q, &z.offsets_kv})
+      for (std::int64_t i = 0; i < n_seq; ++i) all.push_back(offs->empty() ? 0 : (*offs)[std::size_t(i)]);
+    auto* out = static_cast<std::int32_t*>(p->bufs.at(kCuSeqlensBuffer).data());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (all[i] < 0 || all[i] > std::numeric_limits<std::int32_t>::max())
+        return Status(StatusCode::invalid_argument,
+                      "--cu-seqlens: lengths and offsets must fit in int32 (found " + std::to_string(all[i]) + ")");
+      out[i] = std::int32_t(all[i]);
+    }
+  }
   p->overflow_possible = spec.input_scale != 1.0 && fp32_may_overflow(spec, p->bufs);
   p->pristine = p->bufs.save();
   const Bases hb = host_bases(p->bufs);

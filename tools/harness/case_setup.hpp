@@ -18,6 +18,9 @@
 namespace strideattn::harness::internal {
 
 const char* const kLseBuffer = "#lse";  // not a legal CLI buffer name: never collides
+// CaseSpec::cu_seqlens: int32 cu_seqlens_q [n + 1], cu_seqlens_kv [n + 1], seq_offsets_q [n],
+// seq_offsets_kv [n] (4-byte elements; the offsets only when the case gives offsets).
+const char* const kCuSeqlensBuffer = "#cu_seqlens";
 
 std::string fmt(double x);  // "%.4g"
 
@@ -42,6 +45,15 @@ ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases&
 BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
                            Memory memory);
 Bases host_bases(BufferSet& bufs);
+
+// The case's varlen lists as cu_seqlens arrays in the kCuSeqlensBuffer of `bases` (the case
+// must be varlen with CaseSpec::cu_seqlens); the arguments' lists are cleared.
+void use_cu_seqlens(const CaseSpec& spec, const Bases& bases, Varlen* varlen);
+
+// forward(args) / backward(args), or with CaseSpec::via_plan a plan made from the arguments
+// without their pointers and run with them.
+Status run_forward(const CaseSpec& spec, const ForwardArgs& args);
+Status run_backward(const CaseSpec& spec, const BackwardArgs& args);
 
 // Everything one case shares between its backends.
 struct Prepared {

@@ -78,6 +78,8 @@ std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backend
            : pl.value > 0       ? "inf"
                                 : "-inf");
   }
+  if (spec.cu_seqlens) os << " --cu-seqlens";
+  if (spec.via_plan) os << " --via-plan";
   if (!backends.empty()) os << " --backends " << join_backends(backends);
   return os.str();
 }

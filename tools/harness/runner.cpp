@@ -49,9 +49,15 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
   if (gpu)
     if (Status s = dev.upload(p.bufs); !s.ok()) return fail(s, "forward");
   const Bases bases = gpu ? dev.bases() : host_bases(p.bufs);
-  if (b == Backend::automatic) r.chosen = explain(forward_args(spec, cv, bases, b, mem)).chosen;
+  ForwardArgs fargs = forward_args(spec, cv, bases, b, mem);
+  BackwardArgs bargs = spec.grad ? backward_args(spec, cv, bases, b, mem) : BackwardArgs{};
+  if (spec.cu_seqlens && varlen) {
+    use_cu_seqlens(spec, bases, &fargs.varlen);
+    bargs.varlen = fargs.varlen;
+  }
+  if (b == Backend::automatic) r.chosen = explain(fargs).chosen;
   Clock::time_point t0 = Clock::now();
-  Status s = forward(forward_args(spec, cv, bases, b, mem));
+  Status s = run_forward(spec, fargs);
   if (s.ok() && gpu) s = device_sync();
   double elapsed = ms_since(t0);
   if (!s.ok()) return fail(s, "forward");
@@ -80,7 +86,7 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     if (gpu)
       if (Status u = dev.upload(p.bufs); !u.ok()) return fail(u, "backward");
     t0 = Clock::now();
-    s = backward(backward_args(spec, cv, bases, b, mem));
+    s = run_backward(spec, bargs);
     if (s.ok() && gpu) s = device_sync();
     elapsed += ms_since(t0);
     if (!s.ok()) {

@@ -37,6 +37,12 @@ struct CaseSpec {
     double value = 0;
   };
   std::vector<InputPlant> input_plants;
+  // Varlen lengths given to the library as cu_seqlens arrays (Varlen::count, int32, in the
+  // tensors' memory: the device mirror for GPU backends) instead of host lists (--cu-seqlens).
+  bool cu_seqlens = false;
+  // Each backend runs through plans made without pointers (make_plan, then run with the
+  // case's pointers) instead of the per-call functions (--via-plan).
+  bool via_plan = false;
 
   // Test hook (tests only; the CLI never sets it): corrupt one result of every backend run
   // after the run and before the checks, to prove the checks catch it. kind "value" adds

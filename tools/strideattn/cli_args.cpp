@@ -65,14 +65,14 @@ CommandOptions options_of(Command c) {
   switch (c) {
     // test-plant: hidden test hook (harness::CaseSpec::plant), KIND:TENSOR:INDEX:DELTA
     case Command::check:
-      return {{"backends", "seed", "test-plant"}, {"grad", "json"}, true};
+      return {{"backends", "seed", "test-plant"}, {"grad", "json", "cu-seqlens", "via-plan"}, true};
     case Command::explain:
       return {{}, {"grad", "json"}, true};
     case Command::bench:
-      return {{"backends", "seed", "runs"}, {"grad", "json"}, true};
+      return {{"backends", "seed", "runs"}, {"grad", "json", "cu-seqlens"}, true};
     case Command::fuzz:
       return {{"cases", "seed", "backends", "min-ran"},
-              {"grad", "json", "require-gpu", "require-ran", "finite-inputs"},
+              {"grad", "json", "require-gpu", "require-ran", "finite-inputs", "cu-seqlens", "via-plan"},
               false};
     default:
       return {};
@@ -450,6 +450,8 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
       if (name == "require-gpu") inv.require_gpu = true;
       if (name == "require-ran") inv.require_ran = true;
       if (name == "finite-inputs") inv.finite_inputs = true;
+      if (name == "cu-seqlens") inv.cu_seqlens = true;
+      if (name == "via-plan") inv.via_plan = true;
       continue;
     }
     if (!has_value) {
@@ -509,6 +511,12 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
     if (Status s = resolve_problem(raw, inv.grad, &inv.spec); !s.ok()) return s;
     inv.spec.seed = inv.seed;
     inv.spec.plant = inv.plant;
+    if (inv.cu_seqlens && !inv.spec.sizes.varlen())
+      return bad(
+          "--cu-seqlens passes varlen lengths as cu_seqlens arrays; the problem is not varlen (give "
+          "--seqlens-q, or a varlen preset)");
+    inv.spec.cu_seqlens = inv.cu_seqlens;
+    inv.spec.via_plan = inv.via_plan;
   }
   *out = std::move(inv);
   return Status::Ok();

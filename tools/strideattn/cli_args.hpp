@@ -31,6 +31,8 @@ struct Invocation {
   bool require_gpu = false;    // hidden: skip (exit 77) when no GPU is present
   bool require_ran = false;    // hidden: fail if a backend never ran a case
   bool finite_inputs = false;  // fuzz --finite-inputs: plant no NaN/Inf in the inputs
+  bool cu_seqlens = false;     // --cu-seqlens: varlen lengths as cu_seqlens arrays (CaseSpec::cu_seqlens)
+  bool via_plan = false;       // --via-plan: every run through a plan made without pointers
   // fuzz --min-ran N: draw past --cases until every listed backend ran N cases (compared with
   // the reference, not refused); at most --cases + 50 N draws, failing if still short.
   std::int64_t min_ran = 0;

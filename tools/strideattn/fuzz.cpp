@@ -321,7 +321,9 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
     line.show("fuzz: case " + std::to_string(i + 1) +
               (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " + std::to_string(failed) +
               " failed");
-    const CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs);
+    CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs);
+    spec.cu_seqlens = inv.cu_seqlens && spec.sizes.varlen();
+    spec.via_plan = inv.via_plan;
     harness::CaseReport rep;
     const Status s = harness::run_case(spec, backends, &rep);
     const std::string repro = harness::reproducer(spec, backends);

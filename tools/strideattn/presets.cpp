@@ -66,10 +66,11 @@ std::string usage() {
 
 usage:
   strideattn                      demo: the preset 'seed' on every available backend
-  strideattn check   PROBLEM [--backends a,b] [--grad] [--seed N] [--json]
+  strideattn check   PROBLEM [--backends a,b] [--grad] [--seed N] [--json] [--cu-seqlens] [--via-plan]
   strideattn explain PROBLEM [--grad] [--json]
-  strideattn bench   PROBLEM [--backends a,b] [--grad] [--runs N] [--json]
+  strideattn bench   PROBLEM [--backends a,b] [--grad] [--runs N] [--json] [--cu-seqlens]
   strideattn fuzz    --cases N [--min-ran M] [--seed S] [--backends a,b] [--grad] [--json]
+                     [--cu-seqlens] [--via-plan]
   strideattn help | --help | --version
 
 PROBLEM:
@@ -105,6 +106,9 @@ PROBLEM:
 --grad: also run and check the backward (each backend's backward uses its own forward O, LSE).
 --min-ran M (fuzz): keep drawing past --cases until every listed backend ran M cases (compared
   with the reference, not refused); at most --cases + 50 M draws, exit 1 if still short.
+--cu-seqlens: pass varlen lengths as int32 cu_seqlens (and seq_offsets) arrays in the tensors'
+  memory, device memory for GPU backends (FlashAttention's form), instead of host lists.
+--via-plan: run each backend through plans made without pointers (make_plan, then run).
 Inputs are fresh random values (normal(0,1), from --seed); outputs are poisoned with NaN before
 each run; every output element must be written and nothing outside the output views may change.
 

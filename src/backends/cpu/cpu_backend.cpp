@@ -44,6 +44,8 @@ class CpuBackend final : public BackendImpl {
   // ~90 GFLOP/s forward on the 2-core CI machine (bench/README.md): 1e15 is about 3 hours.
   CpuBackend() : rules_{memory_rule(Memory::host), work_rule(1e15, 9e10)} {}
   [[nodiscard]] Backend id() const override { return Backend::cpu; }
+  // Host memory: a plan's run reads cu_seqlens arrays into the lists (problem/cu_seqlens.cpp).
+  [[nodiscard]] bool reads_cu_seqlens() const override { return true; }
   [[nodiscard]] Verdict supports(const Problem& problem) const override {
     return evaluate_rules(Backend::cpu, rules_, problem);
   }

@@ -2,7 +2,10 @@
 // dims and strides, permuted from our [b, s, h, d] views to cuDNN's [b, h, s, d]), runs the
 // cached graph, and writes what cuDNN leaves alone (varlen padding tokens, LSE in layouts
 // cuDNN cannot write directly). Support is the flat rule list of rules.cpp plus a last rule,
-// "cudnn_graph": cuDNN itself accepts the graph (its message is the reason when not).
+// "cudnn_graph": cuDNN itself accepts the graph (its message is the reason when not). A plan's
+// preparation (CudnnCall) finds the graph and lays out the workspace once; a run binds
+// pointers, builds the varlen tables (uploaded from the host lists, or made on the device from
+// cu_seqlens arrays: cu_seqlens.hpp) and enqueues the graph and its fix-ups.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cudnn/cu_seqlens.hpp"
 #include "backends/cudnn/fixup.hpp"
 #include "backends/cudnn/graph.hpp"
 #include "backends/cudnn/nonfinite.hpp"
@@ -47,7 +51,7 @@ TensorLayout layout_of(const TensorView& t, std::int64_t batch, std::int64_t s, 
 }
 
 bool lse_is_packed(const Problem& p) {
-  if (p.varlen || !p.lse.data) return false;
+  if (p.varlen || !(p.is_backward() || p.writes_lse())) return false;
   const auto& st = p.lse.stride;
   const std::int64_t h = p.heads, s = p.s_q;
   return (s <= 1 || st[2] == 1) && (h <= 1 || st[1] == s) && (p.batch <= 1 || st[0] == h * s);
@@ -108,9 +112,12 @@ std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign;
 // Everything one call needs beside the caller's tensors: cuDNN's workspace, the int32 tables
 // cuDNN reads (seq lens, ragged offsets), the int64 tables of the fix-up kernels, the packed
 // stats when the caller's LSE cannot be used directly (or the caller wants none), and the
-// non-finite backward fix-up's flags. Laid out in one allocation.
+// non-finite backward fix-up's flags. Laid out in one allocation. Varlen lists: the tables
+// are built here once and uploaded by each run; cu_seqlens arrays: the tables area is what
+// cu_seqlens.hpp's kernels fill on the device.
 struct Scratch {
   std::size_t cudnn_ws = 0, tables = 0, stats = 0, nonfinite = 0, total = 0;
+  bool cu = false;                     // cu_seqlens: tables made on the device
   std::vector<std::byte> host_tables;  // uploaded to [tables, tables + size)
   // byte offsets within host_tables
   std::size_t seq_q = 0, seq_kv = 0, ragged = 0, lens64 = 0, offs64 = 0, q_pad = 0, kv_pad = 0;
@@ -143,8 +150,11 @@ std::vector<std::int64_t> unowned_tokens(std::int64_t tokens, const std::vector<
 Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   Scratch s;
   s.cudnn_ws = align_up(std::size_t(std::max<std::int64_t>(cudnn_ws, 0)));
-  s.temp_stats = !lse_is_packed(p);
-  if (p.varlen) {
+  s.temp_stats = !lse_is_packed(p);  // the forward always has stats: the fix-up reads them
+  if (p.cu_seqlens) {
+    s.cu = true;
+    s.tables = align_up(cu_seqlens_bytes(p.batch, p.q_tokens(), p.kv_tokens(), p.is_backward() ? 8 : 4));
+  } else if (p.varlen) {
     // Lengths cuDNN sees: a sequence with no keys gets 0 queries too (its rows are written
     // here as O = 0, LSE = -inf, dQ = 0); a sequence with no queries keeps its keys but its
     // dK/dV rows are zeroed here (cuDNN has no row to visit them from).
@@ -189,7 +199,7 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
     s.q_pad = append(&s.host_tables, qpad);
     s.kv_pad = append(&s.host_tables, kvpad);
   }
-  s.tables = align_up(s.host_tables.size());
+  if (!s.cu) s.tables = align_up(s.host_tables.size());
   if (s.temp_stats) s.stats = align_up(std::size_t(p.batch * p.heads * p.s_q) * sizeof(float));
   if (p.is_backward()) s.nonfinite = align_up(nonfinite_backward_scratch(make_params(p)));
   s.total = s.cudnn_ws + s.tables + s.stats + s.nonfinite;
@@ -198,158 +208,257 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
 
 std::string cuda_error(const char* what, cudaError_t e) { return std::string(what) + ": " + cudaGetErrorString(e); }
 
-class CudnnBackend final : public BackendImpl {
+// The support rules of this device (queried once) and the last rule, cuDNN's own acceptance of
+// the graph; built once, not per call.
+const std::vector<SupportRule>& rules() {
+  static const std::vector<SupportRule> list = [] {
+    std::vector<SupportRule> r = support_rules(current_device_info());
+    r.push_back({"cudnn_graph", [](const Problem& q) -> std::optional<std::string> {
+                   std::string why;
+                   auto band = band_for(q, &why);
+                   if (!band) return why;
+                   PrepareResult res = prepare(make_key(q, *band, current_device()));
+                   if (res.ok) return std::nullopt;
+                   return graph_failure(q, res);
+                 }});
+    return r;
+  }();
+  return list;
+}
+
+// The varlen tables of one run, on the device: the host lists' upload, or the conversion of
+// the run's cu_seqlens arrays.
+struct RunTables {
+  const std::int32_t* seq_q = nullptr;
+  const std::int32_t* seq_kv = nullptr;
+  const std::int32_t* ragged = nullptr;  // [slots][batch + 1]
+  const std::int64_t* lens64 = nullptr;
+  const std::int64_t* offs64 = nullptr;
+  const std::int64_t* lens64_kv = nullptr;  // keys per sequence (the non-finite fix-up's mask)
+  const std::int64_t* offs64_kv = nullptr;
+  const std::uint8_t* q_marks = nullptr;   // cu_seqlens: tokens cuDNN writes
+  const std::uint8_t* kv_marks = nullptr;  // (host lists: the token lists of Scratch)
+};
+
+std::string make_tables(const Problem& p, const Scratch& sc, std::byte* tables, cudaStream_t stream, RunTables* out) {
+  if (!p.varlen) return {};
+  if (!sc.cu) {
+    cudaError_t e =
+        cudaMemcpyAsync(tables, sc.host_tables.data(), sc.host_tables.size(), cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) return cuda_error("uploading varlen tables", e);
+    out->seq_q = reinterpret_cast<const std::int32_t*>(tables + sc.seq_q);
+    out->seq_kv = reinterpret_cast<const std::int32_t*>(tables + sc.seq_kv);
+    out->ragged = reinterpret_cast<const std::int32_t*>(tables + sc.ragged);
+    out->lens64 = reinterpret_cast<const std::int64_t*>(tables + sc.lens64);
+    out->offs64 = reinterpret_cast<const std::int64_t*>(tables + sc.offs64);
+    out->lens64_kv = reinterpret_cast<const std::int64_t*>(tables + sc.lens64_kv);
+    out->offs64_kv = reinterpret_cast<const std::int64_t*>(tables + sc.offs64_kv);
+    return {};
+  }
+  CuSeqlensTables ct;
+  ct.cu_q = p.cu_seqlens_q;
+  ct.cu_kv = p.cu_seqlens_kv;
+  ct.off_q = p.seq_offsets_q;
+  ct.off_kv = p.seq_offsets_kv;
+  ct.count = p.batch;
+  ct.max_q = p.s_q;
+  ct.max_kv = p.s_kv;
+  ct.q_tokens = p.q_tokens();
+  ct.kv_tokens = p.kv_tokens();
+  ct.backward = p.is_backward();
+  ct.slots = p.is_backward() ? 8 : 4;
+  const TensorView* by_slot[kRaggedSlots] = {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv};
+  for (int s = 0; s < ct.slots; ++s) ct.seq_stride[s] = by_slot[s]->shape[kSeq] > 1 ? by_slot[s]->stride[kSeq] : 0;
+  cu_seqlens_layout(tables, &ct);
+  if (auto e = convert_cu_seqlens(ct, stream); !e.empty()) return e;
+  out->seq_q = ct.seq_q;
+  out->seq_kv = ct.seq_kv;
+  out->ragged = ct.ragged;
+  out->lens64 = ct.lens64;
+  out->offs64 = ct.offs64;
+  out->lens64_kv = ct.kv_own64;  // = the keys, except for sequences with no query rows
+  out->offs64_kv = ct.kv_offs64;
+  out->q_marks = ct.q_marks;
+  out->kv_marks = ct.kv_marks;
+  return {};
+}
+
+// The elements cuDNN does not write: varlen tokens outside its sequences.
+std::string write_padding(const Problem& p, const Scratch& sc, const std::byte* tables, const RunTables& rt,
+                          cudaStream_t stream) {
+  if (!p.varlen) return {};
+  if (sc.cu) {
+    auto zero = [&](const TensorView& t, const std::uint8_t* marks, std::int64_t tokens) {
+      return zero_unmarked_tokens(t.data, t.stride[kSeq], t.stride[kHead], t.shape[kHead], t.shape[kHeadDim], marks,
+                                  tokens, stream);
+    };
+    if (!p.is_backward()) {
+      if (auto e = zero(p.o, rt.q_marks, p.q_tokens()); !e.empty()) return e;
+      if (p.writes_lse())
+        return lse_fill_unmarked_tokens(p.lse.data, p.lse.stride[1], p.lse.stride[2], p.heads, rt.q_marks, p.q_tokens(),
+                                        stream);
+      return {};
+    }
+    if (auto e = zero(p.dq, rt.q_marks, p.q_tokens()); !e.empty()) return e;
+    if (auto e = zero(p.dk, rt.kv_marks, p.kv_tokens()); !e.empty()) return e;
+    return zero(p.dv, rt.kv_marks, p.kv_tokens());
+  }
+  const auto* q_pad = reinterpret_cast<const std::int64_t*>(tables + sc.q_pad);
+  const auto* kv_pad = reinterpret_cast<const std::int64_t*>(tables + sc.kv_pad);
+  auto zero = [&](const TensorView& t, const std::int64_t* list, std::int64_t n) {
+    return zero_tokens(t.data, t.stride[kSeq], t.stride[kHead], t.shape[kHead], t.shape[kHeadDim], list, n, stream);
+  };
+  if (!p.is_backward()) {
+    if (auto e = zero(p.o, q_pad, sc.n_q_pad); !e.empty()) return e;
+    if (p.writes_lse())
+      if (auto e = lse_fill_tokens(p.lse.data, p.lse.stride[1], p.lse.stride[2], p.heads, q_pad, sc.n_q_pad, stream);
+          !e.empty())
+        return e;
+  } else {
+    if (auto e = zero(p.dq, q_pad, sc.n_q_pad); !e.empty()) return e;
+    if (auto e = zero(p.dk, kv_pad, sc.n_kv_pad); !e.empty()) return e;
+    if (auto e = zero(p.dv, kv_pad, sc.n_kv_pad); !e.empty()) return e;
+  }
+  return {};
+}
+
+std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& graph, const Scratch& sc,
+                     std::byte* base, cudaStream_t stream) {
+  std::byte* tables = base + sc.cudnn_ws;
+  float* stats = sc.temp_stats ? reinterpret_cast<float*>(tables + sc.tables) : p.lse.data;
+  RunTables rt;
+  if (auto e = make_tables(p, sc, tables, stream, &rt); !e.empty()) return e;
+  LseCopy copy;
+  copy.user = p.lse.data;
+  copy.user_stride_b = p.lse.stride[0];
+  copy.user_stride_h = p.lse.stride[1];
+  copy.user_stride_s = p.lse.stride[2];
+  copy.packed = stats;
+  copy.batch = p.batch;
+  copy.heads = p.heads;
+  copy.s_max = p.s_q;
+  copy.lens = rt.lens64;
+  copy.offsets = rt.offs64;
+
+  if (p.is_backward() && sc.temp_stats)
+    if (auto e = lse_copy(copy, /*packed_to_user=*/false, stream); !e.empty()) return e;
+
+  GraphPointers ptrs;
+  ptrs.q = p.q.data;
+  ptrs.k = p.k.data;
+  ptrs.v = p.v.data;
+  ptrs.o = p.o.data;
+  ptrs.stats = key.stats ? stats : nullptr;
+  ptrs.d_o = p.d_o.data;
+  ptrs.dq = p.dq.data;
+  ptrs.dk = p.dk.data;
+  ptrs.dv = p.dv.data;
+  ptrs.workspace = sc.cudnn_ws ? base : nullptr;
+  if (p.varlen) {
+    ptrs.seq_len_q = rt.seq_q;
+    ptrs.seq_len_kv = rt.seq_kv;
+    const int slots = p.is_backward() ? 8 : 4;
+    for (int i = 0; i < slots; ++i) ptrs.ragged[std::size_t(i)] = rt.ragged + i * (p.batch + 1);
+  }
+  if (auto e = execute(graph, ptrs, stream); !e.empty()) return "executing the graph: " + e;
+
+  {  // NaN where the definition has it (cuDNN's answer differs on non-finite inputs)
+    NonFiniteFix fix;
+    fix.a = make_params(p);
+    fix.bf16 = p.dtype == DType::bf16;
+    fix.stats = stats;
+    if (p.varlen) {
+      fix.a.q_seq.seqlens = rt.lens64;  // cuDNN's lengths: 0 queries for a sequence with no keys
+      fix.a.q_seq.offsets = rt.offs64;
+      fix.a.kv_seq.seqlens = rt.lens64_kv;
+      fix.a.kv_seq.offsets = rt.offs64_kv;
+    }
+    const std::string e = p.is_backward() ? nonfinite_backward(fix, tables + sc.tables + sc.stats, stream)
+                                          : nonfinite_forward(fix, stream);
+    if (!e.empty()) return e;
+  }
+
+  if (!p.is_backward() && sc.temp_stats && p.writes_lse())
+    if (auto e = lse_copy(copy, /*packed_to_user=*/true, stream); !e.empty()) return e;
+
+  return write_padding(p, sc, tables, rt, stream);
+}
+
+// A plan's preparation: the graph found once, the workspace laid out once (and for varlen
+// lists the tables built once).
+class CudnnCall final : public PreparedCall {
  public:
-  Backend id() const override { return Backend::cudnn; }
+  CudnnCall(GraphKey key, std::shared_ptr<const GraphHandle> graph, Scratch sc)
+      : key_(std::move(key)), graph_(std::move(graph)), sc_(std::move(sc)) {}
+  [[nodiscard]] std::size_t workspace_bytes() const override { return sc_.total; }
 
-  Verdict supports(const Problem& p) const override {
-    std::vector<SupportRule> rules = support_rules(current_device_info());
-    rules.push_back({"cudnn_graph", [](const Problem& q) -> std::optional<std::string> {
-                       std::string why;
-                       auto band = band_for(q, &why);
-                       if (!band) return why;
-                       PrepareResult r = prepare(make_key(q, *band, current_device()));
-                       if (r.ok) return std::nullopt;
-                       return graph_failure(q, r);
-                     }});
-    return evaluate_rules(Backend::cudnn, rules, p);
-  }
-
-  Status workspace_size(const Problem& p, std::size_t* bytes) const override {
-    std::int64_t ws = 0;
-    if (Status s = prepared(p, nullptr, &ws); !s.ok()) return s;
-    *bytes = plan_scratch(p, ws).total;
-    return Status::Ok();
-  }
-
-  Status forward(const Problem& p) override { return run(p); }
-  Status backward(const Problem& p) override { return run(p); }
-
- private:
-  static Status prepared(const Problem& p, GraphKey* key_out, std::int64_t* ws) {
-    std::string why;
-    auto band = band_for(p, &why);
-    if (!band) return Status(StatusCode::unsupported, "cudnn: mask_alignment: " + why);
-    GraphKey key = make_key(p, *band, current_device());
-    PrepareResult r = prepare(key);
-    if (!r.ok) return Status(StatusCode::backend_error, "cudnn: " + graph_failure(p, r));
-    if (key_out) *key_out = key;
-    *ws = r.workspace_bytes;
-    return Status::Ok();
-  }
-
-  static Status run(const Problem& p) {
-    GraphKey key;
-    std::int64_t ws = 0;
-    if (Status s = prepared(p, &key, &ws); !s.ok()) return s;
-    Scratch sc = plan_scratch(p, ws);
+  [[nodiscard]] Status run(const Problem& p) const override {
     cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-
     std::byte* base = nullptr;
     bool owned = false;
-    if (sc.total > 0) {
-      if (p.workspace && p.workspace_bytes >= sc.total) {
-        base = static_cast<std::byte*>(p.workspace);
+    if (sc_.total > 0) {
+      if (p.workspace && p.workspace_bytes >= sc_.total) {
+        base = static_cast<std::byte*>(p.workspace);  // (a plan refuses a smaller one)
       } else {
+        // No workspace from the caller: one from the stream-ordered pool, freed on the stream.
         void* ptr = nullptr;
-        cudaError_t e = cudaMallocAsync(&ptr, sc.total, stream);
+        cudaError_t e = cudaMallocAsync(&ptr, sc_.total, stream);
         if (e != cudaSuccess)
           return Status(StatusCode::backend_error, "cudnn: " + cuda_error("allocating workspace", e) + " (" +
-                                                       std::to_string(sc.total) + " bytes)");
+                                                       std::to_string(sc_.total) + " bytes)");
         base = static_cast<std::byte*>(ptr);
         owned = true;
       }
     }
-    std::string err = run_with(p, key, sc, base, stream);
+    std::string err = run_with(p, key_, *graph_, sc_, base, stream);
     if (owned) cudaFreeAsync(base, stream);
     if (!err.empty()) return Status(StatusCode::backend_error, "cudnn: " + err);
     return Status::Ok();
   }
 
-  static std::string run_with(const Problem& p, const GraphKey& key, const Scratch& sc, std::byte* base,
-                              cudaStream_t stream) {
-    std::byte* tables = base + sc.cudnn_ws;
-    float* stats = sc.temp_stats ? reinterpret_cast<float*>(tables + sc.tables) : p.lse.data;
-    if (!sc.host_tables.empty()) {
-      cudaError_t e =
-          cudaMemcpyAsync(tables, sc.host_tables.data(), sc.host_tables.size(), cudaMemcpyHostToDevice, stream);
-      if (e != cudaSuccess) return cuda_error("uploading varlen tables", e);
-    }
-    auto table = [&](std::size_t at) { return tables + at; };
-    const auto* lens64 = p.varlen ? reinterpret_cast<const std::int64_t*>(table(sc.lens64)) : nullptr;
-    const auto* offs64 = p.varlen ? reinterpret_cast<const std::int64_t*>(table(sc.offs64)) : nullptr;
-    LseCopy copy;
-    copy.user = p.lse.data;
-    copy.user_stride_b = p.lse.stride[0];
-    copy.user_stride_h = p.lse.stride[1];
-    copy.user_stride_s = p.lse.stride[2];
-    copy.packed = stats;
-    copy.batch = p.batch;
-    copy.heads = p.heads;
-    copy.s_max = p.s_q;
-    copy.lens = lens64;
-    copy.offsets = offs64;
+ private:
+  GraphKey key_;
+  std::shared_ptr<const GraphHandle> graph_;
+  Scratch sc_;
+};
 
-    if (p.is_backward() && sc.temp_stats)
-      if (auto e = lse_copy(copy, /*packed_to_user=*/false, stream); !e.empty()) return e;
+class CudnnBackend final : public BackendImpl {
+ public:
+  Backend id() const override { return Backend::cudnn; }
 
-    GraphPointers ptrs;
-    ptrs.q = p.q.data;
-    ptrs.k = p.k.data;
-    ptrs.v = p.v.data;
-    ptrs.o = p.o.data;
-    ptrs.stats = key.stats ? stats : nullptr;
-    ptrs.d_o = p.d_o.data;
-    ptrs.dq = p.dq.data;
-    ptrs.dk = p.dk.data;
-    ptrs.dv = p.dv.data;
-    ptrs.workspace = sc.cudnn_ws ? base : nullptr;
-    if (p.varlen) {
-      ptrs.seq_len_q = reinterpret_cast<const std::int32_t*>(table(sc.seq_q));
-      ptrs.seq_len_kv = reinterpret_cast<const std::int32_t*>(table(sc.seq_kv));
-      const auto* ragged = reinterpret_cast<const std::int32_t*>(table(sc.ragged));
-      const int slots = p.is_backward() ? 8 : 4;
-      for (int i = 0; i < slots; ++i) ptrs.ragged[std::size_t(i)] = ragged + i * (p.batch + 1);
-    }
-    if (auto e = execute(key, ptrs, stream); !e.empty()) return "executing the graph: " + e;
+  Verdict supports(const Problem& p) const override { return evaluate_rules(Backend::cudnn, rules(), p); }
 
-    {  // NaN where the definition has it (cuDNN's answer differs on non-finite inputs)
-      NonFiniteFix fix;
-      fix.a = make_params(p);
-      fix.bf16 = p.dtype == DType::bf16;
-      fix.stats = stats;
-      if (p.varlen) {
-        fix.a.q_seq.seqlens = lens64;  // cuDNN's lengths: 0 queries for a sequence with no keys
-        fix.a.q_seq.offsets = offs64;
-        fix.a.kv_seq.seqlens = reinterpret_cast<const std::int64_t*>(table(sc.lens64_kv));
-        fix.a.kv_seq.offsets = reinterpret_cast<const std::int64_t*>(table(sc.offs64_kv));
-      }
-      const std::string e = p.is_backward() ? nonfinite_backward(fix, tables + sc.tables + sc.stats, stream)
-                                            : nonfinite_forward(fix, stream);
-      if (!e.empty()) return e;
-    }
+  bool reads_cu_seqlens() const override { return true; }
 
-    if (!p.is_backward() && sc.temp_stats && p.lse.data)
-      if (auto e = lse_copy(copy, /*packed_to_user=*/true, stream); !e.empty()) return e;
+  Status workspace_size(const Problem& p, std::size_t* bytes) const override {
+    std::unique_ptr<const PreparedCall> call;
+    if (Status s = make_call(p, &call); !s.ok()) return s;
+    *bytes = call->workspace_bytes();
+    return Status::Ok();
+  }
 
-    if (!p.varlen) return {};
-    const auto* q_pad = reinterpret_cast<const std::int64_t*>(table(sc.q_pad));
-    const auto* kv_pad = reinterpret_cast<const std::int64_t*>(table(sc.kv_pad));
-    auto zero = [&](const TensorView& t, const std::int64_t* list, std::int64_t n) {
-      return zero_tokens(t.data, t.stride[kSeq], t.stride[kHead], t.shape[kHead], t.shape[kHeadDim], list, n, stream);
-    };
-    if (!p.is_backward()) {
-      if (auto e = zero(p.o, q_pad, sc.n_q_pad); !e.empty()) return e;
-      if (p.lse.data)
-        if (auto e = lse_fill_tokens(p.lse.data, p.lse.stride[1], p.lse.stride[2], p.heads, q_pad, sc.n_q_pad, stream);
-            !e.empty())
-          return e;
-    } else {
-      if (auto e = zero(p.dq, q_pad, sc.n_q_pad); !e.empty()) return e;
-      if (auto e = zero(p.dk, kv_pad, sc.n_kv_pad); !e.empty()) return e;
-      if (auto e = zero(p.dv, kv_pad, sc.n_kv_pad); !e.empty()) return e;
-    }
-    return {};
+  Status prepare_call(const Problem& p, std::unique_ptr<const PreparedCall>* out) override { return make_call(p, out); }
+
+  Status forward(const Problem& p) override { return run_once(p); }
+  Status backward(const Problem& p) override { return run_once(p); }
+
+ private:
+  static Status make_call(const Problem& p, std::unique_ptr<const PreparedCall>* out) {
+    std::string why;
+    auto band = band_for(p, &why);
+    if (!band) return Status(StatusCode::unsupported, "cudnn: mask_alignment: " + why);
+    GraphKey key = make_key(p, *band, current_device());
+    PrepareResult r;
+    std::shared_ptr<const GraphHandle> graph = prepare_handle(key, &r);
+    if (!graph) return Status(StatusCode::backend_error, "cudnn: " + graph_failure(p, r));
+    *out = std::make_unique<CudnnCall>(std::move(key), std::move(graph), plan_scratch(p, r.workspace_bytes));
+    return Status::Ok();
+  }
+
+  static Status run_once(const Problem& p) {
+    std::unique_ptr<const PreparedCall> call;
+    if (Status s = make_call(p, &call); !s.ok()) return s;
+    return call->run(p);
   }
 };
 

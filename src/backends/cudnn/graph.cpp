@@ -1,8 +1,9 @@
 // The one translation unit that includes the cuDNN frontend: builds SDPA forward/backward
 // graphs from a GraphKey (real dims and strides), keeps them in a bounded per-device cache
 // (least recently used entry evicted when full; failed builds are cached too), and executes
-// them. Never prints (the frontend's own logging, which CUDNN_FRONTEND_LOG_INFO would turn
-// on, is compiled out) and never lets an exception escape.
+// them, by key or through a handle a plan holds (no lookup per run). Never prints (the
+// frontend's own logging, which CUDNN_FRONTEND_LOG_INFO would turn on, is compiled out) and
+// never lets an exception escape.
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
 #define NV_CUDNN_FRONTEND_DISABLE_LOGGING 1
 #include <cuda_runtime_api.h>
@@ -44,10 +45,30 @@ enum Uid : std::int64_t {
 
 std::vector<std::int64_t> vec(const std::array<std::int64_t, 4>& a) { return {a.begin(), a.end()}; }
 
+}  // namespace
+
+// A built graph with what a run needs beside it: its device's cuDNN handle and, once known, the
+// order in which the graph takes its tensors (a run then passes a pointer array, no map).
+struct GraphHandle {
+  std::shared_ptr<fe::graph::Graph> graph;
+  cudnnHandle_t handle = nullptr;
+  bool backward = false, stats = false, varlen = false;
+  mutable std::vector<std::int64_t> sorted_uids;  // empty until the first run fills it (under the run lock)
+};
+
+namespace {
+
 struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null when the build failed
   PrepareResult result;
+  std::shared_ptr<GraphHandle> handle;  // the graph with its device's cuDNN handle
 };
+
+// Runs of graphs share each device's cuDNN handle (cudnnSetStream, then execute): one at a time.
+std::mutex& run_mutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
 
 // The cache: one map for all devices (the device is part of the key), LRU order in a list,
 // one cuDNN handle per device. Handles live for the process: destroying them at exit can run
@@ -263,6 +284,14 @@ PrepareResult prepare(const GraphKey& key) {
     Entry entry;
     entry.graph = build(key, handle, &r);
     entry.result = r;
+    if (entry.graph) {
+      entry.handle = std::make_shared<GraphHandle>();
+      entry.handle->graph = entry.graph;
+      entry.handle->handle = handle;
+      entry.handle->backward = key.backward;
+      entry.handle->stats = key.stats;
+      entry.handle->varlen = key.varlen;
+    }
     cache.insert(key, std::move(entry));
     return r;
   } catch (const std::exception& e) {
@@ -274,36 +303,81 @@ PrepareResult prepare(const GraphKey& key) {
 }
 
 std::string execute(const GraphKey& key, const GraphPointers& p, void* stream) {
+  std::shared_ptr<const GraphHandle> handle;
   try {
     Cache& cache = Cache::instance();
     std::lock_guard<std::mutex> lock(cache.mu);
     Entry* e = cache.find(key);
-    if (!e || !e->graph) return "no graph was built for this problem (prepare() failed or was evicted)";
-    std::string error;
-    cudnnHandle_t handle = cache.handle(key.device, &error);
-    if (!handle) return error;
-    cudnnStatus_t st = cudnnSetStream(handle, static_cast<cudaStream_t>(stream));
-    if (st != CUDNN_STATUS_SUCCESS) return std::string("cudnnSetStream: ") + cudnnGetErrorString(st);
+    if (!e || !e->handle) return "no graph was built for this problem (prepare() failed or was evicted)";
+    handle = e->handle;
+  } catch (const std::exception& ex) {
+    return std::string("exception from the cuDNN frontend: ") + ex.what();
+  }
+  return execute(*handle, p, stream);
+}
 
-    std::unordered_map<std::int64_t, void*> pack;
-    pack[kUidQ] = const_cast<void*>(p.q);
-    pack[kUidK] = const_cast<void*>(p.k);
-    pack[kUidV] = const_cast<void*>(p.v);
-    pack[kUidO] = p.o;
-    if (key.backward || key.stats) pack[kUidStats] = p.stats;
-    if (key.backward) {
-      pack[kUidDO] = const_cast<void*>(p.d_o);
-      pack[kUidDQ] = p.dq;
-      pack[kUidDK] = p.dk;
-      pack[kUidDV] = p.dv;
+std::shared_ptr<const GraphHandle> prepare_handle(const GraphKey& key, PrepareResult* result) {
+  *result = prepare(key);
+  if (!result->ok) return nullptr;
+  try {
+    Cache& cache = Cache::instance();
+    std::lock_guard<std::mutex> lock(cache.mu);
+    Entry* e = cache.find(key);
+    if (e && e->handle) return e->handle;
+  } catch (const std::exception& e) {
+    result->message = e.what();
+  }
+  result->ok = false;
+  result->stage = "graph cache";
+  if (result->message.empty()) result->message = "the graph was evicted from the cache while it was prepared";
+  return nullptr;
+}
+
+std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) {
+  try {
+    // The tensors by uid, in the order of `Uid`; absent ones are not part of the graph.
+    void* by_uid[kUidRagged0 + 8] = {};
+    by_uid[kUidQ] = const_cast<void*>(p.q);
+    by_uid[kUidK] = const_cast<void*>(p.k);
+    by_uid[kUidV] = const_cast<void*>(p.v);
+    by_uid[kUidO] = p.o;
+    by_uid[kUidStats] = p.stats;
+    by_uid[kUidDO] = const_cast<void*>(p.d_o);
+    by_uid[kUidDQ] = p.dq;
+    by_uid[kUidDK] = p.dk;
+    by_uid[kUidDV] = p.dv;
+    by_uid[kUidSeqQ] = const_cast<std::int32_t*>(p.seq_len_q);
+    by_uid[kUidSeqKV] = const_cast<std::int32_t*>(p.seq_len_kv);
+    for (int s = 0; s < 8; ++s) by_uid[kUidRagged0 + s] = const_cast<std::int32_t*>(p.ragged[std::size_t(s)]);
+    std::lock_guard<std::mutex> lock(run_mutex());
+    cudnnStatus_t st = cudnnSetStream(g.handle, static_cast<cudaStream_t>(stream));
+    if (st != CUDNN_STATUS_SUCCESS) return std::string("cudnnSetStream: ") + cudnnGetErrorString(st);
+    fe::error_t err;
+    if (!g.sorted_uids.empty()) {
+      void* sorted[kUidRagged0 + 8];
+      const int n = int(g.sorted_uids.size());
+      for (int i = 0; i < n; ++i) sorted[i] = by_uid[g.sorted_uids[std::size_t(i)]];
+      err = g.graph->execute(g.handle, sorted, n, p.workspace);
+    } else {
+      // First run: by uid map, after which the graph knows its order (kept for the next runs).
+      std::unordered_map<std::int64_t, void*> pack;
+      pack[kUidQ] = by_uid[kUidQ], pack[kUidK] = by_uid[kUidK], pack[kUidV] = by_uid[kUidV];
+      pack[kUidO] = by_uid[kUidO];
+      if (g.backward || g.stats) pack[kUidStats] = by_uid[kUidStats];
+      if (g.backward)
+        for (std::int64_t u : {kUidDO, kUidDQ, kUidDK, kUidDV}) pack[u] = by_uid[u];
+      if (g.varlen) {
+        pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];
+        for (int s = 0; s < (g.backward ? 8 : 4); ++s) pack[kUidRagged0 + s] = by_uid[kUidRagged0 + s];
+      }
+      err = g.graph->execute(g.handle, pack, p.workspace);
+      if (err.is_good()) {
+        std::vector<std::int64_t> uids = g.graph->get_variant_pack_uids_sorted();
+        bool known = uids.size() <= std::size_t(kUidRagged0 + 8);
+        for (std::int64_t u : uids) known = known && u > 0 && u < kUidRagged0 + 8 && pack.count(u);
+        if (known) g.sorted_uids = std::move(uids);
+      }
     }
-    if (key.varlen) {
-      pack[kUidSeqQ] = const_cast<std::int32_t*>(p.seq_len_q);
-      pack[kUidSeqKV] = const_cast<std::int32_t*>(p.seq_len_kv);
-      const int n_slots = key.backward ? 8 : 4;
-      for (int s = 0; s < n_slots; ++s) pack[kUidRagged0 + s] = const_cast<std::int32_t*>(p.ragged[std::size_t(s)]);
-    }
-    fe::error_t err = e->graph->execute(handle, pack, p.workspace);
     if (err.is_bad()) {
       std::string msg = err.get_message();
       return msg.empty() ? "execute failed with error code " + std::to_string(int(err.get_code())) : msg;

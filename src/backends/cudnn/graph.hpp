@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "strideattn/strideattn.hpp"
@@ -85,6 +86,14 @@ struct PrepareResult {
 // Runs the cached graph of `key` (prepare() must have succeeded) on `stream`.
 // Returns an empty string on success, otherwise cuDNN's message.
 [[nodiscard]] std::string execute(const GraphKey& key, const GraphPointers& ptrs, void* stream);
+
+// A built graph as a plan holds it: found once, then run without a cache lookup (no key
+// hashing, no map); it stays alive while held, also after the cache evicted its entry.
+struct GraphHandle;
+// The graph of `key`, built or found in the cache; null when cuDNN refused it (`*result` says
+// why, as prepare() does).
+[[nodiscard]] std::shared_ptr<const GraphHandle> prepare_handle(const GraphKey& key, PrepareResult* result);
+[[nodiscard]] std::string execute(const GraphHandle& graph, const GraphPointers& ptrs, void* stream);
 
 // cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0 (0 if it cannot load).
 [[nodiscard]] std::int64_t runtime_version();

@@ -114,7 +114,7 @@ Check check_negative_strides(const DeviceInfo&, const Problem& p) {
         return std::string("tensor ") + t.name + " " + dims[i] + " stride " + str(t.view->stride[i]) +
                "; supported: >= 0 (cuDNN takes no reversed views)";
   for (int i = 0; i < 3; ++i)
-    if (p.lse.data != nullptr && p.lse.shape[i] > 1 && p.lse.stride[i] < 0)
+    if ((p.is_backward() || p.writes_lse()) && p.lse.shape[i] > 1 && p.lse.stride[i] < 0)
       return "lse stride " + str(p.lse.stride[i]) + " on dimension " + str(i) +
              "; supported: >= 0 (cuDNN takes no reversed views)";
   return std::nullopt;
@@ -217,10 +217,23 @@ Check check_empty_problem(const DeviceInfo&, const Problem& p) {
          "; supported: batch, s_q, s_kv and heads >= 1 (cuDNN graphs cannot have empty dimensions)";
 }
 
+// cu_seqlens arrays are read on the device: whatever depends on the lengths must be decided
+// without them. Under no mask and the top-left causal mask every row of a sequence with keys
+// sees key 0; under a bottom-right mask or a window some row could see none (s_q > s_kv in a
+// sequence, or a window past the keys), which cuDNN leaves undefined (check_empty_rows), and
+// the causal mask with a window needs s_q == s_kv in every sequence (band_for).
+Check check_cu_seqlens_mask(const DeviceInfo&, const Problem& p) {
+  if (!p.cu_seqlens || (p.mask != MaskKind::causal_bottom_right && p.window.unbounded())) return std::nullopt;
+  return "mask " + std::string(to_string(p.mask)) + " with window " + str(p.window.left) + "," + str(p.window.right) +
+         " and lengths in cu_seqlens arrays (read on the device): whether a row sees no key depends on the "
+         "lengths; supported with cu_seqlens: mask none or causal without a window (or seqlens lists)";
+}
+
 // A query row that sees no key must give O = 0 and LSE = -inf; cuDNN leaves such rows
 // undefined, so they are refused. (Whole varlen sequences with no keys are handled: their
 // rows are written by the backend like padding.)
 Check check_empty_rows(const DeviceInfo&, const Problem& p) {
+  if (!p.lengths_known()) return std::nullopt;  // cu_seqlens: check_cu_seqlens_mask decided
   const std::int64_t n = p.varlen ? p.batch : std::min<std::int64_t>(p.batch, 1);
   for (std::int64_t b = 0; b < n; ++b) {
     kernel::MaskRule m = mask_of(p, b);
@@ -244,8 +257,13 @@ std::string version_string(std::int64_t v) {
   return str(v / 10000) + "." + str((v / 100) % 100) + "." + str(v % 100);
 }
 
-std::int64_t seq_len_q(const Problem& p, std::int64_t b) { return p.varlen ? p.seqlens_q[std::size_t(b)] : p.s_q; }
-std::int64_t seq_len_kv(const Problem& p, std::int64_t b) { return p.varlen ? p.seqlens_kv[std::size_t(b)] : p.s_kv; }
+// (cu_seqlens arrays not read on the host: the bounds.)
+std::int64_t seq_len_q(const Problem& p, std::int64_t b) {
+  return p.varlen && p.lengths_known() ? p.seqlens_q[std::size_t(b)] : p.s_q;
+}
+std::int64_t seq_len_kv(const Problem& p, std::int64_t b) {
+  return p.varlen && p.lengths_known() ? p.seqlens_kv[std::size_t(b)] : p.s_kv;
+}
 
 const DeviceInfo& current_device_info() {
   static const DeviceInfo info = [] {
@@ -326,6 +344,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
       rule("head_dim_stride", check_unit_dim_stride),
       rule("negative_stride", check_negative_strides),
       rule("head_dim", check_head_dim),
+      rule("cu_seqlens_mask", check_cu_seqlens_mask),
       rule("deterministic_mla", check_deterministic_mla),
       rule("alignment", check_alignment),
       rule("mask_alignment", check_mask_maps),

@@ -34,7 +34,8 @@ struct DeviceInfo {
 // "9.19.0" from 91900.
 [[nodiscard]] std::string version_string(std::int64_t version);
 
-// Per-sequence lengths (dense: every sequence has s_q / s_kv).
+// Per-sequence lengths (dense: every sequence has s_q / s_kv; cu_seqlens arrays not read on the
+// host: the bounds max_seqlen_q / kv).
 [[nodiscard]] std::int64_t seq_len_q(const Problem& p, std::int64_t b);
 [[nodiscard]] std::int64_t seq_len_kv(const Problem& p, std::int64_t b);
 

@@ -348,6 +348,8 @@ void store_lse(const std::vector<double>& values, const LseView& view) {
 class ReferenceBackend final : public BackendImpl {
  public:
   [[nodiscard]] Backend id() const override { return Backend::reference; }
+  // Host memory: a plan's run reads cu_seqlens arrays into the lists (problem/cu_seqlens.cpp).
+  [[nodiscard]] bool reads_cu_seqlens() const override { return true; }
 
   [[nodiscard]] Verdict supports(const Problem& problem) const override {
     // fp64 loops, ~13 GFLOP/s on the 2-core CI machine (bench/README.md): 1e14 is ~2 hours.

@@ -7,3 +7,6 @@ strideattn_test(cpu_long_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/cpu_long_test.cpp)
 strideattn_test(cpu_pool_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/cpu_pool_test.cpp)
+# cpu and reference through plans and with cu_seqlens varlen arrays.
+strideattn_test(host_plan_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/host_plan_test.cpp)

@@ -16,4 +16,13 @@ if(STRIDEATTN_HAVE_CUDA)
   target_link_libraries(cuda_large_test PRIVATE CUDA::cudart)
   strideattn_test(cuda_edges_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_edges_test.cpp LABELS gpu)
   target_link_libraries(cuda_edges_test PRIVATE CUDA::cudart)
+  # The device conversion of cu_seqlens arrays into the kernels' tables, built into the test
+  # itself (the backend does not use it yet: it refuses cu_seqlens problems).
+  strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp
+                  ${PROJECT_SOURCE_DIR}/src/backends/cuda/varlen_tables.cu LABELS gpu)
+  target_link_libraries(cuda_varlen_tables_test PRIVATE CUDA::cudart)
+  # (as for strideattn_gpu: CMake 3.25 has no CUDA20 dialect flag for nvcc)
+  set_property(TARGET cuda_varlen_tables_test PROPERTY CUDA_STANDARD)
+  set_property(TARGET cuda_varlen_tables_test PROPERTY CUDA_STANDARD_REQUIRED OFF)
+  target_compile_options(cuda_varlen_tables_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
 endif()

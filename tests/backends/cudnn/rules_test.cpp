@@ -221,6 +221,39 @@ TEST(CudnnRules, RowsWithoutKeysAreRefused) {
   EXPECT_TRUE(verdict(hopper(), b.problem()).supported) << verdict(hopper(), b.problem()).reason;
 }
 
+// cu_seqlens arrays (lengths read on the device): masks under which a row could see no key are
+// refused when the plan is made, since no length can be read on the host; none and top-left
+// causal run (every row of a sequence with keys sees key 0).
+TEST(CudnnRules, CuSeqlensMasksThatDependOnTheLengthsAreRefused) {
+  Fixture f;
+  f.varlen.seqlens_q = {40, 24};
+  f.varlen.seqlens_kv = {40, 24};
+  Problem base = f.problem();  // the same views, with the lengths as arrays instead of lists
+  base.cu_seqlens = true;
+  base.seqlens_q.clear(), base.seqlens_kv.clear(), base.offsets_q.clear(), base.offsets_kv.clear();
+  base.s_q = base.s_kv = 40;
+  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+    Problem p = base;
+    p.mask = m;
+    Verdict v = verdict(hopper(), p);
+    EXPECT_TRUE(v.supported) << int(m) << ": " << v.rule << ": " << v.reason;
+  }
+  Problem p = base;
+  p.mask = MaskKind::causal_bottom_right;
+  expect_refused(verdict(hopper(), p), "cu_seqlens_mask", "whether a row sees no key depends on the lengths");
+  p = base;
+  p.window = {16, 0};
+  expect_refused(verdict(hopper(), p), "cu_seqlens_mask", "window 16,0");
+  p.mask = MaskKind::causal;
+  expect_refused(verdict(hopper(), p), "cu_seqlens_mask", "mask causal");
+  // With the lists the same views and masks are decided per sequence (these sequences have
+  // s_q == s_kv, so no row is empty).
+  Fixture g;
+  g.varlen = f.varlen;
+  g.mask = MaskKind::causal_bottom_right;
+  EXPECT_TRUE(verdict(hopper(), g.problem()).supported);
+}
+
 TEST(CudnnRules, EmptyProblemsAreRefusedNotBuilt) {
   Fixture a;
   a.sq = 0;

@@ -5,6 +5,8 @@
 #    and cudnn on the same inputs, refusals with reasons; skips (saying so) without a GPU.
 #  - cudnn_nonfinite_test (label gpu): planted NaN / Inf against the fp64 reference under the
 #    non-finite policy, and where each plant may and may not reach; skips without a GPU.
+#  - cudnn_plan_gpu_test (label gpu): cudnn and cuda through plans, cudnn with cu_seqlens
+#    arrays in device memory (and arrays that break the promise staying inside the views).
 get_property(_have_cudnn GLOBAL PROPERTY STRIDEATTN_HAVE_CUDNN)
 if(_have_cudnn)
   strideattn_test(cudnn_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/rules_test.cpp)
@@ -12,4 +14,6 @@ if(_have_cudnn)
   strideattn_test(cudnn_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_test.cpp LABELS gpu)
   strideattn_test(cudnn_nonfinite_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/nonfinite_test.cpp LABELS gpu)
   target_link_libraries(cudnn_nonfinite_test PRIVATE CUDA::cudart)
+  strideattn_test(cudnn_plan_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_gpu_test.cpp LABELS gpu)
+  target_link_libraries(cudnn_plan_gpu_test PRIVATE CUDA::cudart)
 endif()
