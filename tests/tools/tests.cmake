@@ -1,6 +1,8 @@
 # Tests of the harness (runner, correctness rule) and the `strideattn` CLI.
 strideattn_test(tools_runner_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/runner_test.cpp)
 strideattn_test(compare_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/compare_test.cpp)
+strideattn_test(conditioning_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/conditioning_test.cpp)
+strideattn_test(magnitude_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/magnitude_test.cpp)
 
 strideattn_test(tools_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/cli_test.cpp)
 target_link_libraries(tools_cli_test PRIVATE strideattn_cli_lib)

@@ -247,7 +247,6 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
   p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(p->cv.lse));
   p->bufs.fill_random(spec.seed);
   if (Status s = apply_input_draws(spec, p); !s.ok()) return s;
-  p->overflow_possible = spec.input_scale != 1.0 && fp32_may_overflow(spec, p->bufs);
   p->pristine = p->bufs.save();
   const Bases hb = host_bases(p->bufs);
   if (Status s = detail::make_problem(forward_args(spec, p->cv, hb, Backend::reference, Memory::host), fwd); !s.ok())
