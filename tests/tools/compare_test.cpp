@@ -177,8 +177,14 @@ TEST(NonFinitePolicy, ExactValuesBeyondTheDtypeRangeRoundToInfinity) {
   EXPECT_DOUBLE_EQ(strideattn::harness::overflow_threshold(DType::f32), std::ldexp(2.0 - std::ldexp(1.0, -24), 127));
   EXPECT_TRUE(check_tensor("dv", DType::f16, {kInf, -kInf}, {kInf, -kInf}, {7e4, -1e5}).pass());
   EXPECT_FALSE(check_tensor("dv", DType::f16, {-kInf}, {65504.0}, {7e4}).pass());     // the wrong sign
-  EXPECT_FALSE(check_tensor("dv", DType::f16, {kInf}, {65504.0}, {65510.0}).pass());  // rounds to 65504
+  EXPECT_FALSE(check_tensor("dv", DType::f16, {kInf}, {65408.0}, {65400.0}).pass());  // finite in f16
   EXPECT_TRUE(check_tensor("lse", DType::f32, {-kInf}, {kNan}, {-1e50}).pass());
+  // an allowance that reaches past 65520: a value it admits rounds to inf in f16
+  const std::vector<double> allowance = {2000.0};
+  const ElementTerms terms{.allowance = &allowance};
+  EXPECT_TRUE(check_tensor("dq", DType::f16, {kInf}, {64000.0}, {64000.0}, -1.0, false, terms).pass());
+  EXPECT_FALSE(check_tensor("dq", DType::f16, {-kInf}, {64000.0}, {64000.0}, -1.0, false, terms).pass());
+  EXPECT_FALSE(check_tensor("dq", DType::f16, {kInf}, {64000.0}, {64000.0}).pass());
   EXPECT_FALSE(check_tensor("lse", DType::f32, {-kInf}, {-3e38}, {-3e38}).pass());
 }
 

@@ -28,10 +28,12 @@ double floor_of(DType dtype) {
 }
 
 // Whether a pair with at least one non-finite side agrees under `policy` (see compare.hpp).
-bool non_finite_agrees(double x, double e, bool naive_overflowed, const NonFinitePolicy& policy) {
+// `tol`: the element's tolerance (0 without element tolerances).
+bool non_finite_agrees(double x, double e, double tol, bool naive_overflowed, const NonFinitePolicy& policy) {
   if (x == e) return !std::isnan(x) && (std::isinf(x) ? x < 0 || policy.inputs_non_finite : true);
-  if (std::isfinite(e) && std::isinf(x) && std::fabs(e) >= policy.rounds_to_inf && (x < 0) == (e < 0))
-    return true;           // the exact value's own rounding to the dtype
+  // an infinity that a value within the tolerance rounds to in the dtype (the exact value's
+  // own rounding when the tolerance is 0)
+  if (std::isfinite(e) && std::isinf(x) && (x > 0 ? e + tol : tol - e) >= policy.rounds_to_inf) return true;
   if (std::isfinite(e)) {  // the output is the non-finite side
     // LSE = -inf is the "no key" answer, never fp32 overflow
     if (policy.lse && x == -std::numeric_limits<double>::infinity() && !policy.inputs_non_finite) return false;
@@ -60,7 +62,7 @@ ErrorStats compare(const std::vector<double>& out, const std::vector<double>& ex
     if (!std::isfinite(x) || !std::isfinite(e)) {
       const bool overflow = (policy.overflow != nullptr && i < policy.overflow->size() && (*policy.overflow)[i] != 0) ||
                             (policy.naive != nullptr && i < policy.naive->size() && !std::isfinite((*policy.naive)[i]));
-      if (non_finite_agrees(x, e, overflow, policy)) continue;
+      if (non_finite_agrees(x, e, tol != nullptr ? tol_at(i) : 0.0, overflow, policy)) continue;
       ++st.non_finite;
       if (first_bad < 0) first_bad = std::int64_t(i);
       continue;

@@ -45,9 +45,9 @@ struct NonFinitePolicy {
   const std::vector<std::uint8_t>* overflow = nullptr;
   // The tensor is LSE: -inf is the "no key" answer there and never agrees as overflow.
   bool lse = false;
-  // Where |exact| is at least this, the exact value rounds to +-inf in the output's dtype
-  // (an LSE below -FLT_MAX, a gradient beyond the dtype's range): that infinity is the
-  // answer, and agrees.
+  // The smallest |value| that rounds to +-inf in the output's dtype: where the exact value,
+  // or a value within the element's tolerance, lies beyond it (an LSE below -FLT_MAX, an f16
+  // gradient above 65520), the infinity of that sign agrees.
   double rounds_to_inf = std::numeric_limits<double>::infinity();
 };
 
