@@ -137,4 +137,20 @@ TEST(Conditioning, OverflowFlagsMarkRowsWhoseScoreBoundExceedsFltMax) {
   EXPECT_EQ(count(k.dv_overflow), 5 * 8);
 }
 
+// dV of a key sums dO over the rows that see it: with dO of 2e36, 200 rows on one key reach
+// 4e38 > FLT_MAX (flagged), 10 rows 2e37 (not), though every row on its own is unit-scale
+// in its scores.
+TEST(Conditioning, DvOverflowFlagsCountEveryRowThatSeesTheKey) {
+  for (std::int64_t rows : {10, 200}) {
+    CaseSpec s;
+    s.dtype = DType::bf16, s.sq = rows, s.skv = 1, s.dqk = 8, s.dv = 8;
+    Case c(s, 13);
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t d = 0; d < 8; ++d) c.d_o.set(0, i, 0, d, 2e36);
+    const Conditioning k = conditioning(c.problem(true), true, true, false);
+    EXPECT_EQ(count(k.dv_overflow), rows == 200 ? 8 : 0) << rows;
+    EXPECT_EQ(count(k.o_overflow), 0) << rows;
+  }
+}
+
 }  // namespace

@@ -211,9 +211,20 @@ class Pass {
       load_row(a_.k, dt, kernel::row_offset(k_span, a_.k_st, j, hk), a_.k_st.d, dqk, &g.k[std::size_t(j * dqk)]);
       load_row(a_.v, dt, kernel::row_offset(v_span, a_.v_st, j, hk), a_.v_st.d, dv, &g.v[std::size_t(j * dv)]);
     }
+    for (std::int64_t j = 0; j < lk; ++j) {
+      const double* kj = &g.k[std::size_t(j * dqk)];
+      const double* vj = &g.v[std::size_t(j * dv)];
+      const double k_norm = std::sqrt(dot(kj, kj, dqk)), v_norm = std::sqrt(dot(vj, vj, dv));
+      g.finite = g.finite && std::isfinite(k_norm) && std::isfinite(v_norm);
+      g.k_norm_max = std::max(g.k_norm_max, k_norm);
+      g.v_norm_max = std::max(g.v_norm_max, v_norm);
+      for (std::int64_t d = 0; d < dqk; ++d) g.k_abs_max = std::max(g.k_abs_max, std::fabs(kj[d]));
+      for (std::int64_t d = 0; d < dv; ++d) g.v_abs_max = std::max(g.v_abs_max, std::fabs(vj[d]));
+    }
     if (backward_) {
       g.wdk.assign(g.k.size(), 0.0), g.mdk.assign(g.k.size(), 0.0);
       g.wdv.assign(g.v.size(), 0.0), g.mdv.assign(g.v.size(), 0.0);
+      g.coarse_dk.assign(std::size_t(lk), 0.0), g.coarse_dv.assign(std::size_t(lk), 0.0);
       g.ovf.assign(std::size_t(lk), 0);
     }
     const std::int64_t group = p_.group_size();
@@ -224,21 +235,56 @@ class Pass {
       for (std::int64_t d = 0; d < dqk; ++d) {
         const std::size_t at = dk_shape_.at(bk, first_k + j, hk, d), src = std::size_t(j * dqk + d);
         out_->dk[at] = clean(g.wdk[src]);
-        out_->dk_overflow[at] = g.ovf[std::size_t(j)] || g.mdk[src] >= kFltMax;
+        out_->dk_overflow[at] = g.ovf[std::size_t(j)] || g.mdk[src] + g.coarse_dk[std::size_t(j)] >= kFltMax;
       }
       for (std::int64_t d = 0; d < dv; ++d) {
         const std::size_t at = dv_shape_.at(bk, first_k + j, hk, d), src = std::size_t(j * dv + d);
         out_->dv[at] = clean(g.wdv[src]);
-        out_->dv_overflow[at] = g.ovf[std::size_t(j)] || g.mdv[src] >= kFltMax;
+        out_->dv_overflow[at] = g.ovf[std::size_t(j)] || g.mdv[src] + g.coarse_dv[std::size_t(j)] >= kFltMax;
       }
     }
   }
 
   struct Group {
-    std::vector<double> k, v;                // [lk][d_qk], [lk][d_v]
-    std::vector<double> wdk, mdk, wdv, mdv;  // dK / dV allowances and magnitude bounds
-    std::vector<std::uint8_t> ovf;           // per key: a pair that sees it may overflow
+    std::vector<double> k, v;                  // [lk][d_qk], [lk][d_v]
+    std::vector<double> wdk, mdk, wdv, mdv;    // dK / dV allowances and magnitude bounds
+    std::vector<double> coarse_dk, coarse_dv;  // per key: the magnitude bounds of skipped rows
+    std::vector<std::uint8_t> ovf;             // per key: a pair that sees it may overflow
+    double k_norm_max = 0, v_norm_max = 0, k_abs_max = 0, v_abs_max = 0;  // over the keys
+    bool finite = true;                                                   // every K and V element is finite
   };
+
+  // A row that needs no element-wise work: by Cauchy-Schwarz (sum_d |q_d k_d| <= |q| |k|) its
+  // every score bound is below kGate, so it has no allowance, and no fp32 intermediate of it
+  // can come near FLT_MAX (weights P and their bounds stay below 2 in such rows). Its share
+  // of the dK / dV magnitude bounds goes into the per-key coarse bounds.
+  bool skip_row(const std::vector<double>& q, std::int64_t j0, std::int64_t j1, double gamma_s, double gamma_4,
+                double gamma_v, const std::vector<double>& d_o, const std::vector<double>& od, Group& g) const {
+    const std::int64_t dqk = a_.d_qk, dv = a_.d_v;
+    const double scale = p_.scale, n = double(j1 - j0), limit = kFltMax / 4;
+    const double q_norm = std::sqrt(dot(q.data(), q.data(), dqk));
+    const double a_bound = scale * q_norm * g.k_norm_max;
+    // written as "!(x < bound)" so that a NaN bound never skips
+    if (!g.finite || !(gamma_s * a_bound + gamma_4 * 2 * a_bound < kGate)) return false;
+    if (!((1 + fp32_gamma(double(dqk + 8))) * std::max(1.0, scale * kLog2e) * q_norm * g.k_norm_max < limit))
+      return false;
+    if (!(n * g.v_abs_max < limit)) return false;
+    if (!backward_) return true;
+    if (!(fp32_gamma(2 * n + 8) < 0.5)) return false;
+    const double do_norm = std::sqrt(dot(d_o.data(), d_o.data(), dv));
+    const double o_norm = std::sqrt(dot(od.data(), od.data(), dv));
+    const double ds_bound = 2 * (1 + gamma_v) * do_norm * (g.v_norm_max + o_norm);
+    double q_abs = 0, do_abs = 0;
+    for (std::int64_t c = 0; c < dqk; ++c) q_abs = std::max(q_abs, std::fabs(q[std::size_t(c)]));
+    for (std::int64_t c = 0; c < dv; ++c) do_abs = std::max(do_abs, std::fabs(d_o[std::size_t(c)]));
+    const double grow = std::max(1.0, scale);
+    if (!(grow * n * ds_bound * g.k_abs_max < limit) || !(ds_bound * q_abs < limit) || !(do_abs < limit)) return false;
+    for (std::int64_t j = j0; j < j1; ++j) {
+      g.coarse_dk[std::size_t(j)] += grow * ds_bound * q_abs;
+      g.coarse_dv[std::size_t(j)] += 2 * do_abs;
+    }
+    return true;
+  }
 
   // The forward's allowances of row `token` (head h): O, sum_j a_j |V_jc - O_c|; LSE,
   // log sum_j P_j e^{E_j} (`lse_err`); the overflow flags (the softmax accumulators hold sums
@@ -283,6 +329,16 @@ class Pass {
       const std::int64_t j0 = mask.key_begin(i), j1 = mask.key_end(i);
       if (j1 <= j0) continue;  // sees no key: every output is exact (0, -inf)
       load_row(a_.q, dt, kernel::row_offset(q_span, a_.q_st, i, h), a_.q_st.d, dqk, q.data());
+      if (backward_) {
+        load_row(a_.d_o, dt, kernel::row_offset(a_.q_seq.span(a_.do_st, b), a_.do_st, i, h), a_.do_st.d, dv,
+                 d_o.data());
+        if (given_o_) {
+          load_row(a_.o, dt, kernel::row_offset(a_.q_seq.span(a_.o_st, b), a_.o_st, i, h), a_.o_st.d, dv, od.data());
+        } else {
+          std::fill(od.begin(), od.end(), g.v_norm_max / std::sqrt(double(dv)));  // |O| <= max_j |V_j|
+        }
+      }
+      if (skip_row(q, j0, j1, gamma_s, gamma_4, gamma_v, d_o, od, g)) continue;
 
       // Scores S_j, their bounds E_j and the row max; keys whose score is -inf (an infinite
       // input) have P = 0 in every evaluation and are left out.
@@ -356,13 +412,8 @@ class Pass {
       if (forward_) write_forward(bq, first_q + i, h, j0, j1, o, a, e_max + std::log(lse_up), conditioned, row_ovf, g);
       if (!backward_) continue;
 
-      // Backward.
-      if (given_o_) {
-        load_row(a_.o, dt, kernel::row_offset(a_.q_seq.span(a_.o_st, b), a_.o_st, i, h), a_.o_st.d, dv, od.data());
-      } else {
-        od = o;
-      }
-      load_row(a_.d_o, dt, kernel::row_offset(a_.q_seq.span(a_.do_st, b), a_.do_st, i, h), a_.do_st.d, dv, d_o.data());
+      // Backward (dO and the given O were loaded above).
+      if (!given_o_) od = o;
       const double delta = dot(d_o.data(), od.data(), dv);
       const double delta_abs = abs_dot(d_o.data(), od.data(), dv);
       const double d_bound = (1 + gamma_v) * delta_abs;
