@@ -1,6 +1,8 @@
 # Tests of the harness (runner, correctness rule) and the `strideattn` CLI.
 strideattn_test(tools_runner_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/runner_test.cpp)
 strideattn_test(compare_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/compare_test.cpp)
+strideattn_test(conditioning_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/conditioning_test.cpp)
+strideattn_test(magnitude_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/magnitude_test.cpp)
 
 strideattn_test(tools_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/cli_test.cpp)
 target_link_libraries(tools_cli_test PRIVATE strideattn_cli_lib)
@@ -23,10 +25,16 @@ set_tests_properties(cli_demo_logs_auto_choice PROPERTIES LABELS cpu TIMEOUT 600
 add_test(NAME cli_check_seed_grad COMMAND ${_cli} check --preset seed --backends reference,cpu --grad)
 set_tests_properties(cli_check_seed_grad PROPERTIES LABELS cpu TIMEOUT 900)
 
-# 500 random problems and views, forward and backward, on the cpu backend.
+# 500 random problems and views, forward and backward, on the cpu backend; a quarter of them
+# with inputs scaled up to the dtype's range, some with extreme scales or planted NaN / Inf
+# (docs/semantics.md, "Non-finite values", "Conditioning").
 add_test(NAME cli_fuzz_cpu_grad
          COMMAND ${_cli} fuzz --cases 500 --grad --backends cpu --seed 1 --require-ran)
 set_tests_properties(cli_fuzz_cpu_grad PROPERTIES LABELS cpu TIMEOUT 900)
+# The reference backend through the public API next to cpu, on 300 other cases.
+add_test(NAME cli_fuzz_reference_cpu_grad
+         COMMAND ${_cli} fuzz --cases 300 --grad --backends reference,cpu --seed 12 --require-ran)
+set_tests_properties(cli_fuzz_reference_cpu_grad PROPERTIES LABELS cpu TIMEOUT 900)
 
 # The same through plans made without pointers, varlen lengths as cu_seqlens arrays.
 add_test(NAME cli_fuzz_cpu_plans_cu_seqlens

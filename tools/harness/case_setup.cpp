@@ -340,7 +340,6 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
       out[i] = std::int32_t(all[i]);
     }
   }
-  p->overflow_possible = spec.input_scale != 1.0 && fp32_may_overflow(spec, p->bufs);
   p->pristine = p->bufs.save();
   const Bases hb = host_bases(p->bufs);
   if (Status s = detail::make_problem(forward_args(spec, p->cv, hb, Backend::reference, Memory::host), fwd); !s.ok())

@@ -60,8 +60,7 @@ struct Prepared {
   BufferSet bufs;
   std::map<std::string, std::vector<std::byte>> pristine;
   CaseViews cv;
-  double flops = 0;                // forward, plus backward with grad
-  bool overflow_possible = false;  // fp32_may_overflow()
+  double flops = 0;  // forward, plus backward with grad
 };
 
 // Checks the case (view bounds, host memory, and with `with_reference` the fp64 reference's

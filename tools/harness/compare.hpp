@@ -1,9 +1,12 @@
-// The correctness rule: a backend passes when its max error against the fp64 reference
-// is at most twice the error of the naive low-precision implementation plus a small floor.
-// Shared by the CLI, the fuzzer and the tests; docs/semantics.md "Correctness rule".
+// The correctness rule: a backend passes when its error against the fp64 reference is, at
+// every element, at most twice the error of the naive low-precision implementation plus a
+// small floor, or the element's conditioning allowance where that is larger
+// (conditioning.hpp). Shared by the CLI, the fuzzer and the tests; docs/semantics.md
+// "Correctness rule".
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,11 @@ struct ErrorStats {
   std::int64_t worst_index = -1;  // logical (row-major) index of the worst element
   double worst_value = 0, worst_expected = 0;
   std::int64_t non_finite = 0;  // NaN/inf where the reference is finite (or vice versa)
+  // With element tolerances (ElementTolerance): the largest |out - exact| / tolerance of the
+  // element, and the tolerance of the worst element. The worst element is then the one of
+  // the largest ratio when some element exceeds its tolerance, else the largest error.
+  double max_excess = 0;
+  double worst_tol = 0;
 };
 
 // Which non-finite outputs agree with the reference (docs/semantics.md, "Non-finite values,
@@ -29,18 +37,31 @@ struct NonFinitePolicy {
   bool inputs_non_finite = false;
   // The naive fp32 model (same length as `exact`): where it is non-finite and the reference
   // finite, fp32 overflowed, and a non-finite output agrees (but never an LSE of -inf, the
-  // "no key" answer).
+  // "no key" answer: see `lse`).
   const std::vector<double>* naive = nullptr;
-  // The inputs are large enough that some fp32 summation order of the scores (or of dP)
-  // overflows even where the naive model's does not: a non-finite output agrees anywhere the
-  // reference is finite (but never an LSE of -inf).
-  bool overflow_possible = false;
+  // Per element (same length as `exact`): 1 where some fp32 summation order of an
+  // intermediate can exceed FLT_MAX (conditioning.hpp): a non-finite output agrees there
+  // where the reference is finite (but never an LSE of -inf).
+  const std::vector<std::uint8_t>* overflow = nullptr;
+  // The tensor is LSE: -inf is the "no key" answer there and never agrees as overflow.
+  bool lse = false;
+  // The smallest |value| that rounds to +-inf in the output's dtype: where the exact value,
+  // or a value within the element's tolerance, lies beyond it (an LSE below -FLT_MAX, an f16
+  // gradient above 65520), the infinity of that sign agrees.
+  double rounds_to_inf = std::numeric_limits<double>::infinity();
+};
+
+// The tolerance of each element: max(tensor, allowance[e]) (allowance null: the tensor's).
+struct ElementTolerance {
+  double tensor = 0;
+  const std::vector<double>* allowance = nullptr;
 };
 
 // Compare `out` with `exact` elementwise (both logical row-major, same length) under
-// `policy`. A -inf output where the reference is finite never agrees.
+// `policy`. A -inf LSE where the reference is finite never agrees. With `tol`, also the
+// excess over each element's tolerance (ErrorStats::max_excess).
 [[nodiscard]] ErrorStats compare(const std::vector<double>& out, const std::vector<double>& exact,
-                                 const NonFinitePolicy& policy = {});
+                                 const NonFinitePolicy& policy = {}, const ElementTolerance* tol = nullptr);
 
 // Tolerance of one output tensor stored in `dtype` (LSE: DType::f32):
 //   2 * naive_err + floor(dtype) + 4e-6 * magnitude + half_ulp(dtype, largest)
@@ -57,6 +78,9 @@ struct ToleranceTerms {
 };
 [[nodiscard]] double tolerance(DType dtype, const ToleranceTerms& terms);
 
+// The smallest |x| that rounds to infinity in `dtype` (round to nearest even).
+[[nodiscard]] double overflow_threshold(DType dtype);
+
 // Half a unit in the last place of `dtype` at |x| (0 for 0 and non-finite x).
 [[nodiscard]] double half_ulp(DType dtype, double x);
 
@@ -67,8 +91,23 @@ struct ToleranceTerms {
 struct TensorCheck {
   std::string name;  // "o", "lse", "dq", ...
   ErrorStats err;
-  double tol = 0;
-  [[nodiscard]] bool pass() const { return err.non_finite == 0 && err.max_abs_err <= tol; }
+  double tol = 0;  // the tensor's tolerance (tolerance())
+  // check_tensor: the largest error / element tolerance (pass: <= 1); -1 when the check was
+  // made without element tolerances (pass: max_abs_err <= tol).
+  double excess = -1;
+  // Elements whose conditioning allowance exceeds `tol`, and the largest such allowance.
+  std::int64_t allowed = 0;
+  double max_allowance = 0;
+  [[nodiscard]] bool pass() const {
+    return err.non_finite == 0 && (excess >= 0 ? excess <= 1 : err.max_abs_err <= tol);
+  }
+};
+
+// Per-element terms of the rule for one output (conditioning.hpp), each the length of the
+// output, or null.
+struct ElementTerms {
+  const std::vector<double>* allowance = nullptr;       // tolerance: max(tol, allowance)
+  const std::vector<std::uint8_t>* overflow = nullptr;  // NonFinitePolicy::overflow
 };
 
 // The whole rule for one output: the tolerance from the naive model's error, then `out`
@@ -78,10 +117,12 @@ struct TensorCheck {
 // exactly 0 by cancellation (dK when each sequence has one key) still carries fp32 rounding
 // of the dP - D difference at the backward's own scale.
 // `inputs_non_finite`: the case planted NaN or Inf in its inputs (NonFinitePolicy); the
-// naive model's non-finite elements always count as fp32 overflow.
+// naive model's non-finite elements always count as fp32 overflow. `terms`: the element
+// allowances and overflow flags (none: the tensor's tolerance everywhere, overflow only where
+// the naive model overflowed).
 [[nodiscard]] TensorCheck check_tensor(std::string name, DType dtype, const std::vector<double>& out,
                                        const std::vector<double>& naive, const std::vector<double>& exact,
                                        double magnitude = -1.0, bool inputs_non_finite = false,
-                                       bool overflow_possible = false);
+                                       ElementTerms terms = {});
 
 }  // namespace strideattn::harness

@@ -5,6 +5,7 @@
 #include "harness/runner.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -65,22 +66,33 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     if (Status d = dev.download(p.bufs); !d.ok()) return fail(d, "forward");
   apply_plant(spec, p, {"o", "lse"});
   apply_run_check(p.bufs.check_after_run(), "forward", &r, &failures);
-  check_outputs(p.bufs, {{"o", cv.o, &t.exact.o, &t.naive.o}, {"lse", &cv.lse, &t.exact.lse, &t.naive.lse}}, varlen,
-                inputs_non_finite(spec), p.overflow_possible, &r, &failures);
+  check_outputs(p.bufs,
+                {{"o", cv.o, &t.exact.o, &t.naive.o, -1.0, {&t.cond.o, &t.cond.o_overflow}},
+                 {"lse", &cv.lse, &t.exact.lse, &t.naive.lse, -1.0, {&t.cond.lse, &t.cond.lse_overflow}}},
+                varlen, inputs_non_finite(spec), &r, &failures);
 
   if (spec.grad) {
     // The answer key for the backward: from this backend's O where the rule says so.
     detail::ReferenceOutputs given_exact, given_naive;
+    Conditioning given_cond;
     const detail::ReferenceOutputs* bexact = &t.exact;
     const detail::ReferenceOutputs* bnaive = &t.naive;
+    const Conditioning* bcond = &t.cond;
     if (t.per_backend) {
       given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact, t.inputs);
       given_naive = detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp, t.inputs);
+      given_cond = conditioning(*t.backward, false, true, t.inputs == detail::RefBackwardInputs::given_o);
       bexact = &given_exact;
       bnaive = &given_naive;
+      bcond = &given_cond;
     }
     const double grad_scale =
         std::max({max_abs_finite(bexact->dq), max_abs_finite(bexact->dk), max_abs_finite(bexact->dv)});
+    // O is an input of the backward: where the forward's O is not finite (fp32 overflow, which
+    // the forward's check allowed), the backward's inputs are not finite either.
+    bool o_non_finite = false;
+    for (double x : read_view(p.bufs.at(cv.o->buffer), *cv.o)) o_non_finite = o_non_finite || !std::isfinite(x);
+    const bool bwd_non_finite = inputs_non_finite(spec) || o_non_finite;
     // Backward on this backend's own O and LSE, with poisoned dQ, dK, dV.
     p.bufs.prepare_outputs({cv.dq, cv.dk, cv.dv}, {}, {cv.q, cv.k, cv.v, cv.o, cv.d_o, &cv.lse});
     if (gpu)
@@ -102,10 +114,10 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
       apply_plant(spec, p, {"dq", "dk", "dv"});
       apply_run_check(p.bufs.check_after_run(), "backward", &r, &failures);
       check_outputs(p.bufs,
-                    {{"dq", cv.dq, &bexact->dq, &bnaive->dq, grad_scale},
-                     {"dk", cv.dk, &bexact->dk, &bnaive->dk, grad_scale},
-                     {"dv", cv.dv, &bexact->dv, &bnaive->dv, grad_scale}},
-                    varlen, inputs_non_finite(spec), p.overflow_possible, &r, &failures);
+                    {{"dq", cv.dq, &bexact->dq, &bnaive->dq, grad_scale, {&bcond->dq, &bcond->dq_overflow}},
+                     {"dk", cv.dk, &bexact->dk, &bnaive->dk, grad_scale, {&bcond->dk, &bcond->dk_overflow}},
+                     {"dv", cv.dv, &bexact->dv, &bnaive->dv, grad_scale, {&bcond->dv, &bcond->dv_overflow}}},
+                    varlen, bwd_non_finite, &r, &failures);
     }
   }
   r.time_ms = elapsed;
@@ -154,6 +166,8 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     say("computing the fp64 reference");
     t.exact = detail::reference_compute(ref_problem, detail::RefPrecision::exact);
     t.naive = detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
+    say("computing the conditioning allowances");
+    t.cond = conditioning(ref_problem, true, spec.grad && !t.per_backend, false);
 
     // The reference must produce every output, in the views' logical shapes.
     struct Want {

@@ -46,7 +46,9 @@ struct CaseSpec {
 
   // Test hook (tests only; the CLI never sets it): corrupt one result of every backend run
   // after the run and before the checks, to prove the checks catch it. kind "value" adds
-  // `delta` to logical element `index` of output `tensor` (o, lse, dq, dk, dv); "unwritten"
+  // `delta` to logical element `index` of output `tensor` (o, lse, dq, dk, dv), "ulps" adds
+  // `delta` units in the last place of the element's stored value (an LSE the backward then
+  // reads, a few ulps off); "unwritten"
   // puts the poison back into that element; "guard" changes the element just past the end of
   // the tensor's buffer (its back guard band).
   struct Plant {

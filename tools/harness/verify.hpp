@@ -1,6 +1,6 @@
 // Private to strideattn_harness: checking one backend's outputs against the fp64 reference
 // under the correctness rule (docs/semantics.md): the targets of a case, the comparison of
-// each output, the written/guard verdicts, the non-finite and fp32-overflow policies, and
+// each output, the written/guard verdicts, the non-finite policy, and
 // the test hook that plants errors the checks must catch.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include "harness/buffers.hpp"
 #include "harness/case_setup.hpp"
 #include "harness/compare.hpp"
+#include "harness/conditioning.hpp"
 #include "harness/runner.hpp"
 
 namespace strideattn::harness::internal {
@@ -21,22 +22,17 @@ struct Expected {
   const std::vector<double>* exact;
   const std::vector<double>* naive;  // the naive low-precision model: sets the tolerance
   double magnitude = -1.0;           // scale of the relative term (compare.hpp check_tensor)
+  ElementTerms terms;                // conditioning allowances and overflow flags
 };
 
 // Compares the written outputs with the reference; appends to r.checks and r.reason.
-// `inputs_non_finite`, `overflow_possible`: compare.hpp NonFinitePolicy.
+// `inputs_non_finite`: compare.hpp NonFinitePolicy.
 void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen, bool inputs_non_finite,
-                   bool overflow_possible, BackendResult* r, std::vector<std::string>* failures);
+                   BackendResult* r, std::vector<std::string>* failures);
 
 // The written/guard verdicts of one phase ("forward", "backward") into `r` and `failures`.
 void apply_run_check(const BufferSet::CheckResult& ck, const char* phase, BackendResult* r,
                      std::vector<std::string>* failures);
-
-// Whether some fp32 summation order of a score (d_qk products of |q| |k|, times the scale
-// when that is above 1) or of dP = dO V^T can come within 8x of FLT_MAX on these inputs:
-// then backends that sum in another order than the naive model may overflow where it does
-// not (docs/semantics.md, "fp32 overflow is never a finite wrong answer").
-bool fp32_may_overflow(const CaseSpec& spec, const BufferSet& bufs);
 
 // Whether CaseSpec::input_plants put a non-finite value into the inputs.
 bool inputs_non_finite(const CaseSpec& spec);
@@ -51,6 +47,7 @@ void apply_plant(const CaseSpec& spec, Prepared& p, const std::vector<std::strin
 // O): the targets must read the dO the backend's backward reads, after that forward.
 struct Targets {
   detail::ReferenceOutputs exact, naive;      // forward; and backward when fixed per case
+  Conditioning cond;                          // their allowances (conditioning.hpp)
   const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O, dO)
   bool per_backend = false;                   // backward targets after each backend's forward
   detail::RefBackwardInputs inputs = detail::RefBackwardInputs::recompute;
