@@ -1,7 +1,7 @@
 // Backward kernel instantiations (dK/dV pass and dQ pass) for bf16, one per head-dim bucket
 // (at d <= 64 and d <= 128 both mma.sync dK/dV kernels, the 8-warp default and the 4-warp
 // one; in builds with 90a also the wgmma dK/dV pass of every bucket).
-#include "backends/cuda/backward_kv8_kernel.cuh"
+#include "backends/cuda/sm80/backward_kv8.cuh"
 
 namespace strideattn::cuda_impl {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "backends/cuda/kernel_image.hpp"
-#include "backends/cuda/kernel_params.hpp"
-#include "backends/cuda/kernel_traits.cuh"
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/tiles.hpp"
 #include "common/log.hpp"
 #include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"

@@ -1,7 +1,7 @@
 // Forward kernel instantiations for f16: one per head-dim bucket (64, 128, 256), plus the
 // sm_90a wgmma kernel at d <= 128 and d <= 256. Kept in their own translation unit so the
 // two build cores compile them in parallel.
-#include "backends/cuda/forward_wgmma_kernel.cuh"
+#include "backends/cuda/sm90/forward.cuh"
 
 namespace strideattn::cuda_impl {
 

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "backends/cuda/kernel_params.hpp"
+#include "backends/cuda/common/kernel_params.hpp"
 
 namespace strideattn::cuda_impl {
 

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cuda/kernel_traits.cuh"
+#include "backends/cuda/common/tiles.hpp"
 #include "common/log.hpp"
 #include "harness/runner.hpp"
 #include "harness/views.hpp"

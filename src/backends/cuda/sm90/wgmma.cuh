@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/device_primitives.cuh"
+#include "backends/cuda/sm80/mma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SA_WGMMA 1

@@ -15,11 +15,11 @@
 
 #include <cmath>
 
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_params.hpp"
-#include "backends/cuda/kernel_traits.cuh"
+#include "backends/cuda/sm80/mma.cuh"
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/launch.cuh"
-#include "backends/cuda/outer_accumulator.cuh"
+#include "backends/cuda/common/outer_accumulator.cuh"
 
 namespace strideattn::cuda_impl {
 

@@ -11,8 +11,8 @@
 // Tile shapes and their reasons: kernel_traits.cuh, ForwardWgmmaTile.
 #pragma once
 
-#include "backends/cuda/forward_kernel.cuh"
-#include "backends/cuda/wgmma.cuh"
+#include "backends/cuda/sm80/forward.cuh"
+#include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
 

@@ -5,8 +5,8 @@
 // of an output view is written. Also the dtype dispatch of the main launches.
 #include <cmath>
 
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_params.hpp"
+#include "backends/cuda/sm80/mma.cuh"
+#include "backends/cuda/common/kernel_params.hpp"
 
 namespace strideattn::cuda_impl {
 

@@ -22,8 +22,8 @@
 // (async proxy) by fence.proxy.async before the barrier that publishes them.
 #pragma once
 
-#include "backends/cuda/backward_kernels.cuh"
-#include "backends/cuda/wgmma.cuh"
+#include "backends/cuda/sm80/backward_kv.cuh"
+#include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
 

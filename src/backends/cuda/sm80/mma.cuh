@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/smem_swizzle.hpp"
+#include "backends/cuda/common/smem_swizzle.hpp"
 
 namespace strideattn::cuda_impl {
 

@@ -34,8 +34,8 @@
 // skip a smaller head dim's zero padding (forward_kernel.cuh says why that matters).
 #pragma once
 
-#include "backends/cuda/backward_kernels.cuh"
-#include "backends/cuda/backward_wgmma_kernel.cuh"
+#include "backends/cuda/sm80/backward_kv.cuh"
+#include "backends/cuda/sm90/backward.cuh"
 
 namespace strideattn::cuda_impl {
 

@@ -18,7 +18,7 @@
 // Both passes are deterministic: every sum runs in a fixed order in one thread's registers.
 #pragma once
 
-#include "backends/cuda/forward_kernel.cuh"
+#include "backends/cuda/sm80/forward.cuh"
 
 namespace strideattn::cuda_impl {
 

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "backends/cuda/kernel_params.hpp"
+#include "backends/cuda/common/kernel_params.hpp"
 
 namespace strideattn::cuda_impl {
 
