@@ -11,6 +11,11 @@
 
 namespace strideattn::cuda_impl {
 
+using kernel::MaskRule;
+using kernel::SequenceSpan;
+using kernel::SequenceTable;
+using kernel::TileRange;
+
 // Bits of KernelParams::aligned.
 enum AlignBits : std::uint32_t {
   // 16-byte cp.async loads are legal: base pointer 16-byte aligned and every stride of an

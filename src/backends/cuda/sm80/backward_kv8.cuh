@@ -34,7 +34,9 @@
 // skip a smaller head dim's zero padding (forward_kernel.cuh says why that matters).
 #pragma once
 
+#include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/sm80/backward_kv.cuh"
+#include "backends/cuda/sm80/backward_q.cuh"
 #include "backends/cuda/sm90/backward.cuh"
 
 namespace strideattn::cuda_impl {

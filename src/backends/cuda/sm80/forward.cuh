@@ -15,162 +15,16 @@
 
 #include <cmath>
 
-#include "backends/cuda/sm80/mma.cuh"
+#include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/outer_accumulator.cuh"
+#include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/launch.cuh"
-#include "backends/cuda/common/outer_accumulator.cuh"
+#include "backends/cuda/sm80/mma.cuh"
 
 namespace strideattn::cuda_impl {
-
-using kernel::MaskRule;
-using kernel::SequenceSpan;
-using kernel::SequenceTable;
-using kernel::TileRange;
-
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
-// scaled_log2 (outer_accumulator.cuh): x * scale_log2 rounded to fp32 on its own, never
-// fused into a following add: the exponent of P is then round(S c) - round(m c), exactly 0
-// for the row's max (P = 1, exact in f16 and bf16 too, so a one-hot row is exact) and never
-// positive. With an FMA the exact product meets the rounded max: at |S c| ~ 1e6 the max's P
-// is off by a few percent once rounded to T, and at |S c| ~ 1e31 the exponent is +-1e24,
-// P = inf and the row NaN.
-
-// Set masked entries of a warp's C[MT][N/8][4] tile to `masked_value`: rows are
-// row0 + 16 * mt + g (+8) and columns col0 + 8 * n + 2t (+1), each side either queries or
-// keys (`rows_are_queries`). Visibility is MaskRule::visible, the rule the reference uses.
-template <int MT, int N>
-__device__ __forceinline__ void apply_mask(float (&c)[MT][N / 8][4], const MaskRule& m, int64_t row0, int64_t col0,
-                                           bool rows_are_queries, float masked_value) {
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t r = row0 + mt * 16 + g + 8 * half;
-      if (rows_are_queries) {
-        const int64_t kb = m.key_begin(r), ke = m.key_end(r);
-#pragma unroll
-        for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t j = col0 + n * 8 + 2 * t + e;
-            if (j < kb || j >= ke) c[mt][n][2 * half + e] = masked_value;
-          }
-      } else {
-#pragma unroll
-        for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t i = col0 + n * 8 + 2 * t + e;
-            if (!m.visible(i, r)) c[mt][n][2 * half + e] = masked_value;
-          }
-      }
-    }
-}
-
-// One key block of the online softmax for a warp's rows (16 * MT of them; S and O in the
-// m16n8k16 C layout, rows g and g + 8 of each m-tile): S becomes P, and l and, where the
-// row max rises, O are updated. With m the running row max (raw units) and c = scale_log2:
-// P = 2^(round(S c) - round(m c)) (scaled_log2), l = rowsum P; when the block max exceeds m,
-// m is raised to it and O and l are rescaled by 2^(round(m_old c) - round(m_new c)). The
-// row's max has P = 1 exactly, which keeps large logits exact where the answer is one-hot
-// (a lazily raised reference max, P up to 2^8, loses that: its P is rounded to T for P V
-// while l sums the unrounded value). Blocks where no row of the warp raises its max skip the
-// rescale of O. Masked entries of S are -inf (P = 0); the scale is applied inside the
-// exponent (the validation guarantees scale > 0, so the max of S is the max of scale * S).
-// A NaN score makes P, l and so the row's O and LSE NaN (fmaxf skips NaN in the max).
-// Shared by the mma.sync and the sm_90a wgmma forward.
-template <int MT, int Bc, int D>
-__device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], float (&o_acc)[MT][D / 8][4],
-                                                    float (&row_max)[MT][2], float (&row_sum)[MT][2],
-                                                    float scale_log2) {
-  float alpha[MT][2];
-  bool raised = false;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_old = row_max[mt][h];
-      const bool raise = mx > m_old;
-      // 0 when m_old = -inf
-      alpha[mt][h] = raise ? exp2f(scaled_log2(m_old, scale_log2) - scaled_log2(mx, scale_log2)) : 1.f;
-      raised |= raise;
-      if (raise) row_max[mt][h] = mx;
-      // a row with nothing visible yet keeps m = -inf; its reference point is 0
-      const float m_ref = row_max[mt][h] == -INFINITY ? 0.f : scaled_log2(row_max[mt][h], scale_log2);
-      row_sum[mt][h] *= alpha[mt][h];
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n) {
-        s[mt][n][2 * h] = exp2f(scaled_log2(s[mt][n][2 * h], scale_log2) - m_ref);
-        s[mt][n][2 * h + 1] = exp2f(scaled_log2(s[mt][n][2 * h + 1], scale_log2) - m_ref);
-        sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
-      }
-      row_sum[mt][h] += sum;
-    }
-  // rescale O
-  if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= alpha[mt][e >> 1];
-  }
-}
-
-// The forward epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): O / l
-// (its first d_v columns) stored through O's strides (o_span: the sequence's span of O),
-// LSE = (m * scale_log2 + log2 l) * ln 2 (natural log). Rows whose mask leaves no key visible
-// get O = 0, LSE = -inf; a row that sees keys but has no positive l (NaN scores, or every
-// score -inf) gets NaN, as the definition does (0 / 0).
-template <class T, int MT, int D>
-__device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
-                                            int64_t r1, int d_v, const SequenceSpan& o_span,
-                                            const float (&o_acc)[MT][D / 8][4], const float (&row_max)[MT][2],
-                                            const float (&row_sum)[MT][2]) {
-  const kernel::AttentionParams& p = kp.p;
-  const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
-  auto* o_ptr = static_cast<uint16_t*>(p.o);
-  const bool o_pair = (kp.aligned & kPairO) != 0;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = row_sum[mt][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int64_t row = row0 + mt * 16 + g + 8 * h;
-      if (row >= r1) continue;
-      // l == 0: the row saw no key, or every score it saw was -inf (also by fp32 overflow):
-      // NaN unless the mask leaves it no key (the mask rebuilt here, off the main loop's
-      // registers); a NaN l gives NaN through 1 / l.
-      const bool no_key = l == 0.f && [&] {
-        const MaskRule m = p.mask(batch);
-        return m.key_end(row) <= m.key_begin(row);
-      }();
-      const float inv = no_key ? 0.f : 1.f / l;
-      uint16_t* out = o_ptr + kernel::row_offset(o_span, p.o_st, row, head);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int col = n * 8 + 2 * t;
-        if (col < d_v) store_pair<T>(out, col, o_acc[mt][n][2 * h] * inv, o_acc[mt][n][2 * h + 1] * inv, o_pair);
-      }
-      if (p.lse != nullptr && t == 0)
-        p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
-            no_key     ? -INFINITY
-            : l == 0.f ? NAN
-                       : (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2;
-    }
-}
 
 template <class T, int D, bool FullD, bool Fold>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {

@@ -22,33 +22,15 @@
 // (async proxy) by fence.proxy.async before the barrier that publishes them.
 #pragma once
 
-#include "backends/cuda/sm80/backward_kv.cuh"
+#include "backends/cuda/common/epilogue.cuh"
+#include "backends/cuda/common/fragment.cuh"
+#include "backends/cuda/common/kv_pass.cuh"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
-
-// Zero the entries of a warp's slice of P^T (keys key0 + g (+8) as rows, queries r0 + 8 n +
-// 2 t (+1) as columns) that the mask hides, keys past s_kv included: one query interval per
-// key (kernel::queries_seeing_key), then 32-bit compares. (apply_mask's per-element 64-bit
-// rule over 64 columns x 2 rows made ptxas spill 376 bytes at Br 128.)
-template <int NT>
-__device__ __forceinline__ void mask_key_rows(float (&c)[NT][4], const MaskRule& m, int64_t key0, int64_t r0) {
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const TileRange q = kernel::queries_seeing_key(m, key0 + g + 8 * h);
-    const int lo = int(kernel::min64(kernel::max64(q.begin - r0, 0), NT * 8));
-    const int hi = int(kernel::min64(kernel::max64(q.end - r0, 0), NT * 8));
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = n * 8 + 2 * t + e;
-        if (col < lo || col >= hi) c[n][2 * h + e] = 0.f;
-      }
-  }
-}
 
 template <class T, int D>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {

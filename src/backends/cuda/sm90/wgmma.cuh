@@ -21,7 +21,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/sm80/mma.cuh"
+#include "backends/cuda/common/copy.cuh"
+#include "backends/cuda/common/smem_swizzle.hpp"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SA_WGMMA 1

@@ -1,0 +1,159 @@
+// The dQ pass of the two-pass backward (the deterministic one): one CTA per (query block,
+// head, sequence), dQ in fp32 registers over the key blocks in a fixed order, no atomics:
+//   S = Q K^T * scale, P = 2^(S - LSE) (masked -> 0)
+//   dP = dO V^T;  dS = P * (dP - delta);  dQ += dS K
+// (sm80/backward_kv.cuh has the two-pass form's dK/dV pass.)
+#pragma once
+
+#include "backends/cuda/common/epilogue.cuh"
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/launch.cuh"
+#include "backends/cuda/sm80/mma.cuh"
+
+namespace strideattn::cuda_impl {
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams kp) {
+  using Tile = BackwardQTile<D>;
+  constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc;
+  static_assert(Br == kWarps * 16 * MT, "one warp per 16*MT queries");
+  using QTile = SmemTile<Br, D>;
+  using KvTile = SmemTile<Bc, D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const QTile sQ{reinterpret_cast<uint16_t*>(smem)};
+  const QTile sDO{sQ.base + QTile::kElems};
+  // Two stages of K and V: stage b at kv_base + b * 2 * kElems (K), + kElems (V).
+  uint16_t* const kv_base = sDO.base + QTile::kElems;
+  auto sK = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems}; };
+  auto sV = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems + KvTile::kElems}; };
+
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t batch = blockIdx.z, head = blockIdx.y;
+  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
+  const int64_t n_qblocks_max = kernel::ceil_div(p.q_seq.max_len, Br);
+  const int64_t r0 = (n_qblocks_max - 1 - int64_t(blockIdx.x)) * Br;
+  if (r0 >= s_q) return;
+  const int64_t r1 = kernel::min64(r0 + Br, s_q);
+  const MaskRule mask = p.mask(batch);
+  const TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
+  const int64_t kv_head = kernel::kv_head_of(head, p.heads, p.kv_heads);
+  const int64_t first_block = (keys.begin / Bc) * Bc;
+  const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_block, Bc)) : 0;
+
+  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
+  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
+  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
+  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_row0 = warp * 16 * MT;
+
+  auto load_keys = [&](int64_t c0, int buf) {
+    const int rows = int(kernel::min64(Bc, s_kv - c0));
+    load_tile<kThreads>(sK(buf),
+                        GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head),
+                                   p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
+    load_tile<kThreads>(sV(buf),
+                        GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head),
+                                   p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+  };
+
+  // per-row LSE (base 2) and delta of this thread's rows
+  float row_lse2[MT][2], row_delta[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = r0 + warp_row0 + mt * 16 + g + 8 * h;
+      const bool valid = row < r1;
+      row_lse2[mt][h] = valid ? lse_log2(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)]) : INFINITY;
+      row_delta[mt][h] = valid ? kp.delta[delta_index(kp, batch, head, row)] : 0.f;
+    }
+
+  float dq[MT][D / 8][4];
+  zero<MT, D>(dq);
+
+  if (n_blocks > 0) {
+    const int rows = int(r1 - r0);
+    load_tile<kThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head),
+                                       p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kThreads>(
+        sDO, GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head), p.do_st.s,
+                        rows, d_v, (kp.aligned & kVecDO) != 0});
+    load_keys(first_block, 0);
+  }
+  cp_async_commit();
+
+  for (int it = 0; it < n_blocks; ++it) {
+    const int buf = it & 1;
+    const int64_t c0 = first_block + int64_t(it) * Bc;
+    if (it + 1 < n_blocks) {
+      load_keys(c0 + Bc, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    // S = Q K^T; P = 2^(S * scale_log2 - LSE), masked -> 0
+    float s[MT][Bc / 8][4];
+    zero<MT, Bc>(s);
+    gemm_nt<T, MT, Bc, D, kBackwardPrefetch<D>>(s, sQ, warp_row0, sK(buf), 0, d_qk);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][n][e] = exp2f(s[mt][n][e] * kp.scale_log2 - row_lse2[mt][e >> 1]);
+    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
+      apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, 0.f);
+
+    // dP = dO V^T; dS = P * (dP - delta)
+    float dp[MT][Bc / 8][4];
+    zero<MT, Bc>(dp);
+    gemm_nt<T, MT, Bc, D, kBackwardPrefetch<D>>(dp, sDO, warp_row0, sV(buf), 0, d_v);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[mt][n][e] = s[mt][n][e] * (dp[mt][n][e] - row_delta[mt][e >> 1]);
+    // dQ += dS K
+    uint32_t ds_frag[MT][Bc / 16][4];
+    accum_to_a<T, MT, Bc>(ds_frag, dp);
+    gemm_rn<T, MT, Bc, D, kBackwardPrefetch<D>>(dq, ds_frag, sK(buf), 0, d_qk);
+    __syncthreads();  // buffers of this iteration may be refilled
+  }
+
+  auto* dq_ptr = static_cast<uint16_t*>(p.dq);
+  const SequenceSpan dq_span = p.q_seq.span(p.dq_st, batch);
+  const bool dq_pair = (kp.aligned & kPairDQ) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = r0 + warp_row0 + mt * 16 + g + 8 * h;
+      if (row >= r1) continue;
+      uint16_t* out = dq_ptr + kernel::row_offset(dq_span, p.dq_st, row, head);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < d_qk) store_pair<T>(out, col, dq[mt][n][2 * h] * p.scale, dq[mt][n][2 * h + 1] * p.scale, dq_pair);
+      }
+    }
+}
+
+template <class T, int D>
+cudaError_t launch_q_pass(const KernelParams& kp, cudaStream_t stream) {
+  using Tile = BackwardQTile<D>;
+  constexpr int smem = (2 * Tile::kBr + 4 * Tile::kBc) * D * 2;
+  return launch_kernel(backward_q_kernel<T, D>, query_block_grid(kp, Tile::kBr), kThreads, smem, kp, stream);
+}
+
+}  // namespace strideattn::cuda_impl
