@@ -5,17 +5,24 @@
 
 namespace strideattn::cuda_impl {
 
-cudaError_t launch_backward_bf16(int bucket, const KernelParams& kp, cudaStream_t stream) {
+// Arch A's kernels of bucket `bucket`.
+template <Arch A>
+cudaError_t backward_bf16_of(int bucket, const KernelParams& kp, cudaStream_t stream) {
   switch (bucket) {
     case 64:
-      return run_backward<__nv_bfloat16, 64>(kp, stream);
+      return run_backward<A, __nv_bfloat16, 64>(kp, stream);
     case 128:
-      return run_backward<__nv_bfloat16, 128>(kp, stream);
+      return run_backward<A, __nv_bfloat16, 128>(kp, stream);
     case 256:
-      return run_backward<__nv_bfloat16, 256>(kp, stream);
+      return run_backward<A, __nv_bfloat16, 256>(kp, stream);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t launch_backward_bf16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream) {
+  return arch == Arch::sm90a ? backward_bf16_of<Arch::sm90a>(bucket, kp, stream)
+                             : backward_bf16_of<Arch::sm80>(bucket, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

@@ -125,6 +125,16 @@ struct DeviceCaps {
   int smem_per_sm = 0;       // shared memory per multiprocessor, bytes
 };
 
+// The architecture whose kernels run on `gpu` (common/arch.hpp): the sm_90a kernels on a 9.0
+// GPU where the build carries sm_90a code, the sm80 ones everywhere else.
+cuda_impl::Arch kernel_arch(const DeviceCaps& gpu) {
+#if defined(STRIDEATTN_CUDA_SM90A)
+  if (gpu.major == 9 && gpu.minor == 0) return cuda_impl::Arch::sm90a;
+#endif
+  (void)gpu;
+  return cuda_impl::Arch::sm80;
+}
+
 DeviceCaps current_device() {
   DeviceCaps c;
   int dev = 0;
@@ -166,7 +176,7 @@ std::int64_t forced_group_splits(std::int64_t group) {
 // the 8-warp kernel's (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB).
 bool kv_pass_8warps(int bucket, const DeviceCaps& gpu) {
   if (!cuda_impl::has_kv8_pass(bucket) || env_switch("STRIDEATTN_CUDA_KV8") == 0) return false;
-  return gpu.smem_optin >= cuda_impl::kv8_smem_bytes(bucket);
+  return gpu.smem_optin >= cuda_impl::kv8_tile(kernel_arch(gpu), bucket).smem_bytes;
 }
 
 // The sm_90a wgmma kernels (the forward_wgmma_kernel.cuh forward, the backward_wgmma_kernel.cuh
@@ -187,12 +197,12 @@ bool sm90a_wgmma(const DeviceCaps& gpu, int smem_bytes) {
 // STRIDEATTN_CUDA_KV8=0 still runs the 4-warp kernel there), and in place of the 4-warp one
 // at d <= 256.
 bool kv_pass_wgmma(int bucket, bool kv8, const DeviceCaps& gpu) {
-  return (kv8 || !cuda_impl::has_kv8_pass(bucket)) && sm90a_wgmma(gpu, cuda_impl::wgmma_smem_bytes(bucket));
+  return (kv8 || !cuda_impl::has_kv8_pass(bucket)) && sm90a_wgmma(gpu, cuda_impl::kv_wgmma_tile(bucket).smem_bytes);
 }
 // The forward of the d <= 128 and d <= 256 buckets (at d <= 64 the mma.sync forward measured
 // faster: kernel_traits.cuh, ForwardWgmmaTile).
 bool forward_wgmma(int bucket, const DeviceCaps& gpu) {
-  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(gpu, cuda_impl::forward_wgmma_smem_bytes(bucket));
+  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(gpu, cuda_impl::forward_wgmma_tile(bucket).smem_bytes);
 }
 
 int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps& gpu) {
@@ -204,9 +214,13 @@ int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps
     return p.kv_heads * splits > kMaxGridYZ ? 1 : int(splits);
   }
   const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-  const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8, wgmma);
-  const std::int64_t ctas =
-      (p.s_kv + keys - 1) / keys * cuda_impl::kv_pass_dim_splits(bucket, wgmma) * p.kv_heads * p.batch;
+  const cuda_impl::Arch arch = kernel_arch(gpu);
+  // keys per CTA and CTAs per key block of the pass that runs
+  const std::int64_t keys = wgmma ? cuda_impl::kv_wgmma_tile(bucket).bc
+                            : kv8 ? cuda_impl::kv8_tile(arch, bucket).bc
+                                  : cuda_impl::kv_tile(arch, bucket).bc;
+  const std::int64_t dim_splits = wgmma || kv8 ? 1 : cuda_impl::kv_tile(arch, bucket).dim_splits;
+  const std::int64_t ctas = (p.s_kv + keys - 1) / keys * dim_splits * p.kv_heads * p.batch;
   const std::int64_t target = target_ctas_per_sm(kv8, wgmma) * gpu.sms;
   if (ctas <= 0 || ctas >= target) return 1;
   std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
@@ -237,8 +251,8 @@ bool use_fused_dq(const Problem& p, bool pass_adds_dq) {
 // (dq_accum is 16-byte aligned: the workspace is, and its pieces are kAlign multiples.)
 bool dq_bulk_reduction(int bucket, const DeviceCaps& gpu) {
   if (env_switch("STRIDEATTN_CUDA_DQ_STAGE") == 0) return false;
-  return gpu.major == 9 && cuda_impl::kv8_dq_stage_bytes(bucket) > 0 &&
-         gpu.smem_optin >= cuda_impl::kv8_smem_bytes(bucket) + cuda_impl::kv8_dq_stage_bytes(bucket);
+  const cuda_impl::Kv8Tile tile = cuda_impl::kv8_tile(kernel_arch(gpu), bucket);
+  return gpu.major == 9 && tile.dq_bulk && gpu.smem_optin >= tile.smem_bytes + tile.dq_stage_bytes;
 }
 
 // Bytes of the single-pass backward's fp32 dQ accumulator (unrounded).
@@ -254,7 +268,7 @@ std::size_t dq_accum_bytes(const Problem& p) {
 int forward_resident_warps(int bucket, bool wgmma, const DeviceCaps& gpu) {
   using namespace cuda_impl;
   const int threads = wgmma ? kKvThreads : kThreads;
-  const int smem = wgmma ? forward_wgmma_smem_bytes(bucket) : forward_smem_bytes(bucket);
+  const int smem = wgmma ? forward_wgmma_tile(bucket).smem_bytes : forward_tile(kernel_arch(gpu), bucket).smem_bytes;
   int ctas = std::min(32, 2048 / threads);
   if (gpu.smem_per_sm > 0) ctas = std::max(1, std::min(ctas, gpu.smem_per_sm / smem));
   return gpu.sms * ctas * (threads / 32);
@@ -268,13 +282,14 @@ struct WorkspacePlan {
   std::size_t partial = 0;   // backward, group splits > 1: fp32 dK/dV partial planes
   std::size_t dq_accum = 0;  // single-pass backward: fp32 [q batch extent][heads][q tokens][d_qk]
   int group_splits = 1;
-  std::int64_t partial_rows = 0;  // rows of one partial plane
-  bool kv8 = false;               // the 8-warp dK/dV pass runs (kv_pass_8warps)
-  bool wgmma = false;             // the sm_90a wgmma kernel runs it (kv_pass_wgmma)
-  bool dq_stage = false;          // the single pass adds dQ by bulk reductions (dq_bulk_reduction)
-  bool fwd_wgmma = false;         // forward: the sm_90a wgmma kernel (forward_wgmma)
-  std::size_t outer = 0;          // forward over > kFoldKeys keys: the outer slots, then flags
-  int outer_count = 0;            // slots
+  std::int64_t partial_rows = 0;                 // rows of one partial plane
+  bool kv8 = false;                              // the 8-warp dK/dV pass runs (kv_pass_8warps)
+  bool wgmma = false;                            // the sm_90a wgmma kernel runs it (kv_pass_wgmma)
+  bool dq_stage = false;                         // the single pass adds dQ by bulk reductions (dq_bulk_reduction)
+  bool fwd_wgmma = false;                        // forward: the sm_90a wgmma kernel (forward_wgmma)
+  cuda_impl::Arch arch = cuda_impl::Arch::sm80;  // the kernels' architecture (kernel_arch)
+  std::size_t outer = 0;                         // forward over > kFoldKeys keys: the outer slots, then flags
+  int outer_count = 0;                           // slots
   std::size_t outer_slot_floats = 0;
   [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum + outer; }
 };
@@ -284,12 +299,14 @@ WorkspacePlan plan_workspace(const Problem& p) {
   WorkspacePlan w;
   const DeviceCaps gpu = current_device();
   const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
+  w.arch = kernel_arch(gpu);
   if (p.varlen) w.tables = round_up(4 * std::size_t(p.batch) * sizeof(std::int64_t));
   if (!p.is_backward()) {
     w.fwd_wgmma = forward_wgmma(bucket, gpu);
     if (p.s_kv > cuda_impl::kFoldKeys) {
       w.outer_count = forward_resident_warps(bucket, w.fwd_wgmma, gpu);
-      w.outer_slot_floats = std::size_t(cuda_impl::forward_rows_per_warp(bucket, w.fwd_wgmma)) * std::size_t(bucket);
+      const int rows_per_warp = w.fwd_wgmma ? 16 : 16 * cuda_impl::forward_tile(w.arch, bucket).mt;
+      w.outer_slot_floats = std::size_t(rows_per_warp) * std::size_t(bucket);
       w.outer = round_up(std::size_t(w.outer_count) * w.outer_slot_floats * sizeof(float)) +
                 round_up(std::size_t(w.outer_count) * sizeof(int));
     }
@@ -468,9 +485,10 @@ class CudaBackend final : public BackendImpl {
   [[nodiscard]] Status forward(const Problem& p) override {
     Workspace ws;
     KernelParams kp;
-    if (Status s = begin(p, &ws, &kp); !s.ok()) return s;
+    cuda_impl::Arch arch{};
+    if (Status s = begin(p, &ws, &kp, &arch); !s.ok()) return s;
     const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-    if (cudaError_t e = cuda_impl::launch_forward(elem_type(p), bucket, kp, stream_of(p)); e != cudaSuccess)
+    if (cudaError_t e = cuda_impl::launch_forward(elem_type(p), arch, bucket, kp, stream_of(p)); e != cudaSuccess)
       return cuda_status(e, "forward kernel launch");
     return Status::Ok();
   }
@@ -478,7 +496,8 @@ class CudaBackend final : public BackendImpl {
   [[nodiscard]] Status backward(const Problem& p) override {
     Workspace ws;
     KernelParams kp;
-    if (Status s = begin(p, &ws, &kp); !s.ok()) return s;
+    cuda_impl::Arch arch{};
+    if (Status s = begin(p, &ws, &kp, &arch); !s.ok()) return s;
     const cudaStream_t stream = stream_of(p);
     if (cudaError_t e = cuda_impl::launch_delta(elem_type(p), kp, stream); e != cudaSuccess)
       return cuda_status(e, "delta pre-pass launch");
@@ -487,7 +506,7 @@ class CudaBackend final : public BackendImpl {
       if (cudaError_t e = cudaMemsetAsync(kp.dq_accum, 0, dq_accum_bytes(p), stream); e != cudaSuccess)
         return cuda_status(e, "zeroing the dQ accumulator");
     const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-    if (cudaError_t e = cuda_impl::launch_backward(elem_type(p), bucket, kp, stream); e != cudaSuccess)
+    if (cudaError_t e = cuda_impl::launch_backward(elem_type(p), arch, bucket, kp, stream); e != cudaSuccess)
       return cuda_status(e, "backward kernel launch");
     if (cudaError_t e = cuda_impl::launch_reduce_dkv(elem_type(p), kp, stream); e != cudaSuccess)
       return cuda_status(e, "dK/dV reduction launch");
@@ -501,9 +520,10 @@ class CudaBackend final : public BackendImpl {
 
   // The start both directions share: workspace, kernel parameters, and for varlen the output
   // tokens outside every sequence zeroed.
-  static Status begin(const Problem& p, Workspace* ws, KernelParams* kp) {
+  static Status begin(const Problem& p, Workspace* ws, KernelParams* kp, cuda_impl::Arch* arch) {
     const cudaStream_t stream = stream_of(p);
     const WorkspacePlan plan = plan_workspace(p);
+    *arch = plan.arch;
     if (Status s = ws->acquire(p, plan.total(), stream); !s.ok()) return s;
     if (Status s = prepare(p, plan, *ws, stream, kp); !s.ok()) return s;
     if (log_level() >= LogLevel::debug) {

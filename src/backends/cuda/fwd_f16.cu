@@ -5,17 +5,24 @@
 
 namespace strideattn::cuda_impl {
 
-cudaError_t launch_forward_f16(int bucket, const KernelParams& kp, cudaStream_t stream) {
+// Arch A's kernels of bucket `bucket`.
+template <Arch A>
+cudaError_t forward_f16_of(int bucket, const KernelParams& kp, cudaStream_t stream) {
   switch (bucket) {
     case 64:
-      return forward_pass<__half, 64>(kp, stream);
+      return forward_pass<A, __half, 64>(kp, stream);
     case 128:
-      return forward_pass<__half, 128>(kp, stream);
+      return forward_pass<A, __half, 128>(kp, stream);
     case 256:
-      return forward_pass<__half, 256>(kp, stream);
+      return forward_pass<A, __half, 256>(kp, stream);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t launch_forward_f16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream) {
+  return arch == Arch::sm90a ? forward_f16_of<Arch::sm90a>(bucket, kp, stream)
+                             : forward_f16_of<Arch::sm80>(bucket, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

@@ -593,7 +593,7 @@ bool kv8_enabled() {
   int dev = 0, smem = 0;
   return cudaGetDevice(&dev) == cudaSuccess &&
          cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-         smem >= strideattn::cuda_impl::BackwardKv8Tile<128>::kSmemBytes;
+         smem >= strideattn::cuda_impl::kv8_tile(strideattn::cuda_impl::Arch::sm80, 128).smem_bytes;
 }
 
 // A caller-provided workspace of workspace_size() bytes gives the same bytes as the

@@ -175,12 +175,14 @@ cudaError_t launch_zero_padding(const KernelParams& kp, int which, int64_t q_tok
   return zero_padding(p.dv, p.dv_st, p.kv_seq, p.batch, kv_tokens, p.kv_heads, p.d_v, nullptr, {}, stream);
 }
 
-cudaError_t launch_forward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_forward_f16(bucket, kp, stream) : launch_forward_bf16(bucket, kp, stream);
+cudaError_t launch_forward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream) {
+  return t == ElemType::f16 ? launch_forward_f16(arch, bucket, kp, stream)
+                            : launch_forward_bf16(arch, bucket, kp, stream);
 }
 
-cudaError_t launch_backward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_backward_f16(bucket, kp, stream) : launch_backward_bf16(bucket, kp, stream);
+cudaError_t launch_backward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream) {
+  return t == ElemType::f16 ? launch_backward_f16(arch, bucket, kp, stream)
+                            : launch_backward_bf16(arch, bucket, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

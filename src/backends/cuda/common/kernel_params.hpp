@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common/arch.hpp"
 #include "common/attention_math.hpp"
 
 namespace strideattn::cuda_impl {
@@ -48,16 +49,16 @@ struct KernelParams {
   std::int64_t kv_tokens = 0;     // seq extent of the K view
   std::int64_t partial_rows = 0;  // rows of one plane: kv batch extent * kv_heads * kv_tokens
   // The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel
-  // (backward_kv8_kernel.cuh, the default where the GPU has the shared memory) or the 4-warp
+  // (sm80/backward_kv8.cuh, the default where the GPU has the shared memory) or the 4-warp
   // one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The d <= 256 bucket runs
   // the 4-warp kernel except on sm_90a (kv_pass_wgmma). Set by the host from its workspace plan.
   bool kv_pass_8warps = false;
-  // sm_90a: the dK/dV pass is the wgmma kernel (backward_wgmma_kernel.cuh) instead of the
+  // sm_90a: the dK/dV pass is the wgmma kernel (sm90/backward.cuh) instead of the
   // 8-warp mma.sync one (d <= 64 / 128: kv_pass_8warps is also set, same grid, same
   // workspace) or the 4-warp one (d <= 256). Set by the host on a 9.0 GPU of an sm_90a build.
   bool kv_pass_wgmma = false;
   // sm_90a: the forward of the d <= 128 and d <= 256 buckets is the wgmma kernel
-  // (forward_wgmma_kernel.cuh) instead of forward_kernel.cuh's. Set by the host as
+  // (sm90/forward.cuh) instead of sm80/forward.cuh's. Set by the host as
   // kv_pass_wgmma.
   bool fwd_wgmma = false;
   // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
@@ -66,7 +67,7 @@ struct KernelParams {
   // path (a separate, deterministic dQ pass).
   float* dq_accum = nullptr;
   // With dq_accum, on sm_90 (cc 9.x, dq_accum 16-byte aligned): the 8-warp pass stages each
-  // block's dS K in shared memory (BackwardKv8Tile::kDqStageBytes more) and adds it with bulk
+  // block's dS K in shared memory (kv8_tile's dq_stage_bytes more) and adds it with bulk
   // reductions instead of atomics. The host sets it; an sm_80 build ignores it.
   bool dq_stage = false;
   // Forward over long key ranges (outer_accumulator.cuh): `outer_count` warp slots of
@@ -95,20 +96,14 @@ SA_HD std::int64_t kv_row_index(const KernelParams& kp, std::int64_t batch, std:
 
 enum class ElemType { f16, bf16 };
 
-// Head-dim buckets: the padded tile width. 64 / 128 / 256 cover every multiple of 8 <= 256
-// (smaller dims run in the bucket above with zero-filled columns).
-[[nodiscard]] inline int head_dim_bucket(std::int64_t d_qk, std::int64_t d_v) {
-  const std::int64_t d = d_qk > d_v ? d_qk : d_v;
-  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
-}
-
 // Kernel launches (defined in fwd_*.cu / bwd_*.cu / aux_kernels.cu). They only enqueue work.
-cudaError_t launch_forward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_backward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_forward_f16(int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_forward_bf16(int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_backward_f16(int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_backward_bf16(int bucket, const KernelParams& kp, cudaStream_t stream);
+// `arch`: the kernels' architecture (common/arch.hpp), chosen by the host for the device.
+cudaError_t launch_forward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_backward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_forward_f16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_forward_bf16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_backward_f16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
+cudaError_t launch_backward_bf16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
 // delta = rowsum(dO * O) over d_v, fp32 (backward pre-pass).
 cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream);
 // dK = scale * sum of the partial dK planes, dV = sum of the partial dV planes, in split order,

@@ -17,7 +17,7 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 // is off by a few percent once rounded to T, and at |S c| ~ 1e31 the exponent is +-1e24,
 // P = inf and the row NaN.
 
-// The online softmax's exponent scaling, rounded on its own (forward_kernel.cuh says why).
+// The online softmax's exponent scaling, rounded on its own (sm80/forward.cuh says why).
 __device__ __forceinline__ float scaled_log2(float x, float scale_log2) { return __fmul_rn(x, scale_log2); }
 
 // One key block of the online softmax for a warp's rows (16 * MT of them; S and O in the

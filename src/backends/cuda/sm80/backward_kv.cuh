@@ -3,9 +3,9 @@
 //   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
 //   dK/dV pass (the 4-warp kernel here: the d <= 256 bucket except on sm_90a, and d <= 64 /
 //     d <= 128 with STRIDEATTN_CUDA_KV8=0 or too little shared memory; the default there is
-//     the 8-warp kernel of backward_kv8_kernel.cuh, same math, same dK/dV, which with
+//     the 8-warp kernel of sm80/backward_kv8.cuh, same math, same dK/dV, which with
 //     deterministic = false also adds dQ by atomics, and on sm_90a, every bucket, the wgmma
-//     kernel of backward_wgmma_kernel.cuh; run_backward is in backward_kv8_kernel.cuh):
+//     kernel of sm90/backward.cuh; run_backward is in sm80/backward_kv8.cuh):
 //     one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
 //     dK and dV stay in fp32 registers while the CTA loops over the query blocks of every
 //     query head of its share of the GQA group that see its keys (query_range_for_keys).
@@ -28,14 +28,16 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParams kp) {
-  using Tile = BackwardKvTile<D>;
-  constexpr int MT = Tile::kMT, Bc = Tile::kBc, Br = Tile::kBr, DAcc = Tile::kDAcc;
+template <Arch A, class T, int D>
+__device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
+  constexpr KvPassTile kTile = kv_tile(A, D);
+  constexpr int MT = kTile.mt, Bc = kTile.bc, Br = kTile.br, DAcc = kTile.d_acc;
   constexpr int kSplits = D / DAcc;
   static_assert(Bc == kWarps * 16 * MT, "one warp per 16*MT keys");
   using KvTile = SmemTile<Bc, D>;
   using QTile = SmemTile<Br, D>;
+  static_assert((2 * KvTile::kElems + 4 * QTile::kElems) * 2 + 4 * Br * 4 == kTile.smem_bytes,
+                "the shared memory the host grants");
   extern __shared__ __align__(128) unsigned char smem[];
   const KvTile sK{reinterpret_cast<uint16_t*>(smem)};
   const KvTile sV{sK.base + KvTile::kElems};
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     // S^T = K Q^T; P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
     float st[MT][Br / 8][4];
     zero<MT, Br>(st);
-    gemm_nt<T, MT, Br, D, kBackwardPrefetch<D>>(st, sK, warp_row0, sQ(buf), 0, d_qk);
+    gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(st, sK, warp_row0, sQ(buf), 0, d_qk);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -144,12 +146,12 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     {
       uint32_t pt_frag[MT][Br / 16][4];
       accum_to_a<T, MT, Br>(pt_frag, st);
-      gemm_rn<T, MT, Br, DAcc, kBackwardPrefetch<D>>(dv, pt_frag, sDO(buf), col0, d_v - col0);
+      gemm_rn<T, MT, Br, DAcc, backward_prefetch(A, D)>(dv, pt_frag, sDO(buf), col0, d_v - col0);
     }
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
     float dpt[MT][Br / 8][4];
     zero<MT, Br>(dpt);
-    gemm_nt<T, MT, Br, D, kBackwardPrefetch<D>>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
+    gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
     {
       uint32_t ds_frag[MT][Br / 16][4];
       accum_to_a<T, MT, Br>(ds_frag, dpt);
-      gemm_rn<T, MT, Br, DAcc, kBackwardPrefetch<D>>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
+      gemm_rn<T, MT, Br, DAcc, backward_prefetch(A, D)>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
     }
     __syncthreads();  // buffers of this iteration may be refilled
   }
@@ -169,13 +171,17 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   store_dk_dv<T, MT, DAcc>(kp, batch, kv_head, gsplit, c0 + warp_row0, c1, col0, dk, dv);
 }
 
-// Launches of the two passes (run_backward in backward_kv8_kernel.cuh picks the dK/dV pass).
-template <class T, int D>
+template <Arch A, class T, int D>
+__global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParams kp) {
+  if constexpr (builds_body<A>) kv_pass_mainloop<A, T, D>(kp);
+}
+
+// Launches of the two passes (run_backward in sm80/backward_kv8.cuh picks the dK/dV pass).
+template <Arch A, class T, int D>
 cudaError_t launch_kv_pass_4warps(const KernelParams& kp, cudaStream_t stream) {
-  using Tile = BackwardKvTile<D>;
-  constexpr int smem = (2 * Tile::kBc + 4 * Tile::kBr) * D * 2 + 4 * Tile::kBr * 4;
-  return launch_kernel(backward_kv_kernel<T, D>, key_block_grid(kp, Tile::kBc, D / Tile::kDAcc), kThreads, smem, kp,
-                       stream);
+  constexpr KvPassTile kTile = kv_tile(A, D);
+  return launch_kernel(backward_kv_kernel<A, T, D>, key_block_grid(kp, kTile.bc, kTile.dim_splits), kThreads,
+                       kTile.smem_bytes, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

@@ -2,16 +2,16 @@
 // (FlashAttention-2's layout), which also computes dQ in the single-pass backward, and
 // run_backward, which launches the dK/dV pass and, in the two-pass backward, the dQ pass.
 // The 8-warp kernel is the default in those buckets except on sm_90a, where the wgmma kernel
-// of backward_wgmma_kernel.cuh runs (STRIDEATTN_CUDA_WGMMA=0: this one);
+// of sm90/backward.cuh runs (STRIDEATTN_CUDA_WGMMA=0: this one);
 // STRIDEATTN_CUDA_KV8=0 (kp.kv_pass_8warps = false) runs the 4-warp kernel of
-// backward_kernels.cuh there instead, and the d <= 256 bucket does everywhere but on sm_90a
+// sm80/backward_kv.cuh there instead, and the d <= 256 bucket does everywhere but on sm_90a
 // (the wgmma kernel again).
 //
 // One CTA of 256 threads per (128-key block, KV head, sequence[, group split]), looping over
 // the query blocks of its share of the GQA group exactly as the 4-warp kernel does (same
 // query_range_for_keys, same double-buffered Q / dO / LSE / delta, same outputs: dK and dV
 // stored directly, or fp32 partials when kp.dkv_partial is set). Per block of 64 queries
-// (tile shapes and their reasons: kernel_traits.cuh, BackwardKv8Tile):
+// (tile shapes and their reasons: common/tiles.hpp, kv8_tile):
 //   phase 1, warps 4 (keys, 32 each) x 2 (queries, 32 each):
 //     S^T = K Q^T;  P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
 //     dP^T = V dO^T;  dS^T = P^T (dP^T - delta)
@@ -31,7 +31,7 @@
 // The values and the order are those of the 4-warp kernel, so with the same group splits the
 // two give the same bits (the GPU test checks it).
 // FullD: d_qk == d_v == D, known at compile time, so no GEMM carries the runtime guards that
-// skip a smaller head dim's zero padding (forward_kernel.cuh says why that matters).
+// skip a smaller head dim's zero padding (sm80/forward.cuh says why that matters).
 #pragma once
 
 #include "backends/cuda/common/kv_pass.cuh"
@@ -48,26 +48,26 @@ namespace strideattn::cuda_impl {
 // K is zero there.
 // With `stage` (sm_90, kp.dq_stage): this warp's rows and columns of dS K go to the fp32
 // staging tile [64][kDqStageStride] instead, every row (those past r1 are never reduced).
-template <class T, int D, bool FullD, class DsTile, class KTile>
+template <Arch A, class T, int D, bool FullD, class DsTile, class KTile>
 __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk, int64_t batch,
                                               int64_t head, int64_t r0, int64_t r1, float* stage) {
-  using Tile = BackwardKv8Tile<D>;
-  constexpr int WQ = Tile::kDqWarpQ, WD = Tile::kDqWarpD, MT = WQ / 16;
+  constexpr Kv8Tile kTile = kv8_tile(A, D);
+  constexpr int WQ = kTile.dq_warp_q, WD = kTile.dq_warp_d, MT = WQ / 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int q0 = (warp % Tile::kDqQueryWarps) * WQ, d0 = (warp / Tile::kDqQueryWarps) * WD;
+  const int q0 = (warp % kTile.dq_query_warps) * WQ, d0 = (warp / kTile.dq_query_warps) * WD;
   const int d_qk = FullD ? D : int(kp.p.d_qk);
   if (r0 + q0 >= r1 || d0 >= d_qk) return;
   // dQ_partial = dS K (FullD: all WD columns, which ptxas cannot see in d_qk - d0)
   float dq[MT][WD / 8][4];
   zero<MT, WD>(dq);
-  gemm_sn<T, MT, Tile::kBc, WD, kKv8PrefetchUpdate, /*TransA=*/true>(dq, sds, q0, sk, d0, FullD ? WD : d_qk - d0);
+  gemm_sn<T, MT, kTile.bc, WD, kTile.prefetch_update, /*TransA=*/true>(dq, sds, q0, sk, d0, FullD ? WD : d_qk - d0);
   if (stage != nullptr) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float* dst = stage + (q0 + mt * 16 + g + 8 * h) * Tile::kDqStageStride + d0;
+        float* dst = stage + (q0 + mt * 16 + g + 8 * h) * kTile.dq_stage_stride + d0;
 #pragma unroll
         for (int n = 0; n < WD / 8; ++n) {
           const int col = n * 8 + 2 * t;
@@ -96,14 +96,19 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
     }
 }
 
-template <class T, int D, bool FullD>
-__global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
-  using Tile = BackwardKv8Tile<D>;
-  constexpr int Bc = Tile::kBc, Br = Tile::kBr, MT = Tile::kMT;
-  constexpr int WQ = Tile::kWarpQ, WD = Tile::kWarpD;
+template <Arch A, class T, int D, bool FullD>
+__device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
+  static_assert(has_kv8_pass(D), "the 8-warp pass serves the d <= 64 and d <= 128 buckets");
+  constexpr Kv8Tile kTile = kv8_tile(A, D);
+  constexpr int Bc = kTile.bc, Br = kTile.br, MT = kTile.mt;
+  constexpr int WQ = kTile.warp_q, WD = kTile.warp_d;
+  constexpr int kDqStageStride = kTile.dq_stage_stride;
+  static_assert(kTile.key_warps * kTile.side_warps == kKvWarps, "one warp per (key slice, side half)");
   using KvTile = SmemTile<Bc, D>;
   using QTile = SmemTile<Br, D>;
   using PTile = SmemTile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
+  static_assert((2 * KvTile::kElems + 2 * PTile::kElems + 4 * QTile::kElems) * 2 + 4 * Br * 4 == kTile.smem_bytes,
+                "the shared memory the host grants (KvPassSmem)");
   extern __shared__ __align__(128) unsigned char smem[];
   const KvPassSmem<KvTile, PTile, QTile, Br> sm(reinterpret_cast<uint16_t*>(smem));
   const KvTile &sK = sm.k, &sV = sm.v;
@@ -112,7 +117,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   auto sDO = [&](int b) { return sm.d_o(b); };
   float *const sLse = sm.lse, *const sDelta = sm.delta;
   // sm_90 single pass: dS K of the last block, [Br][kDqStageStride] fp32 (kp.dq_stage)
-  float* const sDqStage = kBulkReduce && Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? sm.end() : nullptr;
+  float* const sDqStage = kBulkReduce && kTile.dq_bulk && kp.dq_stage && kp.dq_accum != nullptr ? sm.end() : nullptr;
 
   const kernel::AttentionParams& p = kp.p;
   const KvBlockWork w = kv_block_work<Bc, Br>(kp);
@@ -123,7 +128,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   const int first_qblock = w.first_qblock, n_qblocks = w.n_qblocks, n_iters = w.n_iters;
   const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
   const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
-  constexpr bool kFull = FullD && kUnguardedFullD<D>;
+  constexpr bool kFull = FullD && unguarded_full_d(A, D);
   const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
 
   // Warp i: key slice i / 2 in both phases; its other side is query half i % 2 in phase 1
@@ -158,8 +163,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   int staged_rows = 0;
   auto reduce_staged_dq = [&] {
     if (int(threadIdx.x) < staged_rows)
-      bulk_reduce_add_f32(staged_dq + int64_t(threadIdx.x) * d_qk,
-                          smem_addr(sDqStage + threadIdx.x * Tile::kDqStageStride), uint32_t(d_qk) * 4u);
+      bulk_reduce_add_f32(staged_dq + int64_t(threadIdx.x) * d_qk, smem_addr(sDqStage + threadIdx.x * kDqStageStride),
+                          uint32_t(d_qk) * 4u);
   };
 
   // (h, b): this iteration's head in the share and query block; (next_h, next_b): the next's
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // S^T = K Q^T; P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
     float st[MT][WQ / 8][4];
     zero<MT, WQ>(st);
-    gemm_nt<T, MT, WQ, D, kKv8PrefetchScores>(st, sK, key0, sQ(buf), q0, d_qk);
+    gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(st, sK, key0, sQ(buf), q0, d_qk);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -201,7 +206,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
     float dpt[MT][WQ / 8][4];
     zero<MT, WQ>(dpt);
-    gemm_nt<T, MT, WQ, D, kKv8PrefetchScores>(dpt, sV, key0, sDO(buf), q0, d_v);
+    gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(dpt, sV, key0, sDO(buf), q0, d_v);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -215,16 +220,16 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
     // dV += P^T dO
     // (FullD: all WD columns, which ptxas cannot see in d_v - d0)
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, kFull ? WD : d_v - d0);
+    gemm_sn<T, MT, Br, WD, kTile.prefetch_update>(dv, sP, key0, sDO(buf), d0, kFull ? WD : d_v - d0);
     // dK += dS^T Q
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, kFull ? WD : d_qk - d0);
+    gemm_sn<T, MT, Br, WD, kTile.prefetch_update>(dk, sDS, key0, sQ(buf), d0, kFull ? WD : d_qk - d0);
 
     // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
     // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
     // memory until the next iteration's barrier.
     if (kp.dq_accum != nullptr) {
       const int64_t head = w.head(h);
-      accumulate_dq<T, D, kFull>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
+      accumulate_dq<A, T, D, kFull>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
       staged_dq = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
       staged_rows = int(r1 - r0);
     }
@@ -240,30 +245,35 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   store_dk_dv<T, MT, WD>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
 }
 
-template <class T, int D>
+template <Arch A, class T, int D, bool FullD>
+__global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
+  if constexpr (builds_body<A>) kv8_mainloop<A, T, D, FullD>(kp);
+}
+
+template <Arch A, class T, int D>
 cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
-  using Tile = BackwardKv8Tile<D>;
+  constexpr Kv8Tile kTile = kv8_tile(A, D);
   const int smem =
-      Tile::kSmemBytes + (Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? Tile::kDqStageBytes : 0);
+      kTile.smem_bytes + (kTile.dq_bulk && kp.dq_stage && kp.dq_accum != nullptr ? kTile.dq_stage_bytes : 0);
   const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
-  auto fn = full_d ? backward_kv8_kernel<T, D, true> : backward_kv8_kernel<T, D, false>;
-  return launch_kernel(fn, key_block_grid(kp, Tile::kBc), kKvThreads, smem, kp, stream);
+  auto fn = full_d ? backward_kv8_kernel<A, T, D, true> : backward_kv8_kernel<A, T, D, false>;
+  return launch_kernel(fn, key_block_grid(kp, kTile.bc), kKvThreads, smem, kp, stream);
 }
 
 // The backward's main passes for head-dim bucket D: the dK/dV pass, then the dQ pass unless
 // the dK/dV pass already added dQ (single pass). The delta pre-pass, the partial reduction
 // and the dQ conversion are launched by the host side around it.
-template <class T, int D>
+template <Arch A, class T, int D>
 cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
-  if (kp.kv_pass_wgmma)
+  if (A == Arch::sm90a && kp.kv_pass_wgmma)
     e = launch_kv_pass_wgmma<T, D>(kp, stream);
   else if constexpr (has_kv8_pass(D))
-    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T, D>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
+    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<A, T, D>(kp, stream) : launch_kv_pass_4warps<A, T, D>(kp, stream);
   else
-    e = launch_kv_pass_4warps<T, D>(kp, stream);
+    e = launch_kv_pass_4warps<A, T, D>(kp, stream);
   if (e != cudaSuccess || kp.dq_accum != nullptr) return e;  // single pass: dQ is done
-  return launch_q_pass<T, D>(kp, stream);
+  return launch_q_pass<A, T, D>(kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

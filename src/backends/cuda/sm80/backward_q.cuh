@@ -15,13 +15,14 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams kp) {
-  using Tile = BackwardQTile<D>;
-  constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc;
+template <Arch A, class T, int D>
+__device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
+  constexpr QPassTile kTile = q_tile(A, D);
+  constexpr int MT = kTile.mt, Br = kTile.br, Bc = kTile.bc;
   static_assert(Br == kWarps * 16 * MT, "one warp per 16*MT queries");
   using QTile = SmemTile<Br, D>;
   using KvTile = SmemTile<Bc, D>;
+  static_assert((2 * QTile::kElems + 4 * KvTile::kElems) * 2 == kTile.smem_bytes, "the shared memory the host grants");
   extern __shared__ __align__(128) unsigned char smem[];
   const QTile sQ{reinterpret_cast<uint16_t*>(smem)};
   const QTile sDO{sQ.base + QTile::kElems};
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     // S = Q K^T; P = 2^(S * scale_log2 - LSE), masked -> 0
     float s[MT][Bc / 8][4];
     zero<MT, Bc>(s);
-    gemm_nt<T, MT, Bc, D, kBackwardPrefetch<D>>(s, sQ, warp_row0, sK(buf), 0, d_qk);
+    gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(s, sQ, warp_row0, sK(buf), 0, d_qk);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     // dP = dO V^T; dS = P * (dP - delta)
     float dp[MT][Bc / 8][4];
     zero<MT, Bc>(dp);
-    gemm_nt<T, MT, Bc, D, kBackwardPrefetch<D>>(dp, sDO, warp_row0, sV(buf), 0, d_v);
+    gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(dp, sDO, warp_row0, sV(buf), 0, d_v);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     // dQ += dS K
     uint32_t ds_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(ds_frag, dp);
-    gemm_rn<T, MT, Bc, D, kBackwardPrefetch<D>>(dq, ds_frag, sK(buf), 0, d_qk);
+    gemm_rn<T, MT, Bc, D, backward_prefetch(A, D)>(dq, ds_frag, sK(buf), 0, d_qk);
     __syncthreads();  // buffers of this iteration may be refilled
   }
 
@@ -149,11 +150,16 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
     }
 }
 
-template <class T, int D>
+template <Arch A, class T, int D>
+__global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams kp) {
+  if constexpr (builds_body<A>) q_pass_mainloop<A, T, D>(kp);
+}
+
+template <Arch A, class T, int D>
 cudaError_t launch_q_pass(const KernelParams& kp, cudaStream_t stream) {
-  using Tile = BackwardQTile<D>;
-  constexpr int smem = (2 * Tile::kBr + 4 * Tile::kBc) * D * 2;
-  return launch_kernel(backward_q_kernel<T, D>, query_block_grid(kp, Tile::kBr), kThreads, smem, kp, stream);
+  constexpr QPassTile kTile = q_tile(A, D);
+  return launch_kernel(backward_q_kernel<A, T, D>, query_block_grid(kp, kTile.br), kThreads, kTile.smem_bytes, kp,
+                       stream);
 }
 
 }  // namespace strideattn::cuda_impl

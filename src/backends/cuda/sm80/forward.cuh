@@ -4,8 +4,8 @@
 //                online softmax: m_new = max(m, rowmax S), O and l rescaled by 2^(m - m_new);
 //                P = 2^(S - m_new); l += rowsum P; O += P V
 //   epilogue:  O /= l, LSE = (m + log2 l) * ln 2; rows with no visible key: O = 0, LSE = -inf.
-// Scheduler: K and V stream through shared memory in double-buffered stages of kStage keys
-// (kernel_traits.cuh): stage n+1 loads with cp.async while the warps walk stage n kBc keys at
+// Scheduler: K and V stream through shared memory in double-buffered stages of `stage` keys
+// (common/tiles.hpp): stage n+1 loads with cp.async while the warps walk stage n bc keys at
 // a time, so each stage costs one barrier. Every tensor is addressed through its own strides.
 // FullD: d_qk == d_v == D (the head dims fill the bucket), known at compile time, so the GEMMs
 // run every k-step and column tile without the runtime guards that skip a smaller head dim's
@@ -26,16 +26,17 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D, bool FullD, bool Fold>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
-  using Tile = ForwardTile<D>;
-  constexpr int MT = Tile::kMT, Br = Tile::kBr, Bc = Tile::kBc, Stage = Tile::kStage;
-  static_assert(Stage % Bc == 0 && Bc % 8 == 0, "a stage is whole kBc windows of 8-row groups");
+template <Arch A, class T, int D, bool FullD, bool Fold>
+__device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
+  constexpr ForwardTile kTile = forward_tile(A, D);
+  constexpr int MT = kTile.mt, Br = kTile.br, Bc = kTile.bc, Stage = kTile.stage;
+  static_assert(Stage % Bc == 0 && Bc % 8 == 0, "a stage is whole bc windows of 8-row groups");
   using QTile = SmemTile<Br, D>;
   using StageTile = SmemTile<Stage, D>;
-  // A kBc-key window of a stage: its base moves by a multiple of 8 rows, which keeps every
+  // A bc-key window of a stage: its base moves by a multiple of 8 rows, which keeps every
   // row's swizzle (row % 8), so it is a tile of its own for the warp GEMMs.
   using KvTile = SmemTile<Bc, D>;
+  static_assert((QTile::kElems + 4 * StageTile::kElems) * 2 == kTile.smem_bytes, "the shared memory the host grants");
   extern __shared__ __align__(128) unsigned char smem[];
   const QTile sQ{reinterpret_cast<uint16_t*>(smem)};
   // Two stages of K and V: stage b at kv_base + b * 2 * kElems (K), + kElems (V).
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   const auto* q_ptr = static_cast<const uint16_t*>(p.q);
   const auto* k_ptr = static_cast<const uint16_t*>(p.k);
   const auto* v_ptr = static_cast<const uint16_t*>(p.v);
-  constexpr bool kFull = FullD && kUnguardedFullD<D>;
+  constexpr bool kFull = FullD && unguarded_full_d(A, D);
   const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
 
   const int warp = threadIdx.x >> 5;
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
       // O += P V
       uint32_t p_frag[MT][Bc / 16][4];
       accum_to_a<T, MT, Bc>(p_frag, s);
-      gemm_rn<T, MT, Bc, D, Tile::kPrefetchPV>(o_acc, p_frag, sVb, 0, d_v);
+      gemm_rn<T, MT, Bc, D, kTile.prefetch_pv>(o_acc, p_frag, sVb, 0, d_v);
       if constexpr (Fold)
         if (outer.slot != nullptr && ++blocks_done % kFoldBlocks == 0)
           outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
@@ -147,17 +148,22 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   store_o_lse<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
 }
 
-template <class T, int D>
+template <Arch A, class T, int D, bool FullD, bool Fold>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
+  if constexpr (builds_body<A>) forward_mainloop<A, T, D, FullD, Fold>(kp);
+}
+
+template <Arch A, class T, int D>
 cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
-  using Tile = ForwardTile<D>;
-  constexpr int smem = kForwardSmemBytes<D>;
+  constexpr ForwardTile kTile = forward_tile(A, D);
+  constexpr int smem = kTile.smem_bytes;
   // Long key ranges run the guarded instantiation with the outer accumulator (its registers
   // would make the unguarded one spill); the others run without it.
   const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
-  auto kernel_fn = kp.outer_count > 0 ? forward_kernel<T, D, false, true>
-                   : full_d           ? forward_kernel<T, D, true, false>
-                                      : forward_kernel<T, D, false, false>;
-  return launch_kernel(kernel_fn, query_block_grid(kp, Tile::kBr), kThreads, smem, kp, stream);
+  auto kernel_fn = kp.outer_count > 0 ? forward_kernel<A, T, D, false, true>
+                   : full_d           ? forward_kernel<A, T, D, true, false>
+                                      : forward_kernel<A, T, D, false, false>;
+  return launch_kernel(kernel_fn, query_block_grid(kp, kTile.br), kThreads, smem, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

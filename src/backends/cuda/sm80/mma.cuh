@@ -81,7 +81,7 @@ struct SmemTile {
 // per scheduler cannot hide it otherwise). The sum over k runs in the same order as a plain
 // loop: results are bitwise those of the unpipelined GEMM.
 // Prefetch = false: the plain loop (fewer live fragments, for kernels where the pipelined
-// one spills; kernel_traits.cuh says where), same sums in the same order.
+// one spills; common/tiles.hpp says where), same sums in the same order.
 template <class T, int MT, int N, int KMAX, bool Prefetch = true, class TileA, class TileB>
 __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0, const TileB& sb,
                                         int b_row0, int k_end) {

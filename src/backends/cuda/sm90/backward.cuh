@@ -1,8 +1,8 @@
 // The dK/dV pass of the backward on sm_90a for every head-dim bucket: the loop of the 8-warp
-// pass of backward_kv8_kernel.cuh (over the query blocks and GQA heads; same outputs, same
+// pass of sm80/backward_kv8.cuh (over the query blocks and GQA heads; same outputs, same
 // single-pass dQ accumulator) with every GEMM a warpgroup MMA (wgmma.cuh) reading both
-// operands from shared memory. Tile shapes and their reasons: kernel_traits.cuh,
-// BackwardWgmmaTile.
+// operands from shared memory. Tile shapes and their reasons: common/tiles.hpp,
+// kv_wgmma_tile.
 //
 // One CTA of 2 warpgroups per (Bc-key block, KV head, sequence[, group split]). d <= 128:
 // Bc 128, warpgroup wg owns keys [64 wg, 64 wg + 64) and all queries of the block in S^T /
@@ -35,13 +35,16 @@ namespace strideattn::cuda_impl {
 template <class T, int D>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
-  using Tile = BackwardWgmmaTile<D>;
-  constexpr int Bc = Tile::kBc, Br = Tile::kBr, DQ = Tile::kDqCols, DQC = DQ < 64 ? DQ : 64;
-  constexpr int GQ = Tile::kGroupQueries, GD = Tile::kGroupCols;
-  constexpr bool kDqSplitsQueries = Tile::kDqSplitsQueries;
+  constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
+  constexpr int Bc = kTile.bc, Br = kTile.br, DQ = kTile.dq_cols, DQC = DQ < 64 ? DQ : 64;
+  constexpr int GQ = kTile.group_queries, GD = kTile.group_cols;
+  constexpr bool kDqSplitsQueries = kTile.dq_splits_queries;
   using KvTile = Sw128Tile<Bc, D>;
   using QTile = Sw128Tile<Br, D>;
   using PTile = Sw128Tile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
+  static_assert(
+      1024 + (2 * KvTile::kElems + 2 * PTile::kElems + 4 * QTile::kElems) * 2 + 4 * Br * 4 == kTile.smem_bytes,
+      "the shared memory the host grants (KvPassSmem and 1 KiB to align)");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
   uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
@@ -63,8 +66,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const int wg = warp >> 2;  // warpgroup
   // this group's first key row, query column (of S^T, P^T) and dK / dV column in the block
-  const int g_key0 = Tile::kGroupsSplitKeys ? wg * Tile::kKeyRowsPerGroup : 0;
-  const int g_q0 = Tile::kGroupsSplitKeys ? 0 : wg * GQ, g_d0 = Tile::kGroupsSplitKeys ? 0 : wg * GD;
+  const int g_key0 = kTile.groups_split_keys ? wg * kTile.key_rows_per_group : 0;
+  const int g_q0 = kTile.groups_split_keys ? 0 : wg * GQ, g_d0 = kTile.groups_split_keys ? 0 : wg * GD;
   const int key0 = g_key0 + (warp & 3) * 16;  // this warp's first key row in the block
   // this group's share of dQ = dS K: queries dq_q0.. (64 of them), columns dq_d0.. (DQ)
   const int dq_q0 = kDqSplitsQueries ? wg * 64 : 0, dq_d0 = kDqSplitsQueries ? 0 : wg * DQ;
@@ -196,8 +199,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
 
 template <class T, int D>
 cudaError_t launch_kv_pass_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  return launch_kernel(backward_wgmma_kernel<T, D>, key_block_grid(kp, BackwardWgmmaTile<D>::kBc), kKvThreads,
-                       BackwardWgmmaTile<D>::kSmemBytes, kp, stream);
+  return launch_kernel(backward_wgmma_kernel<T, D>, key_block_grid(kp, kv_wgmma_tile(D).bc), kKvThreads,
+                       kv_wgmma_tile(D).smem_bytes, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

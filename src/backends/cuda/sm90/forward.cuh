@@ -1,4 +1,4 @@
-// The forward on sm_90a for the d <= 128 and d <= 256 head-dim buckets: forward_kernel.cuh's
+// The forward on sm_90a for the d <= 128 and d <= 256 head-dim buckets: sm80/forward.cuh's
 // schedule and math (same online softmax and epilogue, shared with it) with both GEMMs as
 // warpgroup MMAs (wgmma.cuh), and forward_pass, which picks this kernel or that one.
 //
@@ -8,7 +8,7 @@
 //   S = Q K^T            (A = Q, B = K, both from shared memory)
 //   masked -> -inf; online softmax step: S -> P, l, and O rescaled where m is raised
 //   O += P V             (A = P from registers, rounded to T; B = V from shared memory)
-// Tile shapes and their reasons: kernel_traits.cuh, ForwardWgmmaTile.
+// Tile shapes and their reasons: common/tiles.hpp, forward_wgmma_tile.
 #pragma once
 
 #include "backends/cuda/sm80/forward.cuh"
@@ -19,10 +19,12 @@ namespace strideattn::cuda_impl {
 template <class T, int D, bool Fold>
 __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
-  using Tile = ForwardWgmmaTile<D>;
-  constexpr int Br = Tile::kBr, Bc = Tile::kBc;
+  constexpr ForwardWgmmaTile kTile = forward_wgmma_tile(D);
+  constexpr int Br = kTile.br, Bc = kTile.bc;
   using QTile = Sw128Tile<Br, D>;
   using KvTile = Sw128Tile<Bc, D>;
+  static_assert(1024 + (QTile::kElems + 4 * KvTile::kElems) * 2 == kTile.smem_bytes,
+                "the shared memory the host grants");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
   uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
@@ -141,17 +143,17 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 template <class T, int D>
 cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
   auto kernel_fn = kp.outer_count > 0 ? forward_wgmma_kernel<T, D, true> : forward_wgmma_kernel<T, D, false>;
-  return launch_kernel(kernel_fn, query_block_grid(kp, ForwardWgmmaTile<D>::kBr), kKvThreads,
-                       ForwardWgmmaTile<D>::kSmemBytes, kp, stream);
+  return launch_kernel(kernel_fn, query_block_grid(kp, forward_wgmma_tile(D).br), kKvThreads,
+                       forward_wgmma_tile(D).smem_bytes, kp, stream);
 }
 
 // The forward for head-dim bucket D: the wgmma kernel where the host chose it
 // (KernelParams::fwd_wgmma), else the mma.sync one.
-template <class T, int D>
+template <Arch A, class T, int D>
 cudaError_t forward_pass(const KernelParams& kp, cudaStream_t stream) {
-  if constexpr (has_forward_wgmma(D))
+  if constexpr (A == Arch::sm90a && has_forward_wgmma(D))
     if (kp.fwd_wgmma) return launch_forward_wgmma<T, D>(kp, stream);
-  return run_forward<T, D>(kp, stream);
+  return run_forward<A, T, D>(kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl
