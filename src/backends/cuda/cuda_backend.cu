@@ -35,7 +35,7 @@ constexpr std::size_t kAlign = 256;
 
 std::size_t round_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 // A caller's workspace must start this aligned: the pieces (kAlign multiples apart) then
-// are too, as the int64 tables, fp32 float2 atomics and sm_90 bulk reductions need.
+// are too, as the int64 tables, fp32 float2 atomics and the float4 loads of the dQ conversion need.
 constexpr std::size_t kWorkspaceAlign = 16;
 
 // ---------------------------------------------------------------- support rules
@@ -125,11 +125,22 @@ struct DeviceCaps {
   int smem_per_sm = 0;       // shared memory per multiprocessor, bytes
 };
 
+// A test knob that is either "0" or "1": 0 or 1; -1 when unset or anything else.
+int env_switch(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return -1;
+  if (std::strcmp(env, "0") == 0) return 0;
+  if (std::strcmp(env, "1") == 0) return 1;
+  return -1;
+}
+
 // The architecture whose kernels run on `gpu` (common/arch.hpp): the sm_90a kernels on a 9.0
-// GPU where the build carries sm_90a code, the sm80 ones everywhere else.
+// GPU where the build carries sm_90a code (STRIDEATTN_CUDA_SM90A, set by CMake from the CUDA
+// architectures), the sm80 ones everywhere else, and also there with STRIDEATTN_CUDA_WGMMA=0
+// (tests: every device pass builds the sm80 kernels).
 cuda_impl::Arch kernel_arch(const DeviceCaps& gpu) {
 #if defined(STRIDEATTN_CUDA_SM90A)
-  if (gpu.major == 9 && gpu.minor == 0) return cuda_impl::Arch::sm90a;
+  if (gpu.major == 9 && gpu.minor == 0 && env_switch("STRIDEATTN_CUDA_WGMMA") != 0) return cuda_impl::Arch::sm90a;
 #endif
   (void)gpu;
   return cuda_impl::Arch::sm80;
@@ -150,15 +161,6 @@ DeviceCaps current_device() {
   return c;
 }
 
-// A test knob that is either "0" or "1": 0 or 1; -1 when unset or anything else.
-int env_switch(const char* name) {
-  const char* env = std::getenv(name);
-  if (env == nullptr) return -1;
-  if (std::strcmp(env, "0") == 0) return 0;
-  if (std::strcmp(env, "1") == 0) return 1;
-  return -1;
-}
-
 // STRIDEATTN_CUDA_GROUP_SPLITS=N (tests): use N splits (clamped to 1..group) whatever the
 // grid size, so the split and unsplit dK/dV paths run on the same inputs on any GPU.
 std::int64_t forced_group_splits(std::int64_t group) {
@@ -170,39 +172,15 @@ std::int64_t forced_group_splits(std::int64_t group) {
   return std::min<std::int64_t>(n, group);
 }
 
-// The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel (128 keys per CTA,
-// the default) or the 4-warp one, which runs with STRIDEATTN_CUDA_KV8=0 (bench A/B runs,
-// tests) and on GPUs whose opt-in shared memory per block is below
-// the 8-warp kernel's (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB).
+// The sm80 kernels' dK/dV pass at d <= 128: the 8-warp kernel (128 keys per CTA), or the
+// 4-warp one on GPUs whose opt-in shared memory per block is below the 8-warp kernel's
+// (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB) and with STRIDEATTN_CUDA_KV8=0 (tests).
+// d <= 64 always runs the 8-warp kernel (97 KiB fits every GPU of compute capability 8.0+),
+// d <= 256 the 4-warp one.
 bool kv_pass_8warps(int bucket, const DeviceCaps& gpu) {
-  if (!cuda_impl::has_kv8_pass(bucket) || env_switch("STRIDEATTN_CUDA_KV8") == 0) return false;
-  return gpu.smem_optin >= cuda_impl::kv8_tile(kernel_arch(gpu), bucket).smem_bytes;
-}
-
-// The sm_90a wgmma kernels (the forward_wgmma_kernel.cuh forward, the backward_wgmma_kernel.cuh
-// dK/dV pass) run where the build carries sm_90a code (STRIDEATTN_CUDA_SM90A, set by CMake
-// from the CUDA architectures), the GPU is a 9.0 one and grants the kernel's `smem_bytes` of
-// shared memory. STRIDEATTN_CUDA_WGMMA=0 runs the mma.sync kernels instead (tests, bench A/B).
-bool sm90a_wgmma(const DeviceCaps& gpu, int smem_bytes) {
-#if defined(STRIDEATTN_CUDA_SM90A)
-  if (env_switch("STRIDEATTN_CUDA_WGMMA") == 0) return false;
-  return gpu.major == 9 && gpu.minor == 0 && gpu.smem_optin >= smem_bytes;
-#else
-  (void)gpu;
-  (void)smem_bytes;
-  return false;
-#endif
-}
-// The dK/dV pass: wgmma where the 8-warp one would run (d <= 64, d <= 128; so
-// STRIDEATTN_CUDA_KV8=0 still runs the 4-warp kernel there), and in place of the 4-warp one
-// at d <= 256.
-bool kv_pass_wgmma(int bucket, bool kv8, const DeviceCaps& gpu) {
-  return (kv8 || !cuda_impl::has_kv8_pass(bucket)) && sm90a_wgmma(gpu, cuda_impl::kv_wgmma_tile(bucket).smem_bytes);
-}
-// The forward of the d <= 128 and d <= 256 buckets (at d <= 64 the mma.sync forward measured
-// faster: kernel_traits.cuh, ForwardWgmmaTile).
-bool forward_wgmma(int bucket, const DeviceCaps& gpu) {
-  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(gpu, cuda_impl::forward_wgmma_tile(bucket).smem_bytes);
+  if (bucket == 64) return true;
+  if (bucket != 128 || env_switch("STRIDEATTN_CUDA_KV8") == 0) return false;
+  return gpu.smem_optin >= cuda_impl::kv8_tile(cuda_impl::Arch::sm80, bucket).smem_bytes;
 }
 
 int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps& gpu) {
@@ -234,25 +212,14 @@ int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps
 
 // The single-pass backward (dQ by fp32 atomics in the dK/dV pass) when the pass can add dQ
 // (`pass_adds_dq`: the 8-warp or the wgmma pass) and the caller does not ask for bitwise
-// reproducibility; otherwise, and where the 4-warp pass runs (the d <= 256 bucket except on
-// sm_90a, STRIDEATTN_CUDA_KV8=0), the deterministic two-pass backward.
+// reproducibility; otherwise, and where the 4-warp pass runs, the deterministic two-pass
+// backward.
 bool use_fused_dq(const Problem& p, bool pass_adds_dq) {
   if (!p.is_backward() || !pass_adds_dq) return false;
   // STRIDEATTN_CUDA_FUSED_DQ=0/1 (tests): force the two-pass (0) or single-pass (1) backward
   // whatever `deterministic` says, so both run on the same inputs.
   const int forced = env_switch("STRIDEATTN_CUDA_FUSED_DQ");
   return forced >= 0 ? forced == 1 : !p.deterministic;
-}
-
-// Whether the single pass adds dQ by bulk reductions from shared memory (KernelParams::
-// dq_stage): on sm_90 (the sm_90a build; other GPUs run the sm_80 one, which uses atomics)
-// in the buckets where it measured faster (BackwardKv8Tile::kDqBulk) with room for the stage;
-// STRIDEATTN_CUDA_DQ_STAGE=0 (tests) forces the atomics.
-// (dq_accum is 16-byte aligned: the workspace is, and its pieces are kAlign multiples.)
-bool dq_bulk_reduction(int bucket, const DeviceCaps& gpu) {
-  if (env_switch("STRIDEATTN_CUDA_DQ_STAGE") == 0) return false;
-  const cuda_impl::Kv8Tile tile = cuda_impl::kv8_tile(kernel_arch(gpu), bucket);
-  return gpu.major == 9 && tile.dq_bulk && gpu.smem_optin >= tile.smem_bytes + tile.dq_stage_bytes;
 }
 
 // Bytes of the single-pass backward's fp32 dQ accumulator (unrounded).
@@ -285,7 +252,6 @@ struct WorkspacePlan {
   std::int64_t partial_rows = 0;                 // rows of one partial plane
   bool kv8 = false;                              // the 8-warp dK/dV pass runs (kv_pass_8warps)
   bool wgmma = false;                            // the sm_90a wgmma kernel runs it (kv_pass_wgmma)
-  bool dq_stage = false;                         // the single pass adds dQ by bulk reductions (dq_bulk_reduction)
   bool fwd_wgmma = false;                        // forward: the sm_90a wgmma kernel (forward_wgmma)
   cuda_impl::Arch arch = cuda_impl::Arch::sm80;  // the kernels' architecture (kernel_arch)
   std::size_t outer = 0;                         // forward over > kFoldKeys keys: the outer slots, then flags
@@ -302,7 +268,7 @@ WorkspacePlan plan_workspace(const Problem& p) {
   w.arch = kernel_arch(gpu);
   if (p.varlen) w.tables = round_up(4 * std::size_t(p.batch) * sizeof(std::int64_t));
   if (!p.is_backward()) {
-    w.fwd_wgmma = forward_wgmma(bucket, gpu);
+    w.fwd_wgmma = w.arch == cuda_impl::Arch::sm90a && cuda_impl::has_forward_wgmma(bucket);
     if (p.s_kv > cuda_impl::kFoldKeys) {
       w.outer_count = forward_resident_warps(bucket, w.fwd_wgmma, gpu);
       const int rows_per_warp = w.fwd_wgmma ? 16 : 16 * cuda_impl::forward_tile(w.arch, bucket).mt;
@@ -314,8 +280,8 @@ WorkspacePlan plan_workspace(const Problem& p) {
   if (p.is_backward()) {
     w.delta =
         round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) * sizeof(float));
-    w.kv8 = kv_pass_8warps(bucket, gpu);
-    w.wgmma = kv_pass_wgmma(bucket, w.kv8, gpu);
+    w.wgmma = w.arch == cuda_impl::Arch::sm90a;
+    w.kv8 = !w.wgmma && kv_pass_8warps(bucket, gpu);
     w.group_splits = choose_group_splits(p, w.kv8, w.wgmma, gpu);
     if (w.group_splits > 1) {
       w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
@@ -324,7 +290,6 @@ WorkspacePlan plan_workspace(const Problem& p) {
     }
     if (use_fused_dq(p, w.kv8 || w.wgmma)) {
       w.dq_accum = round_up(dq_accum_bytes(p));
-      w.dq_stage = !w.wgmma && dq_bulk_reduction(bucket, gpu);  // (the wgmma pass has no stage)
     }
   }
   return w;
@@ -441,7 +406,6 @@ Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws,
   }
   if (plan.dq_accum > 0) {
     kp->dq_accum = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta + plan.partial);
-    kp->dq_stage = plan.dq_stage;
   }
   if (plan.outer_count > 0) {
     unsigned char* outer = ws.base() + plan.tables + plan.delta + plan.partial + plan.dq_accum;
@@ -537,7 +501,6 @@ class CudaBackend final : public BackendImpl {
                                      : "; dK/dV pass: 4 warps";
       if (p.is_backward())
         line += kp->dq_accum == nullptr ? "; two-pass backward (deterministic)"
-                : kp->dq_stage          ? "; single-pass backward (dQ by fp32 bulk reductions)"
                                         : "; single-pass backward (dQ by fp32 atomics)";
       log_line(LogLevel::debug, line);
     }

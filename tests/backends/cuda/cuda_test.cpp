@@ -6,7 +6,7 @@
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
 // seeded sweep, bitwise determinism of the backward, every dK/dV kernel (sm_90a wgmma, the
 // default on H100/H200; at d <= 64 / 128 8-warp, the default elsewhere and behind
-// STRIDEATTN_CUDA_WGMMA=0, 4-warp behind STRIDEATTN_CUDA_KV8=0; at d <= 256 4-warp elsewhere),
+// STRIDEATTN_CUDA_WGMMA=0, 4-warp at d <= 128 behind STRIDEATTN_CUDA_KV8=0; at d <= 256 4-warp elsewhere),
 // their single-pass and two-pass backward on the same inputs, which kernels run on sm_90a,
 // and reversed views (negative strides). Skips when no GPU is present.
 #include <gtest/gtest.h>
@@ -402,14 +402,15 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
 
 // ------------------------------------------------------------------ dK/dV pass kernels
 
-// The d <= 64 and d <= 128 buckets' dK/dV pass has two kernels: the 8-warp one (the default)
-// and the 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0 (the d <= 256 bucket's
-// only mma.sync one; on sm_90a the wgmma rows below run the wgmma pass in every bucket, two-
-// and single-pass; the d <= 256 cases: d 192 / 256, d_qk != d_v); the 8-warp one also runs the
-// single-pass backward (dQ = dS K added into an fp32 accumulator, the default with
-// deterministic = false; STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way), whose adds are bulk
-// reductions from shared memory on sm_90 in the d <= 128 bucket and atomics elsewhere or with
-// STRIDEATTN_CUDA_DQ_STAGE=0 (there both single-pass rows run atomics). All four run
+// The sm80 kernels' dK/dV pass at d <= 128 has two kernels: the 8-warp one and the 4-warp
+// one, which GPUs with too little shared memory for the 8-warp one run (sm_86, sm_89) and
+// STRIDEATTN_CUDA_KV8=0 forces (the d <= 256 bucket's only sm80 one; d <= 64 runs the 8-warp
+// one in both rows); STRIDEATTN_CUDA_WGMMA=0 runs the sm80 kernels on a 9.0 GPU, and the
+// wgmma rows below run the sm_90a wgmma pass in every bucket there (elsewhere the sm80
+// kernels again), two- and single-pass (the d <= 256 cases: d 192 / 256, d_qk != d_v). The
+// 8-warp and wgmma passes also run the single-pass backward (dQ = dS K added into an fp32
+// accumulator by atomics, the default with deterministic = false;
+// STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way). All rows run
 // the same cases (same seeds, so the same inputs) against the fp64 reference: GQA/MQA with forced group splits
 // (unsplit, even, uneven), causal and windowed masks, d 40 / 64 / 72 / 96 / 120 / 128, d_qk !=
 // d_v inside both buckets, s_kv a multiple of neither 64 nor 128, varlen with empty sequences.
@@ -440,21 +441,20 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
              MaskKind::causal_bottom_right, 20, 8, 96),
       varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 256),
   };
-  // 4-warp kernel; 8-warp two-pass; 8-warp single pass (the default when the caller does not
-  // ask for determinism) with its sm_90 bulk reductions and with atomics; on sm_90a the wgmma
-  // pass (the default there), two-pass and single pass (elsewhere those rows rerun the 8-warp
-  // pass: Sm90aRunsTheWgmmaKernels checks which one runs); the wgmma rows also run the wgmma
-  // forward (d <= 128 and d <= 256 buckets), the others the mma.sync one
+  // sm80 kernels: 4-warp (at d <= 128), 8-warp two-pass, 8-warp single pass (the default
+  // when the caller does not ask for determinism); on sm_90a the wgmma pass (the default
+  // there), two-pass and single pass (elsewhere those rows rerun the 8-warp pass:
+  // Sm90aRunsTheWgmmaKernels checks which one runs); the wgmma rows also run the wgmma forward
+  // (d <= 128 and d <= 256 buckets), the others the mma.sync one
   struct Path {
-    const char *kv8, *fused, *stage, *wgmma;
+    const char *kv8, *fused, *wgmma;
   };
-  const Path paths[] = {{"0", "0", "1", "0"}, {"1", "0", "1", "0"}, {"1", "1", "1", "0"},
-                        {"1", "1", "0", "0"}, {"1", "0", "1", "1"}, {"1", "1", "1", "1"}};
-  for (const auto& [kv8, fused, stage, wgmma] : paths) {
+  const Path paths[] = {{"0", "0", "0"}, {"1", "0", "0"}, {"1", "1", "0"}, {"1", "0", "1"}, {"1", "1", "1"}};
+  for (const auto& [kv8, fused, wgmma] : paths) {
     SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8 << " STRIDEATTN_CUDA_FUSED_DQ=" << fused
-                                      << " STRIDEATTN_CUDA_DQ_STAGE=" << stage << " STRIDEATTN_CUDA_WGMMA=" << wgmma);
+                                      << " STRIDEATTN_CUDA_WGMMA=" << wgmma);
     const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8), knob_dq("STRIDEATTN_CUDA_FUSED_DQ", fused),
-        knob_stage("STRIDEATTN_CUDA_DQ_STAGE", stage), knob_wgmma("STRIDEATTN_CUDA_WGMMA", wgmma);
+        knob_wgmma("STRIDEATTN_CUDA_WGMMA", wgmma);
     for (const CaseSpec& c : others) expect_cuda_ok(c);
     for (const char* splits : {"1", "2", "4", "6"}) {
       SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);

@@ -1,6 +1,6 @@
 // Global -> shared copies both architectures use: cp.async (16 and 4 bytes), the strided
-// tile loader with its 16-byte fast path and element-wise slow path, and the sm_90 bulk
-// reductions (shared -> global fp32 adds).
+// tile loader with its 16-byte fast path and element-wise slow path, and the proxy fence the
+// sm_90a kernels put between those writes and their wgmma reads.
 #pragma once
 
 #include <cstdint>
@@ -25,38 +25,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// sm_90 bulk reductions (the TMA unit): global[dst, dst + bytes) += shared[src, src + bytes)
-// as fp32, both 16-byte aligned, bytes a multiple of 16. The shared source must not change
-// until bulk_wait_read (per thread: the issuing thread waits for its own operations), and
-// generic-proxy writes to it must be made visible first (fence_async_shared by each writer,
-// then a barrier). Only the sm_90 build calls these (kBulkReduce); elsewhere they are empty.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-inline constexpr bool kBulkReduce = true;
-#else
-inline constexpr bool kBulkReduce = false;
-#endif
+// Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to
+// the async proxy (the sm_90a wgmma operand reads); sm_90 only, empty elsewhere.
 __device__ __forceinline__ void fence_async_shared() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// Until this thread's bulk operations have read their shared source / have completed.
-__device__ __forceinline__ void bulk_wait_read() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
 

@@ -66,10 +66,6 @@ struct KernelParams {
   // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass
   // path (a separate, deterministic dQ pass).
   float* dq_accum = nullptr;
-  // With dq_accum, on sm_90 (cc 9.x, dq_accum 16-byte aligned): the 8-warp pass stages each
-  // block's dS K in shared memory (kv8_tile's dq_stage_bytes more) and adds it with bulk
-  // reductions instead of atomics. The host sets it; an sm_80 build ignores it.
-  bool dq_stage = false;
   // Forward over long key ranges (outer_accumulator.cuh): `outer_count` warp slots of
   // 16 * MT * D fp32 each (MT, D: the forward kernel's) and one int flag per slot (0 free, 1
   // claimed), zeroed before the launch. outer_count == 0: no sequence has more than

@@ -165,8 +165,8 @@ struct Kv8Tile {
   // Single pass (dq_accum set): dQ_partial = dS K [64 x D] over the 128 keys, warps 2
   // (queries, 32 = 2 m-tiles each) x 4 (head-dim quarters, D/4 each): 2 x D/4 fp32
   // accumulators, live only in that phase; each dS^T / K fragment feeds two MMAs. 64 x D
-  // floats per CTA and query block go out (2-float atomics, or sm_90 bulk reductions from the
-  // stage below), half as many per FLOP as with 64-key CTAs.
+  // floats per CTA and query block go out (2-float atomics), half as many per FLOP as with
+  // 64-key CTAs.
   int dq_query_warps = 2;
   int dq_warp_q = br / dq_query_warps;              // 32
   int dq_warp_d = d / (kKvWarps / dq_query_warps);  // D / 4
@@ -175,17 +175,6 @@ struct Kv8Tile {
   // (163 / 227 KiB) but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel
   // instead. D = 64: 99,328 bytes, within all of them.
   int smem_bytes = (2 * bc * d + 4 * br * d + 2 * bc * br) * 2 + 4 * br * 4;
-  // sm_90 single pass (KernelParams::dq_stage): the block's dS K [64 x d_qk] in fp32, staged
-  // after the above for the bulk reductions into dq_accum, rows dq_stage_stride floats apart:
-  // D + 8 puts the 8 rows of one 2-float store 32 bytes apart in the banks, so the 32 lanes'
-  // 256 bytes take the minimum 2 wavefronts (with D they would all share 8 banks). D = 128:
-  // 34,816 more bytes (199,680 in all, within sm_90's 227 KiB).
-  // Only at D = 128: at D = 64 the same staging is slower than the atomics, because phase 1
-  // is half as long there, too short to hide the 64 row reductions, which the barrier before
-  // phase 3's next stores waits for (bench/cuda-notes.md, step 14).
-  bool dq_bulk = d == 128;
-  int dq_stage_stride = d + 8;
-  int dq_stage_bytes = br * dq_stage_stride * 4;
   // Fragment prefetch in the GEMMs (as backward_prefetch above), phase 1 (S^T, dP^T:
   // gemm_nt) and phase 2 (dV, dK, and the single pass's dQ: gemm_sn). Phase 2 only, and only
   // on sm_90a: gemm_sn waits on a B fragment before every 4 MMAs without prefetch, gemm_nt

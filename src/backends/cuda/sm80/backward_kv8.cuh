@@ -1,11 +1,10 @@
 // The 8-warp dK/dV pass of the backward for the d <= 64 and d <= 128 head-dim buckets
 // (FlashAttention-2's layout), which also computes dQ in the single-pass backward, and
 // run_backward, which launches the dK/dV pass and, in the two-pass backward, the dQ pass.
-// The 8-warp kernel is the default in those buckets except on sm_90a, where the wgmma kernel
-// of sm90/backward.cuh runs (STRIDEATTN_CUDA_WGMMA=0: this one);
-// STRIDEATTN_CUDA_KV8=0 (kp.kv_pass_8warps = false) runs the 4-warp kernel of
-// sm80/backward_kv.cuh there instead, and the d <= 256 bucket does everywhere but on sm_90a
-// (the wgmma kernel again).
+// The 8-warp kernel is the sm80 kernels' dK/dV pass in those buckets (on sm_90a the wgmma
+// kernel of sm90/backward.cuh runs); at d <= 128 on GPUs whose shared memory per block is
+// too small for it (sm_86, sm_89) the 4-warp kernel of sm80/backward_kv.cuh runs instead,
+// as it does at d <= 256.
 //
 // One CTA of 256 threads per (128-key block, KV head, sequence[, group split]), looping over
 // the query blocks of its share of the GQA group exactly as the 4-warp kernel does (same
@@ -20,12 +19,7 @@
 //   phase 2, warps 4 (keys, 32 each) x 2 (head-dim halves, D/2 each):
 //     dV += P^T dO;  dK += dS^T Q   (A operands from the shared P^T / dS^T tiles)
 //   phase 3, single pass only (kp.dq_accum set), warps 2 (queries) x 4 (head-dim quarters):
-//     dq_accum += dS K  (the two-pass backward's dQ pass does this instead), by fp32
-//     atomics, or on sm_90 at D = 128 (kp.dq_stage) staged in shared memory and added by one
-//     bulk reduction per row, issued after the next barrier: atomics hold their data
-//     registers until the memory system takes them, and the ncu profile showed the next
-//     iteration's first writes to those registers stalling (~13% of the samples;
-//     bench/cuda-notes.md, step 14)
+//     dq_accum += dS K by fp32 atomics (the two-pass backward's dQ pass does this instead)
 // dK and dV are deterministic, no atomics: every dK / dV element sums over the query blocks
 // in loop order and over a block's queries in increasing k-steps, in one thread's registers.
 // The values and the order are those of the 4-warp kernel, so with the same group splits the
@@ -46,11 +40,9 @@ namespace strideattn::cuda_impl {
 // kp.dq_accum (unscaled; launch_convert_dq applies the scale) for query rows below r1 and
 // columns below d_qk. Rows of dS past s_q are 0 (P^T is), keys past s_kv are masked to 0 and
 // K is zero there.
-// With `stage` (sm_90, kp.dq_stage): this warp's rows and columns of dS K go to the fp32
-// staging tile [64][kDqStageStride] instead, every row (those past r1 are never reduced).
 template <Arch A, class T, int D, bool FullD, class DsTile, class KTile>
 __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk, int64_t batch,
-                                              int64_t head, int64_t r0, int64_t r1, float* stage) {
+                                              int64_t head, int64_t r0, int64_t r1) {
   constexpr Kv8Tile kTile = kv8_tile(A, D);
   constexpr int WQ = kTile.dq_warp_q, WD = kTile.dq_warp_d, MT = WQ / 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -62,22 +54,6 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
   float dq[MT][WD / 8][4];
   zero<MT, WD>(dq);
   gemm_sn<T, MT, kTile.bc, WD, kTile.prefetch_update, /*TransA=*/true>(dq, sds, q0, sk, d0, FullD ? WD : d_qk - d0);
-  if (stage != nullptr) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float* dst = stage + (q0 + mt * 16 + g + 8 * h) * kTile.dq_stage_stride + d0;
-#pragma unroll
-        for (int n = 0; n < WD / 8; ++n) {
-          const int col = n * 8 + 2 * t;
-          if (FullD || d0 + col < d_qk)
-            *reinterpret_cast<float2*>(dst + col) = make_float2(dq[mt][n][2 * h], dq[mt][n][2 * h + 1]);
-        }
-      }
-    fence_async_shared();  // for the bulk reductions (async proxy) after the next barrier
-    return;
-  }
   // rows r0 .. r0 + 63 of this head are consecutive rows of the accumulator
   float* const block = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk + d0;
   const int rows = int(r1 - r0);
@@ -102,7 +78,6 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
   constexpr Kv8Tile kTile = kv8_tile(A, D);
   constexpr int Bc = kTile.bc, Br = kTile.br, MT = kTile.mt;
   constexpr int WQ = kTile.warp_q, WD = kTile.warp_d;
-  constexpr int kDqStageStride = kTile.dq_stage_stride;
   static_assert(kTile.key_warps * kTile.side_warps == kKvWarps, "one warp per (key slice, side half)");
   using KvTile = SmemTile<Bc, D>;
   using QTile = SmemTile<Br, D>;
@@ -116,8 +91,6 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
   auto sQ = [&](int b) { return sm.q(b); };
   auto sDO = [&](int b) { return sm.d_o(b); };
   float *const sLse = sm.lse, *const sDelta = sm.delta;
-  // sm_90 single pass: dS K of the last block, [Br][kDqStageStride] fp32 (kp.dq_stage)
-  float* const sDqStage = kBulkReduce && kTile.dq_bulk && kp.dq_stage && kp.dq_accum != nullptr ? sm.end() : nullptr;
 
   const kernel::AttentionParams& p = kp.p;
   const KvBlockWork w = kv_block_work<Bc, Br>(kp);
@@ -156,17 +129,6 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
   }
   cp_async_commit();
 
-  // sm_90 single pass: the rows of the last block staged in sDqStage go out after the barrier
-  // that follows their stores, one bulk reduction per row (thread i: row i); each thread waits
-  // for its reduction to have read the stage before the barrier ahead of the next stores.
-  float* staged_dq = nullptr;  // dq_accum row of the staged block's first row
-  int staged_rows = 0;
-  auto reduce_staged_dq = [&] {
-    if (int(threadIdx.x) < staged_rows)
-      bulk_reduce_add_f32(staged_dq + int64_t(threadIdx.x) * d_qk, smem_addr(sDqStage + threadIdx.x * kDqStageStride),
-                          uint32_t(d_qk) * 4u);
-  };
-
   // (h, b): this iteration's head in the share and query block; (next_h, next_b): the next's
   int h = 0, b = 0;
   for (int it = 0; it < n_iters; ++it) {
@@ -178,7 +140,6 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     // tiles, which this block rewrites.
     cp_async_wait<0>();
     __syncthreads();
-    if (sDqStage != nullptr) reduce_staged_dq();
     if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
     const int64_t r0 = int64_t(first_qblock + b) * Br;
@@ -214,8 +175,7 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
-    if (sDqStage != nullptr) bulk_wait_read();  // (phase 3 below rewrites the stage)
-    __syncthreads();                            // P^T and dS^T of all 64 queries are in shared memory
+    __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
 
     // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
     // dV += P^T dO
@@ -229,18 +189,10 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     // memory until the next iteration's barrier.
     if (kp.dq_accum != nullptr) {
       const int64_t head = w.head(h);
-      accumulate_dq<A, T, D, kFull>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
-      staged_dq = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
-      staged_rows = int(r1 - r0);
+      accumulate_dq<A, T, D, kFull>(kp, sDS, sK, batch, head, r0, r1);
     }
     h = next_h, b = next_b;
   }
-  if (sDqStage != nullptr && n_iters > 0) {
-    __syncthreads();
-    reduce_staged_dq();
-    bulk_wait();  // (the shared source must outlive the reductions' reads)
-  }
-
   // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
   store_dk_dv<T, MT, WD>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
 }
@@ -253,22 +205,28 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 template <Arch A, class T, int D>
 cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
   constexpr Kv8Tile kTile = kv8_tile(A, D);
-  const int smem =
-      kTile.smem_bytes + (kTile.dq_bulk && kp.dq_stage && kp.dq_accum != nullptr ? kTile.dq_stage_bytes : 0);
-  const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
-  auto fn = full_d ? backward_kv8_kernel<A, T, D, true> : backward_kv8_kernel<A, T, D, false>;
-  return launch_kernel(fn, key_block_grid(kp, kTile.bc), kKvThreads, smem, kp, stream);
+  // Where unguarded_full_d is false a FullD instantiation would compile the guarded code
+  // again: there is none, the guarded one runs.
+  auto fn = backward_kv8_kernel<A, T, D, false>;
+  if constexpr (unguarded_full_d(A, D))
+    if (kp.p.d_qk == D && kp.p.d_v == D) fn = backward_kv8_kernel<A, T, D, true>;
+  return launch_kernel(fn, key_block_grid(kp, kTile.bc), kKvThreads, kTile.smem_bytes, kp, stream);
 }
 
 // The backward's main passes for head-dim bucket D: the dK/dV pass, then the dQ pass unless
 // the dK/dV pass already added dQ (single pass). The delta pre-pass, the partial reduction
 // and the dQ conversion are launched by the host side around it.
+// sm90a: the wgmma pass in every bucket. sm80: the 8-warp pass at d <= 64; at d <= 128 the
+// 8-warp pass, or the 4-warp one where the host chose it (kp.kv_pass_8warps false: too little
+// shared memory); at d <= 256 the 4-warp pass.
 template <Arch A, class T, int D>
 cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
-  if (A == Arch::sm90a && kp.kv_pass_wgmma)
+  if constexpr (A == Arch::sm90a)
     e = launch_kv_pass_wgmma<T, D>(kp, stream);
-  else if constexpr (has_kv8_pass(D))
+  else if constexpr (D == 64)
+    e = launch_kv_pass_8warps<A, T, D>(kp, stream);
+  else if constexpr (D == 128)
     e = kp.kv_pass_8warps ? launch_kv_pass_8warps<A, T, D>(kp, stream) : launch_kv_pass_4warps<A, T, D>(kp, stream);
   else
     e = launch_kv_pass_4warps<A, T, D>(kp, stream);

@@ -159,10 +159,13 @@ cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
   constexpr int smem = kTile.smem_bytes;
   // Long key ranges run the guarded instantiation with the outer accumulator (its registers
   // would make the unguarded one spill); the others run without it.
-  const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
-  auto kernel_fn = kp.outer_count > 0 ? forward_kernel<A, T, D, false, true>
-                   : full_d           ? forward_kernel<A, T, D, true, false>
-                                      : forward_kernel<A, T, D, false, false>;
+  // Where unguarded_full_d is false a FullD instantiation would compile the guarded code
+  // again: there is none, the guarded one runs.
+  auto kernel_fn = forward_kernel<A, T, D, false, false>;
+  if (kp.outer_count > 0)
+    kernel_fn = forward_kernel<A, T, D, false, true>;
+  else if constexpr (unguarded_full_d(A, D))
+    if (kp.p.d_qk == D && kp.p.d_v == D) kernel_fn = forward_kernel<A, T, D, true, false>;
   return launch_kernel(kernel_fn, query_block_grid(kp, kTile.br), kThreads, smem, kp, stream);
 }
 

@@ -147,13 +147,14 @@ cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
                        forward_wgmma_tile(D).smem_bytes, kp, stream);
 }
 
-// The forward for head-dim bucket D: the wgmma kernel where the host chose it
-// (KernelParams::fwd_wgmma), else the mma.sync one.
+// The forward for head-dim bucket D: on sm90a the wgmma kernel at d <= 128 and d <= 256,
+// else the mma.sync one.
 template <Arch A, class T, int D>
 cudaError_t forward_pass(const KernelParams& kp, cudaStream_t stream) {
   if constexpr (A == Arch::sm90a && has_forward_wgmma(D))
-    if (kp.fwd_wgmma) return launch_forward_wgmma<T, D>(kp, stream);
-  return run_forward<A, T, D>(kp, stream);
+    return launch_forward_wgmma<T, D>(kp, stream);
+  else
+    return run_forward<A, T, D>(kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl
