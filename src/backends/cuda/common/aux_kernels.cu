@@ -2,11 +2,11 @@
 // delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), the conversion of the
 // single-pass backward's fp32 dQ accumulator into dQ, and, for varlen
 // problems, zeroing the output tokens that belong to no sequence (padding) so every element
-// of an output view is written. Also the dtype dispatch of the main launches.
+// of an output view is written.
 #include <cmath>
 
-#include "backends/cuda/sm80/mma.cuh"
-#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/aux_kernels.hpp"
+#include "backends/cuda/common/element.cuh"
 
 namespace strideattn::cuda_impl {
 
@@ -129,32 +129,32 @@ cudaError_t zero_padding(void* base, const kernel::Strides& st, const kernel::Se
 
 }  // namespace
 
-cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+cudaError_t launch_delta(DType t, const KernelParams& kp, cudaStream_t stream) {
   const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, kDeltaRows)), unsigned(kp.p.heads),
                   unsigned(kp.p.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  if (t == ElemType::f16)
+  if (t == DType::f16)
     delta_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     delta_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
   return cudaGetLastError();
 }
 
-cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+cudaError_t launch_reduce_dkv(DType t, const KernelParams& kp, cudaStream_t stream) {
   const dim3 grid(unsigned(kp.p.kv_seq.max_len), unsigned(kp.p.kv_heads), unsigned(kp.p.batch));
   if (kp.dkv_partial == nullptr || grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  if (t == ElemType::f16)
+  if (t == DType::f16)
     reduce_dkv_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     reduce_dkv_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
   return cudaGetLastError();
 }
 
-cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+cudaError_t launch_convert_dq(DType t, const KernelParams& kp, cudaStream_t stream) {
   const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len * (kp.p.d_qk / 4), kAuxThreads)), unsigned(kp.p.heads),
                   unsigned(kp.p.batch));
   if (kp.dq_accum == nullptr || grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  if (t == ElemType::f16)
+  if (t == DType::f16)
     convert_dq_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     convert_dq_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
@@ -173,16 +173,6 @@ cudaError_t launch_zero_padding(const KernelParams& kp, int which, int64_t q_tok
       e != cudaSuccess)
     return e;
   return zero_padding(p.dv, p.dv_st, p.kv_seq, p.batch, kv_tokens, p.kv_heads, p.d_v, nullptr, {}, stream);
-}
-
-cudaError_t launch_forward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_forward_f16(arch, bucket, kp, stream)
-                            : launch_forward_bf16(arch, bucket, kp, stream);
-}
-
-cudaError_t launch_backward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_backward_f16(arch, bucket, kp, stream)
-                            : launch_backward_bf16(arch, bucket, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

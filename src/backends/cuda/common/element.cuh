@@ -6,6 +6,9 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "strideattn/strideattn.hpp"
 
 namespace strideattn::cuda_impl {
 
@@ -39,6 +42,13 @@ struct ElementTraits<__nv_bfloat16> {
   }
   static __device__ __forceinline__ float to_float(uint16_t u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
 };
+
+// The API's name of a 16-bit element type (the kernel table's key).
+template <class T>
+constexpr DType dtype_of() {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "f16 or bf16");
+  return std::is_same_v<T, __half> ? DType::f16 : DType::bf16;
+}
 
 // Store two adjacent elements (cols col, col+1) of one row; 4-byte store when the target is
 // 4-byte aligned (`pair_aligned`: base pointer and strides even), two 2-byte stores otherwise.

@@ -1,13 +1,11 @@
-// The parameter block every CUDA kernel of the `cuda` backend receives, and the launch entry
-// points that the host side (cuda_backend.cu) calls. Plain types only: the host side fills
-// it from kernel::AttentionParams with device copies of the varlen tables.
+// The parameter block every CUDA kernel of the `cuda` backend receives: the problem's tensors,
+// strides and sizes (kernel::AttentionParams, the varlen tables in device memory) and the
+// pieces of the workspace the plan laid out. Data only: which kernel runs is the host's plan
+// (plan.hpp), never a field here. Plain types, filled by launch.cu.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "backends/cuda/common/arch.hpp"
 #include "common/attention_math.hpp"
 
 namespace strideattn::cuda_impl {
@@ -48,19 +46,6 @@ struct KernelParams {
   int group_splits = 1;
   std::int64_t kv_tokens = 0;     // seq extent of the K view
   std::int64_t partial_rows = 0;  // rows of one plane: kv batch extent * kv_heads * kv_tokens
-  // The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel
-  // (sm80/backward_kv8.cuh, the default where the GPU has the shared memory) or the 4-warp
-  // one (STRIDEATTN_CUDA_KV8=0, kept one release for A/B runs). The d <= 256 bucket runs
-  // the 4-warp kernel except on sm_90a (kv_pass_wgmma). Set by the host from its workspace plan.
-  bool kv_pass_8warps = false;
-  // sm_90a: the dK/dV pass is the wgmma kernel (sm90/backward.cuh) instead of the
-  // 8-warp mma.sync one (d <= 64 / 128: kv_pass_8warps is also set, same grid, same
-  // workspace) or the 4-warp one (d <= 256). Set by the host on a 9.0 GPU of an sm_90a build.
-  bool kv_pass_wgmma = false;
-  // sm_90a: the forward of the d <= 128 and d <= 256 buckets is the wgmma kernel
-  // (sm90/forward.cuh) instead of sm80/forward.cuh's. Set by the host as
-  // kv_pass_wgmma.
-  bool fwd_wgmma = false;
   // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
   // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
   // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass
@@ -89,28 +74,5 @@ SA_HD std::int64_t kv_row_index(const KernelParams& kp, std::int64_t batch, std:
   const kernel::SequenceTable& kv = kp.p.kv_seq;
   return (kv.batch_index(batch) * kp.p.kv_heads + kv_head) * kp.kv_tokens + kv.first_token(batch) + token;
 }
-
-enum class ElemType { f16, bf16 };
-
-// Kernel launches (defined in fwd_*.cu / bwd_*.cu / aux_kernels.cu). They only enqueue work.
-// `arch`: the kernels' architecture (common/arch.hpp), chosen by the host for the device.
-cudaError_t launch_forward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_backward(ElemType t, Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_forward_f16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_forward_bf16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_backward_f16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
-cudaError_t launch_backward_bf16(Arch arch, int bucket, const KernelParams& kp, cudaStream_t stream);
-// delta = rowsum(dO * O) over d_v, fp32 (backward pre-pass).
-cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream);
-// dK = scale * sum of the partial dK planes, dV = sum of the partial dV planes, in split order,
-// stored through the dK / dV strides (when KernelParams::dkv_partial is set).
-cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t stream);
-// dQ = scale * dq_accum, stored through the dQ strides for the tokens of every sequence
-// (when KernelParams::dq_accum is set; varlen padding tokens are launch_zero_padding's).
-cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream);
-// Varlen: zero the tokens of an output that belong to no sequence (and LSE = -inf there).
-// `which`: 0 = forward outputs (O, LSE), 1 = backward outputs (dQ, dK, dV).
-cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens, std::int64_t kv_tokens,
-                                cudaStream_t stream);
 
 }  // namespace strideattn::cuda_impl

@@ -108,6 +108,16 @@ SA_CONSTEXPR_HD bool backward_prefetch(Arch a, int d) { return a == Arch::sm90a 
 
 // ------------------------------------------------------------------ dK/dV pass, 4 warps
 
+// Group splits (plan.cpp): the dK/dV pass runs one CTA per (key block, KV head, sequence),
+// each looping over every query head of its GQA group. With few KV heads that grid is too
+// small: the seed case (MQA 16/1, 8 sequences of 2k keys, d 64) has 128 CTAs for 132 SMs.
+// Splitting the group over CTAs brings the grid to about split_target x SMs CTAs, at the
+// price of fp32 partials and one reduction pass: several waves, so that the causal imbalance
+// between key blocks evens out. 4-warp kernel: 4 CTAs per SM (two waves of the two
+// resident). 8-warp kernel (one resident per SM): 16, the fastest of 1-16 forced splits on
+// the seed's fwd+bwd. sm_90a wgmma pass (also one per SM, each about 1.5x faster): 8, faster
+// than 16 on the same case (bench/cuda-notes.md, steps 15 and 16).
+
 // Backward, dK/dV pass: rows = keys (Bc), columns = queries (Br). dK and dV stay in
 // registers across the whole loop over query blocks and GQA heads; d_acc is the number of
 // head-dim columns of dK/dV one CTA accumulates (the CTA recomputes S and dP for each
@@ -116,6 +126,7 @@ struct KvPassTile {
   int mt, bc, br, d_acc;
   int dim_splits;  // d / d_acc: CTAs per key block
   int smem_bytes;  // K, V; two stages of Q and dO; two of LSE and delta (fp32)
+  int split_target = 4;
 };
 SA_CONSTEXPR_HD KvPassTile make_kv_tile(int d, int mt, int bc, int br, int d_acc) {
   return {mt, bc, br, d_acc, d / d_acc, (2 * bc + 4 * br) * d * 2 + 4 * br * 4};
@@ -175,6 +186,7 @@ struct Kv8Tile {
   // (163 / 227 KiB) but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel
   // instead. D = 64: 99,328 bytes, within all of them.
   int smem_bytes = (2 * bc * d + 4 * br * d + 2 * bc * br) * 2 + 4 * br * 4;
+  int split_target = 16;
   // Fragment prefetch in the GEMMs (as backward_prefetch above), phase 1 (S^T, dP^T:
   // gemm_nt) and phase 2 (dV, dK, and the single pass's dQ: gemm_sn). Phase 2 only, and only
   // on sm_90a: gemm_sn waits on a B fragment before every 4 MMAs without prefetch, gemm_nt
@@ -232,6 +244,7 @@ struct KvWgmmaTile {
   bool dq_splits_queries = br == 128;
   int dq_cols = dq_splits_queries ? d : d / 2;
   int smem_bytes = 1024 + (2 * bc * d + 4 * br * d + 2 * bc * br) * 2 + 4 * br * 4;
+  int split_target = 8;
 };
 SA_CONSTEXPR_HD KvWgmmaTile kv_wgmma_tile(int d) { return KvWgmmaTile{d}; }
 

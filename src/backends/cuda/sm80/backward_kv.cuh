@@ -1,21 +1,16 @@
-// Backward kernels (FlashAttention-2 recomputation) in the two-pass form, whose kernels use no
-// atomics, and atomic_add_pair, with which the single-pass kernels add dQ:
-//   pre-pass (aux_kernels.cu): delta_i = rowsum(dO_i * O_i)
-//   dK/dV pass (the 4-warp kernel here: the d <= 256 bucket except on sm_90a, and d <= 64 /
-//     d <= 128 with STRIDEATTN_CUDA_KV8=0 or too little shared memory; the default there is
-//     the 8-warp kernel of sm80/backward_kv8.cuh, same math, same dK/dV, which with
-//     deterministic = false also adds dQ by atomics, and on sm_90a, every bucket, the wgmma
-//     kernel of sm90/backward.cuh; run_backward is in sm80/backward_kv8.cuh):
-//     one CTA per (key block, KV head, sequence[, head-dim split][, group split]);
-//     dK and dV stay in fp32 registers while the CTA loops over the query blocks of every
-//     query head of its share of the GQA group that see its keys (query_range_for_keys).
-//     With one group split it stores dK/dV; with several (MQA/GQA with few KV heads, to fill
-//     the GPU) each writes fp32 partials that aux_kernels.cu sums in split order:
-//       S^T = K Q^T * scale, P^T = 2^(S^T - LSE) (masked -> 0)
-//       dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
-//   dQ pass: one CTA per (query block, head, sequence), dQ in fp32 registers over the key
-//     blocks in a fixed order: S, P, dP as above, dQ += dS K.
-// Both passes are deterministic: every sum runs in a fixed order in one thread's registers.
+// The 4-warp dK/dV pass of the sm80 kernels (FlashAttention-2 recomputation): the d <= 256
+// bucket's, and the d <= 128 bucket's on GPUs whose shared memory per block is too small for
+// the 8-warp pass (sm_86, sm_89; sm80/backward_kv8.cuh). Same math and same dK/dV sums as
+// the 8-warp pass, no atomics: it runs the two-pass backward (the delta pre-pass,
+// common/aux_kernels.cu, before it; the dQ pass, sm80/backward_q.cuh, after it).
+//   One CTA per (key block, KV head, sequence[, head-dim split][, group split]); dK and dV
+//   stay in fp32 registers while the CTA loops over the query blocks of every query head of
+//   its share of the GQA group that see its keys (query_range_for_keys). With one group
+//   split it stores dK/dV; with several (MQA/GQA with few KV heads, to fill the GPU) each
+//   writes fp32 partials that aux_kernels.cu sums in split order:
+//     S^T = K Q^T * scale, P^T = 2^(S^T - LSE) (masked -> 0)
+//     dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
+// Deterministic: every sum runs in a fixed order in one thread's registers.
 #pragma once
 
 #include "backends/cuda/common/epilogue.cuh"
@@ -23,7 +18,7 @@
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
-#include "backends/cuda/launch.cuh"
+#include "backends/cuda/dispatch.hpp"
 #include "backends/cuda/sm80/mma.cuh"
 
 namespace strideattn::cuda_impl {
@@ -176,12 +171,18 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParam
   if constexpr (builds_body<A>) kv_pass_mainloop<A, T, D>(kp);
 }
 
-// Launches of the two passes (run_backward in sm80/backward_kv8.cuh picks the dK/dV pass).
+// The kernel table's entry of this pass for (A, T, D) (dispatch.hpp).
 template <Arch A, class T, int D>
-cudaError_t launch_kv_pass_4warps(const KernelParams& kp, cudaStream_t stream) {
+KernelEntry kv_entry() {
   constexpr KvPassTile kTile = kv_tile(A, D);
-  return launch_kernel(backward_kv_kernel<A, T, D>, key_block_grid(kp, kTile.bc, kTile.dim_splits), kThreads,
-                       kTile.smem_bytes, kp, stream);
+  KernelEntry e;
+  e.name = "sm80 4-warp dK/dV pass";
+  e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dkdv;
+  e.threads = kThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc, e.dim_splits = kTile.dim_splits;
+  e.split_target = kTile.split_target;
+  e.guarded = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

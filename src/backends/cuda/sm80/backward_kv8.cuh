@@ -1,6 +1,5 @@
 // The 8-warp dK/dV pass of the backward for the d <= 64 and d <= 128 head-dim buckets
-// (FlashAttention-2's layout), which also computes dQ in the single-pass backward, and
-// run_backward, which launches the dK/dV pass and, in the two-pass backward, the dQ pass.
+// (FlashAttention-2's layout), which also computes dQ in the single-pass backward.
 // The 8-warp kernel is the sm80 kernels' dK/dV pass in those buckets (on sm_90a the wgmma
 // kernel of sm90/backward.cuh runs); at d <= 128 on GPUs whose shared memory per block is
 // too small for it (sm_86, sm_89) the 4-warp kernel of sm80/backward_kv.cuh runs instead,
@@ -28,10 +27,13 @@
 // skip a smaller head dim's zero padding (sm80/forward.cuh says why that matters).
 #pragma once
 
+#include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
-#include "backends/cuda/sm80/backward_kv.cuh"
-#include "backends/cuda/sm80/backward_q.cuh"
-#include "backends/cuda/sm90/backward.cuh"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/sm80/mma.cuh"
 
 namespace strideattn::cuda_impl {
 
@@ -202,36 +204,21 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   if constexpr (builds_body<A>) kv8_mainloop<A, T, D, FullD>(kp);
 }
 
+// The kernel table's entry of this pass for (A, T, D) (dispatch.hpp). Where unguarded_full_d
+// is false a FullD instantiation would compile the guarded code again: there is none, the
+// guarded one runs.
 template <Arch A, class T, int D>
-cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
+KernelEntry kv8_entry() {
   constexpr Kv8Tile kTile = kv8_tile(A, D);
-  // Where unguarded_full_d is false a FullD instantiation would compile the guarded code
-  // again: there is none, the guarded one runs.
-  auto fn = backward_kv8_kernel<A, T, D, false>;
-  if constexpr (unguarded_full_d(A, D))
-    if (kp.p.d_qk == D && kp.p.d_v == D) fn = backward_kv8_kernel<A, T, D, true>;
-  return launch_kernel(fn, key_block_grid(kp, kTile.bc), kKvThreads, kTile.smem_bytes, kp, stream);
-}
-
-// The backward's main passes for head-dim bucket D: the dK/dV pass, then the dQ pass unless
-// the dK/dV pass already added dQ (single pass). The delta pre-pass, the partial reduction
-// and the dQ conversion are launched by the host side around it.
-// sm90a: the wgmma pass in every bucket. sm80: the 8-warp pass at d <= 64; at d <= 128 the
-// 8-warp pass, or the 4-warp one where the host chose it (kp.kv_pass_8warps false: too little
-// shared memory); at d <= 256 the 4-warp pass.
-template <Arch A, class T, int D>
-cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
-  if constexpr (A == Arch::sm90a)
-    e = launch_kv_pass_wgmma<T, D>(kp, stream);
-  else if constexpr (D == 64)
-    e = launch_kv_pass_8warps<A, T, D>(kp, stream);
-  else if constexpr (D == 128)
-    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<A, T, D>(kp, stream) : launch_kv_pass_4warps<A, T, D>(kp, stream);
-  else
-    e = launch_kv_pass_4warps<A, T, D>(kp, stream);
-  if (e != cudaSuccess || kp.dq_accum != nullptr) return e;  // single pass: dQ is done
-  return launch_q_pass<A, T, D>(kp, stream);
+  KernelEntry e;
+  e.name = "sm80 8-warp dK/dV pass";
+  e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dkdv;
+  e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc;
+  e.adds_dq = true, e.split_target = kTile.split_target;
+  e.guarded = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, false>);
+  if constexpr (unguarded_full_d(A, D)) e.full_d = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, true>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

@@ -10,7 +10,7 @@
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
-#include "backends/cuda/launch.cuh"
+#include "backends/cuda/dispatch.hpp"
 #include "backends/cuda/sm80/mma.cuh"
 
 namespace strideattn::cuda_impl {
@@ -155,11 +155,17 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams
   if constexpr (builds_body<A>) q_pass_mainloop<A, T, D>(kp);
 }
 
+// The kernel table's entry of this pass for (A, T, D) (dispatch.hpp).
 template <Arch A, class T, int D>
-cudaError_t launch_q_pass(const KernelParams& kp, cudaStream_t stream) {
+KernelEntry q_entry() {
   constexpr QPassTile kTile = q_tile(A, D);
-  return launch_kernel(backward_q_kernel<A, T, D>, query_block_grid(kp, kTile.br), kThreads, kTile.smem_bytes, kp,
-                       stream);
+  KernelEntry e;
+  e.name = A == Arch::sm80 ? "sm80 dQ pass" : "sm90a dQ pass";
+  e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dq;
+  e.threads = kThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::query_blocks, e.block_rows = kTile.br;
+  e.guarded = reinterpret_cast<const void*>(&backward_q_kernel<A, T, D>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

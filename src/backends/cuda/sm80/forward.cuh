@@ -21,7 +21,7 @@
 #include "backends/cuda/common/outer_accumulator.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
-#include "backends/cuda/launch.cuh"
+#include "backends/cuda/dispatch.hpp"
 #include "backends/cuda/sm80/mma.cuh"
 
 namespace strideattn::cuda_impl {
@@ -153,20 +153,22 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp
   if constexpr (builds_body<A>) forward_mainloop<A, T, D, FullD, Fold>(kp);
 }
 
+// The kernel table's entry of this forward for (A, T, D) (dispatch.hpp). Long key ranges run
+// the guarded instantiation with the outer accumulator (its registers would make the
+// unguarded one spill); where unguarded_full_d is false a FullD instantiation would compile
+// the guarded code again: there is none, the guarded one runs.
 template <Arch A, class T, int D>
-cudaError_t run_forward(const KernelParams& kp, cudaStream_t stream) {
+KernelEntry forward_entry() {
   constexpr ForwardTile kTile = forward_tile(A, D);
-  constexpr int smem = kTile.smem_bytes;
-  // Long key ranges run the guarded instantiation with the outer accumulator (its registers
-  // would make the unguarded one spill); the others run without it.
-  // Where unguarded_full_d is false a FullD instantiation would compile the guarded code
-  // again: there is none, the guarded one runs.
-  auto kernel_fn = forward_kernel<A, T, D, false, false>;
-  if (kp.outer_count > 0)
-    kernel_fn = forward_kernel<A, T, D, false, true>;
-  else if constexpr (unguarded_full_d(A, D))
-    if (kp.p.d_qk == D && kp.p.d_v == D) kernel_fn = forward_kernel<A, T, D, true, false>;
-  return launch_kernel(kernel_fn, query_block_grid(kp, kTile.br), kThreads, smem, kp, stream);
+  KernelEntry e;
+  e.name = A == Arch::sm80 ? "sm80 mma.sync forward" : "sm90a mma.sync forward";
+  e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::forward;
+  e.threads = kThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16 * kTile.mt;
+  e.guarded = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, false>);
+  if constexpr (unguarded_full_d(A, D)) e.full_d = reinterpret_cast<const void*>(&forward_kernel<A, T, D, true, false>);
+  e.fold = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, true>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

@@ -27,7 +27,7 @@
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/softmax.cuh"
-#include "backends/cuda/launch.cuh"
+#include "backends/cuda/dispatch.hpp"
 #include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
@@ -197,10 +197,18 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
 #endif
 }
 
+// The kernel table's entry of this pass for (T, D) (dispatch.hpp).
 template <class T, int D>
-cudaError_t launch_kv_pass_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  return launch_kernel(backward_wgmma_kernel<T, D>, key_block_grid(kp, kv_wgmma_tile(D).bc), kKvThreads,
-                       kv_wgmma_tile(D).smem_bytes, kp, stream);
+KernelEntry kv_wgmma_entry() {
+  constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
+  KernelEntry e;
+  e.name = "sm90a wgmma dK/dV pass";
+  e.dtype = dtype_of<T>(), e.arch = Arch::sm90a, e.bucket = D, e.pass = Pass::dkdv;
+  e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc;
+  e.adds_dq = true, e.split_target = kTile.split_target;
+  e.guarded = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

@@ -1,6 +1,7 @@
 // The forward on sm_90a for the d <= 128 and d <= 256 head-dim buckets: sm80/forward.cuh's
 // schedule and math (same online softmax and epilogue, shared with it) with both GEMMs as
-// warpgroup MMAs (wgmma.cuh), and forward_pass, which picks this kernel or that one.
+// warpgroup MMAs (wgmma.cuh). (The plan picks it, plan.cpp; the d <= 64 bucket keeps the
+// mma.sync forward.)
 //
 // One CTA of 2 warpgroups per (block of 128 queries, head, sequence), heaviest blocks first;
 // warpgroup wg owns query rows [64 wg, 64 wg + 64). Per block of Bc keys (128, at d <= 256
@@ -11,7 +12,13 @@
 // Tile shapes and their reasons: common/tiles.hpp, forward_wgmma_tile.
 #pragma once
 
-#include "backends/cuda/sm80/forward.cuh"
+#include "backends/cuda/common/epilogue.cuh"
+#include "backends/cuda/common/fragment.cuh"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/outer_accumulator.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/dispatch.hpp"
 #include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
@@ -140,21 +147,18 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 #endif
 }
 
+// The kernel table's entry of this forward for (T, D) (dispatch.hpp).
 template <class T, int D>
-cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  auto kernel_fn = kp.outer_count > 0 ? forward_wgmma_kernel<T, D, true> : forward_wgmma_kernel<T, D, false>;
-  return launch_kernel(kernel_fn, query_block_grid(kp, forward_wgmma_tile(D).br), kKvThreads,
-                       forward_wgmma_tile(D).smem_bytes, kp, stream);
-}
-
-// The forward for head-dim bucket D: on sm90a the wgmma kernel at d <= 128 and d <= 256,
-// else the mma.sync one.
-template <Arch A, class T, int D>
-cudaError_t forward_pass(const KernelParams& kp, cudaStream_t stream) {
-  if constexpr (A == Arch::sm90a && has_forward_wgmma(D))
-    return launch_forward_wgmma<T, D>(kp, stream);
-  else
-    return run_forward<A, T, D>(kp, stream);
+KernelEntry forward_wgmma_entry() {
+  constexpr ForwardWgmmaTile kTile = forward_wgmma_tile(D);
+  KernelEntry e;
+  e.name = "sm90a wgmma forward";
+  e.dtype = dtype_of<T>(), e.arch = Arch::sm90a, e.bucket = D, e.pass = Pass::forward;
+  e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16;
+  e.guarded = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false>);
+  e.fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl
