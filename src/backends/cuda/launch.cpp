@@ -168,7 +168,8 @@ Status launch(const CudaPlan& plan, const Problem& p, cudaStream_t stream, unsig
     if (cudaError_t e = cudaMemsetAsync(kp.outer_flags, 0, std::size_t(kp.outer_count) * sizeof(int), stream);
         e != cudaSuccess)
       return cuda_status(e, "clearing the outer accumulator's slot flags");
-  if (detail::log_level() >= detail::LogLevel::debug) detail::log_line(detail::LogLevel::debug, describe(plan, kp.aligned));
+  if (detail::log_level() >= detail::LogLevel::debug)
+    detail::log_line(detail::LogLevel::debug, describe(plan, kp.aligned));
   // Varlen: the output tokens outside every sequence are zeroed.
   if (p.varlen)
     if (cudaError_t e = launch_zero_padding(kp, plan.backward ? 1 : 0, p.q_tokens(), p.kv_tokens(), stream);

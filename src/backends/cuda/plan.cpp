@@ -16,7 +16,9 @@ using detail::Problem;
 
 constexpr std::int64_t kMaxGridYZ = 65535;
 
-std::size_t round_up(std::size_t x) { return (x + kWorkspacePieceAlign - 1) / kWorkspacePieceAlign * kWorkspacePieceAlign; }
+std::size_t round_up(std::size_t x) {
+  return (x + kWorkspacePieceAlign - 1) / kWorkspacePieceAlign * kWorkspacePieceAlign;
+}
 
 unsigned ceil_div_u(std::int64_t a, std::int64_t b) { return unsigned((a + b - 1) / b); }
 
@@ -30,8 +32,8 @@ const KernelEntry* pick(CudaPlan* plan, Pass pass, int smem_limit, const DeviceC
     plan->error = needed == 0 ? std::string("no ") + to_string(plan->arch) + " kernel for the " + to_string(pass) +
                                     " pass of head-dim bucket " + std::to_string(plan->bucket)
                               : std::string("the ") + to_string(plan->arch) + " " + to_string(pass) +
-                                    " pass of head-dim bucket " + std::to_string(plan->bucket) + " needs " + kib(needed) +
-                                    " of shared memory per block; device " + std::to_string(caps.device) +
+                                    " pass of head-dim bucket " + std::to_string(plan->bucket) + " needs " +
+                                    kib(needed) + " of shared memory per block; device " + std::to_string(caps.device) +
                                     " (compute capability " + std::to_string(caps.major) + "." +
                                     std::to_string(caps.minor) + ") grants " + kib(smem_limit);
   return e;
@@ -68,8 +70,7 @@ int group_splits(const Problem& p, const KernelEntry& e, const DeviceCaps& caps,
 }
 
 Dim3 grid_of(const KernelEntry& e, const Problem& p, int splits) {
-  if (e.grid == GridShape::query_blocks)
-    return {ceil_div_u(p.s_q, e.block_rows), unsigned(p.heads), unsigned(p.batch)};
+  if (e.grid == GridShape::query_blocks) return {ceil_div_u(p.s_q, e.block_rows), unsigned(p.heads), unsigned(p.batch)};
   return {ceil_div_u(p.s_kv, e.block_rows) * unsigned(e.dim_splits), unsigned(p.kv_heads * splits), unsigned(p.batch)};
 }
 
@@ -106,9 +107,9 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
     // More keys than one register accumulator sums well (common/outer_accumulator.cuh): the
     // fold instantiation, with a slot pool sized for every warp that can be resident.
     if (p.s_kv > kFoldKeys) plan.outer_count = resident_warps(*e, caps);
-    plan.main.variant = plan.outer_count > 0                             ? Variant::fold
+    plan.main.variant = plan.outer_count > 0                                       ? Variant::fold
                         : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
-                                                                         : Variant::guarded;
+                                                                                   : Variant::guarded;
     plan.main.grid = grid_of(*e, p, 1);
     plan.outer_slot_floats = std::size_t(e->warp_rows) * std::size_t(plan.bucket);
     ws.delta = ws.partial = ws.dq_accum = end;

@@ -11,18 +11,19 @@
 
 namespace strideattn::cuda_impl {
 
-// The work of one CTA of a dK/dV pass that loops over query blocks of Br queries (the 8-warp
-// kernel and the sm_90a wgmma kernel): key block [c0, c1) of (sequence batch, KV head
-// kv_head), the query blocks that see any of its keys (query_range_for_keys), and its share
-// [head_begin, head_begin + n_iters / n_qblocks) of the GQA group (group split gsplit).
-// Iteration (h, b) covers query head head(h), query block first_qblock + b.
-// Counts are 32-bit (fewer registers live across the loop than the 4-warp kernel's int64
-// ones; with those every 8-warp variant spilled): query blocks times heads stays below 2^31
-// unless Q holds over 2^37 rows (32 TiB at d = 128).
+// The work of one CTA of a dK/dV pass, which loops over query blocks of Br queries: key block
+// [c0, c1) of (sequence batch, KV head kv_head), the query blocks that see any of its keys
+// (query_range_for_keys), and its share [head_begin, head_begin + n_iters / n_qblocks) of
+// the GQA group (group split gsplit); with DimSplits > 1 (the 4-warp pass at d <= 256) also
+// its share dim_split of the head dim. Iteration (h, b) covers query head head(h), query
+// block first_qblock + b.
+// Counts are 32-bit (with int64 ones every 8-warp variant spilled): query blocks times heads
+// stays below 2^31 unless Q holds over 2^37 rows (32 TiB at d = 128).
 struct KvBlockWork {
   int64_t batch = 0, kv_head = 0, c0 = 0, c1 = 0, s_q = 0;
   bool empty = true;  // c0 >= s_kv: nothing to do, not even the epilogue
   int gsplit = 0;
+  int dim_split = 0;
   MaskRule mask;
   // Query blocks inside `unmasked` skip the mask (tile_fully_visible, hoisted out of the
   // loop: rows_seeing_all_keys); a partial key block never does.
@@ -31,14 +32,15 @@ struct KvBlockWork {
   __device__ __forceinline__ int64_t head(int h) const { return kv_head * group + head_begin + h; }
 };
 
-template <int Bc, int Br>
+template <int Bc, int Br, int DimSplits = 1>
 __device__ __forceinline__ KvBlockWork kv_block_work(const KernelParams& kp) {
   const kernel::AttentionParams& p = kp.p;
   KvBlockWork w;
   w.batch = blockIdx.z;
   w.kv_head = blockIdx.y / kp.group_splits;
   w.gsplit = int(blockIdx.y % kp.group_splits);
-  w.c0 = int64_t(blockIdx.x) * Bc;
+  w.dim_split = int(blockIdx.x % DimSplits);
+  w.c0 = int64_t(blockIdx.x / DimSplits) * Bc;
   w.s_q = p.q_seq.length(w.batch);
   const int64_t s_kv = p.kv_seq.length(w.batch);
   w.empty = w.c0 >= s_kv;  // (then c1 < c0 and the ranges below come out empty)
@@ -80,25 +82,26 @@ struct KvPassSmem {
 
 // The CTA's keys: K and V rows [c0, c1) into their tiles (cp.async; rows and columns past
 // the data zero-filled). d_qk, d_v: the head dims (compile-time ones in FullD kernels).
-template <class KvTile>
+template <int NTHREADS, class KvTile>
 __device__ __forceinline__ void load_key_block(const KernelParams& kp, const KvBlockWork& w, const KvTile& sk,
                                                const KvTile& sv, int d_qk, int d_v) {
   const kernel::AttentionParams& p = kp.p;
   const SequenceSpan k_span = p.kv_seq.span(p.k_st, w.batch);
   const SequenceSpan v_span = p.kv_seq.span(p.v_st, w.batch);
-  load_tile<kKvThreads>(
+  load_tile<NTHREADS>(
       sk, GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, w.c0, w.kv_head), p.k_st.s,
                      int(w.c1 - w.c0), d_qk, (kp.aligned & kVecK) != 0});
-  load_tile<kKvThreads>(
+  load_tile<NTHREADS>(
       sv, GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, w.c0, w.kv_head), p.v_st.s,
                      int(w.c1 - w.c0), d_v, (kp.aligned & kVecV) != 0});
 }
 
 // Query block (h, b) of the CTA's work: Q and dO rows into their tiles, LSE (natural log,
-// converted where it is used) and delta into lse[0..Br) and delta[0..Br), all by cp.async;
+// converted where it is used: lse_log2) and delta into lse[0..Br) and delta[0..Br), all by
+// cp.async, so that their latency hides behind the current block's work;
 // rows past s_q get zero Q / dO, LSE = -inf (so P = 0) and delta = 0. q_span / do_span:
 // the sequence's spans of Q and dO (computed once per CTA).
-template <int Br, class QTile>
+template <int Br, int NTHREADS, class QTile>
 __device__ __forceinline__ void load_query_block(const KernelParams& kp, const KvBlockWork& w,
                                                  const SequenceSpan& q_span, const SequenceSpan& do_span, int h, int b,
                                                  const QTile& sq, const QTile& sdo, float* lse, float* delta, int d_qk,
@@ -107,12 +110,12 @@ __device__ __forceinline__ void load_query_block(const KernelParams& kp, const K
   const int64_t head = w.head(h);
   const int64_t r0 = int64_t(w.first_qblock + b) * Br;
   const int rows = int(kernel::min64(Br, w.s_q - r0));
-  load_tile<kKvThreads>(sq, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head),
-                                       p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-  load_tile<kKvThreads>(
+  load_tile<NTHREADS>(sq, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head),
+                                     p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
+  load_tile<NTHREADS>(
       sdo, GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head), p.do_st.s,
                       rows, d_v, (kp.aligned & kVecDO) != 0});
-  for (int i = threadIdx.x; i < Br; i += kKvThreads) {
+  for (int i = threadIdx.x; i < Br; i += NTHREADS) {
     if (i < rows) {
       cp_async_4(smem_addr(lse + i), p.lse + kernel::lse_offset(p.q_seq, p.lse_st, w.batch, head, r0 + i));
       cp_async_4(smem_addr(delta + i), kp.delta + delta_index(kp, w.batch, head, r0 + i));

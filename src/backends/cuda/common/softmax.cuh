@@ -1,5 +1,6 @@
-// The softmax in base 2: the scaled exponent, the forward's online softmax step (running
-// row max and sum, rescale of O), and the log-sum-exp as the backward consumes it.
+// The softmax in base 2, the pieces every mainloop calls: the scaled exponent, the forward's
+// online softmax step (running row max and sum, rescale of O), and the backward's P and dS
+// recomputed from the scores with the saved LSE (one base for it: see lse_log2).
 #pragma once
 
 #include <cmath>
@@ -76,8 +77,67 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
   }
 }
 
-// Scaled log-sum-exp in base 2 as the kernels consume it: rows that saw no key (LSE = -inf)
-// and rows past the sequence end give +inf, so P = 2^(S - LSE) is exactly 0 there.
+// ------------------------------------------------------------------ backward
+
+// The LSE in one base inside the kernels: natural log wherever it is stored (the API's LSE,
+// written by the forward epilogue, and the shared-memory copies of the dK/dV passes, which
+// cp.async moves unchanged from global memory), base 2 in registers, converted by lse_log2
+// where a kernel loads it, because the softmax runs in base 2 (P = 2^(S c - LSE_2), one
+// FFMA and one MUFU.EX2 per score). Rows that saw no key (LSE = -inf) and rows past the
+// sequence end (stored as -inf) give +inf, so P = 2^(S c - LSE_2) is exactly 0 there.
 __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
+// The backward's P and dS, recomputed from the scores of a fragment in the m16n8k16 C layout
+// (MT m-tiles x NT n8 tiles; rows g and g + 8, columns 8 n + 2 t and + 1 of each):
+//   P = 2^(S * scale_log2 - LSE_2)     (the forward's softmax, from its saved LSE)
+//   dS = P * (dP - delta)               (delta = rowsum(dO * O), the softmax's backward)
+// with the row values (LSE, delta) of each query, which is a column of S^T in the dK/dV
+// passes (`_cols`: read from shared memory, natural-log LSE, two columns per 8-byte load)
+// and a row of S in the dQ pass (`_rows`: in registers, LSE already base 2). The mask is
+// applied to P after the recompute (common/mask.cuh); dS of a masked entry is then 0.
+template <int MT, int NT>
+__device__ __forceinline__ void recompute_p_cols(float (&s)[MT][NT][4], const float* lse, float scale_log2) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * t);
+    const float l0 = lse_log2(l.x), l1 = lse_log2(l.y);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][n][e] = exp2f(s[mt][n][e] * scale_log2 - ((e & 1) ? l1 : l0));
+  }
+}
+template <int MT, int NT>
+__device__ __forceinline__ void ds_cols(float (&dp)[MT][NT][4], const float (&p)[MT][NT][4], const float* delta) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const float2 dl = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - ((e & 1) ? dl.y : dl.x));
+  }
+}
+template <int MT, int NT>
+__device__ __forceinline__ void recompute_p_rows(float (&s)[MT][NT][4], const float (&lse2)[MT][2], float scale_log2) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][n][e] = exp2f(s[mt][n][e] * scale_log2 - lse2[mt][e >> 1]);
+}
+template <int MT, int NT>
+__device__ __forceinline__ void ds_rows(float (&dp)[MT][NT][4], const float (&p)[MT][NT][4],
+                                        const float (&delta)[MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - delta[mt][e >> 1]);
+}
 
 }  // namespace strideattn::cuda_impl

@@ -10,11 +10,11 @@ namespace strideattn::cuda_impl {
 
 std::span<const KernelEntry> sm80_backward_entries_bf16() {
   static const KernelEntry entries[] = {
-      kv8_entry<Arch::sm80, __nv_bfloat16, 64>(),     kv8_entry<Arch::sm80, __nv_bfloat16, 128>(),
-      kv_entry<Arch::sm80, __nv_bfloat16, 128>(),     kv_entry<Arch::sm80, __nv_bfloat16, 256>(),
-      q_entry<Arch::sm80, __nv_bfloat16, 64>(),       q_entry<Arch::sm80, __nv_bfloat16, 128>(),
-      q_entry<Arch::sm80, __nv_bfloat16, 256>(),      q_entry<Arch::sm90a, __nv_bfloat16, 64>(),
-      q_entry<Arch::sm90a, __nv_bfloat16, 128>(),     q_entry<Arch::sm90a, __nv_bfloat16, 256>(),
+      kv8_entry<Arch::sm80, __nv_bfloat16, 64>(), kv8_entry<Arch::sm80, __nv_bfloat16, 128>(),
+      kv_entry<Arch::sm80, __nv_bfloat16, 128>(), kv_entry<Arch::sm80, __nv_bfloat16, 256>(),
+      q_entry<Arch::sm80, __nv_bfloat16, 64>(),   q_entry<Arch::sm80, __nv_bfloat16, 128>(),
+      q_entry<Arch::sm80, __nv_bfloat16, 256>(),  q_entry<Arch::sm90a, __nv_bfloat16, 64>(),
+      q_entry<Arch::sm90a, __nv_bfloat16, 128>(), q_entry<Arch::sm90a, __nv_bfloat16, 256>(),
   };
   return entries;
 }

@@ -10,11 +10,10 @@ namespace strideattn::cuda_impl {
 
 std::span<const KernelEntry> sm80_backward_entries_f16() {
   static const KernelEntry entries[] = {
-      kv8_entry<Arch::sm80, __half, 64>(),     kv8_entry<Arch::sm80, __half, 128>(),
-      kv_entry<Arch::sm80, __half, 128>(),     kv_entry<Arch::sm80, __half, 256>(),
-      q_entry<Arch::sm80, __half, 64>(),       q_entry<Arch::sm80, __half, 128>(),
-      q_entry<Arch::sm80, __half, 256>(),      q_entry<Arch::sm90a, __half, 64>(),
-      q_entry<Arch::sm90a, __half, 128>(),     q_entry<Arch::sm90a, __half, 256>(),
+      kv8_entry<Arch::sm80, __half, 64>(), kv8_entry<Arch::sm80, __half, 128>(), kv_entry<Arch::sm80, __half, 128>(),
+      kv_entry<Arch::sm80, __half, 256>(), q_entry<Arch::sm80, __half, 64>(),    q_entry<Arch::sm80, __half, 128>(),
+      q_entry<Arch::sm80, __half, 256>(),  q_entry<Arch::sm90a, __half, 64>(),   q_entry<Arch::sm90a, __half, 128>(),
+      q_entry<Arch::sm90a, __half, 256>(),
   };
   return entries;
 }

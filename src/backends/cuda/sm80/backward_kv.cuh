@@ -15,6 +15,7 @@
 
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
@@ -27,7 +28,6 @@ template <Arch A, class T, int D>
 __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   constexpr KvPassTile kTile = kv_tile(A, D);
   constexpr int MT = kTile.mt, Bc = kTile.bc, Br = kTile.br, DAcc = kTile.d_acc;
-  constexpr int kSplits = D / DAcc;
   static_assert(Bc == kWarps * 16 * MT, "one warp per 16*MT keys");
   using KvTile = SmemTile<Bc, D>;
   using QTile = SmemTile<Br, D>;
@@ -40,58 +40,26 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   uint16_t* const q_base = sV.base + KvTile::kElems;
   auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
   auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
-  float* sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], base-2 LSE
-  float* sDelta = sLse + 2 * Br;                                       // [2][Br]
+  float* const sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], natural log
+  float* const sDelta = sLse + 2 * Br;                                       // [2][Br]
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z;
-  const int64_t kv_head = blockIdx.y / kp.group_splits;
-  const int gsplit = int(blockIdx.y % kp.group_splits);
-  const int split = int(blockIdx.x % kSplits);
-  const int col0 = split * DAcc;  // head-dim columns of dK / dV this CTA owns
-  const int64_t c0 = int64_t(blockIdx.x / kSplits) * Bc;
-  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
-  if (c0 >= s_kv) return;
-  const int64_t c1 = kernel::min64(c0 + Bc, s_kv);
-  const MaskRule mask = p.mask(batch);
-  const TileRange queries = kernel::query_range_for_keys(mask, c0, c1);
-  const int64_t first_qblock = queries.begin / Br;
-  const int64_t n_qblocks = queries.end > queries.begin ? kernel::ceil_div(queries.end, Br) - first_qblock : 0;
-  // This CTA's share of the query-head group: heads [head_begin, head_end) of it.
-  const int64_t group = p.heads / p.kv_heads;
-  const int64_t per_split = kernel::ceil_div(group, kp.group_splits);
-  const int64_t head_begin = kernel::min64(group, gsplit * per_split);
-  const int64_t head_end = kernel::min64(group, head_begin + per_split);
-  const int64_t n_iters = n_qblocks * (head_end - head_begin);
-
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const KvBlockWork w = kv_block_work<Bc, Br, kTile.dim_splits>(kp);
+  if (w.empty) return;
+  const int col0 = w.dim_split * DAcc;  // head-dim columns of dK / dV this CTA owns
+  const SequenceSpan q_span = p.q_seq.span(p.q_st, w.batch);
+  const SequenceSpan do_span = p.q_seq.span(p.do_st, w.batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = lane & 3;
+  const int warp = threadIdx.x >> 5;
   const int warp_row0 = warp * 16 * MT;
 
-  // Iteration `it` covers query head kv_head * group + head_begin + it / n_qblocks, query
-  // block first_qblock + it % n_qblocks.
-  auto load_queries = [&](int64_t it, int buf) {
-    const int64_t head = kv_head * group + head_begin + it / n_qblocks;
-    const int64_t r0 = (first_qblock + it % n_qblocks) * Br;
-    const int rows = int(kernel::min64(Br, s_q - r0));
-    load_tile<kThreads>(
-        sQ(buf), GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head), p.q_st.s,
-                            rows, d_qk, (kp.aligned & kVecQ) != 0});
-    load_tile<kThreads>(sDO(buf),
-                        GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head),
-                                   p.do_st.s, rows, d_v, (kp.aligned & kVecDO) != 0});
-    for (int i = threadIdx.x; i < Br; i += kThreads) {
-      const bool valid = i < rows;
-      sLse[buf * Br + i] =
-          valid ? lse_log2(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, r0 + i)]) : INFINITY;
-      sDelta[buf * Br + i] = valid ? kp.delta[delta_index(kp, batch, head, r0 + i)] : 0.f;
-    }
+  // Iteration `it` covers query head w.head(it / n_qblocks), query block first_qblock +
+  // it % n_qblocks (KvBlockWork). (32-bit division: the running (h, b) pair of the 8-warp
+  // pass made ptxas spill 44 bytes here on sm_80 at d = 128.)
+  auto load_queries = [&](int it, int buf) {
+    load_query_block<Br, kThreads>(kp, w, q_span, do_span, it / w.n_qblocks, it % w.n_qblocks, sQ(buf), sDO(buf),
+                                   sLse + buf * Br, sDelta + buf * Br, d_qk, d_v);
   };
 
   float dk[MT][DAcc / 8][4], dv[MT][DAcc / 8][4];
@@ -99,20 +67,15 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   zero<MT, DAcc>(dv);
 
   // K, V: loaded once (with the first query block, when any query sees these keys).
-  if (n_iters > 0) {
-    load_tile<kThreads>(
-        sK, GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head), p.k_st.s,
-                       int(c1 - c0), d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kThreads>(
-        sV, GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head), p.v_st.s,
-                       int(c1 - c0), d_v, (kp.aligned & kVecV) != 0});
+  if (w.n_iters > 0) {
+    load_key_block<kThreads>(kp, w, sK, sV, d_qk, d_v);
     load_queries(0, 0);
   }
   cp_async_commit();
 
-  for (int64_t it = 0; it < n_iters; ++it) {
-    const int buf = int(it & 1);
-    if (it + 1 < n_iters) {
+  for (int it = 0; it < w.n_iters; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < w.n_iters) {
       load_queries(it + 1, buf ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
@@ -120,22 +83,15 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int64_t r0 = (first_qblock + it % n_qblocks) * Br;
-    const int64_t r1 = kernel::min64(r0 + Br, s_q);
-    const float* lse2 = sLse + buf * Br;
-    const float* delta = sDelta + buf * Br;
+    const int64_t r0 = int64_t(w.first_qblock + it % w.n_qblocks) * Br;
+    const int64_t r1 = kernel::min64(r0 + Br, w.s_q);
 
     // S^T = K Q^T; P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
     float st[MT][Br / 8][4];
     zero<MT, Br>(st);
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(st, sK, warp_row0, sQ(buf), 0, d_qk);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < Br / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse2[n * 8 + 2 * t + (e & 1)]);
-    if (!kernel::tile_fully_visible(mask, r0, r1, c0, c1)) apply_mask<MT, Br>(st, mask, c0 + warp_row0, r0, false, 0.f);
+    recompute_p_cols(st, sLse + buf * Br, kp.scale_log2);
+    if (r0 < w.unmasked.begin || r1 > w.unmasked.end) apply_mask<MT, Br>(st, w.mask, w.c0 + warp_row0, r0, false, 0.f);
 
     // dV += P^T dO
     {
@@ -147,12 +103,7 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     float dpt[MT][Br / 8][4];
     zero<MT, Br>(dpt);
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < Br / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+    ds_cols(dpt, st, sDelta + buf * Br);
     // dK += dS^T Q
     {
       uint32_t ds_frag[MT][Br / 16][4];
@@ -163,7 +114,7 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   }
 
   // epilogue: this warp's rows of the CTA's valid keys
-  store_dk_dv<T, MT, DAcc>(kp, batch, kv_head, gsplit, c0 + warp_row0, c1, col0, dk, dv);
+  store_dk_dv<T, MT, DAcc>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
 }
 
 template <Arch A, class T, int D>

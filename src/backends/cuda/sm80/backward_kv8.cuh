@@ -115,8 +115,8 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
 
   // Iteration (h, b): query head w.head(h), query block first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br, d_qk,
-                         d_v);
+    load_query_block<Br, kKvThreads>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br,
+                                     sDelta + buf * Br, d_qk, d_v);
   };
 
   // This warp's 32 keys x D/2 head-dim columns of dK and dV, over the whole loop.
@@ -126,7 +126,7 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
 
   // K, V: loaded once (with the first query block, when any query sees these keys).
   if (n_iters > 0) {
-    load_key_block(kp, w, sK, sV, d_qk, d_v);
+    load_key_block<kKvThreads>(kp, w, sK, sV, d_qk, d_v);
     load_queries(0, 0, 0);
   }
   cp_async_commit();
@@ -154,13 +154,7 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     float st[MT][WQ / 8][4];
     zero<MT, WQ>(st);
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(st, sK, key0, sQ(buf), q0, d_qk);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < WQ / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse_log2(lse[n * 8 + 2 * t + (e & 1)]));
+    recompute_p_cols(st, lse, kp.scale_log2);
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
     if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
@@ -170,12 +164,7 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     float dpt[MT][WQ / 8][4];
     zero<MT, WQ>(dpt);
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(dpt, sV, key0, sDO(buf), q0, d_v);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < WQ / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+    ds_cols(dpt, st, delta);
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
     __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
 

@@ -106,12 +106,7 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     float s[MT][Bc / 8][4];
     zero<MT, Bc>(s);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(s, sQ, warp_row0, sK(buf), 0, d_qk);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] = exp2f(s[mt][n][e] * kp.scale_log2 - row_lse2[mt][e >> 1]);
+    recompute_p_rows(s, row_lse2, kp.scale_log2);
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, 0.f);
 
@@ -119,12 +114,7 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     float dp[MT][Bc / 8][4];
     zero<MT, Bc>(dp);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(dp, sDO, warp_row0, sV(buf), 0, d_v);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[mt][n][e] = s[mt][n][e] * (dp[mt][n][e] - row_delta[mt][e >> 1]);
+    ds_rows(dp, s, row_delta);
     // dQ += dS K
     uint32_t ds_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(ds_frag, dp);

@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
 
   // Iteration (h, b): query head w.head(h), query block w.first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br, d_qk,
-                         d_v);
+    load_query_block<Br, kKvThreads>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br,
+                                     sDelta + buf * Br, d_qk, d_v);
   };
 
   // This warp's 16 keys x GD columns of dK and dV (the group's m64 x GD accumulators).
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   zero<1, GD>(dv);
 
   if (n_iters > 0) {
-    load_key_block(kp, w, sK, sV, d_qk, d_v);
+    load_key_block<kKvThreads>(kp, w, sK, sV, d_qk, d_v);
     load_queries(0, 0, 0);
   }
   cp_async_commit();
@@ -122,13 +122,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     fence_operands(st[0]);
     const float* lse = sLse + buf * Br + g_q0;
     const float* delta = sDelta + buf * Br + g_q0;
-#pragma unroll
-    for (int n = 0; n < GQ / 8; ++n) {
-      const float2 l = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * t);
-      const float l0 = lse_log2(l.x), l1 = lse_log2(l.y);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[0][n][e] = exp2f(st[0][n][e] * kp.scale_log2 - ((e & 1) ? l1 : l0));
-    }
+    recompute_p_cols(st, lse, kp.scale_log2);
     // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
     // dS by those zero rows, so P^T must be 0)
     if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0 + g_q0);
@@ -137,12 +131,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     // dS^T = P^T (dP^T - delta)
     wgmma_wait<0>();
     fence_operands(dpt[0]);
-#pragma unroll
-    for (int n = 0; n < GQ / 8; ++n) {
-      const float2 dl = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[0][n][e] = st[0][n][e] * (dpt[0][n][e] - ((e & 1) ? dl.y : dl.x));
-    }
+    ds_cols(dpt, st, delta);
     store_accum<T, 1, GQ>(sDS, key0, g_q0, dpt);
     fence_async_shared();
     __syncthreads();  // P^T and dS^T of the whole block are in shared memory
