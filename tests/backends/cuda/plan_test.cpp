@@ -23,12 +23,27 @@ using strideattn::detail::Direction;
 using strideattn::detail::Problem;
 using namespace strideattn::cuda_impl;
 
-constexpr DeviceCaps kA100{.device = 0, .major = 8, .minor = 0, .sms = 108, .smem_optin = 163 * 1024,
-                           .smem_per_sm = 164 * 1024, .sm90a_code = true};
-constexpr DeviceCaps kSm86{.device = 1, .major = 8, .minor = 6, .sms = 82, .smem_optin = 99 * 1024,
-                           .smem_per_sm = 100 * 1024, .sm90a_code = true};
-constexpr DeviceCaps kH200{.device = 0, .major = 9, .minor = 0, .sms = 132, .smem_optin = 227 * 1024,
-                           .smem_per_sm = 228 * 1024, .sm90a_code = true};
+constexpr DeviceCaps kA100{.device = 0,
+                           .major = 8,
+                           .minor = 0,
+                           .sms = 108,
+                           .smem_optin = 163 * 1024,
+                           .smem_per_sm = 164 * 1024,
+                           .sm90a_code = true};
+constexpr DeviceCaps kSm86{.device = 1,
+                           .major = 8,
+                           .minor = 6,
+                           .sms = 82,
+                           .smem_optin = 99 * 1024,
+                           .smem_per_sm = 100 * 1024,
+                           .sm90a_code = true};
+constexpr DeviceCaps kH200{.device = 0,
+                           .major = 9,
+                           .minor = 0,
+                           .sms = 132,
+                           .smem_optin = 227 * 1024,
+                           .smem_per_sm = 228 * 1024,
+                           .sm90a_code = true};
 
 // A dense problem [b, s, h, d] with contiguous views.
 Problem problem(Direction dir, DType t, std::int64_t b, std::int64_t s_q, std::int64_t s_kv, std::int64_t h,
@@ -69,8 +84,8 @@ TEST(CudaKernelTable, CoversEveryDtypeBucketPassAndArchitecture) {
     for (Arch a : kArchs)
       for (int d : kBuckets)
         for (Pass pass : {Pass::forward, Pass::dkdv, Pass::dq}) {
-          SCOPED_TRACE(::testing::Message() << to_string(a) << " d " << d << " " << to_string(pass) << " "
-                                            << strideattn::to_string(t));
+          SCOPED_TRACE(::testing::Message()
+                       << to_string(a) << " d " << d << " " << to_string(pass) << " " << strideattn::to_string(t));
           int entries = 0;
           for (const KernelEntry& e : kernel_table()) {
             if (e.dtype != t || e.arch != a || e.bucket != d || e.pass != pass) continue;
@@ -232,7 +247,7 @@ TEST(CudaPlan, WorkspaceLayout) {
   ASSERT_TRUE(plan.ok()) << plan.error;
   const WorkspaceLayout& w = plan.workspace;
   EXPECT_EQ(w.tables, 0u);
-  EXPECT_EQ(w.delta, 256u);  // 4 x 3 int64 = 96 bytes, rounded up
+  EXPECT_EQ(w.delta, 256u);            // 4 x 3 int64 = 96 bytes, rounded up
   EXPECT_EQ(w.partial, 256u + 3328u);  // delta: [1][4 heads][200 tokens] fp32, 3,200 bytes rounded up
   EXPECT_EQ(plan.group_splits, 2);     // 6 CTAs of 128 keys on 108 SMs
   EXPECT_EQ(plan.partial_rows, 1 * 2 * 200);

@@ -18,7 +18,8 @@ static_assert(forward_tile(Arch::sm80, 64).bc == 64 && forward_tile(Arch::sm80, 
 static_assert(forward_tile(Arch::sm90a, 64).bc == 128 && !forward_tile(Arch::sm90a, 64).prefetch_pv);
 static_assert(forward_tile(Arch::sm80, 128).bc == 32 && forward_tile(Arch::sm90a, 128).bc == 64);
 static_assert(forward_tile(Arch::sm80, 64).smem_bytes == 80 * 1024);
-static_assert(forward_tile(Arch::sm80, 128).smem_bytes == 96 * 1024 && forward_tile(Arch::sm80, 256).smem_bytes == 96 * 1024);
+static_assert(forward_tile(Arch::sm80, 128).smem_bytes == 96 * 1024 &&
+              forward_tile(Arch::sm80, 256).smem_bytes == 96 * 1024);
 static_assert(forward_wgmma_tile(128).smem_bytes == 164864 && forward_wgmma_tile(256).smem_bytes == 197632);
 // The dK/dV passes.
 static_assert(kv8_tile(Arch::sm80, 128).smem_bytes == 164864 && kv8_tile(Arch::sm80, 64).smem_bytes == 99328);
@@ -27,7 +28,8 @@ static_assert(kv_wgmma_tile(64).smem_bytes == 166912 && kv_wgmma_tile(128).smem_
               kv_wgmma_tile(256).smem_bytes == 215040);
 static_assert(q_tile(Arch::sm80, 128).smem_bytes == 96 * 1024 && q_tile(Arch::sm80, 256).smem_bytes == 128 * 1024);
 // Only the sm80 kernels at d = 128 compile no unguarded FullD code; only sm_90a prefetches.
-static_assert(!unguarded_full_d(Arch::sm80, 128) && unguarded_full_d(Arch::sm80, 64) && unguarded_full_d(Arch::sm90a, 128));
+static_assert(!unguarded_full_d(Arch::sm80, 128) && unguarded_full_d(Arch::sm80, 64) &&
+              unguarded_full_d(Arch::sm90a, 128));
 static_assert(!backward_prefetch(Arch::sm80, 64) && backward_prefetch(Arch::sm90a, 128) &&
               !backward_prefetch(Arch::sm90a, 256));
 

@@ -7,6 +7,7 @@
 
 #include "backends/cuda/common/aux_kernels.hpp"
 #include "backends/cuda/common/element.cuh"
+#include "backends/cuda/common/tensor_ref.hpp"
 
 namespace strideattn::cuda_impl {
 
@@ -30,10 +31,8 @@ __global__ void __launch_bounds__(kAuxThreads) delta_kernel(const KernelParams k
   const bool in_range = row < p.q_seq.length(batch);
   float sum = 0.f;
   if (in_range) {
-    const auto* o =
-        static_cast<const uint16_t*>(p.o) + kernel::row_offset(p.q_seq.span(p.o_st, batch), p.o_st, row, head);
-    const auto* d_o =
-        static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(p.q_seq.span(p.do_st, batch), p.do_st, row, head);
+    const uint16_t* o = sequence_ref(p.o, p.o_st, p.q_seq, batch).row(row, head);
+    const uint16_t* d_o = sequence_ref(p.d_o, p.do_st, p.q_seq, batch).row(row, head);
     const bool vec = (kp.aligned & kVecO) && (kp.aligned & kVecDO);
     for (int c = lane * 8; c < int(p.d_v); c += kDeltaLanes * 8) {
       uint16_t a[8], b[8];
@@ -63,8 +62,8 @@ __global__ void __launch_bounds__(kAuxThreads) reduce_dkv_kernel(const KernelPar
   const int64_t plane_k = kp.partial_rows * p.d_qk, plane_v = kp.partial_rows * p.d_v;
   const float* pk = kp.dkv_partial + row * p.d_qk;
   const float* pv = kp.dkv_partial + kp.group_splits * plane_k + row * p.d_v;
-  auto* dk = static_cast<uint16_t*>(p.dk) + kernel::row_offset(p.kv_seq.span(p.dk_st, batch), p.dk_st, key, kv_head);
-  auto* dv = static_cast<uint16_t*>(p.dv) + kernel::row_offset(p.kv_seq.span(p.dv_st, batch), p.dv_st, key, kv_head);
+  uint16_t* dk = sequence_ref(p.dk, p.dk_st, p.kv_seq, batch).row(key, kv_head);
+  uint16_t* dv = sequence_ref(p.dv, p.dv_st, p.kv_seq, batch).row(key, kv_head);
   for (int64_t c = threadIdx.x; c < p.d_qk; c += blockDim.x) {
     float sum = 0.f;
     for (int i = 0; i < kp.group_splits; ++i) sum += pk[i * plane_k + c];
@@ -92,7 +91,7 @@ __global__ void __launch_bounds__(kAuxThreads) convert_dq_kernel(const KernelPar
   const int c = int(idx % groups) * 4;
   if (token >= p.q_seq.length(batch)) return;
   const float4 acc = *reinterpret_cast<const float4*>(kp.dq_accum + delta_index(kp, batch, head, token) * p.d_qk + c);
-  auto* dq = static_cast<uint16_t*>(p.dq) + kernel::row_offset(p.q_seq.span(p.dq_st, batch), p.dq_st, token, head);
+  uint16_t* dq = sequence_ref(p.dq, p.dq_st, p.q_seq, batch).row(token, head);
   const bool pair = (kp.aligned & kPairDQ) != 0;
   store_pair<T>(dq, c, acc.x * p.scale, acc.y * p.scale, pair);
   store_pair<T>(dq, c + 2, acc.z * p.scale, acc.w * p.scale, pair);

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common/tensor_ref.hpp"
+
 namespace strideattn::cuda_impl {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -44,6 +46,11 @@ struct GlobalRows {
   int cols = 0;
   bool aligned = false;
 };
+// Tokens [token0, token0 + rows) of `head` of a sequence's tensor, `cols` elements of each.
+__device__ __forceinline__ GlobalRows rows_of(const TensorRef<const uint16_t>& t, int64_t token0, int64_t head,
+                                              int rows, int cols, bool aligned) {
+  return {t.row(token0, head), t.token_stride(), rows, cols, aligned};
+}
 
 // Copy a tile from global memory into shared memory; rows >= src.rows and columns >=
 // src.cols are zero-filled, so padded rows and head-dim columns contribute nothing.

@@ -1,5 +1,5 @@
-// The stores at the end of each pass: O and LSE (forward), dK and dV or their fp32 partials
-// (dK/dV pass), and the 2-float atomic add of the single-pass dQ.
+// The stores at the end of each pass: O and LSE (forward), dQ (the dQ pass), dK and dV or
+// their fp32 partials (dK/dV pass), and the 2-float atomic add of the single-pass dQ.
 #pragma once
 
 #include <cmath>
@@ -7,22 +7,22 @@
 #include "backends/cuda/common/element.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tensor_ref.hpp"
 
 namespace strideattn::cuda_impl {
 
 // The forward epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): O / l
-// (its first d_v columns) stored through O's strides (o_span: the sequence's span of O),
+// (its first d_v columns) stored through O's strides (o: the sequence's O),
 // LSE = (m * scale_log2 + log2 l) * ln 2 (natural log). Rows whose mask leaves no key visible
 // get O = 0, LSE = -inf; a row that sees keys but has no positive l (NaN scores, or every
 // score -inf) gets NaN, as the definition does (0 / 0).
 template <class T, int MT, int D>
 __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
-                                            int64_t r1, int d_v, const SequenceSpan& o_span,
+                                            int64_t r1, int d_v, const TensorRef<uint16_t>& o,
                                             const float (&o_acc)[MT][D / 8][4], const float (&row_max)[MT][2],
                                             const float (&row_sum)[MT][2]) {
   const kernel::AttentionParams& p = kp.p;
   const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
-  auto* o_ptr = static_cast<uint16_t*>(p.o);
   const bool o_pair = (kp.aligned & kPairO) != 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -41,7 +41,7 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
         return m.key_end(row) <= m.key_begin(row);
       }();
       const float inv = no_key ? 0.f : 1.f / l;
-      uint16_t* out = o_ptr + kernel::row_offset(o_span, p.o_st, row, head);
+      uint16_t* out = o.row(row, head);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         const int col = n * 8 + 2 * t;
@@ -52,6 +52,31 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
             no_key     ? -INFINITY
             : l == 0.f ? NAN
                        : (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2;
+    }
+}
+
+// The dQ pass epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): dQ =
+// scale * dq (its first d_qk columns), stored through dQ's strides.
+template <class T, int MT, int D>
+__device__ __forceinline__ void store_dq(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0, int64_t r1,
+                                         const float (&dq)[MT][D / 8][4]) {
+  const kernel::AttentionParams& p = kp.p;
+  const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
+  const int d_qk = int(p.d_qk);
+  const auto dq_ref = sequence_ref(p.dq, p.dq_st, p.q_seq, batch);
+  const bool dq_pair = (kp.aligned & kPairDQ) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + mt * 16 + g + 8 * h;
+      if (row >= r1) continue;
+      uint16_t* out = dq_ref.row(row, head);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < d_qk) store_pair<T>(out, col, dq[mt][n][2 * h] * p.scale, dq[mt][n][2 * h + 1] * p.scale, dq_pair);
+      }
     }
 }
 
@@ -81,10 +106,8 @@ __device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batc
   float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
   float* const part_v =
       kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk + int64_t(gsplit) * kp.partial_rows * d_v;
-  auto* dk_ptr = static_cast<uint16_t*>(p.dk);
-  auto* dv_ptr = static_cast<uint16_t*>(p.dv);
-  const SequenceSpan dk_span = p.kv_seq.span(p.dk_st, batch);
-  const SequenceSpan dv_span = p.kv_seq.span(p.dv_st, batch);
+  const auto dk_ref = sequence_ref(p.dk, p.dk_st, p.kv_seq, batch),
+             dv_ref = sequence_ref(p.dv, p.dv_st, p.kv_seq, batch);
   const bool dk_pair = (kp.aligned & kPairDK) != 0, dv_pair = (kp.aligned & kPairDV) != 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -104,8 +127,8 @@ __device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batc
         }
         continue;
       }
-      uint16_t* dk_row = dk_ptr + kernel::row_offset(dk_span, p.dk_st, key, kv_head);
-      uint16_t* dv_row = dv_ptr + kernel::row_offset(dv_span, p.dv_st, key, kv_head);
+      uint16_t* dk_row = dk_ref.row(key, kv_head);
+      uint16_t* dv_row = dv_ref.row(key, kv_head);
 #pragma unroll
       for (int n = 0; n < N / 8; ++n) {
         const int col = col0 + n * 8 + 2 * t;

@@ -86,35 +86,29 @@ template <int NTHREADS, class KvTile>
 __device__ __forceinline__ void load_key_block(const KernelParams& kp, const KvBlockWork& w, const KvTile& sk,
                                                const KvTile& sv, int d_qk, int d_v) {
   const kernel::AttentionParams& p = kp.p;
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, w.batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, w.batch);
+  const int rows = int(w.c1 - w.c0);
+  load_tile<NTHREADS>(sk, rows_of(sequence_ref(p.k, p.k_st, p.kv_seq, w.batch), w.c0, w.kv_head, rows, d_qk,
+                                  (kp.aligned & kVecK) != 0));
   load_tile<NTHREADS>(
-      sk, GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, w.c0, w.kv_head), p.k_st.s,
-                     int(w.c1 - w.c0), d_qk, (kp.aligned & kVecK) != 0});
-  load_tile<NTHREADS>(
-      sv, GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, w.c0, w.kv_head), p.v_st.s,
-                     int(w.c1 - w.c0), d_v, (kp.aligned & kVecV) != 0});
+      sv, rows_of(sequence_ref(p.v, p.v_st, p.kv_seq, w.batch), w.c0, w.kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
 }
 
 // Query block (h, b) of the CTA's work: Q and dO rows into their tiles, LSE (natural log,
 // converted where it is used: lse_log2) and delta into lse[0..Br) and delta[0..Br), all by
 // cp.async, so that their latency hides behind the current block's work;
-// rows past s_q get zero Q / dO, LSE = -inf (so P = 0) and delta = 0. q_span / do_span:
-// the sequence's spans of Q and dO (computed once per CTA).
+// rows past s_q get zero Q / dO, LSE = -inf (so P = 0) and delta = 0. q / d_o: the
+// sequence's Q and dO (made once per CTA).
 template <int Br, int NTHREADS, class QTile>
 __device__ __forceinline__ void load_query_block(const KernelParams& kp, const KvBlockWork& w,
-                                                 const SequenceSpan& q_span, const SequenceSpan& do_span, int h, int b,
-                                                 const QTile& sq, const QTile& sdo, float* lse, float* delta, int d_qk,
-                                                 int d_v) {
+                                                 const TensorRef<const uint16_t>& q,
+                                                 const TensorRef<const uint16_t>& d_o, int h, int b, const QTile& sq,
+                                                 const QTile& sdo, float* lse, float* delta, int d_qk, int d_v) {
   const kernel::AttentionParams& p = kp.p;
   const int64_t head = w.head(h);
   const int64_t r0 = int64_t(w.first_qblock + b) * Br;
   const int rows = int(kernel::min64(Br, w.s_q - r0));
-  load_tile<NTHREADS>(sq, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head),
-                                     p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-  load_tile<NTHREADS>(
-      sdo, GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head), p.do_st.s,
-                      rows, d_v, (kp.aligned & kVecDO) != 0});
+  load_tile<NTHREADS>(sq, rows_of(q, r0, head, rows, d_qk, (kp.aligned & kVecQ) != 0));
+  load_tile<NTHREADS>(sdo, rows_of(d_o, r0, head, rows, d_v, (kp.aligned & kVecDO) != 0));
   for (int i = threadIdx.x; i < Br; i += NTHREADS) {
     if (i < rows) {
       cp_async_4(smem_addr(lse + i), p.lse + kernel::lse_offset(p.q_seq, p.lse_st, w.batch, head, r0 + i));

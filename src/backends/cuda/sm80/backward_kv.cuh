@@ -47,8 +47,8 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   const KvBlockWork w = kv_block_work<Bc, Br, kTile.dim_splits>(kp);
   if (w.empty) return;
   const int col0 = w.dim_split * DAcc;  // head-dim columns of dK / dV this CTA owns
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, w.batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, w.batch);
+  const auto q_ref = sequence_ref(p.q, p.q_st, p.q_seq, w.batch);
+  const auto do_ref = sequence_ref(p.d_o, p.do_st, p.q_seq, w.batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
   const int warp = threadIdx.x >> 5;
@@ -58,7 +58,7 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   // it % n_qblocks (KvBlockWork). (32-bit division: the running (h, b) pair of the 8-warp
   // pass made ptxas spill 44 bytes here on sm_80 at d = 128.)
   auto load_queries = [&](int it, int buf) {
-    load_query_block<Br, kThreads>(kp, w, q_span, do_span, it / w.n_qblocks, it % w.n_qblocks, sQ(buf), sDO(buf),
+    load_query_block<Br, kThreads>(kp, w, q_ref, do_ref, it / w.n_qblocks, it % w.n_qblocks, sQ(buf), sDO(buf),
                                    sLse + buf * Br, sDelta + buf * Br, d_qk, d_v);
   };
 

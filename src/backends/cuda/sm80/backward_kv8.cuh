@@ -101,22 +101,22 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
   const MaskRule& mask = w.mask;
   const TileRange& unmasked = w.unmasked;
   const int first_qblock = w.first_qblock, n_qblocks = w.n_qblocks, n_iters = w.n_iters;
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
+  const auto q_ref = sequence_ref(p.q, p.q_st, p.q_seq, batch);
+  const auto do_ref = sequence_ref(p.d_o, p.do_st, p.q_seq, batch);
   constexpr bool kFull = FullD && unguarded_full_d(A, D);
   const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
 
   // Warp i: key slice i / 2 in both phases; its other side is query half i % 2 in phase 1
   // and head-dim half i % 2 in phase 2.
-  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+  const int warp = threadIdx.x >> 5;
   const int key0 = (warp >> 1) * 16 * MT;  // first key of this warp inside the block
   const int q0 = (warp & 1) * WQ;          // phase 1: first query of this warp in the block
   const int d0 = (warp & 1) * WD;          // phase 2: first dK / dV column of this warp
 
   // Iteration (h, b): query head w.head(h), query block first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br, kKvThreads>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br,
-                                     sDelta + buf * Br, d_qk, d_v);
+    load_query_block<Br, kKvThreads>(kp, w, q_ref, do_ref, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                                     d_qk, d_v);
   };
 
   // This warp's 32 keys x D/2 head-dim columns of dK and dV, over the whole loop.

@@ -8,6 +8,7 @@
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/query_block.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -32,36 +33,25 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
   auto sV = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems + KvTile::kElems}; };
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z, head = blockIdx.y;
-  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
-  const int64_t n_qblocks_max = kernel::ceil_div(p.q_seq.max_len, Br);
-  const int64_t r0 = (n_qblocks_max - 1 - int64_t(blockIdx.x)) * Br;
-  if (r0 >= s_q) return;
-  const int64_t r1 = kernel::min64(r0 + Br, s_q);
-  const MaskRule mask = p.mask(batch);
-  const TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
-  const int64_t kv_head = kernel::kv_head_of(head, p.heads, p.kv_heads);
-  const int64_t first_block = (keys.begin / Bc) * Bc;
-  const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_block, Bc)) : 0;
+  const QueryBlockWork w = query_block_work<Br, Bc>(kp);
+  if (w.empty) return;
+  const int64_t batch = w.batch, head = w.head, kv_head = w.kv_head, r0 = w.r0, r1 = w.r1, s_kv = w.s_kv;
+  const MaskRule& mask = w.mask;
+  const int64_t first_block = w.first_key;
+  const int n_blocks = w.n_key_blocks;
 
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
+  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch), d_o = sequence_ref(p.d_o, p.do_st, p.q_seq, batch),
+             k = sequence_ref(p.k, p.k_st, p.kv_seq, batch), v = sequence_ref(p.v, p.v_st, p.kv_seq, batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2;
   const int warp_row0 = warp * 16 * MT;
 
   auto load_keys = [&](int64_t c0, int buf) {
     const int rows = int(kernel::min64(Bc, s_kv - c0));
-    load_tile<kThreads>(sK(buf),
-                        GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                                   p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kThreads>(sV(buf),
-                        GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                                   p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kThreads>(sK(buf), rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0));
+    load_tile<kThreads>(sV(buf), rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
   };
 
   // per-row LSE (base 2) and delta of this thread's rows
@@ -81,11 +71,8 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
 
   if (n_blocks > 0) {
     const int rows = int(r1 - r0);
-    load_tile<kThreads>(sQ, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head),
-                                       p.q_st.s, rows, d_qk, (kp.aligned & kVecQ) != 0});
-    load_tile<kThreads>(
-        sDO, GlobalRows{static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(do_span, p.do_st, r0, head), p.do_st.s,
-                        rows, d_v, (kp.aligned & kVecDO) != 0});
+    load_tile<kThreads>(sQ, rows_of(q, r0, head, rows, d_qk, (kp.aligned & kVecQ) != 0));
+    load_tile<kThreads>(sDO, rows_of(d_o, r0, head, rows, d_v, (kp.aligned & kVecDO) != 0));
     load_keys(first_block, 0);
   }
   cp_async_commit();
@@ -122,22 +109,8 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     __syncthreads();  // buffers of this iteration may be refilled
   }
 
-  auto* dq_ptr = static_cast<uint16_t*>(p.dq);
-  const SequenceSpan dq_span = p.q_seq.span(p.dq_st, batch);
-  const bool dq_pair = (kp.aligned & kPairDQ) != 0;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = r0 + warp_row0 + mt * 16 + g + 8 * h;
-      if (row >= r1) continue;
-      uint16_t* out = dq_ptr + kernel::row_offset(dq_span, p.dq_st, row, head);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int col = n * 8 + 2 * t;
-        if (col < d_qk) store_pair<T>(out, col, dq[mt][n][2 * h] * p.scale, dq[mt][n][2 * h + 1] * p.scale, dq_pair);
-      }
-    }
+  // epilogue: dQ = scale * dq
+  store_dq<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, dq);
 }
 
 template <Arch A, class T, int D>

@@ -19,6 +19,7 @@
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/outer_accumulator.cuh"
+#include "backends/cuda/common/query_block.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -45,24 +46,15 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   auto sV = [&](int b) { return StageTile{kv_base + b * 2 * StageTile::kElems + StageTile::kElems}; };
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z, head = blockIdx.y;
-  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
-  // Heaviest query blocks (latest rows under a causal mask) are scheduled first.
-  const int64_t n_qblocks = kernel::ceil_div(p.q_seq.max_len, Br);
-  const int64_t r0 = (n_qblocks - 1 - int64_t(blockIdx.x)) * Br;
-  if (r0 >= s_q) return;
-  const int64_t r1 = kernel::min64(r0 + Br, s_q);
-  const MaskRule mask = p.mask(batch);
-  const TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
-  const int64_t kv_head = kernel::kv_head_of(head, p.heads, p.kv_heads);
+  const QueryBlockWork w = query_block_work<Br, Stage>(kp);
+  if (w.empty) return;
+  const int64_t batch = w.batch, head = w.head, kv_head = w.kv_head, r0 = w.r0, r1 = w.r1, s_kv = w.s_kv;
+  const MaskRule& mask = w.mask;
+  const TileRange& keys = w.keys;
 
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
-  const SequenceSpan o_span = p.q_seq.span(p.o_st, batch);
-  const auto* q_ptr = static_cast<const uint16_t*>(p.q);
-  const auto* k_ptr = static_cast<const uint16_t*>(p.k);
-  const auto* v_ptr = static_cast<const uint16_t*>(p.v);
+  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch), k = sequence_ref(p.k, p.k_st, p.kv_seq, batch),
+             v = sequence_ref(p.v, p.v_st, p.kv_seq, batch);
+  const auto o = sequence_ref(p.o, p.o_st, p.q_seq, batch);
   constexpr bool kFull = FullD && unguarded_full_d(A, D);
   const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
 
@@ -72,14 +64,12 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
     const int rows = int(kernel::min64(Stage, s_kv - c0));
-    load_tile<kThreads>(sK(buf), GlobalRows{k_ptr + kernel::row_offset(k_span, p.k_st, c0, kv_head), p.k_st.s, rows,
-                                            d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kThreads>(sV(buf), GlobalRows{v_ptr + kernel::row_offset(v_span, p.v_st, c0, kv_head), p.v_st.s, rows,
-                                            d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kThreads>(sK(buf), rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0));
+    load_tile<kThreads>(sV(buf), rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
   };
 
-  const int64_t first_key = (keys.begin / Stage) * Stage;
-  const int n_stages = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_key, Stage)) : 0;
+  const int64_t first_key = w.first_key;
+  const int n_stages = w.n_key_blocks;
 
   float o_acc[MT][D / 8][4];
   zero<MT, D>(o_acc);
@@ -98,8 +88,7 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   int blocks_done = 0;
 
   if (n_stages > 0) {
-    load_tile<kThreads>(sQ, GlobalRows{q_ptr + kernel::row_offset(q_span, p.q_st, r0, head), p.q_st.s, int(r1 - r0),
-                                       d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kThreads>(sQ, rows_of(q, r0, head, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0));
     load_stage(first_key, 0);
   }
   cp_async_commit();
@@ -145,7 +134,7 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
 
   // epilogue: O /= l; LSE
-  store_o_lse<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
+  store_o_lse<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 }
 
 template <Arch A, class T, int D, bool FullD, bool Fold>

@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   const KvBlockWork w = kv_block_work<Bc, Br>(kp);
   if (w.empty) return;
   const int n_iters = w.n_iters;
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, w.batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, w.batch);
+  const auto q_ref = sequence_ref(p.q, p.q_st, p.q_seq, w.batch);
+  const auto do_ref = sequence_ref(p.d_o, p.do_st, p.q_seq, w.batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
 
   // Iteration (h, b): query head w.head(h), query block w.first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br, kKvThreads>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br,
-                                     sDelta + buf * Br, d_qk, d_v);
+    load_query_block<Br, kKvThreads>(kp, w, q_ref, do_ref, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                                     d_qk, d_v);
   };
 
   // This warp's 16 keys x GD columns of dK and dV (the group's m64 x GD accumulators).

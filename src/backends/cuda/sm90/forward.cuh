@@ -16,6 +16,7 @@
 #include "backends/cuda/common/fragment.cuh"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/outer_accumulator.cuh"
+#include "backends/cuda/common/query_block.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -42,21 +43,14 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   auto sV = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems + KvTile::kElems}; };
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z, head = blockIdx.y;
-  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
-  // Heaviest query blocks (latest rows under a causal mask) are scheduled first.
-  const int64_t n_qblocks = kernel::ceil_div(p.q_seq.max_len, Br);
-  const int64_t r0 = (n_qblocks - 1 - int64_t(blockIdx.x)) * Br;
-  if (r0 >= s_q) return;
-  const int64_t r1 = kernel::min64(r0 + Br, s_q);
-  const MaskRule mask = p.mask(batch);
-  const TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
-  const int64_t kv_head = kernel::kv_head_of(head, p.heads, p.kv_heads);
+  const QueryBlockWork w = query_block_work<Br, Bc>(kp);
+  if (w.empty) return;
+  const int64_t batch = w.batch, head = w.head, kv_head = w.kv_head, r0 = w.r0, r1 = w.r1, s_kv = w.s_kv;
+  const MaskRule& mask = w.mask;
 
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
-  const SequenceSpan o_span = p.q_seq.span(p.o_st, batch);
+  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch), k = sequence_ref(p.k, p.k_st, p.kv_seq, batch),
+             v = sequence_ref(p.v, p.v_st, p.kv_seq, batch);
+  const auto o = sequence_ref(p.o, p.o_st, p.q_seq, batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);  // (smaller dims: zero columns in the tiles)
 
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
@@ -65,15 +59,11 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
     const int rows = int(kernel::min64(Bc, s_kv - c0));
-    load_tile<kKvThreads>(
-        sK(buf), GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                            p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kKvThreads>(
-        sV(buf), GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                            p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kKvThreads>(sK(buf), rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0));
+    load_tile<kKvThreads>(sV(buf), rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
   };
-  const int64_t first_key = (keys.begin / Bc) * Bc;
-  const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_key, Bc)) : 0;
+  const int64_t first_key = w.first_key;
+  const int n_blocks = w.n_key_blocks;
 
   // This warp's 16 rows of O (the group's m64 x D accumulator), m and l of rows g, g + 8.
   float o_acc[1][D / 8][4];
@@ -86,13 +76,11 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   constexpr int kFoldBlocks = int(kFoldKeys / Bc);
   OuterAccumulator<1, D> outer;
   if constexpr (Fold)
-    outer.claim(kp, keys.end - keys.begin,
+    outer.claim(kp, w.keys.end - w.keys.begin,
                 int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kKvWarps + warp);
 
   if (n_blocks > 0) {
-    load_tile<kKvThreads>(
-        sQ, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head), p.q_st.s,
-                       int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kKvThreads>(sQ, rows_of(q, r0, head, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0));
     load_stage(first_key, 0);
   }
   cp_async_commit();
@@ -143,7 +131,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   }
   if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
 
-  store_o_lse<T, 1, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
+  store_o_lse<T, 1, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 #endif
 }
 
