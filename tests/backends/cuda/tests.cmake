@@ -4,6 +4,8 @@
 strideattn_test(cuda_swizzle_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/swizzle_test.cpp)
 # The tile functions host and device code share: plain constexpr C++, checked in every build.
 strideattn_test(cuda_tiles_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiles_test.cpp)
+# The kernels' sequence-relative tensor addressing: plain host-device C++, every build too.
+strideattn_test(cuda_tensor_ref_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tensor_ref_test.cpp)
 if(STRIDEATTN_HAVE_CUDA)
   # These call into the backend directly: they link the GPU module (which the core also loads).
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
