@@ -183,7 +183,7 @@ struct Kv8Tile {
   int dq_warp_d = d / (kKvWarps / dq_query_warps);  // D / 4
   // Dynamic shared memory: K, V; two stages of Q, dO; P^T, dS^T (16-bit); two stages of LSE
   // and delta (fp32). D = 128: 164,864 bytes, within sm_80's and sm_90's opt-in limits
-  // (163 / 227 KiB) but not sm_86's or sm_89's (99 KiB), where the host runs the 4-warp kernel
+  // (163 / 227 KiB) but not sm_86's or sm_89's (99 KiB), where the plan picks the 4-warp kernel
   // instead. D = 64: 99,328 bytes, within all of them.
   int smem_bytes = (2 * bc * d + 4 * br * d + 2 * bc * br) * 2 + 4 * br * 4;
   int split_target = 16;
@@ -273,7 +273,7 @@ SA_CONSTEXPR_HD QPassTile q_tile(Arch, int d) {
 // ------------------------------------------------------------------ limits
 
 // The sm_90a kernels' shared memory against the opt-in maximum per block of a 9.0 GPU
-// (227 KiB; the host also checks the GPU's own value before choosing them).
+// (227 KiB; the plan also checks the GPU's own value before choosing them).
 inline constexpr int kSm90SmemOptin = 227 * 1024;
 static_assert(kv_wgmma_tile(64).smem_bytes <= kSm90SmemOptin && kv_wgmma_tile(128).smem_bytes <= kSm90SmemOptin &&
                   kv_wgmma_tile(256).smem_bytes <= kSm90SmemOptin,

@@ -4,9 +4,12 @@
 //                online softmax: m_new = max(m, rowmax S), O and l rescaled by 2^(m - m_new);
 //                P = 2^(S - m_new); l += rowsum P; O += P V
 //   epilogue:  O /= l, LSE = (m + log2 l) * ln 2; rows with no visible key: O = 0, LSE = -inf.
-// Scheduler: K and V stream through shared memory in double-buffered stages of `stage` keys
+// Scheduler: which query block a CTA owns and the keys its rows see, common/query_block.cuh;
+// K and V stream through shared memory in double-buffered stages of `stage` keys
 // (common/tiles.hpp): stage n+1 loads with cp.async while the warps walk stage n bc keys at
-// a time, so each stage costs one barrier. Every tensor is addressed through its own strides.
+// a time, so each stage costs one barrier. Every tensor is addressed through its own strides
+// (common/tensor_ref.hpp); the mask, the softmax and the epilogue are common/mask.cuh,
+// softmax.cuh and epilogue.cuh, which the sm_90a forward calls too.
 // FullD: d_qk == d_v == D (the head dims fill the bucket), known at compile time, so the GEMMs
 // run every k-step and column tile without the runtime guards that skip a smaller head dim's
 // zero padding; those guards are branches between k-steps, across which ptxas does not move
