@@ -105,16 +105,22 @@ cudaError_t launch_kernel(const KernelLaunch& l, const KernelParams& kp, int dev
   const void* fn = l.kernel();
   std::atomic<std::uint64_t>* granted = smem_granted(l);
   const std::uint64_t bit = device >= 0 && device < kMaxCachedDevices ? std::uint64_t(1) << device : 0;
+  // (A failure is returned and cleared from the runtime's last error, as the <<<>>> launches
+  // it replaces left it: the next call's launch checks must not see it.)
   if (bit == 0 || (granted->load(std::memory_order_acquire) & bit) == 0) {
     if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, l.entry->smem_bytes);
-        e != cudaSuccess)
+        e != cudaSuccess) {
+      (void)cudaGetLastError();
       return e;
+    }
     granted->fetch_or(bit, std::memory_order_acq_rel);
   }
   if (l.grid.empty()) return cudaSuccess;
   void* args[] = {const_cast<KernelParams*>(&kp)};
-  return cudaLaunchKernel(fn, dim3(l.grid.x, l.grid.y, l.grid.z), dim3(unsigned(l.entry->threads)), args,
-                          std::size_t(l.entry->smem_bytes), stream);
+  const cudaError_t e = cudaLaunchKernel(fn, dim3(l.grid.x, l.grid.y, l.grid.z), dim3(unsigned(l.entry->threads)), args,
+                                         std::size_t(l.entry->smem_bytes), stream);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
 }
 
 // The debug log line of a run: which kernels, which load paths.
