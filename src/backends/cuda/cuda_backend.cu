@@ -1,42 +1,38 @@
 // Host side of the `cuda` backend: the support rules (device memory, f16/bf16, head dims,
-// a GPU of compute capability >= 8.0), the workspace (device copies of the varlen tables,
-// the backward's delta rows and, for GQA/MQA with few KV heads, the dK/dV partials of the
-// split query-head groups, and for the single-pass backward the fp32 dQ accumulator), the
-// choice of dK/dV kernel and of single- or two-pass backward, the alignment choice between
-// the 16-byte and element-wise load paths per tensor, and the launch sequence of each
-// direction.
+// a GPU of compute capability >= 8.0 with a kernel for each pass), the workspace (the
+// caller's or one allocated on the stream), and the two directions as plan (plan.hpp: every
+// kernel choice, made once per call from the kernel table and the device's cached caps)
+// then launch (launch.hpp).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/device_caps.hpp"
 #include "backends/cuda/kernel_image.hpp"
-#include "backends/cuda/kernel_params.hpp"
-#include "backends/cuda/kernel_traits.cuh"
-#include "common/log.hpp"
+#include "backends/cuda/launch.hpp"
+#include "backends/cuda/plan.hpp"
+#include "backends/cuda/test_hook.hpp"
 #include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/select.hpp"
-#include "problem/params.hpp"
 
 namespace strideattn::detail {
 
 namespace {
 
-using cuda_impl::KernelParams;
-
 constexpr std::int64_t kMaxHeadDim = 256;
 constexpr std::int64_t kMaxGridYZ = 65535;
-constexpr std::size_t kAlign = 256;
-
-std::size_t round_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-// A caller's workspace must start this aligned: the pieces (kAlign multiples apart) then
-// are too, as the int64 tables, fp32 float2 atomics and sm_90 bulk reductions need.
+// A caller's workspace must start this aligned: the pieces (kWorkspacePieceAlign multiples
+// apart) then are too, as the int64 tables, fp32 float2 atomics and the float4 loads of the
+// dQ conversion need.
 constexpr std::size_t kWorkspaceAlign = 16;
+
+Status cuda_status(cudaError_t e, const char* what) {
+  return Status(StatusCode::backend_error, std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+}
 
 // ---------------------------------------------------------------- support rules
 
@@ -79,15 +75,11 @@ const std::vector<SupportRule>& rules() {
        }},
       {"gpu",
        [](const Problem&) -> std::optional<std::string> {
-         int device = 0;
-         if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
-           cudaGetLastError();
-           return std::string("no usable CUDA device (") + cudaGetErrorString(e) +
+         cuda_impl::DeviceCaps caps;
+         if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
+           return std::string("no usable CUDA device (") + cudaGetErrorString(cudaError_t(e)) +
                   "); supported: a GPU of compute capability >= 8.0";
-         }
-         int major = 0, minor = 0;
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+         const int device = caps.device, major = caps.major, minor = caps.minor;
          if (major < 8)
            return "device " + std::to_string(device) + " has compute capability " + std::to_string(major) + "." +
                   std::to_string(minor) + "; supported: >= 8.0 (mma.sync bf16, cp.async)";
@@ -98,254 +90,19 @@ const std::vector<SupportRule>& rules() {
                   " (PTX entries JIT-compile on newer GPUs)";
          return std::nullopt;
        }},
+      // A kernel of this build fits the device for every pass the call runs (the 4-warp dK/dV
+      // pass and the dQ pass at d <= 256 need 128.5 / 128 KiB of shared memory per block,
+      // which sm_86 and sm_89 GPUs do not grant).
+      {"shared_memory",
+       [](const Problem& p) -> std::optional<std::string> {
+         cuda_impl::DeviceCaps caps;
+         if (cuda_impl::current_device_caps(&caps) != 0) return std::nullopt;  // (the gpu rule said why)
+         const cuda_impl::CudaPlan plan = cuda_impl::make_cuda_plan(p, caps, cuda_impl::plan_forcing());
+         if (plan.ok()) return std::nullopt;
+         return plan.error;
+       }},
   };
   return list;
-}
-
-// ---------------------------------------------------------------- dK/dV pass parallelism
-
-// The dK/dV pass runs one CTA per (key block, KV head, sequence), each looping over every
-// query head of its GQA group. With few KV heads that grid is too small: the seed case (MQA
-// 16/1, 8 sequences of 2k keys, d 64) has 128 CTAs for 132 SMs. Splitting the group over
-// CTAs brings the grid to about target_ctas_per_sm x SMs CTAs, at the price of fp32 partials
-// and one reduction pass: several waves, so that the causal imbalance between key blocks
-// evens out. 4-warp kernel: 4 CTAs per SM (two waves of the two resident). 8-warp kernel
-// (one resident per SM): 16, the fastest of 1-16 forced splits on the seed's fwd+bwd.
-// sm_90a wgmma pass (also one per SM, each about 1.5x faster): 8, faster than 16 on the same
-// case (bench/cuda-notes.md, steps 15 and 16).
-std::int64_t target_ctas_per_sm(bool kv8, bool wgmma) { return wgmma ? 8 : kv8 ? 16 : 4; }
-
-// What the kernel choices below need to know of the current GPU, queried once per call
-// (plan_workspace). All zero when it cannot be queried: every choice then falls back to the
-// kernels that need nothing of it.
-struct DeviceCaps {
-  int major = 0, minor = 0;  // compute capability
-  int smem_optin = 0;        // opt-in shared memory per block, bytes
-  int sms = 0;               // multiprocessors
-  int smem_per_sm = 0;       // shared memory per multiprocessor, bytes
-};
-
-DeviceCaps current_device() {
-  DeviceCaps c;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&c.minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&c.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return DeviceCaps{};
-  }
-  return c;
-}
-
-// A test knob that is either "0" or "1": 0 or 1; -1 when unset or anything else.
-int env_switch(const char* name) {
-  const char* env = std::getenv(name);
-  if (env == nullptr) return -1;
-  if (std::strcmp(env, "0") == 0) return 0;
-  if (std::strcmp(env, "1") == 0) return 1;
-  return -1;
-}
-
-// STRIDEATTN_CUDA_GROUP_SPLITS=N (tests): use N splits (clamped to 1..group) whatever the
-// grid size, so the split and unsplit dK/dV paths run on the same inputs on any GPU.
-std::int64_t forced_group_splits(std::int64_t group) {
-  const char* env = std::getenv("STRIDEATTN_CUDA_GROUP_SPLITS");
-  if (env == nullptr || *env == '\0') return 0;
-  char* end = nullptr;
-  const long long n = std::strtoll(env, &end, 10);
-  if (*end != '\0' || n < 1) return 0;
-  return std::min<std::int64_t>(n, group);
-}
-
-// The dK/dV pass of the d <= 64 and d <= 128 buckets: the 8-warp kernel (128 keys per CTA,
-// the default) or the 4-warp one, which runs with STRIDEATTN_CUDA_KV8=0 (bench A/B runs,
-// tests) and on GPUs whose opt-in shared memory per block is below
-// the 8-warp kernel's (d <= 128: 161 KiB; sm_86 and sm_89 have 99 KiB).
-bool kv_pass_8warps(int bucket, const DeviceCaps& gpu) {
-  if (!cuda_impl::has_kv8_pass(bucket) || env_switch("STRIDEATTN_CUDA_KV8") == 0) return false;
-  return gpu.smem_optin >= cuda_impl::kv8_smem_bytes(bucket);
-}
-
-// The sm_90a wgmma kernels (the forward_wgmma_kernel.cuh forward, the backward_wgmma_kernel.cuh
-// dK/dV pass) run where the build carries sm_90a code (STRIDEATTN_CUDA_SM90A, set by CMake
-// from the CUDA architectures), the GPU is a 9.0 one and grants the kernel's `smem_bytes` of
-// shared memory. STRIDEATTN_CUDA_WGMMA=0 runs the mma.sync kernels instead (tests, bench A/B).
-bool sm90a_wgmma(const DeviceCaps& gpu, int smem_bytes) {
-#if defined(STRIDEATTN_CUDA_SM90A)
-  if (env_switch("STRIDEATTN_CUDA_WGMMA") == 0) return false;
-  return gpu.major == 9 && gpu.minor == 0 && gpu.smem_optin >= smem_bytes;
-#else
-  (void)gpu;
-  (void)smem_bytes;
-  return false;
-#endif
-}
-// The dK/dV pass: wgmma where the 8-warp one would run (d <= 64, d <= 128; so
-// STRIDEATTN_CUDA_KV8=0 still runs the 4-warp kernel there), and in place of the 4-warp one
-// at d <= 256.
-bool kv_pass_wgmma(int bucket, bool kv8, const DeviceCaps& gpu) {
-  return (kv8 || !cuda_impl::has_kv8_pass(bucket)) && sm90a_wgmma(gpu, cuda_impl::wgmma_smem_bytes(bucket));
-}
-// The forward of the d <= 128 and d <= 256 buckets (at d <= 64 the mma.sync forward measured
-// faster: kernel_traits.cuh, ForwardWgmmaTile).
-bool forward_wgmma(int bucket, const DeviceCaps& gpu) {
-  return cuda_impl::has_forward_wgmma(bucket) && sm90a_wgmma(gpu, cuda_impl::forward_wgmma_smem_bytes(bucket));
-}
-
-int choose_group_splits(const Problem& p, bool kv8, bool wgmma, const DeviceCaps& gpu) {
-  const std::int64_t group = p.group_size();
-  if (!p.is_backward() || group <= 1) return 1;
-  if (const std::int64_t forced = forced_group_splits(group); forced > 0) {
-    const std::int64_t per_split = (group + forced - 1) / forced;
-    const std::int64_t splits = (group + per_split - 1) / per_split;
-    return p.kv_heads * splits > kMaxGridYZ ? 1 : int(splits);
-  }
-  const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-  const std::int64_t keys = cuda_impl::kv_pass_keys(bucket, kv8, wgmma);
-  const std::int64_t ctas =
-      (p.s_kv + keys - 1) / keys * cuda_impl::kv_pass_dim_splits(bucket, wgmma) * p.kv_heads * p.batch;
-  const std::int64_t target = target_ctas_per_sm(kv8, wgmma) * gpu.sms;
-  if (ctas <= 0 || ctas >= target) return 1;
-  std::int64_t splits = std::min(group, (target + ctas - 1) / ctas);
-  const std::int64_t per_split = (group + splits - 1) / splits;
-  splits = (group + per_split - 1) / per_split;  // no split left without heads
-  if (p.kv_heads * splits > kMaxGridYZ) return 1;
-  return int(splits);
-}
-
-// ---------------------------------------------------------------- single-pass backward
-
-// The single-pass backward (dQ by fp32 atomics in the dK/dV pass) when the pass can add dQ
-// (`pass_adds_dq`: the 8-warp or the wgmma pass) and the caller does not ask for bitwise
-// reproducibility; otherwise, and where the 4-warp pass runs (the d <= 256 bucket except on
-// sm_90a, STRIDEATTN_CUDA_KV8=0), the deterministic two-pass backward.
-bool use_fused_dq(const Problem& p, bool pass_adds_dq) {
-  if (!p.is_backward() || !pass_adds_dq) return false;
-  // STRIDEATTN_CUDA_FUSED_DQ=0/1 (tests): force the two-pass (0) or single-pass (1) backward
-  // whatever `deterministic` says, so both run on the same inputs.
-  const int forced = env_switch("STRIDEATTN_CUDA_FUSED_DQ");
-  return forced >= 0 ? forced == 1 : !p.deterministic;
-}
-
-// Whether the single pass adds dQ by bulk reductions from shared memory (KernelParams::
-// dq_stage): on sm_90 (the sm_90a build; other GPUs run the sm_80 one, which uses atomics)
-// in the buckets where it measured faster (BackwardKv8Tile::kDqBulk) with room for the stage;
-// STRIDEATTN_CUDA_DQ_STAGE=0 (tests) forces the atomics.
-// (dq_accum is 16-byte aligned: the workspace is, and its pieces are kAlign multiples.)
-bool dq_bulk_reduction(int bucket, const DeviceCaps& gpu) {
-  if (env_switch("STRIDEATTN_CUDA_DQ_STAGE") == 0) return false;
-  return gpu.major == 9 && cuda_impl::kv8_dq_stage_bytes(bucket) > 0 &&
-         gpu.smem_optin >= cuda_impl::kv8_smem_bytes(bucket) + cuda_impl::kv8_dq_stage_bytes(bucket);
-}
-
-// Bytes of the single-pass backward's fp32 dQ accumulator (unrounded).
-std::size_t dq_accum_bytes(const Problem& p) {
-  return std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) * std::size_t(p.d_qk) *
-         sizeof(float);
-}
-
-// An upper bound of the forward kernel's warps resident on the GPU at once: the size of the
-// outer accumulator's slot pool (outer_accumulator.cuh), which must never run dry. CTAs per
-// SM are bounded by threads (2,048), the 32-CTA limit and shared memory; registers only
-// lower the real count. 0 when the GPU could not be queried (no blocked accumulation then).
-int forward_resident_warps(int bucket, bool wgmma, const DeviceCaps& gpu) {
-  using namespace cuda_impl;
-  const int threads = wgmma ? kKvThreads : kThreads;
-  const int smem = wgmma ? forward_wgmma_smem_bytes(bucket) : forward_smem_bytes(bucket);
-  int ctas = std::min(32, 2048 / threads);
-  if (gpu.smem_per_sm > 0) ctas = std::max(1, std::min(ctas, gpu.smem_per_sm / smem));
-  return gpu.sms * ctas * (threads / 32);
-}
-
-// ---------------------------------------------------------------- layout of the workspace
-
-struct WorkspacePlan {
-  std::size_t tables = 0;    // 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
-  std::size_t delta = 0;     // backward: fp32 [q batch extent][heads][q tokens]
-  std::size_t partial = 0;   // backward, group splits > 1: fp32 dK/dV partial planes
-  std::size_t dq_accum = 0;  // single-pass backward: fp32 [q batch extent][heads][q tokens][d_qk]
-  int group_splits = 1;
-  std::int64_t partial_rows = 0;  // rows of one partial plane
-  bool kv8 = false;               // the 8-warp dK/dV pass runs (kv_pass_8warps)
-  bool wgmma = false;             // the sm_90a wgmma kernel runs it (kv_pass_wgmma)
-  bool dq_stage = false;          // the single pass adds dQ by bulk reductions (dq_bulk_reduction)
-  bool fwd_wgmma = false;         // forward: the sm_90a wgmma kernel (forward_wgmma)
-  std::size_t outer = 0;          // forward over > kFoldKeys keys: the outer slots, then flags
-  int outer_count = 0;            // slots
-  std::size_t outer_slot_floats = 0;
-  [[nodiscard]] std::size_t total() const { return tables + delta + partial + dq_accum + outer; }
-};
-
-// The workspace and every kernel choice of one call (the GPU is queried once, here).
-WorkspacePlan plan_workspace(const Problem& p) {
-  WorkspacePlan w;
-  const DeviceCaps gpu = current_device();
-  const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-  if (p.varlen) w.tables = round_up(4 * std::size_t(p.batch) * sizeof(std::int64_t));
-  if (!p.is_backward()) {
-    w.fwd_wgmma = forward_wgmma(bucket, gpu);
-    if (p.s_kv > cuda_impl::kFoldKeys) {
-      w.outer_count = forward_resident_warps(bucket, w.fwd_wgmma, gpu);
-      w.outer_slot_floats = std::size_t(cuda_impl::forward_rows_per_warp(bucket, w.fwd_wgmma)) * std::size_t(bucket);
-      w.outer = round_up(std::size_t(w.outer_count) * w.outer_slot_floats * sizeof(float)) +
-                round_up(std::size_t(w.outer_count) * sizeof(int));
-    }
-  }
-  if (p.is_backward()) {
-    w.delta =
-        round_up(std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]) * sizeof(float));
-    w.kv8 = kv_pass_8warps(bucket, gpu);
-    w.wgmma = kv_pass_wgmma(bucket, w.kv8, gpu);
-    w.group_splits = choose_group_splits(p, w.kv8, w.wgmma, gpu);
-    if (w.group_splits > 1) {
-      w.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
-      w.partial = round_up(std::size_t(w.group_splits) * std::size_t(w.partial_rows) * std::size_t(p.d_qk + p.d_v) *
-                           sizeof(float));
-    }
-    if (use_fused_dq(p, w.kv8 || w.wgmma)) {
-      w.dq_accum = round_up(dq_accum_bytes(p));
-      w.dq_stage = !w.wgmma && dq_bulk_reduction(bucket, gpu);  // (the wgmma pass has no stage)
-    }
-  }
-  return w;
-}
-
-// ---------------------------------------------------------------- alignment of each view
-
-bool strides_multiple_of(const TensorView& v, std::int64_t m) {
-  for (int d : {kBatch, kSeq, kHead})
-    if (v.shape[d] > 1 && v.stride[d] % m != 0) return false;
-  return true;
-}
-bool vector_loadable(const TensorView& v) {
-  return reinterpret_cast<std::uintptr_t>(v.data) % 16 == 0 && strides_multiple_of(v, 8);
-}
-bool pair_storable(const TensorView& v) {
-  return reinterpret_cast<std::uintptr_t>(v.data) % 4 == 0 && strides_multiple_of(v, 2);
-}
-
-std::uint32_t alignment_bits(const Problem& p) {
-  using namespace cuda_impl;
-  std::uint32_t bits = 0;
-  if (vector_loadable(p.q)) bits |= kVecQ;
-  if (vector_loadable(p.k)) bits |= kVecK;
-  if (vector_loadable(p.v)) bits |= kVecV;
-  if (pair_storable(p.o)) bits |= kPairO;
-  if (p.is_backward()) {
-    if (vector_loadable(p.d_o)) bits |= kVecDO;
-    if (vector_loadable(p.o)) bits |= kVecO;
-    if (pair_storable(p.dq)) bits |= kPairDQ;
-    if (pair_storable(p.dk)) bits |= kPairDK;
-    if (pair_storable(p.dv)) bits |= kPairDV;
-  }
-  return bits;
-}
-
-Status cuda_status(cudaError_t e, const char* what) {
-  return Status(StatusCode::backend_error, std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
 }
 
 // Workspace for one call: the caller's, or one allocated on the stream and freed after.
@@ -385,71 +142,14 @@ class Workspace {
   cudaStream_t stream_ = nullptr;
 };
 
-// Fill the kernel parameters: strides and sizes from the problem, varlen tables copied
-// into the workspace.
-Status prepare(const Problem& p, const WorkspacePlan& plan, const Workspace& ws, cudaStream_t stream,
-               KernelParams* kp) {
-  kp->p = make_params(p);
-  kp->aligned = alignment_bits(p);
-  kp->scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  kp->q_tokens = p.q.shape[kSeq];
-  if (p.varlen) {
-    const std::size_t n = std::size_t(p.batch);
-    std::vector<std::int64_t> host(4 * n);
-    for (std::size_t i = 0; i < n; ++i) {
-      host[i] = p.seqlens_q[i];
-      host[n + i] = p.offsets_q[i];
-      host[2 * n + i] = p.seqlens_kv[i];
-      host[3 * n + i] = p.offsets_kv[i];
-    }
-    auto* dev = reinterpret_cast<std::int64_t*>(ws.base());
-    if (cudaError_t e =
-            cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream);
-        e != cudaSuccess)
-      return cuda_status(e, "copying the varlen tables");
-    kp->p.q_seq.seqlens = dev;
-    kp->p.q_seq.offsets = dev + n;
-    kp->p.kv_seq.seqlens = dev + 2 * n;
-    kp->p.kv_seq.offsets = dev + 3 * n;
-  }
-  if (p.is_backward()) kp->delta = reinterpret_cast<float*>(ws.base() + plan.tables);
-  kp->kv_tokens = p.kv_tokens();
-  kp->group_splits = plan.group_splits;
-  kp->kv_pass_8warps = plan.kv8;
-  kp->kv_pass_wgmma = plan.wgmma;
-  kp->fwd_wgmma = plan.fwd_wgmma;
-  if (plan.group_splits > 1) {
-    kp->dkv_partial = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta);
-    kp->partial_rows = plan.partial_rows;
-  }
-  if (plan.dq_accum > 0) {
-    kp->dq_accum = reinterpret_cast<float*>(ws.base() + plan.tables + plan.delta + plan.partial);
-    kp->dq_stage = plan.dq_stage;
-  }
-  if (plan.outer_count > 0) {
-    unsigned char* outer = ws.base() + plan.tables + plan.delta + plan.partial + plan.dq_accum;
-    kp->outer_slots = reinterpret_cast<float*>(outer);
-    kp->outer_flags = reinterpret_cast<int*>(
-        outer + round_up(std::size_t(plan.outer_count) * plan.outer_slot_floats * sizeof(float)));
-    kp->outer_count = plan.outer_count;
-    if (cudaError_t e = cudaMemsetAsync(kp->outer_flags, 0, std::size_t(plan.outer_count) * sizeof(int), stream);
-        e != cudaSuccess)
-      return cuda_status(e, "clearing the outer accumulator's slot flags");
-  }
+// The plan of a call on the current device (with the test hook's forcing, if any).
+Status plan_for(const Problem& p, cuda_impl::CudaPlan* plan) {
+  cuda_impl::DeviceCaps caps;
+  if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
+    return cuda_status(cudaError_t(e), "querying the current device");
+  *plan = cuda_impl::make_cuda_plan(p, caps, cuda_impl::plan_forcing());
+  if (!plan->ok()) return Status(StatusCode::backend_error, "cuda backend: " + plan->error);
   return Status::Ok();
-}
-
-cuda_impl::ElemType elem_type(const Problem& p) {
-  return p.dtype == DType::f16 ? cuda_impl::ElemType::f16 : cuda_impl::ElemType::bf16;
-}
-
-std::string describe_paths(const Problem& p, std::uint32_t bits) {
-  using namespace cuda_impl;
-  std::string s = "cuda: head-dim bucket " + std::to_string(head_dim_bucket(p.d_qk, p.d_v)) + "; 16-byte loads for";
-  const std::pair<const char*, std::uint32_t> names[] = {{" q", kVecQ}, {" k", kVecK}, {" v", kVecV}};
-  for (auto [n, b] : names) s += (bits & b) ? n : "";
-  if (p.is_backward()) s += (bits & kVecDO) ? " do" : "";
-  return s + " (others take the element-wise path)";
 }
 
 class CudaBackend final : public BackendImpl {
@@ -461,72 +161,23 @@ class CudaBackend final : public BackendImpl {
   }
 
   [[nodiscard]] Status workspace_size(const Problem& problem, std::size_t* bytes) const override {
-    *bytes = plan_workspace(problem).total();
+    cuda_impl::CudaPlan plan;
+    if (Status s = plan_for(problem, &plan); !s.ok()) return s;
+    *bytes = plan.workspace.total;
     return Status::Ok();
   }
 
-  [[nodiscard]] Status forward(const Problem& p) override {
-    Workspace ws;
-    KernelParams kp;
-    if (Status s = begin(p, &ws, &kp); !s.ok()) return s;
-    const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-    if (cudaError_t e = cuda_impl::launch_forward(elem_type(p), bucket, kp, stream_of(p)); e != cudaSuccess)
-      return cuda_status(e, "forward kernel launch");
-    return Status::Ok();
-  }
-
-  [[nodiscard]] Status backward(const Problem& p) override {
-    Workspace ws;
-    KernelParams kp;
-    if (Status s = begin(p, &ws, &kp); !s.ok()) return s;
-    const cudaStream_t stream = stream_of(p);
-    if (cudaError_t e = cuda_impl::launch_delta(elem_type(p), kp, stream); e != cudaSuccess)
-      return cuda_status(e, "delta pre-pass launch");
-    // Single pass: the dK/dV pass adds dS K into the zeroed fp32 accumulator.
-    if (kp.dq_accum != nullptr)
-      if (cudaError_t e = cudaMemsetAsync(kp.dq_accum, 0, dq_accum_bytes(p), stream); e != cudaSuccess)
-        return cuda_status(e, "zeroing the dQ accumulator");
-    const int bucket = cuda_impl::head_dim_bucket(p.d_qk, p.d_v);
-    if (cudaError_t e = cuda_impl::launch_backward(elem_type(p), bucket, kp, stream); e != cudaSuccess)
-      return cuda_status(e, "backward kernel launch");
-    if (cudaError_t e = cuda_impl::launch_reduce_dkv(elem_type(p), kp, stream); e != cudaSuccess)
-      return cuda_status(e, "dK/dV reduction launch");
-    if (cudaError_t e = cuda_impl::launch_convert_dq(elem_type(p), kp, stream); e != cudaSuccess)
-      return cuda_status(e, "dQ conversion launch");
-    return Status::Ok();
-  }
+  [[nodiscard]] Status forward(const Problem& p) override { return run(p); }
+  [[nodiscard]] Status backward(const Problem& p) override { return run(p); }
 
  private:
-  static cudaStream_t stream_of(const Problem& p) { return static_cast<cudaStream_t>(p.stream); }
-
-  // The start both directions share: workspace, kernel parameters, and for varlen the output
-  // tokens outside every sequence zeroed.
-  static Status begin(const Problem& p, Workspace* ws, KernelParams* kp) {
-    const cudaStream_t stream = stream_of(p);
-    const WorkspacePlan plan = plan_workspace(p);
-    if (Status s = ws->acquire(p, plan.total(), stream); !s.ok()) return s;
-    if (Status s = prepare(p, plan, *ws, stream, kp); !s.ok()) return s;
-    if (log_level() >= LogLevel::debug) {
-      std::string line = describe_paths(p, kp->aligned);
-      if (kp->group_splits > 1)
-        line += "; dK/dV pass: query-head group split over " + std::to_string(kp->group_splits) + " CTAs";
-      if (kp->fwd_wgmma) line += "; forward: wgmma (sm_90a)";
-      if (p.is_backward())
-        line += kp->kv_pass_wgmma    ? "; dK/dV pass: 8 warps, wgmma (sm_90a)"
-                : kp->kv_pass_8warps ? "; dK/dV pass: 8 warps"
-                                     : "; dK/dV pass: 4 warps";
-      if (p.is_backward())
-        line += kp->dq_accum == nullptr ? "; two-pass backward (deterministic)"
-                : kp->dq_stage          ? "; single-pass backward (dQ by fp32 bulk reductions)"
-                                        : "; single-pass backward (dQ by fp32 atomics)";
-      log_line(LogLevel::debug, line);
-    }
-    if (p.varlen)
-      if (cudaError_t e =
-              cuda_impl::launch_zero_padding(*kp, p.is_backward() ? 1 : 0, p.q_tokens(), p.kv_tokens(), stream);
-          e != cudaSuccess)
-        return cuda_status(e, "zeroing padding tokens");
-    return Status::Ok();
+  static Status run(const Problem& p) {
+    cuda_impl::CudaPlan plan;
+    if (Status s = plan_for(p, &plan); !s.ok()) return s;
+    const auto stream = static_cast<cudaStream_t>(p.stream);
+    Workspace ws;
+    if (Status s = ws.acquire(p, plan.workspace.total, stream); !s.ok()) return s;
+    return cuda_impl::launch(plan, p, stream, ws.base());
   }
 };
 

@@ -5,10 +5,10 @@
 // the seed case, every layout name, odd views (transposed, padded rows, odd offsets and a
 // head stride of 65 -> element-wise load path), varlen with empty sequences and gaps, a
 // seeded sweep, bitwise determinism of the backward, every dK/dV kernel (sm_90a wgmma, the
-// default on H100/H200; at d <= 64 / 128 8-warp, the default elsewhere and behind
-// STRIDEATTN_CUDA_WGMMA=0, 4-warp behind STRIDEATTN_CUDA_KV8=0; at d <= 256 4-warp elsewhere),
-// their single-pass and two-pass backward on the same inputs, which kernels run on sm_90a,
-// and reversed views (negative strides). Skips when no GPU is present.
+// default on H100/H200; the sm80 kernels, elsewhere and forced on any GPU by the plan's test
+// hook: at d <= 64 / 128 8-warp, 4-warp at d <= 128 where shared memory is short and at
+// d <= 256), their single-pass and two-pass backward on the same inputs, which kernels run on
+// sm_90a, and reversed views (negative strides). Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -21,7 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cuda/kernel_traits.cuh"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/test_hook.hpp"
 #include "common/log.hpp"
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
@@ -32,6 +33,9 @@ namespace {
 using strideattn::Backend;
 using strideattn::DType;
 using strideattn::MaskKind;
+using strideattn::cuda_impl::Arch;
+using strideattn::cuda_impl::PlanForcing;
+using strideattn::cuda_impl::ScopedCudaPlanForcing;
 using strideattn::harness::CaseSpec;
 using strideattn::harness::ViewSpec;
 
@@ -91,20 +95,19 @@ TEST(CudaBackend, GroupedAndMultiQuery) {
 }
 
 // The dK/dV pass splits a query-head group over CTAs only when the grid would be small, so a
-// GPU test's problems are almost all split. STRIDEATTN_CUDA_GROUP_SPLITS forces the count:
+// GPU test's problems are almost all split. The test hook forces the count (group_splits):
 // unsplit (1), even and uneven splits (MQA 6/1 with 4 asked gives 3 splits of 2 heads), on
 // split views of one fused sb(h+2hg)d buffer, against the fp64 reference.
 TEST(CudaBackend, GroupSplitsOfTheDkDvPass) {
   SKIP_WITHOUT_GPU();
   const CaseSpec gqa = dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal, -1, -1, true, "sb(h+2hg)d");
   const CaseSpec mqa = dense(DType::f16, 1, 130, 130, 6, 1, 128, 128, MaskKind::none, -1, -1, true, "sb(h+2hg)d");
-  for (const char* splits : {"1", "2", "4", "6"}) {
-    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
-    ASSERT_EQ(setenv("STRIDEATTN_CUDA_GROUP_SPLITS", splits, 1), 0);
+  for (int splits : {1, 2, 4, 6}) {
+    SCOPED_TRACE(::testing::Message() << "group splits " << splits);
+    const ScopedCudaPlanForcing forced(PlanForcing{.group_splits = splits});
     expect_cuda_ok(gqa);
     expect_cuda_ok(mqa);
   }
-  unsetenv("STRIDEATTN_CUDA_GROUP_SPLITS");
 }
 
 // Rows that see more than kFoldKeys keys fold their fp32 accumulator into a global slot
@@ -287,17 +290,17 @@ TEST(CudaBackend, SeededSweep) {
 
 // ------------------------------------------------------------------ determinism
 
-// Sets an environment variable (a test knob of cuda_backend.cu) for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { EXPECT_EQ(setenv(name, value, 1), 0); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+// The plan's test hook: a GPU that grants less shared memory per block than the sm80 8-warp
+// dK/dV pass needs at d <= 128 (164,864 bytes; sm_86 and sm_89 grant 101,376, and get the
+// 4-warp pass there), but enough for every other sm80 kernel of these tests (the 4-warp and
+// dQ passes at d <= 256, 131,584 and 131,072 bytes), so that the 4-warp pass runs at d <= 128
+// on the same cases as the others.
+constexpr int kSmemBelowEightWarpPass = 160 * 1024;
+namespace tiles = strideattn::cuda_impl;
+static_assert(tiles::kv8_tile(Arch::sm80, 128).smem_bytes > kSmemBelowEightWarpPass &&
+                  tiles::kv_tile(Arch::sm80, 256).smem_bytes <= kSmemBelowEightWarpPass &&
+                  tiles::q_tile(Arch::sm80, 256).smem_bytes <= kSmemBelowEightWarpPass,
+              "the limit must leave out the 8-warp pass at d <= 128 alone");
 
 // Fixed bf16 inputs on the device (b 2, s 333, h 8, hg 2, head dim d, 128 unless given:
 // the d <= 128 bucket; causal, GQA, s a multiple of neither 64 nor 128), O and LSE from one
@@ -402,14 +405,15 @@ TEST(CudaBackend, BackwardBitwiseDeterministic) {
 
 // ------------------------------------------------------------------ dK/dV pass kernels
 
-// The d <= 64 and d <= 128 buckets' dK/dV pass has two kernels: the 8-warp one (the default)
-// and the 4-warp one, kept one release behind STRIDEATTN_CUDA_KV8=0 (the d <= 256 bucket's
-// only mma.sync one; on sm_90a the wgmma rows below run the wgmma pass in every bucket, two-
-// and single-pass; the d <= 256 cases: d 192 / 256, d_qk != d_v); the 8-warp one also runs the
-// single-pass backward (dQ = dS K added into an fp32 accumulator, the default with
-// deterministic = false; STRIDEATTN_CUDA_FUSED_DQ=0/1 forces either way), whose adds are bulk
-// reductions from shared memory on sm_90 in the d <= 128 bucket and atomics elsewhere or with
-// STRIDEATTN_CUDA_DQ_STAGE=0 (there both single-pass rows run atomics). All four run
+// The sm80 kernels' dK/dV pass at d <= 128 has two kernels: the 8-warp one and the 4-warp
+// one, which GPUs with too little shared memory for the 8-warp one run (sm_86, sm_89; the
+// hook's smem_optin forces it; it is the d <= 256 bucket's only sm80 one, and d <= 64 runs
+// the 8-warp one in both rows); the hook's arch = sm80 runs the sm80 kernels on a 9.0 GPU,
+// and the default rows below run the sm_90a wgmma pass in every bucket there (elsewhere the
+// sm80 kernels again), two- and single-pass (the d <= 256 cases: d 192 / 256, d_qk != d_v).
+// The 8-warp and wgmma passes also run the single-pass backward (dQ = dS K added into an
+// fp32 accumulator by atomics, the default with deterministic = false; the hook's
+// single_pass forces either way). All rows run
 // the same cases (same seeds, so the same inputs) against the fp64 reference: GQA/MQA with forced group splits
 // (unsplit, even, uneven), causal and windowed masks, d 40 / 64 / 72 / 96 / 120 / 128, d_qk !=
 // d_v inside both buckets, s_kv a multiple of neither 64 nor 128, varlen with empty sequences.
@@ -440,25 +444,34 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
              MaskKind::causal_bottom_right, 20, 8, 96),
       varlen(DType::bf16, {70, 0, 200, 9}, {130, 5, 260, 1}, {}, {}, MaskKind::causal, -1, -1, 256),
   };
-  // 4-warp kernel; 8-warp two-pass; 8-warp single pass (the default when the caller does not
-  // ask for determinism) with its sm_90 bulk reductions and with atomics; on sm_90a the wgmma
-  // pass (the default there), two-pass and single pass (elsewhere those rows rerun the 8-warp
-  // pass: Sm90aRunsTheWgmmaKernels checks which one runs); the wgmma rows also run the wgmma
-  // forward (d <= 128 and d <= 256 buckets), the others the mma.sync one
+  // sm80 kernels: 4-warp (at d <= 128), 8-warp two-pass, 8-warp single pass (the default
+  // when the caller does not ask for determinism); the device's own kernels (on sm_90a the
+  // wgmma pass, elsewhere those rows rerun the 8-warp pass: Sm90aRunsTheWgmmaKernels checks
+  // which one runs), two-pass and single pass; the sm_90a rows also run the wgmma forward
+  // (d <= 128 and d <= 256 buckets), the others the mma.sync one
   struct Path {
-    const char *kv8, *fused, *stage, *wgmma;
+    const char* name;
+    PlanForcing forcing;
   };
-  const Path paths[] = {{"0", "0", "1", "0"}, {"1", "0", "1", "0"}, {"1", "1", "1", "0"},
-                        {"1", "1", "0", "0"}, {"1", "0", "1", "1"}, {"1", "1", "1", "1"}};
-  for (const auto& [kv8, fused, stage, wgmma] : paths) {
-    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_KV8=" << kv8 << " STRIDEATTN_CUDA_FUSED_DQ=" << fused
-                                      << " STRIDEATTN_CUDA_DQ_STAGE=" << stage << " STRIDEATTN_CUDA_WGMMA=" << wgmma);
-    const ScopedEnv knob("STRIDEATTN_CUDA_KV8", kv8), knob_dq("STRIDEATTN_CUDA_FUSED_DQ", fused),
-        knob_stage("STRIDEATTN_CUDA_DQ_STAGE", stage), knob_wgmma("STRIDEATTN_CUDA_WGMMA", wgmma);
-    for (const CaseSpec& c : others) expect_cuda_ok(c);
-    for (const char* splits : {"1", "2", "4", "6"}) {
-      SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
-      const ScopedEnv forced("STRIDEATTN_CUDA_GROUP_SPLITS", splits);
+  const Path paths[] = {
+      {"sm80, 4-warp at d <= 128, two-pass",
+       {.arch = Arch::sm80, .smem_optin = kSmemBelowEightWarpPass, .single_pass = false}},
+      {"sm80, two-pass", {.arch = Arch::sm80, .single_pass = false}},
+      {"sm80, single pass", {.arch = Arch::sm80, .single_pass = true}},
+      {"the device's kernels, two-pass", {.single_pass = false}},
+      {"the device's kernels, single pass", {.single_pass = true}},
+  };
+  for (const auto& [name, forcing] : paths) {
+    SCOPED_TRACE(name);
+    {
+      const ScopedCudaPlanForcing forced(forcing);
+      for (const CaseSpec& c : others) expect_cuda_ok(c);
+    }
+    for (int splits : {1, 2, 4, 6}) {
+      SCOPED_TRACE(::testing::Message() << "group splits " << splits);
+      PlanForcing split = forcing;
+      split.group_splits = splits;
+      const ScopedCudaPlanForcing forced(split);
       for (const CaseSpec& c : grouped) expect_cuda_ok(c);
     }
   }
@@ -471,18 +484,18 @@ TEST(CudaBackend, DkDvPassEightAndFourWarps) {
 TEST(CudaBackend, DkDvPassEightWarpsDeterministicAndEqualToFourWarps) {
   SKIP_WITHOUT_GPU();
   FixedBackwardCase c;
-  for (const char* splits : {"1", "4"}) {
-    SCOPED_TRACE(::testing::Message() << "STRIDEATTN_CUDA_GROUP_SPLITS=" << splits);
-    const ScopedEnv forced("STRIDEATTN_CUDA_GROUP_SPLITS", splits);
+  for (int splits : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "group splits " << splits);
     std::vector<std::uint16_t> eight[2], four;
-    const ScopedEnv mma_sync("STRIDEATTN_CUDA_WGMMA", "0");  // (the wgmma pass sums in its own order)
     {
-      const ScopedEnv knob("STRIDEATTN_CUDA_KV8", "1");
+      // (the sm80 kernels: the wgmma pass sums in its own order)
+      const ScopedCudaPlanForcing forced(PlanForcing{.arch = Arch::sm80, .group_splits = splits});
       eight[0] = c.backward();
       eight[1] = c.backward();
     }
     {
-      const ScopedEnv knob("STRIDEATTN_CUDA_KV8", "0");
+      const ScopedCudaPlanForcing forced(
+          PlanForcing{.arch = Arch::sm80, .smem_optin = kSmemBelowEightWarpPass, .group_splits = splits});
       four = c.backward();
     }
     EXPECT_TRUE(eight[1] == eight[0]) << "8-warp kernel: gradients differ between runs";
@@ -514,8 +527,8 @@ std::string debug_log_of(F&& fn) {
 
 // On a 9.0 GPU, in a build with sm_90a code, the forward of the d <= 128 and d <= 256
 // buckets and every bucket's dK/dV pass run the wgmma kernels (so the default runs of every
-// test here, and the wgmma rows of DkDvPassEightAndFourWarps, test them), and
-// STRIDEATTN_CUDA_WGMMA=0 the mma.sync ones; the wgmma dK/dV pass is deterministic run to run.
+// test here, and the default rows of DkDvPassEightAndFourWarps, test them), and the test
+// hook's arch = sm80 the mma.sync ones; the wgmma dK/dV pass is deterministic run to run.
 TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   SKIP_WITHOUT_GPU();
 #if !defined(STRIDEATTN_CUDA_SM90A)
@@ -528,16 +541,17 @@ TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   if (major != 9 || minor != 0) GTEST_SKIP() << "compute capability " << major << "." << minor << ", not 9.0";
   FixedBackwardCase c;
   const std::string fwd = debug_log_of([&] { c.forward(); });
-  EXPECT_NE(fwd.find("; forward: wgmma (sm_90a)"), std::string::npos) << fwd;
+  EXPECT_NE(fwd.find("; forward: sm90a wgmma forward"), std::string::npos) << fwd;
   const std::string bwd = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c.backward())); });
-  EXPECT_NE(bwd.find("dK/dV pass: 8 warps, wgmma (sm_90a)"), std::string::npos) << bwd;
+  EXPECT_NE(bwd.find("; dK/dV pass: sm90a wgmma dK/dV pass"), std::string::npos) << bwd;
   {
-    const ScopedEnv off("STRIDEATTN_CUDA_WGMMA", "0");
+    const ScopedCudaPlanForcing off(PlanForcing{.arch = Arch::sm80});
     const std::string mma = debug_log_of([&] {
       c.forward();
       EXPECT_TRUE(any_nonzero(c.backward()));
     });
-    EXPECT_NE(mma.find("dK/dV pass: 8 warps;"), std::string::npos) << mma;
+    EXPECT_NE(mma.find("; forward: sm80 mma.sync forward"), std::string::npos) << mma;
+    EXPECT_NE(mma.find("; dK/dV pass: sm80 8-warp dK/dV pass"), std::string::npos) << mma;
     EXPECT_EQ(mma.find("wgmma"), std::string::npos) << mma;
   }
   const std::vector<std::uint16_t> first = c.backward(), second = c.backward();
@@ -545,13 +559,13 @@ TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
 
   FixedBackwardCase c256(256);  // the d <= 256 bucket
   const std::string fwd256 = debug_log_of([&] { c256.forward(); });
-  EXPECT_NE(fwd256.find("; forward: wgmma (sm_90a)"), std::string::npos) << fwd256;
+  EXPECT_NE(fwd256.find("; forward: sm90a wgmma forward"), std::string::npos) << fwd256;
   const std::string bwd256 = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c256.backward())); });
-  EXPECT_NE(bwd256.find("dK/dV pass: 8 warps, wgmma (sm_90a)"), std::string::npos) << bwd256;
+  EXPECT_NE(bwd256.find("; dK/dV pass: sm90a wgmma dK/dV pass"), std::string::npos) << bwd256;
   {
-    const ScopedEnv off("STRIDEATTN_CUDA_WGMMA", "0");
+    const ScopedCudaPlanForcing off(PlanForcing{.arch = Arch::sm80});
     const std::string mma = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c256.backward())); });
-    EXPECT_NE(mma.find("dK/dV pass: 4 warps;"), std::string::npos) << mma;
+    EXPECT_NE(mma.find("; dK/dV pass: sm80 4-warp dK/dV pass"), std::string::npos) << mma;
   }
   const std::vector<std::uint16_t> first256 = c256.backward(), second256 = c256.backward();
   EXPECT_TRUE(first256 == second256) << "wgmma pass, d = 256: gradients differ between runs";
@@ -587,13 +601,14 @@ struct DeviceTensor {
   }
 };
 
-// Whether this GPU runs the d <= 128 bucket's 8-warp dK/dV pass (and so the single pass): it
-// needs 161 KiB of shared memory per block (cuda_backend.cu, kv_pass_8warps).
+// Whether this GPU runs a d <= 128 dK/dV pass that adds dQ (and so the single pass): the
+// sm90a wgmma pass, or the 8-warp pass, which needs 161 KiB of shared memory per block
+// (plan.cpp picks the 4-warp pass below that).
 bool kv8_enabled() {
   int dev = 0, smem = 0;
   return cudaGetDevice(&dev) == cudaSuccess &&
          cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-         smem >= strideattn::cuda_impl::BackwardKv8Tile<128>::kSmemBytes;
+         smem >= strideattn::cuda_impl::kv8_tile(strideattn::cuda_impl::Arch::sm80, 128).smem_bytes;
 }
 
 // A caller-provided workspace of workspace_size() bytes gives the same bytes as the

@@ -1,11 +1,11 @@
-// The shared-memory swizzle identity the warp GEMMs rely on (src/backends/cuda/smem_swizzle.hpp):
+// The shared-memory swizzle identity the warp GEMMs rely on (src/backends/cuda/common/smem_swizzle.hpp):
 // stepping 16 columns is an XOR of the swizzled offset. Plain arithmetic: runs in every build.
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <set>
 
-#include "backends/cuda/smem_swizzle.hpp"
+#include "backends/cuda/common/smem_swizzle.hpp"
 
 namespace {
 

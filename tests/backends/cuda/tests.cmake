@@ -1,11 +1,18 @@
 # cuda backend tests. GPU tests carry the label `gpu` and skip, saying
-# so, without a GPU; the support-rule test runs everywhere the backend is compiled.
+# so, without a GPU; the support-rule and plan tests run everywhere the backend is compiled.
 # The shared-memory swizzle arithmetic of the kernels: plain C++, checked in every build.
 strideattn_test(cuda_swizzle_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/swizzle_test.cpp)
+# The tile functions host and device code share: plain constexpr C++, checked in every build.
+strideattn_test(cuda_tiles_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiles_test.cpp)
+# The kernels' sequence-relative tensor addressing: plain host-device C++, every build too.
+strideattn_test(cuda_tensor_ref_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tensor_ref_test.cpp)
 if(STRIDEATTN_HAVE_CUDA)
   # These call into the backend directly: they link the GPU module (which the core also loads).
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
   target_link_libraries(cuda_rules_test PRIVATE strideattn_gpu)
+  # The kernel table and make_cuda_plan's choices for described GPUs (no GPU needed).
+  strideattn_test(cuda_plan_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_test.cpp)
+  target_link_libraries(cuda_plan_test PRIVATE strideattn_gpu)
   strideattn_test(cuda_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cpp LABELS gpu)
   target_link_libraries(cuda_test PRIVATE strideattn_gpu CUDA::cudart)
   # (as the library: whether the build carries the sm_90a wgmma kernels)

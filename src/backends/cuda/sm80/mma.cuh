@@ -1,7 +1,6 @@
-// Warp-level building blocks of the sm80+ kernels: the m16n8k16 tensor-core MMA (fp32
-// accumulate), ldmatrix, cp.async, the swizzled shared-memory tile layout, the strided
-// global->shared tile loader (16-byte cp.async fast path, element-wise slow path) and the
-// three warp GEMM shapes the kernels are made of:
+// Warp-level building blocks of the mma.sync kernels: the m16n8k16 tensor-core MMA (fp32
+// accumulate), ldmatrix, the swizzled shared-memory tile layout and the three warp GEMM
+// shapes the kernels are made of:
 //   gemm_nt: C[16*MT x N] += A[16*MT x K] * B[N x K]^T, A and B rows in shared memory
 //   gemm_rn: C[16*MT x N] += A[16*MT x K] * B[K x N],   A in registers, B rows in smem
 //   gemm_sn: C[16*MT x N] += A[16*MT x K] * B[K x N],   A rows and B rows in smem
@@ -17,42 +16,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/smem_swizzle.hpp"
+#include "backends/cuda/common/copy.cuh"
+#include "backends/cuda/common/element.cuh"
+#include "backends/cuda/common/fragment.cuh"
+#include "backends/cuda/common/smem_swizzle.hpp"
 
 namespace strideattn::cuda_impl {
-
-// ------------------------------------------------------------------ element types
-
-template <class T>
-struct ElementTraits;
-template <>
-struct ElementTraits<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t u) {
-    __half2 h = *reinterpret_cast<__half2*>(&u);
-    return __half22float2(h);
-  }
-  static __device__ __forceinline__ uint16_t from_float(float x) { return __half_as_ushort(__float2half_rn(x)); }
-  static __device__ __forceinline__ float to_float(uint16_t u) { return __half2float(__ushort_as_half(u)); }
-};
-template <>
-struct ElementTraits<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t u) {
-    __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
-    return __bfloat1622float2(h);
-  }
-  static __device__ __forceinline__ uint16_t from_float(float x) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  }
-  static __device__ __forceinline__ float to_float(uint16_t u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
-};
 
 // D = A * B + D, m16n8k16, fp32 accumulate.
 template <class T>
@@ -72,10 +41,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -85,55 +50,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-// 4-byte copy (through L1): the per-row LSE and delta of a query block, so that their
-// latency, like the tiles', hides behind the current block's work.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// sm_90 bulk reductions (the TMA unit): global[dst, dst + bytes) += shared[src, src + bytes)
-// as fp32, both 16-byte aligned, bytes a multiple of 16. The shared source must not change
-// until bulk_wait_read (per thread: the issuing thread waits for its own operations), and
-// generic-proxy writes to it must be made visible first (fence_async_shared by each writer,
-// then a barrier). Only the sm_90 build calls these (kBulkReduce); elsewhere they are empty.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-inline constexpr bool kBulkReduce = true;
-#else
-inline constexpr bool kBulkReduce = false;
-#endif
-__device__ __forceinline__ void fence_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// Until this thread's bulk operations have read their shared source / have completed.
-__device__ __forceinline__ void bulk_wait_read() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
 }
 
 // ------------------------------------------------------------------ shared-memory tiles
@@ -155,69 +71,6 @@ struct SmemTile {
   }
 };
 
-// Where a tile's rows come from in global memory: row r of the tile is token (row0 + r) of
-// a sequence; its element 0 is at gptr + base + (row0 + r) * s_stride. `rows` tokens are
-// valid, `cols` elements of each row (a multiple of 8). `aligned` selects 16-byte cp.async
-// (base pointer and every used stride a multiple of 8 elements); otherwise element loads.
-struct GlobalRows {
-  const uint16_t* ptr = nullptr;  // already offset to (sequence, head, token row0)
-  int64_t s_stride = 0;
-  int rows = 0;
-  int cols = 0;
-  bool aligned = false;
-};
-
-// Copy a tile from global memory into shared memory; rows >= src.rows and columns >=
-// src.cols are zero-filled, so padded rows and head-dim columns contribute nothing.
-// Full tiles with 16-byte-aligned rows (the common case: every row valid, the head dim equal
-// to the tile width) take a path with no per-chunk test: each thread owns one column chunk
-// and every kRowsPerPass-th row, so its global address steps by a fixed stride and, where
-// kRowsPerPass is a multiple of 8 (the swizzle repeats every 8 rows), its shared-memory
-// offset by an immediate. The general loop below costs about 40 instructions per chunk in
-// the sm_90a SASS (bounds, alignment branch, swizzle); this one a few.
-template <int NTHREADS, class Tile>
-__device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& src) {
-  constexpr int kChunksPerRow = Tile::kCols / 8;
-  constexpr int kChunks = Tile::kRows * kChunksPerRow;
-  static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
-  static_assert(NTHREADS % kChunksPerRow == 0, "a thread keeps one column chunk");
-  if (src.aligned && src.rows >= Tile::kRows && src.cols >= Tile::kCols) {
-    constexpr int kRowsPerPass = NTHREADS / kChunksPerRow;
-    const int row0 = threadIdx.x / kChunksPerRow, col = (threadIdx.x % kChunksPerRow) * 8;
-    const uint16_t* g = src.ptr + row0 * src.s_stride + col;
-    const int64_t step = int64_t(kRowsPerPass) * src.s_stride;
-#pragma unroll
-    for (int i = 0; i < kChunks / NTHREADS; ++i)
-      cp_async_16(smem_addr(tile.chunk(row0 + i * kRowsPerPass, col)), g + i * step);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kChunks / NTHREADS; ++i) {
-    const int idx = i * NTHREADS + threadIdx.x;
-    const int row = idx / kChunksPerRow;
-    const int col = (idx % kChunksPerRow) * 8;
-    uint16_t* dst = tile.chunk(row, col);
-    if (row < src.rows && col < src.cols) {
-      const uint16_t* g = src.ptr + row * src.s_stride + col;
-      if (src.aligned) {
-        cp_async_16(smem_addr(dst), g);
-      } else {
-        uint16_t v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = g[e];
-        uint4 packed;
-        packed.x = uint32_t(v[0]) | (uint32_t(v[1]) << 16);
-        packed.y = uint32_t(v[2]) | (uint32_t(v[3]) << 16);
-        packed.z = uint32_t(v[4]) | (uint32_t(v[5]) << 16);
-        packed.w = uint32_t(v[6]) | (uint32_t(v[7]) << 16);
-        *reinterpret_cast<uint4*>(dst) = packed;
-      }
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
 // ------------------------------------------------------------------ warp GEMMs
 
 // C[MT][N/8][4] += A * B^T. A: rows a_row0 + 16*mt + (0..15) of `sa`, B: rows b_row0 + (0..N-1)
@@ -228,7 +81,7 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& sr
 // per scheduler cannot hide it otherwise). The sum over k runs in the same order as a plain
 // loop: results are bitwise those of the unpipelined GEMM.
 // Prefetch = false: the plain loop (fewer live fragments, for kernels where the pipelined
-// one spills; kernel_traits.cuh says where), same sums in the same order.
+// one spills; common/tiles.hpp says where), same sums in the same order.
 template <class T, int MT, int N, int KMAX, bool Prefetch = true, class TileA, class TileB>
 __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& sa, int a_row0, const TileB& sb,
                                         int b_row0, int k_end) {
@@ -284,26 +137,6 @@ __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const TileA& s
   }
 }
 
-// A operand fragments of a 16*MT x K matrix held in registers: a[mt][k16][4].
-// Built from an fp32 accumulator C[MT][K/8][4] by rounding to T (the FA2 register reuse:
-// two adjacent n8 accumulator tiles form one k16 A fragment).
-template <class T, int MT, int K>
-__device__ __forceinline__ void accum_to_a(uint32_t (&a)[MT][K / 16][4], const float (&c)[MT][K / 8][4]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int kk = 0; kk < K / 16; ++kk) {
-      a[mt][kk][0] = ElementTraits<T>::pack(c[mt][2 * kk][0], c[mt][2 * kk][1]);
-      a[mt][kk][1] = ElementTraits<T>::pack(c[mt][2 * kk][2], c[mt][2 * kk][3]);
-      a[mt][kk][2] = ElementTraits<T>::pack(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
-      a[mt][kk][3] = ElementTraits<T>::pack(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
-    }
-}
-
-// C[MT][N/8][4] += A * B with A in registers (a[mt][k16]) and B stored k-major in shared
-// memory: B[k][n] is element (k, b_col0 + n) of `sb` (rows = contraction). Column tiles
-// at or beyond n_end (a multiple of 8) are skipped.
-// Pipelined over the 16-column tiles of C (the loop that n_end cuts short): the B fragments
 // of tile nn+1 are requested before the MMAs of tile nn. Each C element still sums over k in
 // increasing order, so the results are bitwise those of a plain loop.
 template <class T, int MT, int K, int N, bool Prefetch = true, class TileB>
@@ -425,48 +258,6 @@ __device__ __forceinline__ void gemm_sn(float (&c)[MT][N / 8][4], const TileA& s
       }
       if (!more) break;
     }
-  }
-}
-
-// Store a warp's fp32 accumulator tile C[MT][N/8][4] (rows row0 + 16 * mt + g (+8), columns
-// col0 + 8 * n + 2t (+1)) into a shared-memory tile, rounded to T: the exchange of P^T and
-// dS^T between the warps of the 8-warp dK/dV pass. One 4-byte store per pair; the 8 rows of
-// a store instruction land in 8 different chunks of the swizzle, so 32 different banks.
-template <class T, int MT, int N, class Tile>
-__device__ __forceinline__ void store_accum(const Tile& tile, int row0, int col0, const float (&c)[MT][N / 8][4]) {
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<uint32_t*>(tile.chunk(row0 + mt * 16 + g + 8 * h, col0 + n * 8) + 2 * t) =
-            ElementTraits<T>::pack(c[mt][n][2 * h], c[mt][n][2 * h + 1]);
-}
-
-template <int MT, int N>
-__device__ __forceinline__ void zero(float (&c)[MT][N / 8][4]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[mt][n][e] = 0.f;
-}
-
-// ------------------------------------------------------------------ global stores
-
-// Store two adjacent elements (cols col, col+1) of one row; 4-byte store when the target is
-// 4-byte aligned (`pair_aligned`: base pointer and strides even), two 2-byte stores otherwise.
-template <class T>
-__device__ __forceinline__ void store_pair(uint16_t* row_ptr, int col, float x0, float x1, bool pair_aligned) {
-  if (pair_aligned) {
-    *reinterpret_cast<uint32_t*>(row_ptr + col) = ElementTraits<T>::pack(x0, x1);
-  } else {
-    row_ptr[col] = ElementTraits<T>::from_float(x0);
-    row_ptr[col + 1] = ElementTraits<T>::from_float(x1);
   }
 }
 

@@ -7,7 +7,7 @@
 //
 // Accumulator fragment of one warpgroup (128 threads, warp w = 0..3 of the group), c[N/8][4]:
 // c[n][e] is row 16 w + g + 8 (e / 2), column 8 n + 2 t + (e % 2) (g = lane / 4, t = lane %
-// 4), the m16n8k16 C layout of device_primitives.cuh for 16 rows per warp, so the
+// 4), the m16n8k16 C layout of sm80/mma.cuh for 16 rows per warp, so the
 // mma.sync kernels' epilogue and mask helpers take a warp's slice as a [1][N/8][4] tile.
 // Operands (PTX ISA, "asynchronous warpgroup level matrix shared memory layout"): A is
 // 64 x 16 and B is 16 x N, both read from shared memory through 64-bit descriptors;
@@ -21,7 +21,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/device_primitives.cuh"
+#include "backends/cuda/common/copy.cuh"
+#include "backends/cuda/common/smem_swizzle.hpp"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SA_WGMMA 1
@@ -158,7 +159,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&c)[NT][4], uint64_t desc_a,
 }
 
 // c (+)= A * B for one k16 step with A in registers: a[4] is this thread's A fragment of
-// the warp's 16 rows, the m16n8k16 A layout of device_primitives.cuh (accum_to_a builds it
+// the warp's 16 rows, the m16n8k16 A layout of sm80/mma.cuh (accum_to_a builds it
 // from an accumulator: the forward's P). B from shared memory as above.
 template <class T, int TransB, int NT>
 __device__ __forceinline__ void wgmma_rs_m64k16(float (&c)[NT][4], const uint32_t (&a)[4], uint64_t desc_b,

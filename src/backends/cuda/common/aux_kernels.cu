@@ -2,11 +2,12 @@
 // delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), the conversion of the
 // single-pass backward's fp32 dQ accumulator into dQ, and, for varlen
 // problems, zeroing the output tokens that belong to no sequence (padding) so every element
-// of an output view is written. Also the dtype dispatch of the main launches.
+// of an output view is written.
 #include <cmath>
 
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_params.hpp"
+#include "backends/cuda/common/aux_kernels.hpp"
+#include "backends/cuda/common/element.cuh"
+#include "backends/cuda/common/tensor_ref.hpp"
 
 namespace strideattn::cuda_impl {
 
@@ -30,10 +31,8 @@ __global__ void __launch_bounds__(kAuxThreads) delta_kernel(const KernelParams k
   const bool in_range = row < p.q_seq.length(batch);
   float sum = 0.f;
   if (in_range) {
-    const auto* o =
-        static_cast<const uint16_t*>(p.o) + kernel::row_offset(p.q_seq.span(p.o_st, batch), p.o_st, row, head);
-    const auto* d_o =
-        static_cast<const uint16_t*>(p.d_o) + kernel::row_offset(p.q_seq.span(p.do_st, batch), p.do_st, row, head);
+    const uint16_t* o = sequence_ref(p.o, p.o_st, p.q_seq, batch).row(row, head);
+    const uint16_t* d_o = sequence_ref(p.d_o, p.do_st, p.q_seq, batch).row(row, head);
     const bool vec = (kp.aligned & kVecO) && (kp.aligned & kVecDO);
     for (int c = lane * 8; c < int(p.d_v); c += kDeltaLanes * 8) {
       uint16_t a[8], b[8];
@@ -63,8 +62,8 @@ __global__ void __launch_bounds__(kAuxThreads) reduce_dkv_kernel(const KernelPar
   const int64_t plane_k = kp.partial_rows * p.d_qk, plane_v = kp.partial_rows * p.d_v;
   const float* pk = kp.dkv_partial + row * p.d_qk;
   const float* pv = kp.dkv_partial + kp.group_splits * plane_k + row * p.d_v;
-  auto* dk = static_cast<uint16_t*>(p.dk) + kernel::row_offset(p.kv_seq.span(p.dk_st, batch), p.dk_st, key, kv_head);
-  auto* dv = static_cast<uint16_t*>(p.dv) + kernel::row_offset(p.kv_seq.span(p.dv_st, batch), p.dv_st, key, kv_head);
+  uint16_t* dk = sequence_ref(p.dk, p.dk_st, p.kv_seq, batch).row(key, kv_head);
+  uint16_t* dv = sequence_ref(p.dv, p.dv_st, p.kv_seq, batch).row(key, kv_head);
   for (int64_t c = threadIdx.x; c < p.d_qk; c += blockDim.x) {
     float sum = 0.f;
     for (int i = 0; i < kp.group_splits; ++i) sum += pk[i * plane_k + c];
@@ -92,7 +91,7 @@ __global__ void __launch_bounds__(kAuxThreads) convert_dq_kernel(const KernelPar
   const int c = int(idx % groups) * 4;
   if (token >= p.q_seq.length(batch)) return;
   const float4 acc = *reinterpret_cast<const float4*>(kp.dq_accum + delta_index(kp, batch, head, token) * p.d_qk + c);
-  auto* dq = static_cast<uint16_t*>(p.dq) + kernel::row_offset(p.q_seq.span(p.dq_st, batch), p.dq_st, token, head);
+  uint16_t* dq = sequence_ref(p.dq, p.dq_st, p.q_seq, batch).row(token, head);
   const bool pair = (kp.aligned & kPairDQ) != 0;
   store_pair<T>(dq, c, acc.x * p.scale, acc.y * p.scale, pair);
   store_pair<T>(dq, c + 2, acc.z * p.scale, acc.w * p.scale, pair);
@@ -129,32 +128,32 @@ cudaError_t zero_padding(void* base, const kernel::Strides& st, const kernel::Se
 
 }  // namespace
 
-cudaError_t launch_delta(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+cudaError_t launch_delta(DType t, const KernelParams& kp, cudaStream_t stream) {
   const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, kDeltaRows)), unsigned(kp.p.heads),
                   unsigned(kp.p.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  if (t == ElemType::f16)
+  if (t == DType::f16)
     delta_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     delta_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
   return cudaGetLastError();
 }
 
-cudaError_t launch_reduce_dkv(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+cudaError_t launch_reduce_dkv(DType t, const KernelParams& kp, cudaStream_t stream) {
   const dim3 grid(unsigned(kp.p.kv_seq.max_len), unsigned(kp.p.kv_heads), unsigned(kp.p.batch));
   if (kp.dkv_partial == nullptr || grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  if (t == ElemType::f16)
+  if (t == DType::f16)
     reduce_dkv_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     reduce_dkv_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
   return cudaGetLastError();
 }
 
-cudaError_t launch_convert_dq(ElemType t, const KernelParams& kp, cudaStream_t stream) {
+cudaError_t launch_convert_dq(DType t, const KernelParams& kp, cudaStream_t stream) {
   const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len * (kp.p.d_qk / 4), kAuxThreads)), unsigned(kp.p.heads),
                   unsigned(kp.p.batch));
   if (kp.dq_accum == nullptr || grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  if (t == ElemType::f16)
+  if (t == DType::f16)
     convert_dq_kernel<__half><<<grid, kAuxThreads, 0, stream>>>(kp);
   else
     convert_dq_kernel<__nv_bfloat16><<<grid, kAuxThreads, 0, stream>>>(kp);
@@ -173,14 +172,6 @@ cudaError_t launch_zero_padding(const KernelParams& kp, int which, int64_t q_tok
       e != cudaSuccess)
     return e;
   return zero_padding(p.dv, p.dv_st, p.kv_seq, p.batch, kv_tokens, p.kv_heads, p.d_v, nullptr, {}, stream);
-}
-
-cudaError_t launch_forward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_forward_f16(bucket, kp, stream) : launch_forward_bf16(bucket, kp, stream);
-}
-
-cudaError_t launch_backward(ElemType t, int bucket, const KernelParams& kp, cudaStream_t stream) {
-  return t == ElemType::f16 ? launch_backward_f16(bucket, kp, stream) : launch_backward_bf16(bucket, kp, stream);
 }
 
 }  // namespace strideattn::cuda_impl

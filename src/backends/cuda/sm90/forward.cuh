@@ -1,6 +1,7 @@
-// The forward on sm_90a for the d <= 128 and d <= 256 head-dim buckets: forward_kernel.cuh's
+// The forward on sm_90a for the d <= 128 and d <= 256 head-dim buckets: sm80/forward.cuh's
 // schedule and math (same online softmax and epilogue, shared with it) with both GEMMs as
-// warpgroup MMAs (wgmma.cuh), and forward_pass, which picks this kernel or that one.
+// warpgroup MMAs (wgmma.cuh). (The plan picks it, plan.cpp; the d <= 64 bucket keeps the
+// mma.sync forward.)
 //
 // One CTA of 2 warpgroups per (block of 128 queries, head, sequence), heaviest blocks first;
 // warpgroup wg owns query rows [64 wg, 64 wg + 64). Per block of Bc keys (128, at d <= 256
@@ -8,21 +9,30 @@
 //   S = Q K^T            (A = Q, B = K, both from shared memory)
 //   masked -> -inf; online softmax step: S -> P, l, and O rescaled where m is raised
 //   O += P V             (A = P from registers, rounded to T; B = V from shared memory)
-// Tile shapes and their reasons: kernel_traits.cuh, ForwardWgmmaTile.
+// Tile shapes and their reasons: common/tiles.hpp, forward_wgmma_tile.
 #pragma once
 
-#include "backends/cuda/forward_kernel.cuh"
-#include "backends/cuda/wgmma.cuh"
+#include "backends/cuda/common/epilogue.cuh"
+#include "backends/cuda/common/fragment.cuh"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/outer_accumulator.cuh"
+#include "backends/cuda/common/query_block.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
 
 template <class T, int D, bool Fold>
 __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
-  using Tile = ForwardWgmmaTile<D>;
-  constexpr int Br = Tile::kBr, Bc = Tile::kBc;
+  constexpr ForwardWgmmaTile kTile = forward_wgmma_tile(D);
+  constexpr int Br = kTile.br, Bc = kTile.bc;
   using QTile = Sw128Tile<Br, D>;
   using KvTile = Sw128Tile<Bc, D>;
+  static_assert(1024 + (QTile::kElems + 4 * KvTile::kElems) * 2 == kTile.smem_bytes,
+                "the shared memory the host grants");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
   uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
@@ -33,21 +43,14 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   auto sV = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems + KvTile::kElems}; };
 
   const kernel::AttentionParams& p = kp.p;
-  const int64_t batch = blockIdx.z, head = blockIdx.y;
-  const int64_t s_q = p.q_seq.length(batch), s_kv = p.kv_seq.length(batch);
-  // Heaviest query blocks (latest rows under a causal mask) are scheduled first.
-  const int64_t n_qblocks = kernel::ceil_div(p.q_seq.max_len, Br);
-  const int64_t r0 = (n_qblocks - 1 - int64_t(blockIdx.x)) * Br;
-  if (r0 >= s_q) return;
-  const int64_t r1 = kernel::min64(r0 + Br, s_q);
-  const MaskRule mask = p.mask(batch);
-  const TileRange keys = kernel::key_range_for_rows(mask, r0, r1);
-  const int64_t kv_head = kernel::kv_head_of(head, p.heads, p.kv_heads);
+  const QueryBlockWork w = query_block_work<Br, Bc>(kp);
+  if (w.empty) return;
+  const int64_t batch = w.batch, head = w.head, kv_head = w.kv_head, r0 = w.r0, r1 = w.r1, s_kv = w.s_kv;
+  const MaskRule& mask = w.mask;
 
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan k_span = p.kv_seq.span(p.k_st, batch);
-  const SequenceSpan v_span = p.kv_seq.span(p.v_st, batch);
-  const SequenceSpan o_span = p.q_seq.span(p.o_st, batch);
+  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch), k = sequence_ref(p.k, p.k_st, p.kv_seq, batch),
+             v = sequence_ref(p.v, p.v_st, p.kv_seq, batch);
+  const auto o = sequence_ref(p.o, p.o_st, p.q_seq, batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);  // (smaller dims: zero columns in the tiles)
 
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
@@ -56,15 +59,11 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
     const int rows = int(kernel::min64(Bc, s_kv - c0));
-    load_tile<kKvThreads>(
-        sK(buf), GlobalRows{static_cast<const uint16_t*>(p.k) + kernel::row_offset(k_span, p.k_st, c0, kv_head),
-                            p.k_st.s, rows, d_qk, (kp.aligned & kVecK) != 0});
-    load_tile<kKvThreads>(
-        sV(buf), GlobalRows{static_cast<const uint16_t*>(p.v) + kernel::row_offset(v_span, p.v_st, c0, kv_head),
-                            p.v_st.s, rows, d_v, (kp.aligned & kVecV) != 0});
+    load_tile<kKvThreads>(sK(buf), rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0));
+    load_tile<kKvThreads>(sV(buf), rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
   };
-  const int64_t first_key = (keys.begin / Bc) * Bc;
-  const int n_blocks = keys.end > keys.begin ? int(kernel::ceil_div(keys.end - first_key, Bc)) : 0;
+  const int64_t first_key = w.first_key;
+  const int n_blocks = w.n_key_blocks;
 
   // This warp's 16 rows of O (the group's m64 x D accumulator), m and l of rows g, g + 8.
   float o_acc[1][D / 8][4];
@@ -77,13 +76,11 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   constexpr int kFoldBlocks = int(kFoldKeys / Bc);
   OuterAccumulator<1, D> outer;
   if constexpr (Fold)
-    outer.claim(kp, keys.end - keys.begin,
+    outer.claim(kp, w.keys.end - w.keys.begin,
                 int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kKvWarps + warp);
 
   if (n_blocks > 0) {
-    load_tile<kKvThreads>(
-        sQ, GlobalRows{static_cast<const uint16_t*>(p.q) + kernel::row_offset(q_span, p.q_st, r0, head), p.q_st.s,
-                       int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0});
+    load_tile<kKvThreads>(sQ, rows_of(q, r0, head, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0));
     load_stage(first_key, 0);
   }
   cp_async_commit();
@@ -134,24 +131,22 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   }
   if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
 
-  store_o_lse<T, 1, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o_span, o_acc, row_max, row_sum);
+  store_o_lse<T, 1, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 #endif
 }
 
+// The kernel table's entry of this forward for (T, D) (dispatch.hpp).
 template <class T, int D>
-cudaError_t launch_forward_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  auto kernel_fn = kp.outer_count > 0 ? forward_wgmma_kernel<T, D, true> : forward_wgmma_kernel<T, D, false>;
-  return launch_kernel(kernel_fn, query_block_grid(kp, ForwardWgmmaTile<D>::kBr), kKvThreads,
-                       ForwardWgmmaTile<D>::kSmemBytes, kp, stream);
-}
-
-// The forward for head-dim bucket D: the wgmma kernel where the host chose it
-// (KernelParams::fwd_wgmma), else the mma.sync one.
-template <class T, int D>
-cudaError_t forward_pass(const KernelParams& kp, cudaStream_t stream) {
-  if constexpr (has_forward_wgmma(D))
-    if (kp.fwd_wgmma) return launch_forward_wgmma<T, D>(kp, stream);
-  return run_forward<T, D>(kp, stream);
+KernelEntry forward_wgmma_entry() {
+  constexpr ForwardWgmmaTile kTile = forward_wgmma_tile(D);
+  KernelEntry e;
+  e.name = "sm90a wgmma forward";
+  e.dtype = dtype_of<T>(), e.arch = Arch::sm90a, e.bucket = D, e.pass = Pass::forward;
+  e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16;
+  e.guarded = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false>);
+  e.fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

@@ -1,8 +1,8 @@
 // The dK/dV pass of the backward on sm_90a for every head-dim bucket: the loop of the 8-warp
-// pass of backward_kv8_kernel.cuh (over the query blocks and GQA heads; same outputs, same
+// pass of sm80/backward_kv8.cuh (over the query blocks and GQA heads; same outputs, same
 // single-pass dQ accumulator) with every GEMM a warpgroup MMA (wgmma.cuh) reading both
-// operands from shared memory. Tile shapes and their reasons: kernel_traits.cuh,
-// BackwardWgmmaTile.
+// operands from shared memory. Tile shapes and their reasons: common/tiles.hpp,
+// kv_wgmma_tile.
 //
 // One CTA of 2 warpgroups per (Bc-key block, KV head, sequence[, group split]). d <= 128:
 // Bc 128, warpgroup wg owns keys [64 wg, 64 wg + 64) and all queries of the block in S^T /
@@ -22,44 +22,29 @@
 // (async proxy) by fence.proxy.async before the barrier that publishes them.
 #pragma once
 
-#include "backends/cuda/backward_kernels.cuh"
-#include "backends/cuda/wgmma.cuh"
+#include "backends/cuda/common/epilogue.cuh"
+#include "backends/cuda/common/fragment.cuh"
+#include "backends/cuda/common/kv_pass.cuh"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
-
-// Zero the entries of a warp's slice of P^T (keys key0 + g (+8) as rows, queries r0 + 8 n +
-// 2 t (+1) as columns) that the mask hides, keys past s_kv included: one query interval per
-// key (kernel::queries_seeing_key), then 32-bit compares. (apply_mask's per-element 64-bit
-// rule over 64 columns x 2 rows made ptxas spill 376 bytes at Br 128.)
-template <int NT>
-__device__ __forceinline__ void mask_key_rows(float (&c)[NT][4], const MaskRule& m, int64_t key0, int64_t r0) {
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const TileRange q = kernel::queries_seeing_key(m, key0 + g + 8 * h);
-    const int lo = int(kernel::min64(kernel::max64(q.begin - r0, 0), NT * 8));
-    const int hi = int(kernel::min64(kernel::max64(q.end - r0, 0), NT * 8));
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = n * 8 + 2 * t + e;
-        if (col < lo || col >= hi) c[n][2 * h + e] = 0.f;
-      }
-  }
-}
 
 template <class T, int D>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
-  using Tile = BackwardWgmmaTile<D>;
-  constexpr int Bc = Tile::kBc, Br = Tile::kBr, DQ = Tile::kDqCols, DQC = DQ < 64 ? DQ : 64;
-  constexpr int GQ = Tile::kGroupQueries, GD = Tile::kGroupCols;
-  constexpr bool kDqSplitsQueries = Tile::kDqSplitsQueries;
+  constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
+  constexpr int Bc = kTile.bc, Br = kTile.br, DQ = kTile.dq_cols, DQC = DQ < 64 ? DQ : 64;
+  constexpr int GQ = kTile.group_queries, GD = kTile.group_cols;
+  constexpr bool kDqSplitsQueries = kTile.dq_splits_queries;
   using KvTile = Sw128Tile<Bc, D>;
   using QTile = Sw128Tile<Br, D>;
   using PTile = Sw128Tile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
+  static_assert(
+      1024 + (2 * KvTile::kElems + 2 * PTile::kElems + 4 * QTile::kElems) * 2 + 4 * Br * 4 == kTile.smem_bytes,
+      "the shared memory the host grants (KvPassSmem and 1 KiB to align)");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // the 128-byte swizzle is a function of the address: tiles start 1024-byte aligned
   uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
@@ -74,23 +59,23 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   const KvBlockWork w = kv_block_work<Bc, Br>(kp);
   if (w.empty) return;
   const int n_iters = w.n_iters;
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, w.batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, w.batch);
+  const auto q_ref = sequence_ref(p.q, p.q_st, p.q_seq, w.batch);
+  const auto do_ref = sequence_ref(p.d_o, p.do_st, p.q_seq, w.batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const int wg = warp >> 2;  // warpgroup
   // this group's first key row, query column (of S^T, P^T) and dK / dV column in the block
-  const int g_key0 = Tile::kGroupsSplitKeys ? wg * Tile::kKeyRowsPerGroup : 0;
-  const int g_q0 = Tile::kGroupsSplitKeys ? 0 : wg * GQ, g_d0 = Tile::kGroupsSplitKeys ? 0 : wg * GD;
+  const int g_key0 = kTile.groups_split_keys ? wg * kTile.key_rows_per_group : 0;
+  const int g_q0 = kTile.groups_split_keys ? 0 : wg * GQ, g_d0 = kTile.groups_split_keys ? 0 : wg * GD;
   const int key0 = g_key0 + (warp & 3) * 16;  // this warp's first key row in the block
   // this group's share of dQ = dS K: queries dq_q0.. (64 of them), columns dq_d0.. (DQ)
   const int dq_q0 = kDqSplitsQueries ? wg * 64 : 0, dq_d0 = kDqSplitsQueries ? 0 : wg * DQ;
 
   // Iteration (h, b): query head w.head(h), query block w.first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br, d_qk,
-                         d_v);
+    load_query_block<Br, kKvThreads>(kp, w, q_ref, do_ref, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                                     d_qk, d_v);
   };
 
   // This warp's 16 keys x GD columns of dK and dV (the group's m64 x GD accumulators).
@@ -99,7 +84,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   zero<1, GD>(dv);
 
   if (n_iters > 0) {
-    load_key_block(kp, w, sK, sV, d_qk, d_v);
+    load_key_block<kKvThreads>(kp, w, sK, sV, d_qk, d_v);
     load_queries(0, 0, 0);
   }
   cp_async_commit();
@@ -137,13 +122,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     fence_operands(st[0]);
     const float* lse = sLse + buf * Br + g_q0;
     const float* delta = sDelta + buf * Br + g_q0;
-#pragma unroll
-    for (int n = 0; n < GQ / 8; ++n) {
-      const float2 l = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * t);
-      const float l0 = lse_log2(l.x), l1 = lse_log2(l.y);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[0][n][e] = exp2f(st[0][n][e] * kp.scale_log2 - ((e & 1) ? l1 : l0));
-    }
+    recompute_p_cols(st, lse, kp.scale_log2);
     // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
     // dS by those zero rows, so P^T must be 0)
     if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0 + g_q0);
@@ -152,12 +131,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     // dS^T = P^T (dP^T - delta)
     wgmma_wait<0>();
     fence_operands(dpt[0]);
-#pragma unroll
-    for (int n = 0; n < GQ / 8; ++n) {
-      const float2 dl = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[0][n][e] = st[0][n][e] * (dpt[0][n][e] - ((e & 1) ? dl.y : dl.x));
-    }
+    ds_cols(dpt, st, delta);
     store_accum<T, 1, GQ>(sDS, key0, g_q0, dpt);
     fence_async_shared();
     __syncthreads();  // P^T and dS^T of the whole block are in shared memory
@@ -212,10 +186,18 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
 #endif
 }
 
+// The kernel table's entry of this pass for (T, D) (dispatch.hpp).
 template <class T, int D>
-cudaError_t launch_kv_pass_wgmma(const KernelParams& kp, cudaStream_t stream) {
-  return launch_kernel(backward_wgmma_kernel<T, D>, key_block_grid(kp, BackwardWgmmaTile<D>::kBc), kKvThreads,
-                       BackwardWgmmaTile<D>::kSmemBytes, kp, stream);
+KernelEntry kv_wgmma_entry() {
+  constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
+  KernelEntry e;
+  e.name = "sm90a wgmma dK/dV pass";
+  e.dtype = dtype_of<T>(), e.arch = Arch::sm90a, e.bucket = D, e.pass = Pass::dkdv;
+  e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc;
+  e.adds_dq = true, e.split_target = kTile.split_target;
+  e.guarded = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

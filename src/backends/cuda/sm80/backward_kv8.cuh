@@ -1,17 +1,15 @@
 // The 8-warp dK/dV pass of the backward for the d <= 64 and d <= 128 head-dim buckets
-// (FlashAttention-2's layout), which also computes dQ in the single-pass backward, and
-// run_backward, which launches the dK/dV pass and, in the two-pass backward, the dQ pass.
-// The 8-warp kernel is the default in those buckets except on sm_90a, where the wgmma kernel
-// of backward_wgmma_kernel.cuh runs (STRIDEATTN_CUDA_WGMMA=0: this one);
-// STRIDEATTN_CUDA_KV8=0 (kp.kv_pass_8warps = false) runs the 4-warp kernel of
-// backward_kernels.cuh there instead, and the d <= 256 bucket does everywhere but on sm_90a
-// (the wgmma kernel again).
+// (FlashAttention-2's layout), which also computes dQ in the single-pass backward.
+// The 8-warp kernel is the sm80 kernels' dK/dV pass in those buckets (on sm_90a the wgmma
+// kernel of sm90/backward.cuh runs); at d <= 128 on GPUs whose shared memory per block is
+// too small for it (sm_86, sm_89) the 4-warp kernel of sm80/backward_kv.cuh runs instead,
+// as it does at d <= 256.
 //
 // One CTA of 256 threads per (128-key block, KV head, sequence[, group split]), looping over
 // the query blocks of its share of the GQA group exactly as the 4-warp kernel does (same
 // query_range_for_keys, same double-buffered Q / dO / LSE / delta, same outputs: dK and dV
 // stored directly, or fp32 partials when kp.dkv_partial is set). Per block of 64 queries
-// (tile shapes and their reasons: kernel_traits.cuh, BackwardKv8Tile):
+// (tile shapes and their reasons: common/tiles.hpp, kv8_tile):
 //   phase 1, warps 4 (keys, 32 each) x 2 (queries, 32 each):
 //     S^T = K Q^T;  P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
 //     dP^T = V dO^T;  dS^T = P^T (dP^T - delta)
@@ -20,22 +18,22 @@
 //   phase 2, warps 4 (keys, 32 each) x 2 (head-dim halves, D/2 each):
 //     dV += P^T dO;  dK += dS^T Q   (A operands from the shared P^T / dS^T tiles)
 //   phase 3, single pass only (kp.dq_accum set), warps 2 (queries) x 4 (head-dim quarters):
-//     dq_accum += dS K  (the two-pass backward's dQ pass does this instead), by fp32
-//     atomics, or on sm_90 at D = 128 (kp.dq_stage) staged in shared memory and added by one
-//     bulk reduction per row, issued after the next barrier: atomics hold their data
-//     registers until the memory system takes them, and the ncu profile showed the next
-//     iteration's first writes to those registers stalling (~13% of the samples;
-//     bench/cuda-notes.md, step 14)
+//     dq_accum += dS K by fp32 atomics (the two-pass backward's dQ pass does this instead)
 // dK and dV are deterministic, no atomics: every dK / dV element sums over the query blocks
 // in loop order and over a block's queries in increasing k-steps, in one thread's registers.
 // The values and the order are those of the 4-warp kernel, so with the same group splits the
 // two give the same bits (the GPU test checks it).
 // FullD: d_qk == d_v == D, known at compile time, so no GEMM carries the runtime guards that
-// skip a smaller head dim's zero padding (forward_kernel.cuh says why that matters).
+// skip a smaller head dim's zero padding (sm80/forward.cuh says why that matters).
 #pragma once
 
-#include "backends/cuda/backward_kernels.cuh"
-#include "backends/cuda/backward_wgmma_kernel.cuh"
+#include "backends/cuda/common/epilogue.cuh"
+#include "backends/cuda/common/kv_pass.cuh"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/sm80/mma.cuh"
 
 namespace strideattn::cuda_impl {
 
@@ -44,38 +42,20 @@ namespace strideattn::cuda_impl {
 // kp.dq_accum (unscaled; launch_convert_dq applies the scale) for query rows below r1 and
 // columns below d_qk. Rows of dS past s_q are 0 (P^T is), keys past s_kv are masked to 0 and
 // K is zero there.
-// With `stage` (sm_90, kp.dq_stage): this warp's rows and columns of dS K go to the fp32
-// staging tile [64][kDqStageStride] instead, every row (those past r1 are never reduced).
-template <class T, int D, bool FullD, class DsTile, class KTile>
+template <Arch A, class T, int D, bool FullD, class DsTile, class KTile>
 __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTile& sds, const KTile& sk, int64_t batch,
-                                              int64_t head, int64_t r0, int64_t r1, float* stage) {
-  using Tile = BackwardKv8Tile<D>;
-  constexpr int WQ = Tile::kDqWarpQ, WD = Tile::kDqWarpD, MT = WQ / 16;
+                                              int64_t head, int64_t r0, int64_t r1) {
+  constexpr Kv8Tile kTile = kv8_tile(A, D);
+  constexpr int WQ = kTile.dq_warp_q, WD = kTile.dq_warp_d, MT = WQ / 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int q0 = (warp % Tile::kDqQueryWarps) * WQ, d0 = (warp / Tile::kDqQueryWarps) * WD;
+  const int q0 = (warp % kTile.dq_query_warps) * WQ, d0 = (warp / kTile.dq_query_warps) * WD;
   const int d_qk = FullD ? D : int(kp.p.d_qk);
   if (r0 + q0 >= r1 || d0 >= d_qk) return;
   // dQ_partial = dS K (FullD: all WD columns, which ptxas cannot see in d_qk - d0)
   float dq[MT][WD / 8][4];
   zero<MT, WD>(dq);
-  gemm_sn<T, MT, Tile::kBc, WD, kKv8PrefetchUpdate, /*TransA=*/true>(dq, sds, q0, sk, d0, FullD ? WD : d_qk - d0);
-  if (stage != nullptr) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float* dst = stage + (q0 + mt * 16 + g + 8 * h) * Tile::kDqStageStride + d0;
-#pragma unroll
-        for (int n = 0; n < WD / 8; ++n) {
-          const int col = n * 8 + 2 * t;
-          if (FullD || d0 + col < d_qk)
-            *reinterpret_cast<float2*>(dst + col) = make_float2(dq[mt][n][2 * h], dq[mt][n][2 * h + 1]);
-        }
-      }
-    fence_async_shared();  // for the bulk reductions (async proxy) after the next barrier
-    return;
-  }
+  gemm_sn<T, MT, kTile.bc, WD, kTile.prefetch_update, /*TransA=*/true>(dq, sds, q0, sk, d0, FullD ? WD : d_qk - d0);
   // rows r0 .. r0 + 63 of this head are consecutive rows of the accumulator
   float* const block = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk + d0;
   const int rows = int(r1 - r0);
@@ -94,14 +74,18 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
     }
 }
 
-template <class T, int D, bool FullD>
-__global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
-  using Tile = BackwardKv8Tile<D>;
-  constexpr int Bc = Tile::kBc, Br = Tile::kBr, MT = Tile::kMT;
-  constexpr int WQ = Tile::kWarpQ, WD = Tile::kWarpD;
+template <Arch A, class T, int D, bool FullD>
+__device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
+  static_assert(has_kv8_pass(D), "the 8-warp pass serves the d <= 64 and d <= 128 buckets");
+  constexpr Kv8Tile kTile = kv8_tile(A, D);
+  constexpr int Bc = kTile.bc, Br = kTile.br, MT = kTile.mt;
+  constexpr int WQ = kTile.warp_q, WD = kTile.warp_d;
+  static_assert(kTile.key_warps * kTile.side_warps == kKvWarps, "one warp per (key slice, side half)");
   using KvTile = SmemTile<Bc, D>;
   using QTile = SmemTile<Br, D>;
   using PTile = SmemTile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
+  static_assert((2 * KvTile::kElems + 2 * PTile::kElems + 4 * QTile::kElems) * 2 + 4 * Br * 4 == kTile.smem_bytes,
+                "the shared memory the host grants (KvPassSmem)");
   extern __shared__ __align__(128) unsigned char smem[];
   const KvPassSmem<KvTile, PTile, QTile, Br> sm(reinterpret_cast<uint16_t*>(smem));
   const KvTile &sK = sm.k, &sV = sm.v;
@@ -109,8 +93,6 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   auto sQ = [&](int b) { return sm.q(b); };
   auto sDO = [&](int b) { return sm.d_o(b); };
   float *const sLse = sm.lse, *const sDelta = sm.delta;
-  // sm_90 single pass: dS K of the last block, [Br][kDqStageStride] fp32 (kp.dq_stage)
-  float* const sDqStage = kBulkReduce && Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? sm.end() : nullptr;
 
   const kernel::AttentionParams& p = kp.p;
   const KvBlockWork w = kv_block_work<Bc, Br>(kp);
@@ -119,22 +101,22 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
   const MaskRule& mask = w.mask;
   const TileRange& unmasked = w.unmasked;
   const int first_qblock = w.first_qblock, n_qblocks = w.n_qblocks, n_iters = w.n_iters;
-  const SequenceSpan q_span = p.q_seq.span(p.q_st, batch);
-  const SequenceSpan do_span = p.q_seq.span(p.do_st, batch);
-  constexpr bool kFull = FullD && kUnguardedFullD<D>;
+  const auto q_ref = sequence_ref(p.q, p.q_st, p.q_seq, batch);
+  const auto do_ref = sequence_ref(p.d_o, p.do_st, p.q_seq, batch);
+  constexpr bool kFull = FullD && unguarded_full_d(A, D);
   const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
 
   // Warp i: key slice i / 2 in both phases; its other side is query half i % 2 in phase 1
   // and head-dim half i % 2 in phase 2.
-  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+  const int warp = threadIdx.x >> 5;
   const int key0 = (warp >> 1) * 16 * MT;  // first key of this warp inside the block
   const int q0 = (warp & 1) * WQ;          // phase 1: first query of this warp in the block
   const int d0 = (warp & 1) * WD;          // phase 2: first dK / dV column of this warp
 
   // Iteration (h, b): query head w.head(h), query block first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
-    load_query_block<Br>(kp, w, q_span, do_span, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br, d_qk,
-                         d_v);
+    load_query_block<Br, kKvThreads>(kp, w, q_ref, do_ref, h, b, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                                     d_qk, d_v);
   };
 
   // This warp's 32 keys x D/2 head-dim columns of dK and dV, over the whole loop.
@@ -144,21 +126,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
 
   // K, V: loaded once (with the first query block, when any query sees these keys).
   if (n_iters > 0) {
-    load_key_block(kp, w, sK, sV, d_qk, d_v);
+    load_key_block<kKvThreads>(kp, w, sK, sV, d_qk, d_v);
     load_queries(0, 0, 0);
   }
   cp_async_commit();
-
-  // sm_90 single pass: the rows of the last block staged in sDqStage go out after the barrier
-  // that follows their stores, one bulk reduction per row (thread i: row i); each thread waits
-  // for its reduction to have read the stage before the barrier ahead of the next stores.
-  float* staged_dq = nullptr;  // dq_accum row of the staged block's first row
-  int staged_rows = 0;
-  auto reduce_staged_dq = [&] {
-    if (int(threadIdx.x) < staged_rows)
-      bulk_reduce_add_f32(staged_dq + int64_t(threadIdx.x) * d_qk,
-                          smem_addr(sDqStage + threadIdx.x * Tile::kDqStageStride), uint32_t(d_qk) * 4u);
-  };
 
   // (h, b): this iteration's head in the share and query block; (next_h, next_b): the next's
   int h = 0, b = 0;
@@ -171,7 +142,6 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // tiles, which this block rewrites.
     cp_async_wait<0>();
     __syncthreads();
-    if (sDqStage != nullptr) reduce_staged_dq();
     if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
     const int64_t r0 = int64_t(first_qblock + b) * Br;
@@ -183,14 +153,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // S^T = K Q^T; P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
     float st[MT][WQ / 8][4];
     zero<MT, WQ>(st);
-    gemm_nt<T, MT, WQ, D, kKv8PrefetchScores>(st, sK, key0, sQ(buf), q0, d_qk);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < WQ / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[mt][n][e] = exp2f(st[mt][n][e] * kp.scale_log2 - lse_log2(lse[n * 8 + 2 * t + (e & 1)]));
+    gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(st, sK, key0, sQ(buf), q0, d_qk);
+    recompute_p_cols(st, lse, kp.scale_log2);
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
     if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
@@ -199,69 +163,51 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const Kerne
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
     float dpt[MT][WQ / 8][4];
     zero<MT, WQ>(dpt);
-    gemm_nt<T, MT, WQ, D, kKv8PrefetchScores>(dpt, sV, key0, sDO(buf), q0, d_v);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < WQ / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+    gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(dpt, sV, key0, sDO(buf), q0, d_v);
+    ds_cols(dpt, st, delta);
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
-    if (sDqStage != nullptr) bulk_wait_read();  // (phase 3 below rewrites the stage)
-    __syncthreads();                            // P^T and dS^T of all 64 queries are in shared memory
+    __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
 
     // ---- phase 2: this warp's 32 keys x D/2 head-dim columns of dV and dK
     // dV += P^T dO
     // (FullD: all WD columns, which ptxas cannot see in d_v - d0)
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dv, sP, key0, sDO(buf), d0, kFull ? WD : d_v - d0);
+    gemm_sn<T, MT, Br, WD, kTile.prefetch_update>(dv, sP, key0, sDO(buf), d0, kFull ? WD : d_v - d0);
     // dK += dS^T Q
-    gemm_sn<T, MT, Br, WD, kKv8PrefetchUpdate>(dk, sDS, key0, sQ(buf), d0, kFull ? WD : d_qk - d0);
+    gemm_sn<T, MT, Br, WD, kTile.prefetch_update>(dk, sDS, key0, sQ(buf), d0, kFull ? WD : d_qk - d0);
 
     // ---- phase 3 (single pass only): dq_accum += dS K for this block's 64 queries, warps
     // 2 (queries, 32 each) x 4 (head-dim quarters, D/4 each); dS^T and K stay in shared
     // memory until the next iteration's barrier.
     if (kp.dq_accum != nullptr) {
       const int64_t head = w.head(h);
-      accumulate_dq<T, D, kFull>(kp, sDS, sK, batch, head, r0, r1, sDqStage);
-      staged_dq = kp.dq_accum + delta_index(kp, batch, head, r0) * d_qk;
-      staged_rows = int(r1 - r0);
+      accumulate_dq<A, T, D, kFull>(kp, sDS, sK, batch, head, r0, r1);
     }
     h = next_h, b = next_b;
   }
-  if (sDqStage != nullptr && n_iters > 0) {
-    __syncthreads();
-    reduce_staged_dq();
-    bulk_wait();  // (the shared source must outlive the reductions' reads)
-  }
-
   // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
   store_dk_dv<T, MT, WD>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
 }
 
-template <class T, int D>
-cudaError_t launch_kv_pass_8warps(const KernelParams& kp, cudaStream_t stream) {
-  using Tile = BackwardKv8Tile<D>;
-  const int smem =
-      Tile::kSmemBytes + (Tile::kDqBulk && kp.dq_stage && kp.dq_accum != nullptr ? Tile::kDqStageBytes : 0);
-  const bool full_d = kp.p.d_qk == D && kp.p.d_v == D;
-  auto fn = full_d ? backward_kv8_kernel<T, D, true> : backward_kv8_kernel<T, D, false>;
-  return launch_kernel(fn, key_block_grid(kp, Tile::kBc), kKvThreads, smem, kp, stream);
+template <Arch A, class T, int D, bool FullD>
+__global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
+  if constexpr (builds_body<A>) kv8_mainloop<A, T, D, FullD>(kp);
 }
 
-// The backward's main passes for head-dim bucket D: the dK/dV pass, then the dQ pass unless
-// the dK/dV pass already added dQ (single pass). The delta pre-pass, the partial reduction
-// and the dQ conversion are launched by the host side around it.
-template <class T, int D>
-cudaError_t run_backward(const KernelParams& kp, cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
-  if (kp.kv_pass_wgmma)
-    e = launch_kv_pass_wgmma<T, D>(kp, stream);
-  else if constexpr (has_kv8_pass(D))
-    e = kp.kv_pass_8warps ? launch_kv_pass_8warps<T, D>(kp, stream) : launch_kv_pass_4warps<T, D>(kp, stream);
-  else
-    e = launch_kv_pass_4warps<T, D>(kp, stream);
-  if (e != cudaSuccess || kp.dq_accum != nullptr) return e;  // single pass: dQ is done
-  return launch_q_pass<T, D>(kp, stream);
+// The kernel table's entry of this pass for (A, T, D) (dispatch.hpp). Where unguarded_full_d
+// is false a FullD instantiation would compile the guarded code again: there is none, the
+// guarded one runs.
+template <Arch A, class T, int D>
+KernelEntry kv8_entry() {
+  constexpr Kv8Tile kTile = kv8_tile(A, D);
+  KernelEntry e;
+  e.name = "sm80 8-warp dK/dV pass";
+  e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dkdv;
+  e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc;
+  e.adds_dq = true, e.split_target = kTile.split_target;
+  e.guarded = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, false>);
+  if constexpr (unguarded_full_d(A, D)) e.full_d = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, true>);
+  return e;
 }
 
 }  // namespace strideattn::cuda_impl

@@ -14,12 +14,10 @@
 
 #include <cstdint>
 
-#include "backends/cuda/kernel_params.hpp"
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/softmax.cuh"
 
 namespace strideattn::cuda_impl {
-
-// The online softmax's exponent scaling, rounded on its own (forward_kernel.cuh says why).
-__device__ __forceinline__ float scaled_log2(float x, float scale_log2) { return __fmul_rn(x, scale_log2); }
 
 template <int MT, int D>
 struct OuterAccumulator {

@@ -1,0 +1,28 @@
+// The memory-bound kernels around the attention passes (aux_kernels.cu), as the launch
+// sequence (launch.cu) calls them. They only enqueue work on `stream`; each one's grid
+// depends on the problem's sizes alone, so they are not in the kernel table.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/common/kernel_params.hpp"
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn::cuda_impl {
+
+// delta = rowsum(dO * O) over d_v, fp32 (backward pre-pass).
+cudaError_t launch_delta(DType t, const KernelParams& kp, cudaStream_t stream);
+// dK = scale * sum of the partial dK planes, dV = sum of the partial dV planes, in split order,
+// stored through the dK / dV strides (when KernelParams::dkv_partial is set).
+cudaError_t launch_reduce_dkv(DType t, const KernelParams& kp, cudaStream_t stream);
+// dQ = scale * dq_accum, stored through the dQ strides for the tokens of every sequence
+// (when KernelParams::dq_accum is set; varlen padding tokens are launch_zero_padding's).
+cudaError_t launch_convert_dq(DType t, const KernelParams& kp, cudaStream_t stream);
+// Varlen: zero the tokens of an output that belong to no sequence (and LSE = -inf there).
+// `which`: 0 = forward outputs (O, LSE), 1 = backward outputs (dQ, dK, dV).
+cudaError_t launch_zero_padding(const KernelParams& kp, int which, std::int64_t q_tokens, std::int64_t kv_tokens,
+                                cudaStream_t stream);
+
+}  // namespace strideattn::cuda_impl

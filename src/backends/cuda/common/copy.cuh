@@ -1,0 +1,106 @@
+// Global -> shared copies both architectures use: cp.async (16 and 4 bytes), the strided
+// tile loader with its 16-byte fast path and element-wise slow path, and the proxy fence the
+// sm_90a kernels put between those writes and their wgmma reads.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/common/tensor_ref.hpp"
+
+namespace strideattn::cuda_impl {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+// 4-byte copy (through L1): the per-row LSE and delta of a query block, so that their
+// latency, like the tiles', hides behind the current block's work.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to
+// the async proxy (the sm_90a wgmma operand reads); sm_90 only, empty elsewhere.
+__device__ __forceinline__ void fence_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Where a tile's rows come from in global memory: row r of the tile is token (row0 + r) of
+// a sequence; its element 0 is at gptr + base + (row0 + r) * s_stride. `rows` tokens are
+// valid, `cols` elements of each row (a multiple of 8). `aligned` selects 16-byte cp.async
+// (base pointer and every used stride a multiple of 8 elements); otherwise element loads.
+struct GlobalRows {
+  const uint16_t* ptr = nullptr;  // already offset to (sequence, head, token row0)
+  int64_t s_stride = 0;
+  int rows = 0;
+  int cols = 0;
+  bool aligned = false;
+};
+// Tokens [token0, token0 + rows) of `head` of a sequence's tensor, `cols` elements of each.
+__device__ __forceinline__ GlobalRows rows_of(const TensorRef<const uint16_t>& t, int64_t token0, int64_t head,
+                                              int rows, int cols, bool aligned) {
+  return {t.row(token0, head), t.token_stride(), rows, cols, aligned};
+}
+
+// Copy a tile from global memory into shared memory; rows >= src.rows and columns >=
+// src.cols are zero-filled, so padded rows and head-dim columns contribute nothing.
+// Full tiles with 16-byte-aligned rows (the common case: every row valid, the head dim equal
+// to the tile width) take a path with no per-chunk test: each thread owns one column chunk
+// and every kRowsPerPass-th row, so its global address steps by a fixed stride and, where
+// kRowsPerPass is a multiple of 8 (the swizzle repeats every 8 rows), its shared-memory
+// offset by an immediate. The general loop below costs about 40 instructions per chunk in
+// the sm_90a SASS (bounds, alignment branch, swizzle); this one a few.
+template <int NTHREADS, class Tile>
+__device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& src) {
+  constexpr int kChunksPerRow = Tile::kCols / 8;
+  constexpr int kChunks = Tile::kRows * kChunksPerRow;
+  static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
+  static_assert(NTHREADS % kChunksPerRow == 0, "a thread keeps one column chunk");
+  if (src.aligned && src.rows >= Tile::kRows && src.cols >= Tile::kCols) {
+    constexpr int kRowsPerPass = NTHREADS / kChunksPerRow;
+    const int row0 = threadIdx.x / kChunksPerRow, col = (threadIdx.x % kChunksPerRow) * 8;
+    const uint16_t* g = src.ptr + row0 * src.s_stride + col;
+    const int64_t step = int64_t(kRowsPerPass) * src.s_stride;
+#pragma unroll
+    for (int i = 0; i < kChunks / NTHREADS; ++i)
+      cp_async_16(smem_addr(tile.chunk(row0 + i * kRowsPerPass, col)), g + i * step);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kChunks / NTHREADS; ++i) {
+    const int idx = i * NTHREADS + threadIdx.x;
+    const int row = idx / kChunksPerRow;
+    const int col = (idx % kChunksPerRow) * 8;
+    uint16_t* dst = tile.chunk(row, col);
+    if (row < src.rows && col < src.cols) {
+      const uint16_t* g = src.ptr + row * src.s_stride + col;
+      if (src.aligned) {
+        cp_async_16(smem_addr(dst), g);
+      } else {
+        uint16_t v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = g[e];
+        uint4 packed;
+        packed.x = uint32_t(v[0]) | (uint32_t(v[1]) << 16);
+        packed.y = uint32_t(v[2]) | (uint32_t(v[3]) << 16);
+        packed.z = uint32_t(v[4]) | (uint32_t(v[5]) << 16);
+        packed.w = uint32_t(v[6]) | (uint32_t(v[7]) << 16);
+        *reinterpret_cast<uint4*>(dst) = packed;
+      }
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+}  // namespace strideattn::cuda_impl

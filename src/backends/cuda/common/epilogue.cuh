@@ -1,0 +1,141 @@
+// The stores at the end of each pass: O and LSE (forward), dQ (the dQ pass), dK and dV or
+// their fp32 partials (dK/dV pass), and the 2-float atomic add of the single-pass dQ.
+#pragma once
+
+#include <cmath>
+
+#include "backends/cuda/common/element.cuh"
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tensor_ref.hpp"
+
+namespace strideattn::cuda_impl {
+
+// The forward epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): O / l
+// (its first d_v columns) stored through O's strides (o: the sequence's O),
+// LSE = (m * scale_log2 + log2 l) * ln 2 (natural log). Rows whose mask leaves no key visible
+// get O = 0, LSE = -inf; a row that sees keys but has no positive l (NaN scores, or every
+// score -inf) gets NaN, as the definition does (0 / 0).
+template <class T, int MT, int D>
+__device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
+                                            int64_t r1, int d_v, const TensorRef<uint16_t>& o,
+                                            const float (&o_acc)[MT][D / 8][4], const float (&row_max)[MT][2],
+                                            const float (&row_sum)[MT][2]) {
+  const kernel::AttentionParams& p = kp.p;
+  const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
+  const bool o_pair = (kp.aligned & kPairO) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int64_t row = row0 + mt * 16 + g + 8 * h;
+      if (row >= r1) continue;
+      // l == 0: the row saw no key, or every score it saw was -inf (also by fp32 overflow):
+      // NaN unless the mask leaves it no key (the mask rebuilt here, off the main loop's
+      // registers); a NaN l gives NaN through 1 / l.
+      const bool no_key = l == 0.f && [&] {
+        const MaskRule m = p.mask(batch);
+        return m.key_end(row) <= m.key_begin(row);
+      }();
+      const float inv = no_key ? 0.f : 1.f / l;
+      uint16_t* out = o.row(row, head);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < d_v) store_pair<T>(out, col, o_acc[mt][n][2 * h] * inv, o_acc[mt][n][2 * h + 1] * inv, o_pair);
+      }
+      if (p.lse != nullptr && t == 0)
+        p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
+            no_key     ? -INFINITY
+            : l == 0.f ? NAN
+                       : (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2;
+    }
+}
+
+// The dQ pass epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): dQ =
+// scale * dq (its first d_qk columns), stored through dQ's strides.
+template <class T, int MT, int D>
+__device__ __forceinline__ void store_dq(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0, int64_t r1,
+                                         const float (&dq)[MT][D / 8][4]) {
+  const kernel::AttentionParams& p = kp.p;
+  const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
+  const int d_qk = int(p.d_qk);
+  const auto dq_ref = sequence_ref(p.dq, p.dq_st, p.q_seq, batch);
+  const bool dq_pair = (kp.aligned & kPairDQ) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + mt * 16 + g + 8 * h;
+      if (row >= r1) continue;
+      uint16_t* out = dq_ref.row(row, head);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < d_qk) store_pair<T>(out, col, dq[mt][n][2 * h] * p.scale, dq[mt][n][2 * h + 1] * p.scale, dq_pair);
+      }
+    }
+}
+
+// dq_accum[row][col], [col + 1] += (x0, x1); col even, the row 8-byte aligned (d_qk % 8 == 0).
+__device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
+#else
+  atomicAdd(dst, x0);
+  atomicAdd(dst + 1, x1);
+#endif
+}
+
+// The dK/dV pass epilogue for one warp's accumulators dk, dv [MT][N/8][4]: rows (keys)
+// key0 + 16 * mt + g (+8), those below c1 only; head-dim columns col0 + 8 * n + 2t (+1).
+// One group split: dK * scale and dV, stored through their strides. Several: fp32 partial
+// rows (unscaled dK, dV) in split gsplit's plane, which launch_reduce_dkv sums.
+template <class T, int MT, int N>
+__device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batch, int64_t kv_head, int gsplit,
+                                            int64_t key0, int64_t c1, int col0, const float (&dk)[MT][N / 8][4],
+                                            const float (&dv)[MT][N / 8][4]) {
+  const kernel::AttentionParams& p = kp.p;
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const bool partial = kp.dkv_partial != nullptr;
+  float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
+  float* const part_v =
+      kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk + int64_t(gsplit) * kp.partial_rows * d_v;
+  const auto dk_ref = sequence_ref(p.dk, p.dk_st, p.kv_seq, batch),
+             dv_ref = sequence_ref(p.dv, p.dv_st, p.kv_seq, batch);
+  const bool dk_pair = (kp.aligned & kPairDK) != 0, dv_pair = (kp.aligned & kPairDV) != 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t key = key0 + mt * 16 + g + 8 * h;
+      if (key >= c1) continue;
+      if (partial) {
+        const int64_t row = kv_row_index(kp, batch, kv_head, key);
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n) {
+          const int col = col0 + n * 8 + 2 * t;  // even; d_qk, d_v are multiples of 8
+          if (col < d_qk)
+            *reinterpret_cast<float2*>(part_k + row * d_qk + col) = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
+          if (col < d_v)
+            *reinterpret_cast<float2*>(part_v + row * d_v + col) = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+        }
+        continue;
+      }
+      uint16_t* dk_row = dk_ref.row(key, kv_head);
+      uint16_t* dv_row = dv_ref.row(key, kv_head);
+#pragma unroll
+      for (int n = 0; n < N / 8; ++n) {
+        const int col = col0 + n * 8 + 2 * t;
+        if (col < d_qk) store_pair<T>(dk_row, col, dk[mt][n][2 * h] * p.scale, dk[mt][n][2 * h + 1] * p.scale, dk_pair);
+        if (col < d_v) store_pair<T>(dv_row, col, dv[mt][n][2 * h], dv[mt][n][2 * h + 1], dv_pair);
+      }
+    }
+}
+
+}  // namespace strideattn::cuda_impl

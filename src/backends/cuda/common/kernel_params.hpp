@@ -1,0 +1,78 @@
+// The parameter block every CUDA kernel of the `cuda` backend receives: the problem's tensors,
+// strides and sizes (kernel::AttentionParams, the varlen tables in device memory) and the
+// pieces of the workspace the plan laid out. Data only: which kernel runs is the host's plan
+// (plan.hpp), never a field here. Plain types, filled by launch.cu.
+#pragma once
+
+#include <cstdint>
+
+#include "common/attention_math.hpp"
+
+namespace strideattn::cuda_impl {
+
+using kernel::MaskRule;
+using kernel::SequenceSpan;
+using kernel::SequenceTable;
+using kernel::TileRange;
+
+// Bits of KernelParams::aligned.
+enum AlignBits : std::uint32_t {
+  // 16-byte cp.async loads are legal: base pointer 16-byte aligned and every stride of an
+  // extent > 1 dimension a multiple of 8 elements.
+  kVecQ = 1u << 0,
+  kVecK = 1u << 1,
+  kVecV = 1u << 2,
+  kVecDO = 1u << 3,
+  kVecO = 1u << 4,
+  // 4-byte paired stores are legal: base pointer 4-byte aligned and strides even.
+  kPairO = 1u << 8,
+  kPairDQ = 1u << 9,
+  kPairDK = 1u << 10,
+  kPairDV = 1u << 11,
+};
+
+struct KernelParams {
+  kernel::AttentionParams p;  // tensors, strides, sizes, mask; seq tables in device memory
+  float* delta = nullptr;     // backward: rowsum(dO * O), [q batch extent][heads][q tokens]
+  std::int64_t q_tokens = 0;  // seq extent of the Q view (rows of one delta plane)
+  std::uint32_t aligned = 0;  // AlignBits
+  float scale_log2 = 0.f;     // scale * log2(e): softmax runs in base 2
+  // Backward with GQA/MQA and too few KV heads to fill the GPU: the dK/dV pass splits each
+  // query-head group over `group_splits` CTAs; split i writes fp32 partial dK (unscaled) and
+  // dV rows into plane i of `dkv_partial` ([splits][partial_rows][d_qk], then
+  // [splits][partial_rows][d_v]) and launch_reduce_dkv sums the planes in split order
+  // (deterministic). nullptr: one split, the pass stores dK and dV itself.
+  float* dkv_partial = nullptr;
+  int group_splits = 1;
+  std::int64_t kv_tokens = 0;     // seq extent of the K view
+  std::int64_t partial_rows = 0;  // rows of one plane: kv batch extent * kv_heads * kv_tokens
+  // Single-pass backward (deterministic == false): the dK/dV pass adds unscaled dS K into
+  // this fp32 accumulator, [q batch extent][heads][q tokens][d_qk] (row delta_index), zeroed
+  // before the pass, and launch_convert_dq stores dQ = scale * acc. nullptr: the two-pass
+  // path (a separate, deterministic dQ pass).
+  float* dq_accum = nullptr;
+  // Forward over long key ranges (outer_accumulator.cuh): `outer_count` warp slots of
+  // 16 * MT * D fp32 each (MT, D: the forward kernel's) and one int flag per slot (0 free, 1
+  // claimed), zeroed before the launch. outer_count == 0: no sequence has more than
+  // kFoldKeys keys, every row block accumulates in registers alone.
+  float* outer_slots = nullptr;
+  int* outer_flags = nullptr;
+  int outer_count = 0;
+};
+
+// Keys a forward warp accumulates in registers before folding them into its outer slot.
+inline constexpr std::int64_t kFoldKeys = 8192;
+
+// Row of the delta workspace for (sequence `batch`, head, token).
+SA_HD std::int64_t delta_index(const KernelParams& kp, std::int64_t batch, std::int64_t head, std::int64_t token) {
+  const kernel::SequenceTable& q = kp.p.q_seq;
+  return (q.batch_index(batch) * kp.p.heads + head) * kp.q_tokens + q.first_token(batch) + token;
+}
+
+// Row of a dK/dV partial plane for (sequence `batch`, KV head, key token).
+SA_HD std::int64_t kv_row_index(const KernelParams& kp, std::int64_t batch, std::int64_t kv_head, std::int64_t token) {
+  const kernel::SequenceTable& kv = kp.p.kv_seq;
+  return (kv.batch_index(batch) * kp.p.kv_heads + kv_head) * kp.kv_tokens + kv.first_token(batch) + token;
+}
+
+}  // namespace strideattn::cuda_impl

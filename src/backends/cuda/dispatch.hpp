@@ -1,0 +1,86 @@
+// The kernel table of the `cuda` backend: one entry per (dtype, architecture, head-dim
+// bucket, pass) kernel, with what the host needs to plan a launch of it (threads, shared
+// memory, grid shape, whether it adds dQ, its group-split target) and its instantiations.
+// The entries are built in the kernels' translation units (sm80/*_{f16,bf16}.cu,
+// sm90/*_{f16,bf16}.cu) from the same tile functions the kernels use (common/tiles.hpp) and
+// gathered by dispatch.cu. Plain C++ (no CUDA header): make_cuda_plan (plan.cpp) picks from
+// it and a CPU test checks it covers every key.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "backends/cuda/common/arch.hpp"
+#include "strideattn/strideattn.hpp"
+
+namespace strideattn::cuda_impl {
+
+// The attention passes that have a kernel per bucket. (The memory-bound helpers around them,
+// common/aux_kernels.cu, depend on the dtype alone: they are not in the table.)
+enum class Pass : int {
+  forward = 0,  // O and LSE
+  dkdv = 1,     // the backward's dK/dV pass (the single-pass backward's dQ too, where adds_dq)
+  dq = 2,       // the two-pass backward's dQ pass
+};
+inline constexpr int kPassCount = 3;
+constexpr const char* to_string(Pass p) { return p == Pass::forward ? "forward" : p == Pass::dkdv ? "dK/dV" : "dQ"; }
+
+// Which instantiation of an entry's kernel runs.
+enum class Variant : int {
+  guarded = 0,  // any head dims of the bucket (zero-padded columns skipped at run time)
+  full_d = 1,   // d_qk == d_v == bucket, known at compile time (no guards)
+  fold = 2,     // forward over more than kFoldKeys keys (common/outer_accumulator.cuh)
+};
+
+// How a pass's grid is laid out (x, y, z).
+enum class GridShape : int {
+  query_blocks = 0,  // (query block of block_rows, head, sequence)
+  key_blocks = 1,    // (key block of block_rows x dim_splits, KV head x group split, sequence)
+};
+
+struct KernelEntry {
+  const char* name = "";  // in the debug log, e.g. "sm90a wgmma dK/dV pass"
+  DType dtype = DType::f16;
+  Arch arch = Arch::sm80;
+  int bucket = 0;
+  Pass pass = Pass::forward;
+  int threads = 0;
+  int smem_bytes = 0;  // dynamic shared memory per CTA
+  GridShape grid = GridShape::query_blocks;
+  int block_rows = 0;  // queries (query_blocks) or keys (key_blocks) per CTA
+  int dim_splits = 1;  // key_blocks: CTAs per key block, each a share of the head dim
+  // dK/dV pass: it can also add dQ (the single-pass backward); split_target: the group splits
+  // aim at this many CTAs per SM (plan.cpp says why each).
+  bool adds_dq = false;
+  int split_target = 0;
+  int warp_rows = 0;  // forward: query rows of O one warp owns (the outer accumulator's slot)
+  // Instantiations (__global__ function addresses for cudaLaunchKernel); nullptr where the
+  // entry has none (full_d where unguarded_full_d is false, fold outside the forward).
+  const void* guarded = nullptr;
+  const void* full_d = nullptr;
+  const void* fold = nullptr;
+  [[nodiscard]] const void* kernel(Variant v) const {
+    return v == Variant::full_d ? full_d : v == Variant::fold ? fold : guarded;
+  }
+};
+
+// Every entry, in preference order per key: where two entries share a key (the sm80 dK/dV
+// pass at d <= 128: 8 warps, then 4), the first whose shared memory the GPU grants runs.
+[[nodiscard]] std::span<const KernelEntry> kernel_table();
+
+// The first entry of the key whose shared memory fits `smem_limit` bytes per block; nullptr
+// when none does, with *smem_needed the least any entry of the key needs (0: no entry).
+[[nodiscard]] const KernelEntry* find_kernel(DType dtype, Arch arch, int bucket, Pass pass, int smem_limit,
+                                             int* smem_needed = nullptr);
+
+// The entries each kernel translation unit contributes.
+std::span<const KernelEntry> sm80_forward_entries_f16();
+std::span<const KernelEntry> sm80_forward_entries_bf16();
+std::span<const KernelEntry> sm80_backward_entries_f16();
+std::span<const KernelEntry> sm80_backward_entries_bf16();
+std::span<const KernelEntry> sm90_forward_entries_f16();
+std::span<const KernelEntry> sm90_forward_entries_bf16();
+std::span<const KernelEntry> sm90_backward_entries_f16();
+std::span<const KernelEntry> sm90_backward_entries_bf16();
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,206 @@
+// launch (launch.hpp): a plan run on a stream. The per-call part of a `cuda` call: what depends
+// on the pointers (the alignment of each view, which picks the 16-byte or element-wise load
+// path per tensor), the workspace pieces, and the launches in order.
+#include "backends/cuda/launch.hpp"
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/common/aux_kernels.hpp"
+#include "backends/cuda/common/kernel_params.hpp"
+#include "common/log.hpp"
+#include "problem/params.hpp"
+
+namespace strideattn::cuda_impl {
+
+namespace {
+
+using detail::Problem;
+
+Status cuda_status(cudaError_t e, const char* what) {
+  return Status(StatusCode::backend_error, std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// ---------------------------------------------------------------- alignment of each view
+
+bool strides_multiple_of(const TensorView& v, std::int64_t m) {
+  for (int d : {kBatch, kSeq, kHead})
+    if (v.shape[d] > 1 && v.stride[d] % m != 0) return false;
+  return true;
+}
+bool vector_loadable(const TensorView& v) {
+  return reinterpret_cast<std::uintptr_t>(v.data) % 16 == 0 && strides_multiple_of(v, 8);
+}
+bool pair_storable(const TensorView& v) {
+  return reinterpret_cast<std::uintptr_t>(v.data) % 4 == 0 && strides_multiple_of(v, 2);
+}
+
+std::uint32_t alignment_bits(const Problem& p) {
+  std::uint32_t bits = 0;
+  if (vector_loadable(p.q)) bits |= kVecQ;
+  if (vector_loadable(p.k)) bits |= kVecK;
+  if (vector_loadable(p.v)) bits |= kVecV;
+  if (pair_storable(p.o)) bits |= kPairO;
+  if (p.is_backward()) {
+    if (vector_loadable(p.d_o)) bits |= kVecDO;
+    if (vector_loadable(p.o)) bits |= kVecO;
+    if (pair_storable(p.dq)) bits |= kPairDQ;
+    if (pair_storable(p.dk)) bits |= kPairDK;
+    if (pair_storable(p.dv)) bits |= kPairDV;
+  }
+  return bits;
+}
+
+// ---------------------------------------------------------------- parameters
+
+KernelParams kernel_params(const CudaPlan& plan, const Problem& p, unsigned char* ws) {
+  const WorkspaceLayout& w = plan.workspace;
+  KernelParams kp;
+  kp.p = detail::make_params(p);
+  kp.aligned = alignment_bits(p);
+  kp.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  kp.q_tokens = p.q.shape[kSeq];
+  kp.kv_tokens = p.kv_tokens();
+  if (p.varlen) {
+    const std::size_t n = std::size_t(p.batch);
+    auto* tables = reinterpret_cast<std::int64_t*>(ws + w.tables);
+    kp.p.q_seq.seqlens = tables;
+    kp.p.q_seq.offsets = tables + n;
+    kp.p.kv_seq.seqlens = tables + 2 * n;
+    kp.p.kv_seq.offsets = tables + 3 * n;
+  }
+  if (plan.backward) kp.delta = reinterpret_cast<float*>(ws + w.delta);
+  kp.group_splits = plan.group_splits;
+  if (plan.group_splits > 1) {
+    kp.dkv_partial = reinterpret_cast<float*>(ws + w.partial);
+    kp.partial_rows = plan.partial_rows;
+  }
+  if (plan.single_pass) kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  if (plan.outer_count > 0) {
+    kp.outer_slots = reinterpret_cast<float*>(ws + w.outer_slots);
+    kp.outer_flags = reinterpret_cast<int*>(ws + w.outer_flags);
+    kp.outer_count = plan.outer_count;
+  }
+  return kp;
+}
+
+// ---------------------------------------------------------------- kernel launches
+
+// Whether a kernel of the table has been granted its dynamic shared memory on a device: one
+// bit per device (64 of them; beyond, every launch asks again) per (entry, variant).
+constexpr int kMaxCachedDevices = 64;
+std::atomic<std::uint64_t>* smem_granted(const KernelLaunch& l) {
+  static const std::span<const KernelEntry> table = kernel_table();
+  static const std::unique_ptr<std::atomic<std::uint64_t>[]> bits(new std::atomic<std::uint64_t>[table.size() * 3]());
+  return &bits[std::size_t(l.entry - table.data()) * 3 + std::size_t(l.variant)];
+}
+
+// Launches `l` with `kp` (nothing to launch when its grid is empty), after granting the
+// kernel its dynamic shared memory once per device (cudaFuncSetAttribute is a driver call
+// that every launch would otherwise repeat).
+cudaError_t launch_kernel(const KernelLaunch& l, const KernelParams& kp, int device, cudaStream_t stream) {
+  const void* fn = l.kernel();
+  std::atomic<std::uint64_t>* granted = smem_granted(l);
+  const std::uint64_t bit = device >= 0 && device < kMaxCachedDevices ? std::uint64_t(1) << device : 0;
+  // (A failure is returned and cleared from the runtime's last error, as the <<<>>> launches
+  // it replaces left it: the next call's launch checks must not see it.)
+  if (bit == 0 || (granted->load(std::memory_order_acquire) & bit) == 0) {
+    if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, l.entry->smem_bytes);
+        e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return e;
+    }
+    granted->fetch_or(bit, std::memory_order_acq_rel);
+  }
+  if (l.grid.empty()) return cudaSuccess;
+  void* args[] = {const_cast<KernelParams*>(&kp)};
+  const cudaError_t e = cudaLaunchKernel(fn, dim3(l.grid.x, l.grid.y, l.grid.z), dim3(unsigned(l.entry->threads)), args,
+                                         std::size_t(l.entry->smem_bytes), stream);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
+// The debug log line of a run: which kernels, which load paths.
+std::string describe(const CudaPlan& plan, std::uint32_t bits) {
+  std::string s = "cuda: head-dim bucket " + std::to_string(plan.bucket) + ", " + to_string(plan.arch) +
+                  " kernels; 16-byte loads for";
+  const std::pair<const char*, std::uint32_t> names[] = {{" q", kVecQ}, {" k", kVecK}, {" v", kVecV}};
+  for (auto [n, b] : names) s += (bits & b) ? n : "";
+  if (plan.backward) s += (bits & kVecDO) ? " do" : "";
+  s += " (others take the element-wise path)";
+  if (!plan.backward) {
+    s += std::string("; forward: ") + plan.main.entry->name;
+    if (plan.outer_count > 0) s += " (folding every " + std::to_string(kFoldKeys) + " keys)";
+    return s;
+  }
+  if (plan.group_splits > 1)
+    s += "; dK/dV pass: query-head group split over " + std::to_string(plan.group_splits) + " CTAs";
+  s += std::string("; dK/dV pass: ") + plan.main.entry->name;
+  s += plan.single_pass ? "; single-pass backward (dQ by fp32 atomics)"
+                        : std::string("; two-pass backward (deterministic), dQ pass: ") + plan.dq.entry->name;
+  return s;
+}
+
+}  // namespace
+
+Status fill_varlen_tables(const Problem& p, std::int64_t* tables, cudaStream_t stream) {
+  const std::size_t n = std::size_t(p.batch);
+  std::vector<std::int64_t> host(4 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    host[i] = p.seqlens_q[i];
+    host[n + i] = p.offsets_q[i];
+    host[2 * n + i] = p.seqlens_kv[i];
+    host[3 * n + i] = p.offsets_kv[i];
+  }
+  if (cudaError_t e =
+          cudaMemcpyAsync(tables, host.data(), host.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess)
+    return cuda_status(e, "copying the varlen tables");
+  return Status::Ok();
+}
+
+Status launch(const CudaPlan& plan, const Problem& p, cudaStream_t stream, unsigned char* ws) {
+  const KernelParams kp = kernel_params(plan, p, ws);
+  const DType t = plan.dtype;
+  int device = -1;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return cuda_status(e, "finding the current device");
+  if (p.varlen)
+    if (Status s = fill_varlen_tables(p, reinterpret_cast<std::int64_t*>(ws + plan.workspace.tables), stream); !s.ok())
+      return s;
+  if (kp.outer_count > 0)
+    if (cudaError_t e = cudaMemsetAsync(kp.outer_flags, 0, std::size_t(kp.outer_count) * sizeof(int), stream);
+        e != cudaSuccess)
+      return cuda_status(e, "clearing the outer accumulator's slot flags");
+  if (detail::log_level() >= detail::LogLevel::debug)
+    detail::log_line(detail::LogLevel::debug, describe(plan, kp.aligned));
+  // Varlen: the output tokens outside every sequence are zeroed.
+  if (p.varlen)
+    if (cudaError_t e = launch_zero_padding(kp, plan.backward ? 1 : 0, p.q_tokens(), p.kv_tokens(), stream);
+        e != cudaSuccess)
+      return cuda_status(e, "zeroing padding tokens");
+
+  if (!plan.backward) {
+    if (cudaError_t e = launch_kernel(plan.main, kp, device, stream); e != cudaSuccess)
+      return cuda_status(e, "forward kernel launch");
+    return Status::Ok();
+  }
+  if (cudaError_t e = launch_delta(t, kp, stream); e != cudaSuccess) return cuda_status(e, "delta pre-pass launch");
+  // Single pass: the dK/dV pass adds dS K into the zeroed fp32 accumulator.
+  if (plan.single_pass)
+    if (cudaError_t e = cudaMemsetAsync(kp.dq_accum, 0, plan.dq_accum_bytes, stream); e != cudaSuccess)
+      return cuda_status(e, "zeroing the dQ accumulator");
+  if (cudaError_t e = launch_kernel(plan.main, kp, device, stream); e != cudaSuccess)
+    return cuda_status(e, "backward kernel launch");
+  if (!plan.single_pass)
+    if (cudaError_t e = launch_kernel(plan.dq, kp, device, stream); e != cudaSuccess)
+      return cuda_status(e, "dQ pass launch");
+  if (cudaError_t e = launch_reduce_dkv(t, kp, stream); e != cudaSuccess)
+    return cuda_status(e, "dK/dV reduction launch");
+  if (cudaError_t e = launch_convert_dq(t, kp, stream); e != cudaSuccess) return cuda_status(e, "dQ conversion launch");
+  return Status::Ok();
+}
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,149 @@
+// make_cuda_plan (plan.hpp): every kernel choice of the `cuda` backend, made once per call
+// on the host from the kernel table and the device's caps. Pure: no CUDA call, no pointer
+// read, so CPU tests check its choices for any GPU they describe.
+#include "backends/cuda/plan.hpp"
+
+#include <algorithm>
+
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/tiles.hpp"
+
+namespace strideattn::cuda_impl {
+
+namespace {
+
+using detail::Problem;
+
+constexpr std::int64_t kMaxGridYZ = 65535;
+
+std::size_t round_up(std::size_t x) {
+  return (x + kWorkspacePieceAlign - 1) / kWorkspacePieceAlign * kWorkspacePieceAlign;
+}
+
+unsigned ceil_div_u(std::int64_t a, std::int64_t b) { return unsigned((a + b - 1) / b); }
+
+std::string kib(int bytes) { return std::to_string(bytes) + " bytes (" + std::to_string(bytes / 1024) + " KiB)"; }
+
+// The entry of `pass`, or nullptr with plan->error saying why there is none.
+const KernelEntry* pick(CudaPlan* plan, Pass pass, int smem_limit, const DeviceCaps& caps) {
+  int needed = 0;
+  const KernelEntry* e = find_kernel(plan->dtype, plan->arch, plan->bucket, pass, smem_limit, &needed);
+  if (e == nullptr && plan->error.empty())
+    plan->error = needed == 0 ? std::string("no ") + to_string(plan->arch) + " kernel for the " + to_string(pass) +
+                                    " pass of head-dim bucket " + std::to_string(plan->bucket)
+                              : std::string("the ") + to_string(plan->arch) + " " + to_string(pass) +
+                                    " pass of head-dim bucket " + std::to_string(plan->bucket) + " needs " +
+                                    kib(needed) + " of shared memory per block; device " + std::to_string(caps.device) +
+                                    " (compute capability " + std::to_string(caps.major) + "." +
+                                    std::to_string(caps.minor) + ") grants " + kib(smem_limit);
+  return e;
+}
+
+// An upper bound of the forward kernel's warps resident on the GPU at once: the size of the
+// outer accumulator's slot pool (common/outer_accumulator.cuh), which must never run dry.
+// CTAs per SM are bounded by threads (2,048), the 32-CTA limit and shared memory; registers
+// only lower the real count. 0 when the caps hold no SM count (no fold then).
+int resident_warps(const KernelEntry& e, const DeviceCaps& caps) {
+  int ctas = std::min(32, 2048 / e.threads);
+  if (caps.smem_per_sm > 0) ctas = std::max(1, std::min(ctas, caps.smem_per_sm / e.smem_bytes));
+  return caps.sms * ctas * (e.threads / 32);
+}
+
+// Splits of each query-head group over CTAs of the dK/dV pass (tiles.hpp, "Group splits"):
+// enough to bring the grid to about split_target CTAs per SM, none past one head per split;
+// `forced` (tests) asks for that many whatever the grid size.
+int group_splits(const Problem& p, const KernelEntry& e, const DeviceCaps& caps, int forced) {
+  const std::int64_t group = p.group_size();
+  if (group <= 1) return 1;
+  std::int64_t splits = 0;
+  if (forced > 0) {
+    splits = std::min<std::int64_t>(forced, group);
+  } else {
+    const std::int64_t ctas = (p.s_kv + e.block_rows - 1) / e.block_rows * e.dim_splits * p.kv_heads * p.batch;
+    const std::int64_t target = std::int64_t(e.split_target) * caps.sms;
+    if (ctas <= 0 || ctas >= target) return 1;
+    splits = std::min(group, (target + ctas - 1) / ctas);
+  }
+  const std::int64_t per_split = (group + splits - 1) / splits;
+  splits = (group + per_split - 1) / per_split;  // no split left without heads
+  return p.kv_heads * splits > kMaxGridYZ ? 1 : int(splits);
+}
+
+Dim3 grid_of(const KernelEntry& e, const Problem& p, int splits) {
+  if (e.grid == GridShape::query_blocks) return {ceil_div_u(p.s_q, e.block_rows), unsigned(p.heads), unsigned(p.batch)};
+  return {ceil_div_u(p.s_kv, e.block_rows) * unsigned(e.dim_splits), unsigned(p.kv_heads * splits), unsigned(p.batch)};
+}
+
+bool dims_fill_bucket(const Problem& p, int bucket) { return p.d_qk == bucket && p.d_v == bucket; }
+
+}  // namespace
+
+CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForcing& forcing) {
+  CudaPlan plan;
+  plan.dtype = p.dtype;
+  plan.backward = p.is_backward();
+  plan.bucket = head_dim_bucket(p.d_qk, p.d_v);
+  plan.arch = forcing.arch.value_or(caps.arch());
+  if (plan.arch == Arch::sm90a && caps.arch() != Arch::sm90a) {
+    plan.error = "the sm90a kernels need a GPU of compute capability 9.0 and a build with sm_90a code; device " +
+                 std::to_string(caps.device) + " has " + std::to_string(caps.major) + "." + std::to_string(caps.minor);
+    return plan;
+  }
+  const int smem_limit = forcing.smem_optin > 0 ? std::min(forcing.smem_optin, caps.smem_optin) : caps.smem_optin;
+  WorkspaceLayout& ws = plan.workspace;
+  std::size_t end = 0;
+  auto piece = [&](std::size_t bytes) {
+    const std::size_t at = end;
+    end += round_up(bytes);
+    return at;
+  };
+  ws.tables = piece(p.varlen ? 4 * std::size_t(p.batch) * sizeof(std::int64_t) : 0);
+  const std::size_t q_rows = std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]);
+
+  if (!plan.backward) {
+    const KernelEntry* e = pick(&plan, Pass::forward, smem_limit, caps);
+    if (e == nullptr) return plan;
+    plan.main.entry = e;
+    // More keys than one register accumulator sums well (common/outer_accumulator.cuh): the
+    // fold instantiation, with a slot pool sized for every warp that can be resident.
+    if (p.s_kv > kFoldKeys) plan.outer_count = resident_warps(*e, caps);
+    plan.main.variant = plan.outer_count > 0                                       ? Variant::fold
+                        : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
+                                                                                   : Variant::guarded;
+    plan.main.grid = grid_of(*e, p, 1);
+    plan.outer_slot_floats = std::size_t(e->warp_rows) * std::size_t(plan.bucket);
+    ws.delta = ws.partial = ws.dq_accum = end;
+    ws.outer_slots = piece(std::size_t(plan.outer_count) * plan.outer_slot_floats * sizeof(float));
+    ws.outer_flags = piece(std::size_t(plan.outer_count) * sizeof(int));
+    ws.total = end;
+    return plan;
+  }
+
+  const KernelEntry* e = pick(&plan, Pass::dkdv, smem_limit, caps);
+  if (e == nullptr) return plan;
+  plan.main.entry = e;
+  plan.main.variant = e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d : Variant::guarded;
+  plan.group_splits = group_splits(p, *e, caps, forcing.group_splits);
+  plan.main.grid = grid_of(*e, p, plan.group_splits);
+  // The single-pass backward (dQ by fp32 atomics in the dK/dV pass, 5 GEMMs instead of 7)
+  // where the pass can add dQ and the caller does not ask for bitwise reproducibility;
+  // otherwise the deterministic two-pass backward.
+  plan.single_pass = e->adds_dq && forcing.single_pass.value_or(!p.deterministic);
+  if (!plan.single_pass) {
+    const KernelEntry* q = pick(&plan, Pass::dq, smem_limit, caps);
+    if (q == nullptr) return plan;
+    plan.dq.entry = q;
+    plan.dq.grid = grid_of(*q, p, 1);
+  }
+  ws.delta = piece(q_rows * sizeof(float));
+  if (plan.group_splits > 1) plan.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
+  ws.partial = piece(std::size_t(plan.group_splits > 1 ? plan.group_splits : 0) * std::size_t(plan.partial_rows) *
+                     std::size_t(p.d_qk + p.d_v) * sizeof(float));
+  if (plan.single_pass) plan.dq_accum_bytes = q_rows * std::size_t(p.d_qk) * sizeof(float);
+  ws.dq_accum = piece(plan.dq_accum_bytes);
+  ws.outer_slots = ws.outer_flags = end;
+  ws.total = end;
+  return plan;
+}
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,80 @@
+// The plan of one `cuda` call: which kernel of the table runs each pass, its grid, the group
+// splits, single- or two-pass backward, and the layout of the workspace. make_cuda_plan is a
+// pure function of the problem (sizes, dims, mask, options; no pointers) and the device's
+// DeviceCaps, so a plan can be made once and run many times with other pointers (launch.hpp
+// runs it). The choices are made here once, on the host, and travel as this value: the
+// kernels receive data (KernelParams), never a choice.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "backends/cuda/common/arch.hpp"
+#include "backends/cuda/device_caps.hpp"
+#include "backends/cuda/dispatch.hpp"
+#include "problem/problem.hpp"
+
+namespace strideattn::cuda_impl {
+
+// Choices tests force, to run paths the automatic choice would not take on this GPU on the
+// same inputs (set through ScopedCudaPlanForcing, test_hook.hpp; never from the environment).
+struct PlanForcing {
+  std::optional<Arch> arch;         // run this architecture's kernels (sm80 on a 9.0 GPU)
+  int smem_optin = 0;               // > 0: plan as for a GPU that grants at most this much
+                                    // shared memory per block (the 4-warp dK/dV pass at d 128)
+  int group_splits = 0;             // > 0: split each GQA group over this many CTAs (at most
+                                    // one per query head) whatever the grid size
+  std::optional<bool> single_pass;  // the single-pass (true) or two-pass (false) backward
+                                    // whatever `deterministic` says, where the pass adds dQ
+};
+
+struct Dim3 {
+  unsigned x = 0, y = 0, z = 0;
+  [[nodiscard]] bool empty() const { return x == 0 || y == 0 || z == 0; }
+};
+
+// One launch of a table entry's kernel.
+struct KernelLaunch {
+  const KernelEntry* entry = nullptr;
+  Variant variant = Variant::guarded;
+  Dim3 grid;
+  [[nodiscard]] const void* kernel() const { return entry->kernel(variant); }
+};
+
+// The workspace, in order, each piece aligned to kWorkspacePieceAlign: byte offsets from its
+// start and the total. A piece the call does not use has no bytes.
+struct WorkspaceLayout {
+  std::size_t tables = 0;       // varlen: 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
+  std::size_t delta = 0;        // backward: fp32 [q batch extent][heads][q tokens]
+  std::size_t partial = 0;      // backward, group splits > 1: fp32 dK/dV partial planes
+  std::size_t dq_accum = 0;     // single-pass backward: fp32 [q batch extent][heads][q tokens][d_qk]
+  std::size_t outer_slots = 0;  // forward fold: the outer accumulator's slots, then
+  std::size_t outer_flags = 0;  //   one int flag per slot
+  std::size_t total = 0;
+};
+inline constexpr std::size_t kWorkspacePieceAlign = 256;
+
+struct CudaPlan {
+  std::string error;  // why this problem has no plan on this device; empty when it has one
+  Arch arch = Arch::sm80;
+  int bucket = 0;
+  DType dtype = DType::f16;
+  bool backward = false;
+  KernelLaunch main;  // the forward kernel, or the dK/dV pass
+  KernelLaunch dq;    // the two-pass backward's dQ pass (entry nullptr otherwise)
+  int group_splits = 1;
+  bool single_pass = false;       // the dK/dV pass adds dQ into dq_accum; a conversion stores it
+  std::int64_t partial_rows = 0;  // rows of one dK/dV partial plane (group splits > 1)
+  int outer_count = 0;            // forward fold: slots of the outer accumulator (0: no fold)
+  std::size_t outer_slot_floats = 0;
+  std::size_t dq_accum_bytes = 0;  // (unrounded, for the memset)
+  WorkspaceLayout workspace;
+  [[nodiscard]] bool ok() const { return error.empty(); }
+};
+
+[[nodiscard]] CudaPlan make_cuda_plan(const detail::Problem& problem, const DeviceCaps& caps,
+                                      const PlanForcing& forcing = {});
+
+}  // namespace strideattn::cuda_impl

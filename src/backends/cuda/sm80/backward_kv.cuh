@@ -1,0 +1,139 @@
+// The 4-warp dK/dV pass of the sm80 kernels (FlashAttention-2 recomputation): the d <= 256
+// bucket's, and the d <= 128 bucket's on GPUs whose shared memory per block is too small for
+// the 8-warp pass (sm_86, sm_89; sm80/backward_kv8.cuh). Same math and same dK/dV sums as
+// the 8-warp pass, no atomics: it runs the two-pass backward (the delta pre-pass,
+// common/aux_kernels.cu, before it; the dQ pass, sm80/backward_q.cuh, after it).
+//   One CTA per (key block, KV head, sequence[, head-dim split][, group split]); dK and dV
+//   stay in fp32 registers while the CTA loops over the query blocks of every query head of
+//   its share of the GQA group that see its keys (query_range_for_keys). With one group
+//   split it stores dK/dV; with several (MQA/GQA with few KV heads, to fill the GPU) each
+//   writes fp32 partials that aux_kernels.cu sums in split order:
+//     S^T = K Q^T * scale, P^T = 2^(S^T - LSE) (masked -> 0)
+//     dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
+// Deterministic: every sum runs in a fixed order in one thread's registers.
+#pragma once
+
+#include "backends/cuda/common/epilogue.cuh"
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/kv_pass.cuh"
+#include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/softmax.cuh"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/sm80/mma.cuh"
+
+namespace strideattn::cuda_impl {
+
+template <Arch A, class T, int D>
+__device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
+  constexpr KvPassTile kTile = kv_tile(A, D);
+  constexpr int MT = kTile.mt, Bc = kTile.bc, Br = kTile.br, DAcc = kTile.d_acc;
+  static_assert(Bc == kWarps * 16 * MT, "one warp per 16*MT keys");
+  using KvTile = SmemTile<Bc, D>;
+  using QTile = SmemTile<Br, D>;
+  static_assert((2 * KvTile::kElems + 4 * QTile::kElems) * 2 + 4 * Br * 4 == kTile.smem_bytes,
+                "the shared memory the host grants");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const KvTile sK{reinterpret_cast<uint16_t*>(smem)};
+  const KvTile sV{sK.base + KvTile::kElems};
+  // Two stages of Q and dO: stage b at q_base + b * 2 * kElems (Q), + kElems (dO).
+  uint16_t* const q_base = sV.base + KvTile::kElems;
+  auto sQ = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems}; };
+  auto sDO = [&](int b) { return QTile{q_base + b * 2 * QTile::kElems + QTile::kElems}; };
+  float* const sLse = reinterpret_cast<float*>(q_base + 4 * QTile::kElems);  // [2][Br], natural log
+  float* const sDelta = sLse + 2 * Br;                                       // [2][Br]
+
+  const kernel::AttentionParams& p = kp.p;
+  const KvBlockWork w = kv_block_work<Bc, Br, kTile.dim_splits>(kp);
+  if (w.empty) return;
+  const int col0 = w.dim_split * DAcc;  // head-dim columns of dK / dV this CTA owns
+  const auto q_ref = sequence_ref(p.q, p.q_st, p.q_seq, w.batch);
+  const auto do_ref = sequence_ref(p.d_o, p.do_st, p.q_seq, w.batch);
+  const int d_qk = int(p.d_qk), d_v = int(p.d_v);
+
+  const int warp = threadIdx.x >> 5;
+  const int warp_row0 = warp * 16 * MT;
+
+  // Iteration `it` covers query head w.head(it / n_qblocks), query block first_qblock +
+  // it % n_qblocks (KvBlockWork). (32-bit division: the running (h, b) pair of the 8-warp
+  // pass made ptxas spill 44 bytes here on sm_80 at d = 128.)
+  auto load_queries = [&](int it, int buf) {
+    load_query_block<Br, kThreads>(kp, w, q_ref, do_ref, it / w.n_qblocks, it % w.n_qblocks, sQ(buf), sDO(buf),
+                                   sLse + buf * Br, sDelta + buf * Br, d_qk, d_v);
+  };
+
+  float dk[MT][DAcc / 8][4], dv[MT][DAcc / 8][4];
+  zero<MT, DAcc>(dk);
+  zero<MT, DAcc>(dv);
+
+  // K, V: loaded once (with the first query block, when any query sees these keys).
+  if (w.n_iters > 0) {
+    load_key_block<kThreads>(kp, w, sK, sV, d_qk, d_v);
+    load_queries(0, 0);
+  }
+  cp_async_commit();
+
+  for (int it = 0; it < w.n_iters; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < w.n_iters) {
+      load_queries(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int64_t r0 = int64_t(w.first_qblock + it % w.n_qblocks) * Br;
+    const int64_t r1 = kernel::min64(r0 + Br, w.s_q);
+
+    // S^T = K Q^T; P^T = 2^(S^T * scale_log2 - LSE), masked -> 0
+    float st[MT][Br / 8][4];
+    zero<MT, Br>(st);
+    gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(st, sK, warp_row0, sQ(buf), 0, d_qk);
+    recompute_p_cols(st, sLse + buf * Br, kp.scale_log2);
+    if (r0 < w.unmasked.begin || r1 > w.unmasked.end) apply_mask<MT, Br>(st, w.mask, w.c0 + warp_row0, r0, false, 0.f);
+
+    // dV += P^T dO
+    {
+      uint32_t pt_frag[MT][Br / 16][4];
+      accum_to_a<T, MT, Br>(pt_frag, st);
+      gemm_rn<T, MT, Br, DAcc, backward_prefetch(A, D)>(dv, pt_frag, sDO(buf), col0, d_v - col0);
+    }
+    // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
+    float dpt[MT][Br / 8][4];
+    zero<MT, Br>(dpt);
+    gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
+    ds_cols(dpt, st, sDelta + buf * Br);
+    // dK += dS^T Q
+    {
+      uint32_t ds_frag[MT][Br / 16][4];
+      accum_to_a<T, MT, Br>(ds_frag, dpt);
+      gemm_rn<T, MT, Br, DAcc, backward_prefetch(A, D)>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
+    }
+    __syncthreads();  // buffers of this iteration may be refilled
+  }
+
+  // epilogue: this warp's rows of the CTA's valid keys
+  store_dk_dv<T, MT, DAcc>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
+}
+
+template <Arch A, class T, int D>
+__global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParams kp) {
+  if constexpr (builds_body<A>) kv_pass_mainloop<A, T, D>(kp);
+}
+
+// The kernel table's entry of this pass for (A, T, D) (dispatch.hpp).
+template <Arch A, class T, int D>
+KernelEntry kv_entry() {
+  constexpr KvPassTile kTile = kv_tile(A, D);
+  KernelEntry e;
+  e.name = "sm80 4-warp dK/dV pass";
+  e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dkdv;
+  e.threads = kThreads, e.smem_bytes = kTile.smem_bytes;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc, e.dim_splits = kTile.dim_splits;
+  e.split_target = kTile.split_target;
+  e.guarded = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D>);
+  return e;
+}
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,15 @@
+// The bf16 entries of the sm_90a wgmma dK/dV pass (sm90/backward.cuh), every head-dim bucket.
+#include "backends/cuda/sm90/backward.cuh"
+
+namespace strideattn::cuda_impl {
+
+std::span<const KernelEntry> sm90_backward_entries_bf16() {
+  static const KernelEntry entries[] = {
+      kv_wgmma_entry<__nv_bfloat16, 64>(),
+      kv_wgmma_entry<__nv_bfloat16, 128>(),
+      kv_wgmma_entry<__nv_bfloat16, 256>(),
+  };
+  return entries;
+}
+
+}  // namespace strideattn::cuda_impl

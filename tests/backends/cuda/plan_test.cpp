@@ -1,0 +1,302 @@
+// The host side of the cuda backend's kernel choice, without a GPU: the kernel table covers
+// every (dtype, head-dim bucket, pass, architecture), and make_cuda_plan's choices for an
+// A100, an sm_86 card and an H200 (DeviceCaps written out here) are the documented ones:
+// which kernel, which instantiation, grid, group splits, single- or two-pass backward, the
+// forward fold, the workspace layout, the test hook's forcings, and a clear refusal where no
+// kernel fits the GPU's shared memory.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/plan.hpp"
+#include "backends/cuda/test_hook.hpp"
+#include "problem/problem.hpp"
+
+namespace {
+
+using strideattn::DType;
+using strideattn::detail::Direction;
+using strideattn::detail::Problem;
+using namespace strideattn::cuda_impl;
+
+constexpr DeviceCaps kA100{.device = 0,
+                           .major = 8,
+                           .minor = 0,
+                           .sms = 108,
+                           .smem_optin = 163 * 1024,
+                           .smem_per_sm = 164 * 1024,
+                           .sm90a_code = true};
+constexpr DeviceCaps kSm86{.device = 1,
+                           .major = 8,
+                           .minor = 6,
+                           .sms = 82,
+                           .smem_optin = 99 * 1024,
+                           .smem_per_sm = 100 * 1024,
+                           .sm90a_code = true};
+constexpr DeviceCaps kH200{.device = 0,
+                           .major = 9,
+                           .minor = 0,
+                           .sms = 132,
+                           .smem_optin = 227 * 1024,
+                           .smem_per_sm = 228 * 1024,
+                           .sm90a_code = true};
+
+// A dense problem [b, s, h, d] with contiguous views.
+Problem problem(Direction dir, DType t, std::int64_t b, std::int64_t s_q, std::int64_t s_kv, std::int64_t h,
+                std::int64_t hg, std::int64_t d_qk, std::int64_t d_v, bool deterministic = false) {
+  Problem p;
+  p.direction = dir;
+  p.dtype = t;
+  p.memory = strideattn::Memory::device;
+  p.batch = b, p.s_q = s_q, p.s_kv = s_kv, p.heads = h, p.kv_heads = hg, p.d_qk = d_qk, p.d_v = d_v;
+  p.deterministic = deterministic;
+  p.scale = 0.125;
+  auto view = [&](std::int64_t s, std::int64_t heads, std::int64_t d) {
+    strideattn::TensorView v;
+    v.dtype = t;
+    v.shape = {b, s, heads, d};
+    v.stride = {s * heads * d, heads * d, d, 1};
+    return v;
+  };
+  p.q = p.d_o = p.dq = view(s_q, h, d_qk);
+  p.o = view(s_q, h, d_v);
+  p.k = p.dk = view(s_kv, hg, d_qk);
+  p.v = p.dv = view(s_kv, hg, d_v);
+  return p;
+}
+Problem fwd(DType t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t hg, std::int64_t d) {
+  return problem(Direction::forward, t, b, s, s, h, hg, d, d);
+}
+Problem bwd(DType t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t hg, std::int64_t d,
+            bool deterministic = false) {
+  return problem(Direction::backward, t, b, s, s, h, hg, d, d, deterministic);
+}
+
+std::string name_of(const KernelLaunch& l) { return l.entry == nullptr ? "(none)" : l.entry->name; }
+
+TEST(CudaKernelTable, CoversEveryDtypeBucketPassAndArchitecture) {
+  std::set<const void*> kernels;
+  for (DType t : {DType::f16, DType::bf16})
+    for (Arch a : kArchs)
+      for (int d : kBuckets)
+        for (Pass pass : {Pass::forward, Pass::dkdv, Pass::dq}) {
+          SCOPED_TRACE(::testing::Message()
+                       << to_string(a) << " d " << d << " " << to_string(pass) << " " << strideattn::to_string(t));
+          int entries = 0;
+          for (const KernelEntry& e : kernel_table()) {
+            if (e.dtype != t || e.arch != a || e.bucket != d || e.pass != pass) continue;
+            ++entries;
+            EXPECT_NE(e.guarded, nullptr) << e.name;
+            EXPECT_EQ(e.fold != nullptr, pass == Pass::forward) << e.name << ": only the forward folds";
+            if (e.full_d != nullptr) EXPECT_TRUE(unguarded_full_d(a, d)) << e.name << ": a FullD duplicate";
+            EXPECT_TRUE(e.threads == kThreads || e.threads == kKvThreads) << e.name;
+            EXPECT_GT(e.block_rows, 0) << e.name;
+            EXPECT_LE(e.smem_bytes, a == Arch::sm90a ? kSm90SmemOptin : 163 * 1024) << e.name;
+            EXPECT_EQ(e.grid == GridShape::key_blocks, pass == Pass::dkdv) << e.name;
+            if (pass == Pass::dkdv) EXPECT_GT(e.split_target, 0) << e.name;
+            for (const void* k : {e.guarded, e.full_d, e.fold})
+              if (k != nullptr) EXPECT_TRUE(kernels.insert(k).second) << e.name << ": a kernel in two entries";
+          }
+          // One kernel per (bucket, pass, architecture), but for the sm80 dK/dV pass at
+          // d <= 128: the 8-warp pass, then the 4-warp one for GPUs that cannot grant it.
+          const int expected = a == Arch::sm80 && d == 128 && pass == Pass::dkdv ? 2 : 1;
+          EXPECT_EQ(entries, expected);
+          EXPECT_NE(find_kernel(t, a, d, pass, 1 << 30), nullptr);
+        }
+}
+
+TEST(CudaKernelTable, PreferenceOrderAndSharedMemoryFallback) {
+  const KernelEntry* big = find_kernel(DType::bf16, Arch::sm80, 128, Pass::dkdv, 163 * 1024);
+  ASSERT_NE(big, nullptr);
+  EXPECT_STREQ(big->name, "sm80 8-warp dK/dV pass");
+  const KernelEntry* small = find_kernel(DType::bf16, Arch::sm80, 128, Pass::dkdv, 99 * 1024);
+  ASSERT_NE(small, nullptr);
+  EXPECT_STREQ(small->name, "sm80 4-warp dK/dV pass");
+  int needed = 0;
+  EXPECT_EQ(find_kernel(DType::bf16, Arch::sm80, 256, Pass::dkdv, 99 * 1024, &needed), nullptr);
+  EXPECT_EQ(needed, kv_tile(Arch::sm80, 256).smem_bytes);
+}
+
+TEST(CudaPlan, DeviceArchitecture) {
+  EXPECT_EQ(kA100.arch(), Arch::sm80);
+  EXPECT_EQ(kSm86.arch(), Arch::sm80);
+  EXPECT_EQ(kH200.arch(), Arch::sm90a);
+  DeviceCaps no_sm90a = kH200;
+  no_sm90a.sm90a_code = false;  // a build without 90a among its architectures
+  EXPECT_EQ(no_sm90a.arch(), Arch::sm80);
+  const CudaPlan plan = make_cuda_plan(fwd(DType::bf16, 1, 256, 2, 2, 128), no_sm90a);
+  ASSERT_TRUE(plan.ok()) << plan.error;
+  EXPECT_EQ(name_of(plan.main), "sm80 mma.sync forward");
+}
+
+TEST(CudaPlan, ForwardKernelsAndInstantiations) {
+  {  // A100, d 128: the sm80 forward, guarded (no FullD at d = 128 on sm80)
+    const CudaPlan plan = make_cuda_plan(fwd(DType::bf16, 4, 1000, 16, 16, 128), kA100);
+    ASSERT_TRUE(plan.ok()) << plan.error;
+    EXPECT_EQ(plan.arch, Arch::sm80);
+    EXPECT_EQ(name_of(plan.main), "sm80 mma.sync forward");
+    EXPECT_EQ(plan.main.variant, Variant::guarded);
+    EXPECT_EQ(plan.main.grid.x, 8u);  // ceil(1000 / 128)
+    EXPECT_EQ(plan.main.grid.y, 16u);
+    EXPECT_EQ(plan.main.grid.z, 4u);
+    EXPECT_EQ(plan.main.entry->smem_bytes, 96 * 1024);
+    EXPECT_EQ(plan.workspace.total, 0u);
+  }
+  {  // A100, d 64 = the bucket: FullD; d 40: guarded
+    EXPECT_EQ(make_cuda_plan(fwd(DType::f16, 1, 300, 2, 1, 64), kA100).main.variant, Variant::full_d);
+    EXPECT_EQ(make_cuda_plan(fwd(DType::f16, 1, 300, 2, 1, 40), kA100).main.variant, Variant::guarded);
+  }
+  {  // H200: d 64 the mma.sync forward (the wgmma one lost there), d 128 / 256 the wgmma one
+    const CudaPlan p64 = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, 64), kH200);
+    EXPECT_EQ(name_of(p64.main), "sm90a mma.sync forward");
+    EXPECT_EQ(p64.main.variant, Variant::full_d);
+    for (int d : {128, 256}) {
+      const CudaPlan p = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, d), kH200);
+      EXPECT_EQ(name_of(p.main), "sm90a wgmma forward") << d;
+      EXPECT_EQ(p.main.variant, Variant::guarded) << d;
+      EXPECT_EQ(p.main.entry->threads, kKvThreads) << d;
+    }
+  }
+  {  // over kFoldKeys keys: the fold, with one slot per warp that can be resident
+    const CudaPlan a100 = make_cuda_plan(fwd(DType::bf16, 1, 9000, 2, 1, 128), kA100);
+    EXPECT_EQ(a100.main.variant, Variant::fold);
+    // 128 threads, 96 KiB: one CTA per SM by shared memory, 4 warps, 108 SMs
+    EXPECT_EQ(a100.outer_count, 108 * 4);
+    EXPECT_EQ(a100.outer_slot_floats, std::size_t(32 * 128));  // 2 m-tiles of 16 rows x 128
+    EXPECT_EQ(a100.workspace.outer_flags - a100.workspace.outer_slots, std::size_t(432 * 32 * 128 * 4));
+    EXPECT_EQ(a100.workspace.total - a100.workspace.outer_flags, std::size_t(1792));  // 432 ints, rounded up
+    const CudaPlan h200 = make_cuda_plan(fwd(DType::bf16, 1, 9000, 2, 1, 128), kH200);
+    EXPECT_EQ(h200.outer_count, 132 * 8);  // one 8-warp CTA per SM
+    EXPECT_EQ(h200.outer_slot_floats, std::size_t(16 * 128));
+  }
+}
+
+TEST(CudaPlan, BackwardKernelsPerDevice) {
+  {  // A100, d 128: the 8-warp pass, single pass unless deterministic
+    const CudaPlan single = make_cuda_plan(bwd(DType::bf16, 4, 1024, 16, 16, 128), kA100);
+    ASSERT_TRUE(single.ok()) << single.error;
+    EXPECT_EQ(name_of(single.main), "sm80 8-warp dK/dV pass");
+    EXPECT_EQ(single.main.variant, Variant::guarded);
+    EXPECT_TRUE(single.single_pass);
+    EXPECT_EQ(single.dq.entry, nullptr);
+    EXPECT_EQ(single.dq_accum_bytes, std::size_t(4 * 16 * 1024 * 128 * 4));
+    const CudaPlan two = make_cuda_plan(bwd(DType::bf16, 4, 1024, 16, 16, 128, true), kA100);
+    EXPECT_FALSE(two.single_pass);
+    EXPECT_EQ(name_of(two.dq), "sm80 dQ pass");
+    EXPECT_EQ(two.workspace.total, std::size_t(4 * 16 * 1024 * 4));  // the delta rows alone
+  }
+  {  // sm_86, d 128: 99 KiB is too little for the 8-warp pass: the 4-warp one, two-pass
+    const CudaPlan plan = make_cuda_plan(bwd(DType::f16, 2, 500, 8, 8, 128), kSm86);
+    ASSERT_TRUE(plan.ok()) << plan.error;
+    EXPECT_EQ(name_of(plan.main), "sm80 4-warp dK/dV pass");
+    EXPECT_FALSE(plan.single_pass) << "the 4-warp pass does not add dQ";
+    EXPECT_EQ(name_of(plan.dq), "sm80 dQ pass");
+    // d 64 fits the 8-warp pass there (97 KiB)
+    EXPECT_EQ(name_of(make_cuda_plan(bwd(DType::f16, 2, 500, 8, 8, 64), kSm86).main), "sm80 8-warp dK/dV pass");
+  }
+  {  // sm_86, d 256: no backward kernel fits, refused saying what and how much
+    const CudaPlan plan = make_cuda_plan(bwd(DType::f16, 1, 100, 2, 2, 256), kSm86);
+    EXPECT_FALSE(plan.ok());
+    EXPECT_NE(plan.error.find("131584 bytes"), std::string::npos) << plan.error;
+    EXPECT_NE(plan.error.find("101376 bytes"), std::string::npos) << plan.error;
+    EXPECT_NE(plan.error.find("8.6"), std::string::npos) << plan.error;
+    // its forward runs (96 KiB)
+    EXPECT_TRUE(make_cuda_plan(fwd(DType::f16, 1, 100, 2, 2, 256), kSm86).ok());
+  }
+  {  // H200: the wgmma pass in every bucket, single pass; the deterministic one adds the dQ pass
+    for (int d : kBuckets) {
+      const CudaPlan plan = make_cuda_plan(bwd(DType::bf16, 2, 700, 4, 4, d), kH200);
+      EXPECT_EQ(name_of(plan.main), "sm90a wgmma dK/dV pass") << d;
+      EXPECT_TRUE(plan.single_pass) << d;
+      const CudaPlan two = make_cuda_plan(bwd(DType::bf16, 2, 700, 4, 4, d, true), kH200);
+      EXPECT_EQ(name_of(two.dq), "sm90a dQ pass") << d;
+    }
+  }
+}
+
+TEST(CudaPlan, GroupSplitsFillTheGpu) {
+  // The seed case on an H200: MQA 16/1, 8 sequences of 2k keys, d 64: 16 key blocks x 8
+  // sequences = 128 CTAs against 8 x 132 wanted: 9 splits asked, 8 of 2 heads each.
+  const CudaPlan seed = make_cuda_plan(bwd(DType::f16, 8, 2048, 16, 1, 64), kH200);
+  ASSERT_TRUE(seed.ok()) << seed.error;
+  EXPECT_EQ(seed.group_splits, 8);
+  EXPECT_EQ(seed.main.grid.x, 16u);
+  EXPECT_EQ(seed.main.grid.y, 8u);
+  EXPECT_EQ(seed.partial_rows, 8 * 1 * 2048);
+  EXPECT_EQ(seed.workspace.dq_accum - seed.workspace.partial, std::size_t(8) * 8 * 2048 * (64 + 64) * 4);
+  // Enough CTAs without splitting: none; MHA: none.
+  EXPECT_EQ(make_cuda_plan(bwd(DType::f16, 8, 8192, 64, 8, 128), kH200).group_splits, 1);
+  EXPECT_EQ(make_cuda_plan(bwd(DType::f16, 1, 128, 4, 4, 64), kH200).group_splits, 1);
+  // The 4-warp pass at d 256 on an A100: 64 keys x 2 head-dim splits per CTA, 4 CTAs per SM
+  const CudaPlan a100 = make_cuda_plan(bwd(DType::f16, 1, 640, 12, 1, 256), kA100);
+  EXPECT_EQ(name_of(a100.main), "sm80 4-warp dK/dV pass");
+  EXPECT_EQ(a100.main.grid.x, 20u);  // 10 key blocks x 2
+  EXPECT_EQ(a100.group_splits, 12);  // 20 CTAs against 432: ceil = 22, at most one per head
+}
+
+TEST(CudaPlan, WorkspaceLayout) {
+  Problem p = bwd(DType::bf16, 1, 200, 4, 2, 64);
+  p.batch = 3, p.varlen = true, p.s_q = p.s_kv = 90;
+  p.seqlens_q = p.seqlens_kv = {30, 90, 80};
+  p.offsets_q = p.offsets_kv = {0, 30, 120};
+  const CudaPlan plan = make_cuda_plan(p, kA100);
+  ASSERT_TRUE(plan.ok()) << plan.error;
+  const WorkspaceLayout& w = plan.workspace;
+  EXPECT_EQ(w.tables, 0u);
+  EXPECT_EQ(w.delta, 256u);            // 4 x 3 int64 = 96 bytes, rounded up
+  EXPECT_EQ(w.partial, 256u + 3328u);  // delta: [1][4 heads][200 tokens] fp32, 3,200 bytes rounded up
+  EXPECT_EQ(plan.group_splits, 2);     // 6 CTAs of 128 keys on 108 SMs
+  EXPECT_EQ(plan.partial_rows, 1 * 2 * 200);
+  for (std::size_t at : {w.tables, w.delta, w.partial, w.dq_accum, w.outer_slots, w.outer_flags, w.total})
+    EXPECT_EQ(at % kWorkspacePieceAlign, 0u);
+  EXPECT_GE(w.total, w.dq_accum + plan.dq_accum_bytes);
+}
+
+TEST(CudaPlan, TestHookForcings) {
+  const Problem p = bwd(DType::bf16, 2, 333, 8, 2, 128, true);
+  {  // the sm80 kernels on an H200
+    const CudaPlan plan = make_cuda_plan(p, kH200, PlanForcing{.arch = Arch::sm80});
+    EXPECT_EQ(name_of(plan.main), "sm80 8-warp dK/dV pass");
+    EXPECT_EQ(name_of(plan.dq), "sm80 dQ pass");
+  }
+  {  // and the 4-warp pass there, as a GPU with less shared memory gets it
+    const CudaPlan plan = make_cuda_plan(p, kH200, PlanForcing{.arch = Arch::sm80, .smem_optin = 160 * 1024});
+    EXPECT_EQ(name_of(plan.main), "sm80 4-warp dK/dV pass");
+  }
+  {  // the sm90a kernels where they cannot run: refused
+    const CudaPlan plan = make_cuda_plan(p, kA100, PlanForcing{.arch = Arch::sm90a});
+    EXPECT_FALSE(plan.ok());
+    EXPECT_NE(plan.error.find("9.0"), std::string::npos) << plan.error;
+  }
+  {  // forced splits: 4 asked of a group of 4; MQA 6/1 with 4 asked gives 3 of 2 heads
+    EXPECT_EQ(make_cuda_plan(p, kH200, PlanForcing{.group_splits = 4}).group_splits, 4);
+    EXPECT_EQ(make_cuda_plan(bwd(DType::f16, 1, 130, 6, 1, 128), kH200, PlanForcing{.group_splits = 4}).group_splits,
+              3);
+  }
+  {  // single / two pass whatever `deterministic` says, where the pass adds dQ
+    EXPECT_TRUE(make_cuda_plan(p, kH200, PlanForcing{.single_pass = true}).single_pass);
+    const Problem q = bwd(DType::bf16, 2, 333, 8, 2, 128, false);
+    EXPECT_FALSE(make_cuda_plan(q, kH200, PlanForcing{.single_pass = false}).single_pass);
+    EXPECT_FALSE(make_cuda_plan(q, kSm86, PlanForcing{.single_pass = true}).single_pass) << "the 4-warp pass";
+  }
+  {  // the scoped hook: what the backend passes to make_cuda_plan, restored when it ends
+    EXPECT_FALSE(plan_forcing().arch.has_value());
+    {
+      const ScopedCudaPlanForcing outer(PlanForcing{.arch = Arch::sm80});
+      EXPECT_EQ(plan_forcing().arch, Arch::sm80);
+      {
+        const ScopedCudaPlanForcing inner(PlanForcing{.group_splits = 3});
+        EXPECT_FALSE(plan_forcing().arch.has_value());
+        EXPECT_EQ(plan_forcing().group_splits, 3);
+      }
+      EXPECT_EQ(plan_forcing().arch, Arch::sm80);
+    }
+    EXPECT_FALSE(plan_forcing().arch.has_value());
+  }
+}
+
+}  // namespace

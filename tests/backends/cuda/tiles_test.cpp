@@ -1,0 +1,94 @@
+// The tile functions of the cuda kernels (src/backends/cuda/common/tiles.hpp), on the host:
+// the shapes and shared memory each (architecture, bucket) gets are the ones the comments
+// there give their reasons for, and the invariants the kernels' layouts rely on hold for
+// every one. The kernels call the same constexpr functions with their template arguments and
+// static_assert that the shared memory they lay out is the smem_bytes the host grants (so
+// host and device cannot disagree); the values are checked here at compile time too, and a
+// CPU-only build runs this test.
+#include <gtest/gtest.h>
+
+#include "backends/cuda/common/tiles.hpp"
+
+namespace {
+
+using namespace strideattn::cuda_impl;
+
+// The forward of each architecture (sm_90a: the d <= 64 bucket's mma.sync tile).
+static_assert(forward_tile(Arch::sm80, 64).bc == 64 && forward_tile(Arch::sm80, 64).prefetch_pv);
+static_assert(forward_tile(Arch::sm90a, 64).bc == 128 && !forward_tile(Arch::sm90a, 64).prefetch_pv);
+static_assert(forward_tile(Arch::sm80, 128).bc == 32 && forward_tile(Arch::sm90a, 128).bc == 64);
+static_assert(forward_tile(Arch::sm80, 64).smem_bytes == 80 * 1024);
+static_assert(forward_tile(Arch::sm80, 128).smem_bytes == 96 * 1024 &&
+              forward_tile(Arch::sm80, 256).smem_bytes == 96 * 1024);
+static_assert(forward_wgmma_tile(128).smem_bytes == 164864 && forward_wgmma_tile(256).smem_bytes == 197632);
+// The dK/dV passes.
+static_assert(kv8_tile(Arch::sm80, 128).smem_bytes == 164864 && kv8_tile(Arch::sm80, 64).smem_bytes == 99328);
+static_assert(kv_tile(Arch::sm80, 256).smem_bytes == 131584 && kv_tile(Arch::sm80, 256).dim_splits == 2);
+static_assert(kv_wgmma_tile(64).smem_bytes == 166912 && kv_wgmma_tile(128).smem_bytes == 165888 &&
+              kv_wgmma_tile(256).smem_bytes == 215040);
+static_assert(q_tile(Arch::sm80, 128).smem_bytes == 96 * 1024 && q_tile(Arch::sm80, 256).smem_bytes == 128 * 1024);
+// Only the sm80 kernels at d = 128 compile no unguarded FullD code; only sm_90a prefetches.
+static_assert(!unguarded_full_d(Arch::sm80, 128) && unguarded_full_d(Arch::sm80, 64) &&
+              unguarded_full_d(Arch::sm90a, 128));
+static_assert(!backward_prefetch(Arch::sm80, 64) && backward_prefetch(Arch::sm90a, 128) &&
+              !backward_prefetch(Arch::sm90a, 256));
+
+// Opt-in shared memory per block: an A100 (sm_80) 163 KiB, an sm_86 / sm_89 GPU 99 KiB.
+constexpr int kSm80Optin = 163 * 1024, kSm86Optin = 99 * 1024;
+
+TEST(CudaTiles, ForwardShapesFitTheirWarpsAndStages) {
+  for (Arch a : kArchs)
+    for (int d : kBuckets) {
+      SCOPED_TRACE(::testing::Message() << to_string(a) << " d " << d);
+      const ForwardTile t = forward_tile(a, d);
+      EXPECT_EQ(t.br, kWarps * 16 * t.mt) << "one warp per 16 * mt query rows";
+      EXPECT_EQ(t.stage % t.bc, 0) << "a stage is whole bc windows";
+      EXPECT_EQ(t.bc % 16, 0);
+      EXPECT_EQ(t.smem_bytes, (t.br + 4 * t.stage) * d * 2) << "Q and two stages of K and V";
+      EXPECT_LE(t.smem_bytes, kSm86Optin) << "the forward runs on every GPU of compute capability 8.0+";
+    }
+  for (int d : {128, 256}) {
+    const ForwardWgmmaTile t = forward_wgmma_tile(d);
+    EXPECT_EQ(t.br, 128) << "two warpgroups of 64 rows";
+    EXPECT_LE(t.smem_bytes, kSm90SmemOptin);
+  }
+}
+
+TEST(CudaTiles, BackwardShapesFitTheirWarpsAndSharedMemory) {
+  for (Arch a : kArchs)
+    for (int d : kBuckets) {
+      SCOPED_TRACE(::testing::Message() << to_string(a) << " d " << d);
+      const KvPassTile kv = kv_tile(a, d);
+      EXPECT_EQ(kv.bc, kWarps * 16 * kv.mt) << "one warp per 16 * mt keys";
+      EXPECT_EQ(kv.dim_splits * kv.d_acc, d);
+      EXPECT_LE(kv.smem_bytes, kSm80Optin);
+      const QPassTile q = q_tile(a, d);
+      EXPECT_EQ(q.br, kWarps * 16 * q.mt) << "one warp per 16 * mt queries";
+      EXPECT_LE(q.smem_bytes, kSm80Optin);
+      const KvWgmmaTile w = kv_wgmma_tile(d);
+      EXPECT_EQ(w.groups_split_keys ? w.bc : 2 * w.bc, 2 * w.key_rows_per_group) << "two warpgroups of m64 keys";
+      EXPECT_LE(w.smem_bytes, kSm90SmemOptin);
+      if (!has_kv8_pass(d)) continue;
+      const Kv8Tile k8 = kv8_tile(a, d);
+      EXPECT_EQ(k8.key_warps * k8.side_warps, kKvWarps);
+      EXPECT_EQ(k8.key_warps * 16 * k8.mt, k8.bc);
+      EXPECT_EQ(k8.side_warps * k8.warp_q, k8.br);
+      EXPECT_EQ(k8.dq_query_warps * k8.dq_warp_q, k8.br);
+      EXPECT_LE(k8.smem_bytes, kSm80Optin) << "the 8-warp pass fits an A100";
+    }
+  // The reason the 4-warp pass stays at d <= 128: sm_86 / sm_89 cannot run the 8-warp one
+  // there, and can at d <= 64 (so no 4-warp pass is kept for that bucket).
+  EXPECT_GT(kv8_tile(Arch::sm80, 128).smem_bytes, kSm86Optin);
+  EXPECT_LE(kv8_tile(Arch::sm80, 64).smem_bytes, kSm86Optin);
+  EXPECT_LE(kv_tile(Arch::sm80, 128).smem_bytes, kSm86Optin);
+}
+
+TEST(CudaTiles, HeadDimBuckets) {
+  EXPECT_EQ(head_dim_bucket(8, 8), 64);
+  EXPECT_EQ(head_dim_bucket(64, 64), 64);
+  EXPECT_EQ(head_dim_bucket(72, 8), 128);
+  EXPECT_EQ(head_dim_bucket(64, 136), 256);
+  EXPECT_EQ(head_dim_bucket(256, 256), 256);
+}
+
+}  // namespace
