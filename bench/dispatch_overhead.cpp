@@ -1,4 +1,4 @@
-// bench_host: the host time of one call, the cost the library adds before a kernel runs. For a
+// bench_dispatch: the host time of one call, the cost the library adds before a kernel runs. For a
 // tiny problem ([1, 128, 4, 64] bf16 by default, the size at which attention is host-bound) it
 // times, per backend:
 //   fake       a backend that does no work, installed in place of `cpu` through the test hook
@@ -12,7 +12,7 @@
 // made once and run with the case's pointers (plan_run), and the making itself (plan_make).
 // Times are the median
 // over batches of the mean per call, in microseconds. `--json PATH` writes a data file (the
-// format of bench/results/host/*.json, bench/README.md).
+// format of bench/results/dispatch/*.json, bench/README.md).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
       profile_calls = std::max(1, std::atoi(next()));
     } else {
       std::fprintf(stderr,
-                   "usage: bench_host [--json PATH] [--commit C] [--machine M] [--batches N] [--budget-ms MS] "
+                   "usage: bench_dispatch [--json PATH] [--commit C] [--machine M] [--batches N] [--budget-ms MS] "
                    "[--seqlen S] [--fake-only] [--profile per_call|plan_run --calls N]\n");
       return 2;
     }
@@ -303,11 +303,11 @@ int main(int argc, char** argv) {
     }
     for (int i = 0; i < profile_calls; ++i)
       if (!call().ok()) return 1;
-    std::printf("bench_host: %d %s calls (forward + backward, fused views, no-work backend)\n", profile_calls,
+    std::printf("bench_dispatch: %d %s calls (forward + backward, fused views, no-work backend)\n", profile_calls,
                 profile.c_str());
     return 0;
   }
-  std::printf("bench_host: b=%lld s=%lld h=%lld hg=%lld d=%lld bf16 causal; us per call, median of %d batches\n",
+  std::printf("bench_dispatch: b=%lld s=%lld h=%lld hg=%lld d=%lld bf16 causal; us per call, median of %d batches\n",
               (long long)z.b, (long long)z.s, (long long)z.h, (long long)z.hg, (long long)z.d, batches);
   std::vector<Record> records;
   auto add = [&](const std::string& backend, const std::string& layout, const std::string& path, const std::string& dir,
@@ -398,7 +398,7 @@ int main(int argc, char** argv) {
   if (!json_path.empty()) {
     std::FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) {
-      std::fprintf(stderr, "bench_host: cannot write %s\n", json_path.c_str());
+      std::fprintf(stderr, "bench_dispatch: cannot write %s\n", json_path.c_str());
       return 1;
     }
     char date[32];
