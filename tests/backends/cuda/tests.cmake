@@ -6,6 +6,8 @@ strideattn_test(cuda_swizzle_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/swizzle_test
 strideattn_test(cuda_tiles_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiles_test.cpp)
 # The kernels' sequence-relative tensor addressing: plain host-device C++, every build too.
 strideattn_test(cuda_tensor_ref_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tensor_ref_test.cpp)
+# The roundings of the backward's P (the forward's LSE, the exponent): host-device C++ too.
+strideattn_test(cuda_lse_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/lse_test.cpp)
 if(STRIDEATTN_HAVE_CUDA)
   # These call into the backend directly: they link the GPU module (which the core also loads).
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
@@ -23,6 +25,9 @@ if(STRIDEATTN_HAVE_CUDA)
   target_link_libraries(cuda_large_test PRIVATE CUDA::cudart)
   strideattn_test(cuda_edges_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_edges_test.cpp LABELS gpu)
   target_link_libraries(cuda_edges_test PRIVATE CUDA::cudart)
+  # Forward and backward at logits up to 1e30 on every kernel pairing (the test hook).
+  strideattn_test(cuda_magnitude_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_magnitude_test.cpp LABELS gpu)
+  target_link_libraries(cuda_magnitude_test PRIVATE strideattn_gpu)
   # The device conversion of cu_seqlens arrays into the kernels' tables, built into the test
   # itself (the backend does not use it yet: it refuses cu_seqlens problems).
   strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp
