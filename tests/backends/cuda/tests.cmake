@@ -12,9 +12,10 @@ if(STRIDEATTN_HAVE_CUDA)
   # These call into the backend directly: they link the GPU module (which the core also loads).
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
   target_link_libraries(cuda_rules_test PRIVATE strideattn_gpu)
-  # The kernel table and make_cuda_plan's choices for described GPUs (no GPU needed).
+  # The kernel table, make_cuda_plan's choices for described GPUs and what a prepared call
+  # holds (no GPU needed).
   strideattn_test(cuda_plan_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_test.cpp)
-  target_link_libraries(cuda_plan_test PRIVATE strideattn_gpu)
+  target_link_libraries(cuda_plan_test PRIVATE strideattn_gpu CUDA::cudart)  # (launch.hpp: cuda_runtime.h)
   strideattn_test(cuda_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cpp LABELS gpu)
   target_link_libraries(cuda_test PRIVATE strideattn_gpu CUDA::cudart)
   # (as the library: whether the build carries the sm_90a wgmma kernels)
