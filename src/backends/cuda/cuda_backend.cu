@@ -3,7 +3,8 @@
 // caller's or one allocated on the stream), and the prepared call of a plan: the CudaPlan
 // (plan.hpp: every kernel choice, from the kernel table and the device's cached caps) and its
 // pointer-free kernel parameters, made once (prepare_call), then each run binds the pointers
-// and launches (launch.hpp).
+// and launches (launch.hpp). Varlen lengths come as host lists or as cu_seqlens arrays in
+// device memory, which each run turns into the kernels' tables on the device.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -177,6 +178,10 @@ class CudaBackend final : public BackendImpl {
   [[nodiscard]] Verdict supports(const Problem& problem) const override {
     return evaluate_rules(Backend::cuda, rules(), problem);
   }
+
+  // The kernels read the varlen tables from the workspace, which each run writes on the
+  // device from cu_seqlens arrays (varlen_tables.hpp) as from host lists.
+  [[nodiscard]] bool reads_cu_seqlens() const override { return true; }
 
   [[nodiscard]] Status workspace_size(const Problem& problem, std::size_t* bytes) const override {
     cuda_impl::CudaPlan plan;

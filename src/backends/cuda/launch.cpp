@@ -12,6 +12,7 @@
 
 #include "backends/cuda/common/aux_kernels.hpp"
 #include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/varlen_tables.hpp"
 #include "common/log.hpp"
 #include "problem/params.hpp"
 
@@ -160,7 +161,7 @@ PreparedLaunch prepare_launch(CudaPlan plan, const Problem& p) {
   kp.group_splits = plan.group_splits;
   if (plan.group_splits > 1) kp.partial_rows = plan.partial_rows;
   kp.outer_count = plan.outer_count;
-  if (p.varlen) {
+  if (p.varlen && !p.cu_seqlens) {
     const std::size_t n = std::size_t(p.batch);
     prep.host_tables.resize(4 * n);
     for (std::size_t i = 0; i < n; ++i) {
@@ -176,6 +177,20 @@ PreparedLaunch prepare_launch(CudaPlan plan, const Problem& p) {
 
 Status fill_varlen_tables(const Problem& p, const std::vector<std::int64_t>& host_tables, std::int64_t* tables,
                           cudaStream_t stream) {
+  if (p.cu_seqlens) {
+    const CuSeqlensInput in{.cu_q = p.cu_seqlens_q,
+                            .cu_kv = p.cu_seqlens_kv,
+                            .off_q = p.seq_offsets_q,
+                            .off_kv = p.seq_offsets_kv,
+                            .count = p.batch,
+                            .max_q = p.s_q,
+                            .max_kv = p.s_kv,
+                            .q_tokens = p.q_tokens(),
+                            .kv_tokens = p.kv_tokens()};
+    if (cudaError_t e = launch_varlen_tables(in, tables, stream); e != cudaSuccess)
+      return cuda_status(e, "converting the cu_seqlens arrays");
+    return Status::Ok();
+  }
   if (cudaError_t e = cudaMemcpyAsync(tables, host_tables.data(), host_tables.size() * sizeof(std::int64_t),
                                       cudaMemcpyHostToDevice, stream);
       e != cudaSuccess)

@@ -22,7 +22,7 @@ struct PreparedLaunch {
   CudaPlan plan;
   KernelParams params;  // everything but the pointers: sizes, strides, mask, scales, splits
   // Varlen lists (host memory): the tables in the kernels' layout (below), uploaded by each
-  // run; empty for dense problems.
+  // run; empty for dense and cu_seqlens problems.
   std::vector<std::int64_t> host_tables;
 };
 
@@ -36,7 +36,9 @@ struct PreparedLaunch {
 
 // The varlen tables at the start of the workspace, in the layout the kernels read
 // (kernel::SequenceTable): 4 x batch int64, seqlens_q, offsets_q, seqlens_kv, offsets_kv. The
-// one place they are written: a copy of `host_tables` (PreparedLaunch).
+// one place they are written: for cu_seqlens arrays, computed from them on the device
+// (varlen_tables.hpp: every length clamped to its bound and every sequence to its view);
+// otherwise a copy of `host_tables` (PreparedLaunch).
 [[nodiscard]] Status fill_varlen_tables(const detail::Problem& run, const std::vector<std::int64_t>& host_tables,
                                         std::int64_t* tables, cudaStream_t stream);
 

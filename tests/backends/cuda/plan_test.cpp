@@ -3,8 +3,9 @@
 // A100, an sm_86 card and an H200 (DeviceCaps written out here) are the documented ones:
 // which kernel, which instantiation, grid, group splits, single- or two-pass backward, the
 // forward fold, the workspace layout, the test hook's forcings, and a clear refusal where no
-// kernel fits the GPU's shared memory (the support rule's cheap check says the same); and
-// what a prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
+// kernel fits the GPU's shared memory (the support rule's cheap check says the same); a
+// cu_seqlens problem's plan (grids from the bounds, tables in the workspace); and what a
+// prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
 // problem's tables, no pointer of the problem it was made from.
 #include <gtest/gtest.h>
 
@@ -328,6 +329,23 @@ TEST(CudaPlan, RefusalCheckAgreesWithThePlan) {
           }
   EXPECT_GT(refused, 0);  // (sm90a on the A100 and sm_86, the d 256 backward on sm_86, ...)
   EXPECT_GT(planned, 0);
+}
+
+// cu_seqlens: the plan is made for the count and the bounds (no lengths): grids from
+// max_seqlen, the tables in the workspace as for lists.
+TEST(CudaPlan, CuSeqlensPlansUseTheBounds) {
+  Problem p = bwd(DType::bf16, 1, 1000, 4, 4, 128, true);
+  p.varlen = true, p.cu_seqlens = true;
+  p.batch = 7, p.s_q = 300, p.s_kv = 500;  // count and bounds; the views hold 1,000 tokens
+  const CudaPlan plan = make_cuda_plan(p, kH200);
+  ASSERT_TRUE(plan.ok()) << plan.error;
+  EXPECT_EQ(plan.main.grid.x, 4u);  // ceil(500 / 128) key blocks
+  EXPECT_EQ(plan.main.grid.z, 7u);
+  EXPECT_EQ(plan.dq.grid.x, 3u);  // ceil(300 / 128) query blocks
+  EXPECT_EQ(plan.workspace.tables, 0u);
+  EXPECT_EQ(plan.workspace.delta, 256u);  // 4 x 7 int64 = 224 bytes, rounded up
+  const PreparedLaunch prep = prepare_launch(plan, p);
+  EXPECT_TRUE(prep.host_tables.empty());  // each run computes them on the device
 }
 
 // What prepare_launch keeps: sizes, strides, mask and scales; no data pointer of the problem it

@@ -29,13 +29,10 @@ if(STRIDEATTN_HAVE_CUDA)
   # Forward and backward at logits up to 1e30 on every kernel pairing (the test hook).
   strideattn_test(cuda_magnitude_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_magnitude_test.cpp LABELS gpu)
   target_link_libraries(cuda_magnitude_test PRIVATE strideattn_gpu)
-  # The device conversion of cu_seqlens arrays into the kernels' tables, built into the test
-  # itself (the backend does not use it yet: it refuses cu_seqlens problems).
-  strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp
-                  ${PROJECT_SOURCE_DIR}/src/backends/cuda/varlen_tables.cu LABELS gpu)
-  target_link_libraries(cuda_varlen_tables_test PRIVATE CUDA::cudart)
-  # (as for strideattn_gpu: CMake 3.25 has no CUDA20 dialect flag for nvcc)
-  set_property(TARGET cuda_varlen_tables_test PROPERTY CUDA_STANDARD)
-  set_property(TARGET cuda_varlen_tables_test PROPERTY CUDA_STANDARD_REQUIRED OFF)
-  target_compile_options(cuda_varlen_tables_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  # cu_seqlens arrays in device memory: every mask, plans, broken promises.
+  strideattn_test(cuda_cu_seqlens_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cu_seqlens_test.cpp LABELS gpu)
+  target_link_libraries(cuda_cu_seqlens_test PRIVATE strideattn_gpu CUDA::cudart)
+  # The device conversion of cu_seqlens arrays into the kernels' tables, on its own.
+  strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp LABELS gpu)
+  target_link_libraries(cuda_varlen_tables_test PRIVATE strideattn_gpu CUDA::cudart)
 endif()
