@@ -59,6 +59,7 @@ ScopedBackendOverride::~ScopedBackendOverride() {
 }
 
 std::uint64_t registry_generation() { return g_generation.load(std::memory_order_acquire); }
+void invalidate_cached_plans() { g_generation.fetch_add(1); }
 
 Platform platform() {
   {

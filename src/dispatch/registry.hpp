@@ -34,6 +34,9 @@ struct Platform {
 // Changes with every ScopedBackendOverride made or undone: caches of plans (which point at
 // backends) drop what they hold when it moves.
 [[nodiscard]] std::uint64_t registry_generation();
+// Moves registry_generation without swapping a backend: for a test hook that changes how a
+// backend plans (ScopedCudaPlanForcing), so that no cache serves a plan made before it.
+void invalidate_cached_plans();
 
 class ScopedBackendOverride {
  public:

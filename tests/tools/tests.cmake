@@ -59,12 +59,17 @@ foreach(_part 1 2 3 4)
   set_tests_properties(cli_fuzz_cudnn_grad_${_part} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 endforeach()
 
-# cudnn and cuda through plans, varlen cases with cu_seqlens arrays in device memory (cudnn
-# reads them on the device; cuda refuses them by rule, so its varlen cases are refusals).
+# cudnn and cuda through plans, varlen cases with cu_seqlens arrays in device memory, which
+# both read on the device (cudnn refuses the masks under which a row could see no key).
 add_test(NAME cli_fuzz_gpu_plans_cu_seqlens
          COMMAND ${_cli} fuzz --cases 200 --min-ran 60 --grad --backends cudnn,cuda --seed 9 --require-gpu
                  --require-ran --finite-inputs --via-plan --cu-seqlens)
 set_tests_properties(cli_fuzz_gpu_plans_cu_seqlens PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
+# cuda alone through plans with cu_seqlens arrays: every mask and window, NaN/Inf planted.
+add_test(NAME cli_fuzz_cuda_plans_cu_seqlens
+         COMMAND ${_cli} fuzz --cases 400 --grad --backends cuda --seed 13 --require-gpu --require-ran --via-plan
+                 --cu-seqlens)
+set_tests_properties(cli_fuzz_cuda_plans_cu_seqlens PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 
 # README.md's CLI block is `strideattn help`'s output, byte for byte (one source: the usage
 # text); tools/strideattn/readme_cli.cmake with MODE=update regenerates it.

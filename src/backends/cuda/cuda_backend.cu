@@ -1,12 +1,16 @@
 // Host side of the `cuda` backend: the support rules (device memory, f16/bf16, head dims,
 // a GPU of compute capability >= 8.0 with a kernel for each pass), the workspace (the
-// caller's or one allocated on the stream), and the two directions as plan (plan.hpp: every
-// kernel choice, made once per call from the kernel table and the device's cached caps)
-// then launch (launch.hpp).
+// caller's or one allocated on the stream), and the prepared call of a plan: the CudaPlan
+// (plan.hpp: every kernel choice, from the kernel table and the device's cached caps) and its
+// pointer-free kernel parameters, made once (prepare_call), then each run binds the pointers
+// and launches (launch.hpp). Varlen lengths come as host lists or as cu_seqlens arrays in
+// device memory, which each run turns into the kernels' tables on the device.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/common/tiles.hpp"
@@ -92,14 +96,12 @@ const std::vector<SupportRule>& rules() {
        }},
       // A kernel of this build fits the device for every pass the call runs (the 4-warp dK/dV
       // pass and the dQ pass at d <= 256 need 128.5 / 128 KiB of shared memory per block,
-      // which sm_86 and sm_89 GPUs do not grant).
+      // which sm_86 and sm_89 GPUs do not grant): the plan's kernel choice alone.
       {"shared_memory",
        [](const Problem& p) -> std::optional<std::string> {
          cuda_impl::DeviceCaps caps;
          if (cuda_impl::current_device_caps(&caps) != 0) return std::nullopt;  // (the gpu rule said why)
-         const cuda_impl::CudaPlan plan = cuda_impl::make_cuda_plan(p, caps, cuda_impl::plan_forcing());
-         if (plan.ok()) return std::nullopt;
-         return plan.error;
+         return cuda_impl::cuda_plan_refusal(p, caps, cuda_impl::plan_forcing());
        }},
   };
   return list;
@@ -152,6 +154,23 @@ Status plan_for(const Problem& p, cuda_impl::CudaPlan* plan) {
   return Status::Ok();
 }
 
+// A plan's preparation: the CudaPlan and its kernel parameters. A run acquires the workspace
+// (the caller's: no allocation) and launches; it makes no plan and queries no device.
+class CudaCall final : public PreparedCall {
+ public:
+  explicit CudaCall(cuda_impl::PreparedLaunch prepared) : prepared_(std::move(prepared)) {}
+  [[nodiscard]] std::size_t workspace_bytes() const override { return prepared_.plan.workspace.total; }
+  [[nodiscard]] Status run(const Problem& p) const override {
+    const auto stream = static_cast<cudaStream_t>(p.stream);
+    Workspace ws;
+    if (Status s = ws.acquire(p, prepared_.plan.workspace.total, stream); !s.ok()) return s;
+    return cuda_impl::launch(prepared_, p, stream, ws.base());
+  }
+
+ private:
+  cuda_impl::PreparedLaunch prepared_;
+};
+
 class CudaBackend final : public BackendImpl {
  public:
   [[nodiscard]] Backend id() const override { return Backend::cuda; }
@@ -160,6 +179,10 @@ class CudaBackend final : public BackendImpl {
     return evaluate_rules(Backend::cuda, rules(), problem);
   }
 
+  // The kernels read the varlen tables from the workspace, which each run writes on the
+  // device from cu_seqlens arrays (varlen_tables.hpp) as from host lists.
+  [[nodiscard]] bool reads_cu_seqlens() const override { return true; }
+
   [[nodiscard]] Status workspace_size(const Problem& problem, std::size_t* bytes) const override {
     cuda_impl::CudaPlan plan;
     if (Status s = plan_for(problem, &plan); !s.ok()) return s;
@@ -167,17 +190,22 @@ class CudaBackend final : public BackendImpl {
     return Status::Ok();
   }
 
-  [[nodiscard]] Status forward(const Problem& p) override { return run(p); }
-  [[nodiscard]] Status backward(const Problem& p) override { return run(p); }
+  [[nodiscard]] Status prepare_call(const Problem& problem, std::unique_ptr<const PreparedCall>* out) override {
+    cuda_impl::CudaPlan plan;
+    if (Status s = plan_for(problem, &plan); !s.ok()) return s;
+    *out = std::make_unique<CudaCall>(cuda_impl::prepare_launch(std::move(plan), problem));
+    return Status::Ok();
+  }
+
+  // A call without a plan of the caller's: prepared, then run once.
+  [[nodiscard]] Status forward(const Problem& p) override { return run_once(p); }
+  [[nodiscard]] Status backward(const Problem& p) override { return run_once(p); }
 
  private:
-  static Status run(const Problem& p) {
-    cuda_impl::CudaPlan plan;
-    if (Status s = plan_for(p, &plan); !s.ok()) return s;
-    const auto stream = static_cast<cudaStream_t>(p.stream);
-    Workspace ws;
-    if (Status s = ws.acquire(p, plan.workspace.total, stream); !s.ok()) return s;
-    return cuda_impl::launch(plan, p, stream, ws.base());
+  Status run_once(const Problem& p) {
+    std::unique_ptr<const PreparedCall> call;
+    if (Status s = prepare_call(p, &call); !s.ok()) return s;
+    return call->run(p);
   }
 };
 

@@ -1,6 +1,7 @@
-// launch (launch.hpp): a plan run on a stream. The per-call part of a `cuda` call: what depends
-// on the pointers (the alignment of each view, which picks the 16-byte or element-wise load
-// path per tensor), the workspace pieces, and the launches in order.
+// prepare_launch and launch (launch.hpp): a plan made ready once, then run on a stream. The
+// per-run part of a `cuda` call: what depends on the pointers (the tensors, the alignment of
+// each view, which picks the 16-byte or element-wise load path per tensor), the workspace
+// pieces, the varlen tables, and the launches in order.
 #include "backends/cuda/launch.hpp"
 
 #include <array>
@@ -11,6 +12,7 @@
 
 #include "backends/cuda/common/aux_kernels.hpp"
 #include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/varlen_tables.hpp"
 #include "common/log.hpp"
 #include "problem/params.hpp"
 
@@ -56,33 +58,30 @@ std::uint32_t alignment_bits(const Problem& p) {
 
 // ---------------------------------------------------------------- parameters
 
-KernelParams kernel_params(const CudaPlan& plan, const Problem& p, unsigned char* ws) {
+// What a run fills in the plan's parameters: its tensors and their alignment, and the
+// workspace pieces the plan laid out.
+KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* ws) {
+  const CudaPlan& plan = prep.plan;
   const WorkspaceLayout& w = plan.workspace;
-  KernelParams kp;
-  kp.p = detail::make_params(p);
+  KernelParams kp = prep.params;
+  kernel::AttentionParams& a = kp.p;
+  a.q = p.q.data, a.k = p.k.data, a.v = p.v.data, a.o = p.o.data, a.lse = p.lse.data;
+  a.d_o = p.d_o.data, a.dq = p.dq.data, a.dk = p.dk.data, a.dv = p.dv.data;
   kp.aligned = alignment_bits(p);
-  kp.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  kp.q_tokens = p.q.shape[kSeq];
-  kp.kv_tokens = p.kv_tokens();
   if (p.varlen) {
     const std::size_t n = std::size_t(p.batch);
     auto* tables = reinterpret_cast<std::int64_t*>(ws + w.tables);
-    kp.p.q_seq.seqlens = tables;
-    kp.p.q_seq.offsets = tables + n;
-    kp.p.kv_seq.seqlens = tables + 2 * n;
-    kp.p.kv_seq.offsets = tables + 3 * n;
+    a.q_seq.seqlens = tables;
+    a.q_seq.offsets = tables + n;
+    a.kv_seq.seqlens = tables + 2 * n;
+    a.kv_seq.offsets = tables + 3 * n;
   }
   if (plan.backward) kp.delta = reinterpret_cast<float*>(ws + w.delta);
-  kp.group_splits = plan.group_splits;
-  if (plan.group_splits > 1) {
-    kp.dkv_partial = reinterpret_cast<float*>(ws + w.partial);
-    kp.partial_rows = plan.partial_rows;
-  }
+  if (plan.group_splits > 1) kp.dkv_partial = reinterpret_cast<float*>(ws + w.partial);
   if (plan.single_pass) kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   if (plan.outer_count > 0) {
     kp.outer_slots = reinterpret_cast<float*>(ws + w.outer_slots);
     kp.outer_flags = reinterpret_cast<int*>(ws + w.outer_flags);
-    kp.outer_count = plan.outer_count;
   }
   return kp;
 }
@@ -146,29 +145,68 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
 
 }  // namespace
 
-Status fill_varlen_tables(const Problem& p, std::int64_t* tables, cudaStream_t stream) {
-  const std::size_t n = std::size_t(p.batch);
-  std::vector<std::int64_t> host(4 * n);
-  for (std::size_t i = 0; i < n; ++i) {
-    host[i] = p.seqlens_q[i];
-    host[n + i] = p.offsets_q[i];
-    host[2 * n + i] = p.seqlens_kv[i];
-    host[3 * n + i] = p.offsets_kv[i];
+PreparedLaunch prepare_launch(CudaPlan plan, const Problem& p) {
+  PreparedLaunch prep;
+  KernelParams& kp = prep.params;
+  kp.p = detail::make_params(p);
+  // (pointers are each run's: bind)
+  kernel::AttentionParams& a = kp.p;
+  a.q = a.k = a.v = a.d_o = nullptr;
+  a.o = a.dq = a.dk = a.dv = nullptr;
+  a.lse = nullptr;
+  a.q_seq.seqlens = a.q_seq.offsets = a.kv_seq.seqlens = a.kv_seq.offsets = nullptr;
+  kp.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  kp.q_tokens = p.q.shape[kSeq];
+  kp.kv_tokens = p.kv_tokens();
+  kp.group_splits = plan.group_splits;
+  if (plan.group_splits > 1) kp.partial_rows = plan.partial_rows;
+  kp.outer_count = plan.outer_count;
+  if (p.varlen && !p.cu_seqlens) {
+    const std::size_t n = std::size_t(p.batch);
+    prep.host_tables.resize(4 * n);
+    for (std::size_t i = 0; i < n; ++i) {
+      prep.host_tables[i] = p.seqlens_q[i];
+      prep.host_tables[n + i] = p.offsets_q[i];
+      prep.host_tables[2 * n + i] = p.seqlens_kv[i];
+      prep.host_tables[3 * n + i] = p.offsets_kv[i];
+    }
   }
-  if (cudaError_t e =
-          cudaMemcpyAsync(tables, host.data(), host.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream);
+  prep.plan = std::move(plan);
+  return prep;
+}
+
+Status fill_varlen_tables(const Problem& p, const std::vector<std::int64_t>& host_tables, std::int64_t* tables,
+                          cudaStream_t stream) {
+  if (p.cu_seqlens) {
+    const CuSeqlensInput in{.cu_q = p.cu_seqlens_q,
+                            .cu_kv = p.cu_seqlens_kv,
+                            .off_q = p.seq_offsets_q,
+                            .off_kv = p.seq_offsets_kv,
+                            .count = p.batch,
+                            .max_q = p.s_q,
+                            .max_kv = p.s_kv,
+                            .q_tokens = p.q_tokens(),
+                            .kv_tokens = p.kv_tokens()};
+    if (cudaError_t e = launch_varlen_tables(in, tables, stream); e != cudaSuccess)
+      return cuda_status(e, "converting the cu_seqlens arrays");
+    return Status::Ok();
+  }
+  if (cudaError_t e = cudaMemcpyAsync(tables, host_tables.data(), host_tables.size() * sizeof(std::int64_t),
+                                      cudaMemcpyHostToDevice, stream);
       e != cudaSuccess)
     return cuda_status(e, "copying the varlen tables");
   return Status::Ok();
 }
 
-Status launch(const CudaPlan& plan, const Problem& p, cudaStream_t stream, unsigned char* ws) {
-  const KernelParams kp = kernel_params(plan, p, ws);
+Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream, unsigned char* ws) {
+  const CudaPlan& plan = prep.plan;
+  const KernelParams kp = bind(prep, p, ws);
   const DType t = plan.dtype;
-  int device = -1;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return cuda_status(e, "finding the current device");
+  const int device = plan.device;
   if (p.varlen)
-    if (Status s = fill_varlen_tables(p, reinterpret_cast<std::int64_t*>(ws + plan.workspace.tables), stream); !s.ok())
+    if (Status s = fill_varlen_tables(p, prep.host_tables, reinterpret_cast<std::int64_t*>(ws + plan.workspace.tables),
+                                      stream);
+        !s.ok())
       return s;
   if (kp.outer_count > 0)
     if (cudaError_t e = cudaMemsetAsync(kp.outer_flags, 0, std::size_t(kp.outer_count) * sizeof(int), stream);

@@ -76,20 +76,43 @@ Dim3 grid_of(const KernelEntry& e, const Problem& p, int splits) {
 
 bool dims_fill_bucket(const Problem& p, int bucket) { return p.d_qk == bucket && p.d_v == bucket; }
 
+// The kernel of each pass the call runs (what can refuse a problem), into `plan`; false with
+// plan->error set when one has none.
+bool choose_kernels(const Problem& p, const DeviceCaps& caps, const PlanForcing& forcing, CudaPlan* plan) {
+  plan->device = caps.device;
+  plan->dtype = p.dtype;
+  plan->backward = p.is_backward();
+  plan->bucket = head_dim_bucket(p.d_qk, p.d_v);
+  plan->arch = forcing.arch.value_or(caps.arch());
+  if (plan->arch == Arch::sm90a && caps.arch() != Arch::sm90a) {
+    plan->error = "the sm90a kernels need a GPU of compute capability 9.0 and a build with sm_90a code; device " +
+                  std::to_string(caps.device) + " has " + std::to_string(caps.major) + "." + std::to_string(caps.minor);
+    return false;
+  }
+  const int smem_limit = forcing.smem_optin > 0 ? std::min(forcing.smem_optin, caps.smem_optin) : caps.smem_optin;
+  plan->main.entry = pick(plan, plan->backward ? Pass::dkdv : Pass::forward, smem_limit, caps);
+  if (plan->main.entry == nullptr) return false;
+  if (!plan->backward) return true;
+  // The single-pass backward (dQ by fp32 atomics in the dK/dV pass, 5 GEMMs instead of 7)
+  // where the pass can add dQ and the caller does not ask for bitwise reproducibility;
+  // otherwise the deterministic two-pass backward.
+  plan->single_pass = plan->main.entry->adds_dq && forcing.single_pass.value_or(!p.deterministic);
+  if (plan->single_pass) return true;
+  plan->dq.entry = pick(plan, Pass::dq, smem_limit, caps);
+  return plan->dq.entry != nullptr;
+}
+
 }  // namespace
+
+std::optional<std::string> cuda_plan_refusal(const Problem& p, const DeviceCaps& caps, const PlanForcing& forcing) {
+  CudaPlan plan;
+  if (choose_kernels(p, caps, forcing, &plan)) return std::nullopt;
+  return std::move(plan.error);
+}
 
 CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForcing& forcing) {
   CudaPlan plan;
-  plan.dtype = p.dtype;
-  plan.backward = p.is_backward();
-  plan.bucket = head_dim_bucket(p.d_qk, p.d_v);
-  plan.arch = forcing.arch.value_or(caps.arch());
-  if (plan.arch == Arch::sm90a && caps.arch() != Arch::sm90a) {
-    plan.error = "the sm90a kernels need a GPU of compute capability 9.0 and a build with sm_90a code; device " +
-                 std::to_string(caps.device) + " has " + std::to_string(caps.major) + "." + std::to_string(caps.minor);
-    return plan;
-  }
-  const int smem_limit = forcing.smem_optin > 0 ? std::min(forcing.smem_optin, caps.smem_optin) : caps.smem_optin;
+  if (!choose_kernels(p, caps, forcing, &plan)) return plan;
   WorkspaceLayout& ws = plan.workspace;
   std::size_t end = 0;
   auto piece = [&](std::size_t bytes) {
@@ -101,9 +124,7 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   const std::size_t q_rows = std::size_t(p.q.shape[kBatch]) * std::size_t(p.heads) * std::size_t(p.q.shape[kSeq]);
 
   if (!plan.backward) {
-    const KernelEntry* e = pick(&plan, Pass::forward, smem_limit, caps);
-    if (e == nullptr) return plan;
-    plan.main.entry = e;
+    const KernelEntry* e = plan.main.entry;
     // More keys than one register accumulator sums well (common/outer_accumulator.cuh): the
     // fold instantiation, with a slot pool sized for every warp that can be resident.
     if (p.s_kv > kFoldKeys) plan.outer_count = resident_warps(*e, caps);
@@ -119,22 +140,11 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
     return plan;
   }
 
-  const KernelEntry* e = pick(&plan, Pass::dkdv, smem_limit, caps);
-  if (e == nullptr) return plan;
-  plan.main.entry = e;
+  const KernelEntry* e = plan.main.entry;
   plan.main.variant = e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d : Variant::guarded;
   plan.group_splits = group_splits(p, *e, caps, forcing.group_splits);
   plan.main.grid = grid_of(*e, p, plan.group_splits);
-  // The single-pass backward (dQ by fp32 atomics in the dK/dV pass, 5 GEMMs instead of 7)
-  // where the pass can add dQ and the caller does not ask for bitwise reproducibility;
-  // otherwise the deterministic two-pass backward.
-  plan.single_pass = e->adds_dq && forcing.single_pass.value_or(!p.deterministic);
-  if (!plan.single_pass) {
-    const KernelEntry* q = pick(&plan, Pass::dq, smem_limit, caps);
-    if (q == nullptr) return plan;
-    plan.dq.entry = q;
-    plan.dq.grid = grid_of(*q, p, 1);
-  }
+  if (!plan.single_pass) plan.dq.grid = grid_of(*plan.dq.entry, p, 1);
   ws.delta = piece(q_rows * sizeof(float));
   if (plan.group_splits > 1) plan.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
   ws.partial = piece(std::size_t(plan.group_splits > 1 ? plan.group_splits : 0) * std::size_t(plan.partial_rows) *

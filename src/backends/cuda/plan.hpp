@@ -58,6 +58,7 @@ inline constexpr std::size_t kWorkspacePieceAlign = 256;
 
 struct CudaPlan {
   std::string error;  // why this problem has no plan on this device; empty when it has one
+  int device = -1;    // the device it was made for (DeviceCaps::device)
   Arch arch = Arch::sm80;
   int bucket = 0;
   DType dtype = DType::f16;
@@ -76,5 +77,11 @@ struct CudaPlan {
 
 [[nodiscard]] CudaPlan make_cuda_plan(const detail::Problem& problem, const DeviceCaps& caps,
                                       const PlanForcing& forcing = {});
+
+// Why make_cuda_plan would refuse the problem (no kernel of a pass it runs fits the device),
+// or nullopt: its kernel choice alone, without grids or a workspace layout, for the support
+// rule `shared_memory`. Allocates only for a refusal's message.
+[[nodiscard]] std::optional<std::string> cuda_plan_refusal(const detail::Problem& problem, const DeviceCaps& caps,
+                                                           const PlanForcing& forcing = {});
 
 }  // namespace strideattn::cuda_impl

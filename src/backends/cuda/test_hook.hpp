@@ -2,9 +2,10 @@
 // backend makes takes its PlanForcing (plan.hpp), so that a test runs the kernels the
 // automatic choice would not take on this GPU (the sm80 kernels on an H200, the 4-warp dK/dV
 // pass, the two-pass or single-pass backward, forced group splits) on the same inputs as the
-// default ones. Tests only: the library reads no environment variable for these, and the
-// hook is not thread-safe against concurrent calls (like ScopedBackendOverride,
-// dispatch/registry.hpp).
+// default ones. A plan keeps the forcing it was made with, so the hook makes the plan caches
+// drop their plans when it starts and ends (plans a test holds itself keep theirs). Tests only:
+// the library reads no environment variable for these, and the hook is not thread-safe
+// against concurrent calls (like ScopedBackendOverride, dispatch/registry.hpp).
 #pragma once
 
 #include "backends/cuda/plan.hpp"

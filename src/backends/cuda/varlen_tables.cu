@@ -1,7 +1,7 @@
 // launch_varlen_tables (varlen_tables.hpp): one thread per sequence.
 #include "backends/cuda/varlen_tables.hpp"
 
-namespace strideattn::detail::cuda_impl {
+namespace strideattn::cuda_impl {
 
 namespace {
 
@@ -36,4 +36,4 @@ cudaError_t launch_varlen_tables(const CuSeqlensInput& in, std::int64_t* tables,
   return cudaGetLastError();
 }
 
-}  // namespace strideattn::detail::cuda_impl
+}  // namespace strideattn::cuda_impl

@@ -3,18 +3,15 @@
 // entries each, in that order at the start of the workspace), computed on the device on the
 // caller's stream, without a host read or a synchronisation. Every length is clamped to its
 // bound and every sequence to its view, so arrays that break the caller's promise cannot make
-// the kernels reach outside the views.
-//
-// Not used by the backend yet: the cuda backend refuses cu_seqlens problems (rule
-// `cu_seqlens`) until its plan (make_cuda_plan + launch) calls this in place of the host
-// upload of prepare(). Tested on its own by tests/backends/cuda/varlen_tables_test.cpp.
+// the kernels reach outside the views. Called by each run of a cu_seqlens plan
+// (launch.cpp, fill_varlen_tables); tested on its own by tests/backends/cuda/varlen_tables_test.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
-namespace strideattn::detail::cuda_impl {
+namespace strideattn::cuda_impl {
 
 struct CuSeqlensInput {
   const std::int32_t* cu_q = nullptr;   // count + 1 entries (device memory)
@@ -29,4 +26,4 @@ struct CuSeqlensInput {
 // Writes tables[0, 4 * count): lengths and first tokens of each side, clamped.
 [[nodiscard]] cudaError_t launch_varlen_tables(const CuSeqlensInput& in, std::int64_t* tables, cudaStream_t stream);
 
-}  // namespace strideattn::detail::cuda_impl
+}  // namespace strideattn::cuda_impl

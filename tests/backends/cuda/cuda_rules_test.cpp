@@ -1,6 +1,7 @@
 // Support rules of the `cuda` backend (no GPU needed): host memory, f32, head dims that are
 // not multiples of 8 or exceed 256, and a head-dim stride other than 1 are refused with the
-// rule's name, the value found and what is supported.
+// rule's name, the value found and what is supported; cu_seqlens problems reach its rules
+// (it reads the arrays), with every mask.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -65,6 +66,19 @@ TEST(CudaBackendRules, EveryOtherRulePasses) {
   if (!v.supported) {
     EXPECT_EQ(v.rule, "gpu") << v.reason;
     EXPECT_NE(v.reason.find("8.0"), std::string::npos) << v.reason;
+  }
+}
+
+TEST(CudaBackendRules, CuSeqlensProblemsReachItsRules) {
+  EXPECT_TRUE(strideattn::detail::cuda_backend()->reads_cu_seqlens());
+  for (auto mask : {strideattn::MaskKind::none, strideattn::MaskKind::causal_bottom_right}) {
+    Problem p = supported_problem();
+    p.varlen = p.cu_seqlens = true;
+    p.batch = 3;  // count; s_q, s_kv: the bounds
+    p.mask = mask;
+    p.window = {4, 0};
+    const strideattn::Verdict v = strideattn::detail::cuda_backend()->supports(p);
+    if (!v.supported) EXPECT_EQ(v.rule, "gpu") << v.reason;  // (no GPU here)
   }
 }
 

@@ -3,7 +3,10 @@
 // A100, an sm_86 card and an H200 (DeviceCaps written out here) are the documented ones:
 // which kernel, which instantiation, grid, group splits, single- or two-pass backward, the
 // forward fold, the workspace layout, the test hook's forcings, and a clear refusal where no
-// kernel fits the GPU's shared memory.
+// kernel fits the GPU's shared memory (the support rule's cheap check says the same); a
+// cu_seqlens problem's plan (grids from the bounds, tables in the workspace); and what a
+// prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
+// problem's tables, no pointer of the problem it was made from.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -12,6 +15,7 @@
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/launch.hpp"
 #include "backends/cuda/plan.hpp"
 #include "backends/cuda/test_hook.hpp"
 #include "problem/problem.hpp"
@@ -297,6 +301,82 @@ TEST(CudaPlan, TestHookForcings) {
     }
     EXPECT_FALSE(plan_forcing().arch.has_value());
   }
+}
+
+// The support rule `shared_memory` runs the plan's kernel choice alone: it refuses exactly
+// the problems make_cuda_plan refuses, with the same message.
+TEST(CudaPlan, RefusalCheckAgreesWithThePlan) {
+  const PlanForcing forcings[] = {{},
+                                  {.arch = Arch::sm80},
+                                  {.arch = Arch::sm90a},
+                                  {.smem_optin = 100 * 1024},
+                                  {.single_pass = true},
+                                  {.single_pass = false}};
+  int refused = 0, planned = 0;
+  for (const DeviceCaps& caps : {kA100, kSm86, kH200})
+    for (const PlanForcing& f : forcings)
+      for (int d : {64, 96, 128, 256})
+        for (bool backward : {false, true})
+          for (bool deterministic : {false, true}) {
+            const Problem p =
+                backward ? bwd(DType::f16, 2, 300, 4, 2, d, deterministic) : fwd(DType::bf16, 2, 300, 4, 2, d);
+            const CudaPlan plan = make_cuda_plan(p, caps, f);
+            const std::optional<std::string> why = cuda_plan_refusal(p, caps, f);
+            EXPECT_EQ(why.has_value(), !plan.ok()) << "d " << d << " device " << caps.device << " " << plan.error;
+            if (why) EXPECT_EQ(*why, plan.error);
+            EXPECT_EQ(plan.device, caps.device);
+            (plan.ok() ? planned : refused)++;
+          }
+  EXPECT_GT(refused, 0);  // (sm90a on the A100 and sm_86, the d 256 backward on sm_86, ...)
+  EXPECT_GT(planned, 0);
+}
+
+// cu_seqlens: the plan is made for the count and the bounds (no lengths): grids from
+// max_seqlen, the tables in the workspace as for lists.
+TEST(CudaPlan, CuSeqlensPlansUseTheBounds) {
+  Problem p = bwd(DType::bf16, 1, 1000, 4, 4, 128, true);
+  p.varlen = true, p.cu_seqlens = true;
+  p.batch = 7, p.s_q = 300, p.s_kv = 500;  // count and bounds; the views hold 1,000 tokens
+  const CudaPlan plan = make_cuda_plan(p, kH200);
+  ASSERT_TRUE(plan.ok()) << plan.error;
+  EXPECT_EQ(plan.main.grid.x, 4u);  // ceil(500 / 128) key blocks
+  EXPECT_EQ(plan.main.grid.z, 7u);
+  EXPECT_EQ(plan.dq.grid.x, 3u);  // ceil(300 / 128) query blocks
+  EXPECT_EQ(plan.workspace.tables, 0u);
+  EXPECT_EQ(plan.workspace.delta, 256u);  // 4 x 7 int64 = 224 bytes, rounded up
+  const PreparedLaunch prep = prepare_launch(plan, p);
+  EXPECT_TRUE(prep.host_tables.empty());  // each run computes them on the device
+}
+
+// What prepare_launch keeps: sizes, strides, mask and scales; no data pointer of the problem it
+// was made from (each run binds its own) and no host table pointer; a host-list problem's
+// tables in the kernels' layout.
+TEST(CudaPlan, PreparedLaunchHoldsNoPointers) {
+  Problem p = bwd(DType::bf16, 1, 200, 4, 2, 64);
+  p.batch = 3, p.varlen = true, p.s_q = p.s_kv = 90;
+  p.seqlens_q = {30, 90, 80}, p.seqlens_kv = {10, 90, 0};
+  p.offsets_q = {0, 30, 120}, p.offsets_kv = {5, 30, 200};
+  p.mask = strideattn::MaskKind::causal_bottom_right, p.window = {7, 3};
+  static std::uint16_t dummy[8];
+  for (auto* v : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv}) v->data = dummy;
+  const PreparedLaunch prep = prepare_launch(make_cuda_plan(p, kA100), p);
+  ASSERT_TRUE(prep.plan.ok()) << prep.plan.error;
+  const KernelParams& kp = prep.params;
+  for (const void* ptr :
+       {kp.p.q, kp.p.k, kp.p.v, kp.p.d_o, static_cast<const void*>(kp.p.o), static_cast<const void*>(kp.p.dq),
+        static_cast<const void*>(kp.p.dk), static_cast<const void*>(kp.p.dv), static_cast<const void*>(kp.p.lse)})
+    EXPECT_EQ(ptr, nullptr);
+  EXPECT_EQ(kp.p.q_seq.seqlens, nullptr);
+  EXPECT_EQ(kp.p.kv_seq.offsets, nullptr);
+  EXPECT_EQ(kp.delta, nullptr);
+  EXPECT_EQ(kp.p.q_seq.max_len, 90);
+  EXPECT_EQ(kp.p.window_left, 7);
+  EXPECT_EQ(kp.q_tokens, 200);
+  EXPECT_FLOAT_EQ(kp.p.scale, 0.125f);
+  EXPECT_FLOAT_EQ(kp.scale_log2, 0.125f * 1.4426950408889634f);
+  EXPECT_EQ(kp.group_splits, prep.plan.group_splits);
+  const std::vector<std::int64_t> want = {30, 90, 80, 0, 30, 120, 10, 90, 0, 5, 30, 200};
+  EXPECT_EQ(prep.host_tables, want);
 }
 
 }  // namespace

@@ -6,13 +6,16 @@ strideattn_test(cuda_swizzle_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/swizzle_test
 strideattn_test(cuda_tiles_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiles_test.cpp)
 # The kernels' sequence-relative tensor addressing: plain host-device C++, every build too.
 strideattn_test(cuda_tensor_ref_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tensor_ref_test.cpp)
+# The roundings of the backward's P (the forward's LSE, the exponent): host-device C++ too.
+strideattn_test(cuda_lse_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/lse_test.cpp)
 if(STRIDEATTN_HAVE_CUDA)
   # These call into the backend directly: they link the GPU module (which the core also loads).
   strideattn_test(cuda_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_rules_test.cpp)
   target_link_libraries(cuda_rules_test PRIVATE strideattn_gpu)
-  # The kernel table and make_cuda_plan's choices for described GPUs (no GPU needed).
+  # The kernel table, make_cuda_plan's choices for described GPUs and what a prepared call
+  # holds (no GPU needed).
   strideattn_test(cuda_plan_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_test.cpp)
-  target_link_libraries(cuda_plan_test PRIVATE strideattn_gpu)
+  target_link_libraries(cuda_plan_test PRIVATE strideattn_gpu CUDA::cudart)  # (launch.hpp: cuda_runtime.h)
   strideattn_test(cuda_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cpp LABELS gpu)
   target_link_libraries(cuda_test PRIVATE strideattn_gpu CUDA::cudart)
   # (as the library: whether the build carries the sm_90a wgmma kernels)
@@ -23,13 +26,13 @@ if(STRIDEATTN_HAVE_CUDA)
   target_link_libraries(cuda_large_test PRIVATE CUDA::cudart)
   strideattn_test(cuda_edges_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_edges_test.cpp LABELS gpu)
   target_link_libraries(cuda_edges_test PRIVATE CUDA::cudart)
-  # The device conversion of cu_seqlens arrays into the kernels' tables, built into the test
-  # itself (the backend does not use it yet: it refuses cu_seqlens problems).
-  strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp
-                  ${PROJECT_SOURCE_DIR}/src/backends/cuda/varlen_tables.cu LABELS gpu)
-  target_link_libraries(cuda_varlen_tables_test PRIVATE CUDA::cudart)
-  # (as for strideattn_gpu: CMake 3.25 has no CUDA20 dialect flag for nvcc)
-  set_property(TARGET cuda_varlen_tables_test PROPERTY CUDA_STANDARD)
-  set_property(TARGET cuda_varlen_tables_test PROPERTY CUDA_STANDARD_REQUIRED OFF)
-  target_compile_options(cuda_varlen_tables_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  # Forward and backward at logits up to 1e30 on every kernel pairing (the test hook).
+  strideattn_test(cuda_magnitude_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_magnitude_test.cpp LABELS gpu)
+  target_link_libraries(cuda_magnitude_test PRIVATE strideattn_gpu)
+  # cu_seqlens arrays in device memory: every mask, plans, broken promises.
+  strideattn_test(cuda_cu_seqlens_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cu_seqlens_test.cpp LABELS gpu)
+  target_link_libraries(cuda_cu_seqlens_test PRIVATE strideattn_gpu CUDA::cudart)
+  # The device conversion of cu_seqlens arrays into the kernels' tables, on its own.
+  strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp LABELS gpu)
+  target_link_libraries(cuda_varlen_tables_test PRIVATE strideattn_gpu CUDA::cudart)
 endif()

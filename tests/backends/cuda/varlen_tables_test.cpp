@@ -13,7 +13,7 @@
 
 #include "backends/cuda/varlen_tables.hpp"
 
-namespace strideattn::detail::cuda_impl {
+namespace strideattn::cuda_impl {
 namespace {
 
 bool gpu() {
@@ -98,4 +98,4 @@ TEST(CudaVarlenTables, BrokenPromisesAreClampedIntoTheViews) {
 }
 
 }  // namespace
-}  // namespace strideattn::detail::cuda_impl
+}  // namespace strideattn::cuda_impl

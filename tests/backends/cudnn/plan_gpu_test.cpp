@@ -3,7 +3,8 @@
 // poisoned outputs, guard bands, fp64 reference): plans made without the run's pointers on
 // dense, fused, padded and varlen views; cu_seqlens arrays with and without seq_offsets (gaps,
 // empty sequences, padding), forward and backward, per call and through plans; masks that need
-// the lengths refused by rule; cuda refusing cu_seqlens by rule. Directly: arrays that break
+// the lengths refused by rule (cuda runs them: tests/backends/cuda/cu_seqlens_test.cpp).
+// Directly: arrays that break
 // the caller's promise (lengths above the bound, negative, past the view, offsets past the
 // view) still write nothing outside the views, and the tokens no clamped sequence covers get
 // O = 0 and LSE = -inf.
@@ -95,7 +96,7 @@ TEST(GpuPlans, CuSeqlensRefusalsNameTheirRule) {
     Backend backend;
     const char* rule;
   };
-  for (Want w : {Want{Backend::cudnn, "cu_seqlens_mask"}, Want{Backend::cuda, "cu_seqlens"}}) {
+  for (Want w : {Want{Backend::cudnn, "cu_seqlens_mask"}}) {
     if (!backend_compiled(w.backend)) continue;
     CaseReport report;
     ASSERT_TRUE(harness::run_case(s, {w.backend}, &report).ok());

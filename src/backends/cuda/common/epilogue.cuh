@@ -13,9 +13,11 @@ namespace strideattn::cuda_impl {
 
 // The forward epilogue for a warp's rows row0 + 16 * mt + g (+8) (those below r1): O / l
 // (its first d_v columns) stored through O's strides (o: the sequence's O),
-// LSE = (m * scale_log2 + log2 l) * ln 2 (natural log). Rows whose mask leaves no key visible
-// get O = 0, LSE = -inf; a row that sees keys but has no positive l (NaN scores, or every
-// score -inf) gets NaN, as the definition does (0 / 0).
+// LSE = round(m * scale) + log l (natural log; m the raw row max): the score of the row's max
+// rounded on its own (common/lse.hpp), as the backward rounds every score (recompute_p), so a
+// row with l = 1 stores exactly its max score and the backward's P of it is exp(0) = 1. Rows
+// whose mask leaves no key visible get O = 0, LSE = -inf; a row that sees keys but has no
+// positive l (NaN scores, or every score -inf) gets NaN, as the definition does (0 / 0).
 template <class T, int MT, int D>
 __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
                                             int64_t r1, int d_v, const TensorRef<uint16_t>& o,
@@ -51,7 +53,7 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
         p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
             no_key     ? -INFINITY
             : l == 0.f ? NAN
-                       : (row_max[mt][h] * kp.scale_log2 + log2f(l)) * kLn2;
+                       : lse_of_row(row_max[mt][h], log2f(l), p.scale);
     }
 }
 

@@ -36,7 +36,7 @@ struct KernelParams {
   float* delta = nullptr;     // backward: rowsum(dO * O), [q batch extent][heads][q tokens]
   std::int64_t q_tokens = 0;  // seq extent of the Q view (rows of one delta plane)
   std::uint32_t aligned = 0;  // AlignBits
-  float scale_log2 = 0.f;     // scale * log2(e): softmax runs in base 2
+  float scale_log2 = 0.f;     // scale * log2(e): the forward's softmax runs in base 2
   // Backward with GQA/MQA and too few KV heads to fill the GPU: the dK/dV pass splits each
   // query-head group over `group_splits` CTAs; split i writes fp32 partial dK (unscaled) and
   // dV rows into plane i of `dkv_partial` ([splits][partial_rows][d_qk], then

@@ -94,7 +94,7 @@ __device__ __forceinline__ void load_key_block(const KernelParams& kp, const KvB
 }
 
 // Query block (h, b) of the CTA's work: Q and dO rows into their tiles, LSE (natural log,
-// converted where it is used: lse_log2) and delta into lse[0..Br) and delta[0..Br), all by
+// as stored; softmax.cuh, lse_for_p) and delta into lse[0..Br) and delta[0..Br), all by
 // cp.async, so that their latency hides behind the current block's work;
 // rows past s_q get zero Q / dO, LSE = -inf (so P = 0) and delta = 0. q / d_o: the
 // sequence's Q and dO (made once per CTA).

@@ -1,16 +1,14 @@
-// The softmax in base 2, the pieces every mainloop calls: the scaled exponent, the forward's
-// online softmax step (running row max and sum, rescale of O), and the backward's P and dS
-// recomputed from the scores with the saved LSE (one base for it: see lse_log2).
+// The softmax, the pieces every mainloop calls: the scaled exponent, the forward's online
+// softmax step in base 2 (running row max and sum, rescale of O), and the backward's P and dS
+// recomputed from the scores with the saved natural-log LSE (see recompute_p).
 #pragma once
 
 #include <cmath>
 
 #include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/lse.hpp"
 
 namespace strideattn::cuda_impl {
-
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
 // scaled_log2 (outer_accumulator.cuh): x * scale_log2 rounded to fp32 on its own, never
 // fused into a following add: the exponent of P is then round(S c) - round(m c), exactly 0
 // for the row's max (P = 1, exact in f16 and bf16 too, so a one-hot row is exact) and never
@@ -79,33 +77,55 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
 
 // ------------------------------------------------------------------ backward
 
-// The LSE in one base inside the kernels: natural log wherever it is stored (the API's LSE,
-// written by the forward epilogue, and the shared-memory copies of the dK/dV passes, which
-// cp.async moves unchanged from global memory), base 2 in registers, converted by lse_log2
-// where a kernel loads it, because the softmax runs in base 2 (P = 2^(S c - LSE_2), one
-// FFMA and one MUFU.EX2 per score). Rows that saw no key (LSE = -inf) and rows past the
-// sequence end (stored as -inf) give +inf, so P = 2^(S c - LSE_2) is exactly 0 there.
-__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+// The backward's P is the forward's softmax taken back from the saved LSE (docs/semantics.md,
+// "Backward"): P = exp(round(S scale) - LSE), the score rounded to fp32 on its own and the
+// difference taken in the LSE's own units (natural log), so the one rounding between the
+// forward's softmax and this P is the LSE's. A one-hot row (l = 1) stores LSE = round(m scale)
+// exactly (store_o_lse; common/lse.hpp, lse_of_row), so its max gets exp(0) = 1 at any
+// magnitude. The exponent goes to base 2 only after the subtraction (p_exponent_log2), where
+// its rounding is relative to the difference, not to the score.
+//
+// Base 2 before the subtraction is not exact: 2^(round(S c) - round(LSE log2 e)), c = scale
+// log2 e, needs round(LSE log2 e) to give back the forward's round(m c), and a natural-log fp32
+// LSE cannot carry every base-2 fp32 value (round(round(x ln 2) log2 e) != x, off by one ulp,
+// for 17% of all finite fp32 x). It holds where the scale is a power of two (the values
+// round(m c) are then images of round(. log2 e)); elsewhere (the default scale at d = 128, at
+// any d not a power of 4) it fails on 12-17% of one-hot rows, P of the max being
+// 2^(+-ulp(m c)): 0.5% off at |m c| ~ 1e5, 2x at 1e7, 0 or inf past 1e9. An FMA,
+// fma(S, c, -LSE_2), adds the rounding of S c on top, on every row. Cost against that FMA: two
+// instructions per score (FMUL, FADD, FMUL, MUFU.EX2 for FFMA, MUFU.EX2).
+
+// A row's LSE as the backward uses it: natural log, as stored (the API's LSE, and the
+// shared-memory copies of the dK/dV passes, which cp.async moves unchanged from global
+// memory). Rows that saw no key (LSE = -inf) and rows past the sequence end (stored as -inf)
+// give +inf, so P = exp(S scale - inf) is exactly 0 there.
+__device__ __forceinline__ float lse_for_p(float lse) { return lse == -INFINITY ? INFINITY : lse; }
+
+// P of one score s (raw units, scale not applied) against its row's lse_for_p value
+// (common/lse.hpp: p_exponent_log2).
+__device__ __forceinline__ float recompute_p(float s, float lse, float scale) {
+  return exp2f(p_exponent_log2(s, lse, scale));
+}
 
 // The backward's P and dS, recomputed from the scores of a fragment in the m16n8k16 C layout
 // (MT m-tiles x NT n8 tiles; rows g and g + 8, columns 8 n + 2 t and + 1 of each):
-//   P = 2^(S * scale_log2 - LSE_2)     (the forward's softmax, from its saved LSE)
+//   P = exp(round(S * scale) - LSE)     (the forward's softmax, from its saved LSE)
 //   dS = P * (dP - delta)               (delta = rowsum(dO * O), the softmax's backward)
 // with the row values (LSE, delta) of each query, which is a column of S^T in the dK/dV
-// passes (`_cols`: read from shared memory, natural-log LSE, two columns per 8-byte load)
-// and a row of S in the dQ pass (`_rows`: in registers, LSE already base 2). The mask is
-// applied to P after the recompute (common/mask.cuh); dS of a masked entry is then 0.
+// passes (`_cols`: read from shared memory, two columns per 8-byte load) and a row of S in
+// the dQ pass (`_rows`: in registers, already through lse_for_p). The mask is applied to P
+// after the recompute (common/mask.cuh); dS of a masked entry is then 0.
 template <int MT, int NT>
-__device__ __forceinline__ void recompute_p_cols(float (&s)[MT][NT][4], const float* lse, float scale_log2) {
+__device__ __forceinline__ void recompute_p_cols(float (&s)[MT][NT][4], const float* lse, float scale) {
   const int t = threadIdx.x & 3;
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     const float2 l = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * t);
-    const float l0 = lse_log2(l.x), l1 = lse_log2(l.y);
+    const float l0 = lse_for_p(l.x), l1 = lse_for_p(l.y);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[mt][n][e] = exp2f(s[mt][n][e] * scale_log2 - ((e & 1) ? l1 : l0));
+      for (int e = 0; e < 4; ++e) s[mt][n][e] = recompute_p(s[mt][n][e], (e & 1) ? l1 : l0, scale);
   }
 }
 template <int MT, int NT>
@@ -121,13 +141,13 @@ __device__ __forceinline__ void ds_cols(float (&dp)[MT][NT][4], const float (&p)
   }
 }
 template <int MT, int NT>
-__device__ __forceinline__ void recompute_p_rows(float (&s)[MT][NT][4], const float (&lse2)[MT][2], float scale_log2) {
+__device__ __forceinline__ void recompute_p_rows(float (&s)[MT][NT][4], const float (&lse)[MT][2], float scale) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[mt][n][e] = exp2f(s[mt][n][e] * scale_log2 - lse2[mt][e >> 1]);
+      for (int e = 0; e < 4; ++e) s[mt][n][e] = recompute_p(s[mt][n][e], lse[mt][e >> 1], scale);
 }
 template <int MT, int NT>
 __device__ __forceinline__ void ds_rows(float (&dp)[MT][NT][4], const float (&p)[MT][NT][4],

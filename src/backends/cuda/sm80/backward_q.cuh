@@ -1,6 +1,6 @@
 // The dQ pass of the two-pass backward (the deterministic one): one CTA per (query block,
 // head, sequence), dQ in fp32 registers over the key blocks in a fixed order, no atomics:
-//   S = Q K^T * scale, P = 2^(S - LSE) (masked -> 0)
+//   S = Q K^T, P = exp(round(S * scale) - LSE) (masked -> 0)
 //   dP = dO V^T;  dS = P * (dP - delta);  dQ += dS K
 // (sm80/backward_kv.cuh has the two-pass form's dK/dV pass.)
 #pragma once
@@ -54,15 +54,15 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     load_tile<kThreads>(sV(buf), rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
   };
 
-  // per-row LSE (base 2) and delta of this thread's rows
-  float row_lse2[MT][2], row_delta[MT][2];
+  // per-row LSE (lse_for_p) and delta of this thread's rows
+  float row_lse[MT][2], row_delta[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = r0 + warp_row0 + mt * 16 + g + 8 * h;
       const bool valid = row < r1;
-      row_lse2[mt][h] = valid ? lse_log2(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)]) : INFINITY;
+      row_lse[mt][h] = valid ? lse_for_p(p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)]) : INFINITY;
       row_delta[mt][h] = valid ? kp.delta[delta_index(kp, batch, head, row)] : 0.f;
     }
 
@@ -89,11 +89,11 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     }
     __syncthreads();
 
-    // S = Q K^T; P = 2^(S * scale_log2 - LSE), masked -> 0
+    // S = Q K^T; P = exp(round(S * scale) - LSE), masked -> 0
     float s[MT][Bc / 8][4];
     zero<MT, Bc>(s);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(s, sQ, warp_row0, sK(buf), 0, d_qk);
-    recompute_p_rows(s, row_lse2, kp.scale_log2);
+    recompute_p_rows(s, row_lse, kp.p.scale);
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, 0.f);
 

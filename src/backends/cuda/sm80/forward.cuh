@@ -3,7 +3,7 @@
 //                S = Q K^T * scale (base 2), masked to -inf outside the rule,
 //                online softmax: m_new = max(m, rowmax S), O and l rescaled by 2^(m - m_new);
 //                P = 2^(S - m_new); l += rowsum P; O += P V
-//   epilogue:  O /= l, LSE = (m + log2 l) * ln 2; rows with no visible key: O = 0, LSE = -inf.
+//   epilogue:  O /= l, LSE = round(m * scale) + log l; rows with no visible key: O = 0, LSE = -inf.
 // Scheduler: which query block a CTA owns and the keys its rows see, common/query_block.cuh;
 // K and V stream through shared memory in double-buffered stages of `stage` keys
 // (common/tiles.hpp): stage n+1 loads with cp.async while the warps walk stage n bc keys at
