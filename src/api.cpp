@@ -95,10 +95,15 @@ namespace {
 
 using detail::Problem;
 
+// The size query ignores the args' workspace fields: a caller asking how much to allocate may
+// still hold an earlier (possibly freed) buffer there, and the plan does not keep it.
 template <class Args>
-Status workspace(const Args& args, std::size_t* bytes) {
+Status workspace(const Args& given, std::size_t* bytes) {
   if (!bytes) return Status(StatusCode::invalid_argument, "workspace_size: bytes is null");
   *bytes = 0;
+  Args args = given;
+  args.workspace = nullptr;
+  args.workspace_bytes = 0;
   if constexpr (std::is_same_v<Args, ForwardArgs>) {
     ForwardPlan plan;
     if (Status s = default_plan_cache().get(args, &plan); !s.ok()) return s;

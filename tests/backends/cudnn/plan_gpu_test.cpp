@@ -99,7 +99,8 @@ TEST(GpuPlans, CuSeqlensRefusalsNameTheirRule) {
   for (Want w : {Want{Backend::cudnn, "cu_seqlens_mask"}}) {
     if (!backend_compiled(w.backend)) continue;
     CaseReport report;
-    ASSERT_TRUE(harness::run_case(s, {w.backend}, &report).ok());
+    const Status st = harness::run_case(s, {w.backend}, &report);
+    ASSERT_TRUE(st.ok()) << st.message();
     EXPECT_EQ(report.backends.at(0).status, "unsupported") << describe(report);
     EXPECT_NE(report.backends.at(0).reason.find(std::string(w.rule) + ":"), std::string::npos) << describe(report);
   }
