@@ -43,9 +43,8 @@ struct DropoutRow {
   std::uint32_t n0 = 0, n1 = 0;  // counter words 2, 3: offset + batch * heads + head
   std::uint32_t threshold = 0;   // keep iff the word >= threshold
 
-  STRIDEATTN_HD static DropoutRow make(std::uint64_t seed, std::uint64_t offset, std::int64_t batch,
-                                       std::int64_t heads, std::int64_t head, std::int64_t row,
-                                       std::uint32_t threshold) {
+  STRIDEATTN_HD static DropoutRow make(std::uint64_t seed, std::uint64_t offset, std::int64_t batch, std::int64_t heads,
+                                       std::int64_t head, std::int64_t row, std::uint32_t threshold) {
     const std::uint64_t n = offset + static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(heads) +
                             static_cast<std::uint64_t>(head);
     DropoutRow r;

@@ -87,8 +87,8 @@ Status check_features(const Problem& p, Pointers mode) {
     if (p.s_q >= kMax || p.s_kv >= kMax)
       return invalid("dropout: s_q = " + std::to_string(p.s_q) + ", s_kv = " + std::to_string(p.s_kv) +
                      "; supported with dropout: below 2^32 (the Philox counter holds row and key in 32 bits)");
-    for (auto [name, ptr] : {std::pair{"dropout.seed_ptr", p.dropout_seed_ptr},
-                             std::pair{"dropout.offset_ptr", p.dropout_offset_ptr}})
+    for (auto [name, ptr] :
+         {std::pair{"dropout.seed_ptr", p.dropout_seed_ptr}, std::pair{"dropout.offset_ptr", p.dropout_offset_ptr}})
       if (reinterpret_cast<std::uintptr_t>(ptr) % 8 != 0)
         return invalid(std::string(name) + " is " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr) % 8) +
                        " bytes past an 8-byte boundary; supported: a uint64 aligned to 8 bytes");
@@ -114,8 +114,7 @@ Status check_features(const Problem& p, Pointers mode) {
                      shape_text(p.bias.shape) + "; supported: the bias's logical shape");
   }
   if (p.alibi_on)
-    if (Status s = check_head_view(p, "alibi_slopes", p.alibi, 1, p.batch, "[1 or b, h]", deferred); !s.ok())
-      return s;
+    if (Status s = check_head_view(p, "alibi_slopes", p.alibi, 1, p.batch, "[1 or b, h]", deferred); !s.ok()) return s;
   if (p.sinks_on)
     if (Status s = check_head_view(p, "sinks", p.sinks, 1, 1, "[1, h]", deferred); !s.ok()) return s;
   if (p.d_sinks_on) {

@@ -65,8 +65,8 @@ struct Features {
   void modify_row(float* s, std::int64_t j0, std::int64_t j1, std::int64_t c0, std::int64_t b, std::int64_t h,
                   std::int64_t i, std::int64_t s_q, std::int64_t s_kv, float scale, float* th) const {
     const std::int64_t boff = bias_type != BiasType::none ? bias_row(b, h, i) : 0;
-    const float slope = alibi_on ? alibi.data[(alibi.shape[0] == 1 ? 0 : b * alibi.stride[0]) + h * alibi.stride[1]]
-                                 : 0.f;
+    const float slope =
+        alibi_on ? alibi.data[(alibi.shape[0] == 1 ? 0 : b * alibi.stride[0]) + h * alibi.stride[1]] : 0.f;
     const std::int64_t diag = i + s_kv - s_q;
     for (std::int64_t c = j0; c < j1; ++c) {
       const std::int64_t j = c0 + c;

@@ -54,10 +54,9 @@ double RefFeatures::sink(std::int64_t h) const { return double(p_.sinks.data[h *
 
 bool RefFeatures::keep(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
   const std::uint64_t n = offset_ + std::uint64_t(b) * std::uint64_t(p_.heads) + std::uint64_t(h);
-  const std::array<std::uint32_t, 4> r =
-      ref_philox4x32_10({std::uint32_t(std::uint64_t(j) >> 2), std::uint32_t(i), std::uint32_t(n),
-                         std::uint32_t(n >> 32)},
-                        {std::uint32_t(seed_), std::uint32_t(seed_ >> 32)});
+  const std::array<std::uint32_t, 4> r = ref_philox4x32_10(
+      {std::uint32_t(std::uint64_t(j) >> 2), std::uint32_t(i), std::uint32_t(n), std::uint32_t(n >> 32)},
+      {std::uint32_t(seed_), std::uint32_t(seed_ >> 32)});
   return r[std::size_t(j & 3)] >= threshold_;
 }
 

@@ -13,7 +13,7 @@ namespace strideattn::detail {
 
 // Random123's Philox4x32-10 of a 128-bit counter (word 0 first) and a 64-bit key.
 [[nodiscard]] std::array<std::uint32_t, 4> ref_philox4x32_10(std::array<std::uint32_t, 4> counter,
-                                                            std::array<std::uint32_t, 2> key);
+                                                             std::array<std::uint32_t, 2> key);
 
 // The features of one problem, resolved for a call (seed and offset read once).
 class RefFeatures {
@@ -41,7 +41,7 @@ class RefFeatures {
   // dBias, held as a logical row-major array of the bias's shape: the element (b, h, i, j)
   // adds to, and its size.
   [[nodiscard]] std::int64_t dbias_size() const;
-  [[nodiscard]] std::int64_t dbias_row(std::int64_t i, std::int64_t j) const;  // within one [b, h] slab
+  [[nodiscard]] std::int64_t dbias_row(std::int64_t i, std::int64_t j) const;   // within one [b, h] slab
   [[nodiscard]] std::int64_t dbias_slab(std::int64_t b, std::int64_t h) const;  // slab index of [b, h]
   [[nodiscard]] std::int64_t slab_size() const { return p_.bias.shape[2] * p_.bias.shape[3]; }
 

@@ -158,7 +158,8 @@ struct FeatureCase {
     for (i64 t = 0; t < s; ++t)
       for (i64 bb = 0; bb < vb(); ++bb)
         for (i64 hh = 0; hh < heads; ++hh)
-          for (i64 c = 0; c < d; ++c) out.push_back(x[std::size_t(t * vb() * row(heads) + bb * row(heads) + hh * d + c)]);
+          for (i64 c = 0; c < d; ++c)
+            out.push_back(x[std::size_t(t * vb() * row(heads) + bb * row(heads) + hh * d + c)]);
     return out;
   }
 };

@@ -102,8 +102,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     if (!(e <= tol)) ++bad;
     if (!(e <= worst_err)) worst_err = e, worst = i;
   }
-  EXPECT_EQ(bad, 0u) << what << ": worst element " << worst << " = " << got[worst] << " vs " << want[worst]
-                     << " (tol " << tol << ")";
+  EXPECT_EQ(bad, 0u) << what << ": worst element " << worst << " = " << got[worst] << " vs " << want[worst] << " (tol "
+                     << tol << ")";
 }
 
 // Forward and backward on cpu against the reference (the backward of the reference's O and
@@ -168,8 +168,8 @@ TEST(FeaturesCpu, BiasOfEveryBroadcastShapeAndStrideOrderMatchesReference) {
   const i64 b = base.b, h = base.h, sq = base.s_q, skv = base.s_kv;
   const Shape shapes[] = {
       {{b, h, sq, skv}, {0, 1, 2, 3}, false, BiasType::post_scale},
-      {{b, h, sq, skv}, {3, 2, 1, 0}, false, BiasType::pre_scale},   // transposed strides
-      {{b, h, sq, skv}, {1, 3, 0, 2}, true, BiasType::post_scale},   // stride-0 batch
+      {{b, h, sq, skv}, {3, 2, 1, 0}, false, BiasType::pre_scale},  // transposed strides
+      {{b, h, sq, skv}, {1, 3, 0, 2}, true, BiasType::post_scale},  // stride-0 batch
       {{1, h, sq, skv}, {0, 1, 2, 3}, false, BiasType::post_scale},
       {{b, 1, 1, skv}, {0, 1, 2, 3}, false, BiasType::pre_scale},
       {{1, 1, 1, skv}, {0, 1, 2, 3}, false, BiasType::post_scale},  // TE's [1, 1, 1, s_kv]
@@ -239,7 +239,8 @@ TEST(FeaturesDropout, MasksAreIdenticalOnReferenceAndCpu) {
   std::fill(c.v.begin(), c.v.end(), 0.f);
   for (i64 j = 0; j < c.s_kv; ++j)
     for (i64 bb = 0; bb < c.b; ++bb)
-      for (i64 hh = 0; hh < c.hg; ++hh) c.v[std::size_t(j * c.vb() * c.row(c.hg) + bb * c.row(c.hg) + hh * c.d + j)] = 1.f;
+      for (i64 hh = 0; hh < c.hg; ++hh)
+        c.v[std::size_t(j * c.vb() * c.row(c.hg) + bb * c.row(c.hg) + hh * c.d + j)] = 1.f;
   FeatureCase::Out r = c.forward(Backend::reference), p = c.forward(Backend::cpu);
   ASSERT_TRUE(r.status.ok() && p.status.ok());
   const auto ro = c.logical(r.o, c.s_q, c.h), po = c.logical(p.o, c.s_q, c.h);
@@ -276,6 +277,267 @@ TEST(FeaturesDropout, ZeroProbabilityIsBitIdenticalToNoDropout) {
     EXPECT_EQ(ga.dq, gb.dq);
     EXPECT_EQ(ga.dk, gb.dk);
     EXPECT_EQ(ga.dv, gb.dv);
+  }
+}
+
+}  // namespace
+}  // namespace strideattn
+
+namespace strideattn {
+namespace {
+
+using test_support::FeatureCase;
+using i64 = std::int64_t;
+
+// ------------------------------------------------------------------------------ reference
+
+// Sum over the logical O of O * dO: the loss whose gradients the backward returns.
+double loss(FeatureCase& c) {
+  FeatureCase::Out f = c.forward(Backend::reference);
+  EXPECT_TRUE(f.status.ok()) << f.status.message();
+  const auto o = c.logical(f.o, c.tq(), c.h), d_o = c.logical(c.d_o, c.tq(), c.h);
+  double s = 0;
+  for (std::size_t e = 0; e < o.size(); ++e) s += double(o[e]) * double(d_o[e]);
+  return s;
+}
+
+// Central difference of the loss in *x (a float of the case's inputs); the step actually
+// taken is what the floats hold.
+double finite_difference(FeatureCase& c, float* x, float step) {
+  const float x0 = *x;
+  *x = x0 + step;
+  const float hi = *x;
+  const double up = loss(c);
+  *x = x0 - step;
+  const float lo = *x;
+  const double down = loss(c);
+  *x = x0;
+  return (up - down) / (double(hi) - double(lo));
+}
+
+TEST(FeaturesReference, ClosedFormsOfSinkAlibiBiasAndMaxLogit) {
+  // Q = 0: every q.k is 0, so L = bias + ALiBi exactly; one sequence, one head, s_q 2, s_kv 3.
+  FeatureCase c;
+  c.b = 1, c.s_q = 2, c.s_kv = 3, c.h = 1, c.hg = 1, c.d = 8;
+  c.bias_shape = {1, 1, 2, 3};
+  c.alibi = true, c.sinks = true, c.max_logit = true;
+  c.fill(71);
+  std::fill(c.q.begin(), c.q.end(), 0.f);
+  const float slope = c.slopes[0], sink = c.sink[0];
+  FeatureCase::Out f = c.forward(Backend::reference);
+  ASSERT_TRUE(f.status.ok()) << f.status.message();
+  double max_l = -INFINITY;
+  for (i64 i = 0; i < 2; ++i) {
+    double l[3], den = std::exp(double(sink));
+    for (i64 j = 0; j < 3; ++j) {
+      l[j] = double(c.bias[std::size_t(i * 3 + j)]) - double(slope) * double(std::llabs(i + 3 - 2 - j));
+      den += std::exp(l[j]);
+      max_l = std::max(max_l, l[j]);
+    }
+    EXPECT_NEAR(f.lse[std::size_t(i)], std::log(den), 1e-6);
+    for (i64 col = 0; col < c.d; ++col) {
+      double o = 0;
+      for (i64 j = 0; j < 3; ++j) o += std::exp(l[j]) / den * double(c.v[std::size_t(j * c.row(1) + col)]);
+      EXPECT_NEAR(f.o[std::size_t(i * c.row(1) + col)], o, 1e-6) << i << "," << col;
+    }
+  }
+  EXPECT_NEAR(f.max_logit[0], max_l, 1e-6);
+}
+
+TEST(FeaturesReference, SoftcapClosedForm) {
+  FeatureCase c;
+  c.b = 1, c.s_q = 1, c.s_kv = 2, c.h = 1, c.hg = 1, c.d = 8;
+  c.options.softcap = 2.0;
+  c.input_scale = 3.f;
+  c.fill(72);
+  FeatureCase::Out f = c.forward(Backend::reference);
+  ASSERT_TRUE(f.status.ok());
+  double den = 0;
+  for (i64 j = 0; j < 2; ++j) {
+    double qk = 0;
+    for (i64 x = 0; x < c.d; ++x) qk += double(c.q[std::size_t(x)]) * double(c.k[std::size_t(j * c.row(1) + x)]);
+    den += std::exp(2.0 * std::tanh(qk / std::sqrt(8.0) / 2.0));
+  }
+  EXPECT_NEAR(f.lse[0], std::log(den), 1e-6);
+}
+
+TEST(FeaturesReference, GradientsMatchFiniteDifferencesOfItsForward) {
+  // dBias (pre- and post-scale, broadcast over batch), d_sink, and dQ through the softcap and
+  // dropout, against central differences of the reference's own forward.
+  for (BiasType type : {BiasType::post_scale, BiasType::pre_scale}) {
+    FeatureCase c;
+    c.b = 2, c.s_q = 3, c.s_kv = 4, c.h = 2, c.hg = 1, c.d = 8;
+    c.bias_shape = {1, 2, 3, 4};
+    c.options.bias_type = type;
+    c.dbias = true;
+    c.sinks = true;
+    c.alibi = true;
+    c.options.softcap = 1.0;
+    c.options.dropout = {0.3, 17, 4, nullptr, nullptr};
+    c.options.mask = MaskKind::causal_bottom_right;
+    c.input_scale = 1.5f;
+    c.fill(81);
+    FeatureCase::Out f = c.forward(Backend::reference);
+    FeatureCase::Out g = c.backward(Backend::reference, f.o, f.lse);
+    ASSERT_TRUE(g.status.ok()) << g.status.message();
+    const float step = 1e-2f;
+    for (std::size_t e : {std::size_t(0), std::size_t(5), std::size_t(11), std::size_t(23)}) {
+      const double fd = finite_difference(c, &c.bias[e], step);
+      EXPECT_NEAR(g.dbias[e], fd, 2e-4 * (1 + std::fabs(fd))) << "dbias " << e;
+    }
+    for (std::size_t h = 0; h < 2; ++h) {
+      const double fd = finite_difference(c, &c.sink[h], step);
+      EXPECT_NEAR(g.d_sinks[h], fd, 2e-4 * (1 + std::fabs(fd))) << "d_sink " << h;
+    }
+    for (std::size_t e : {std::size_t(0), std::size_t(3), std::size_t(c.row(2) + 9)}) {
+      const double fd = finite_difference(c, &c.q[e], step);
+      EXPECT_NEAR(g.dq[e], fd, 2e-4 * (1 + std::fabs(fd))) << "dq " << e;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ validation
+
+std::string forward_error(FeatureCase& c, void (*change)(ForwardArgs&)) {
+  std::vector<float> o(c.size(c.tq(), c.h)), ml(std::size_t(c.b * c.h));
+  ForwardArgs a;
+  c.set_common(a, Backend::reference);
+  a.o = c.view(o, c.tq(), c.h);
+  change(a);
+  const Status s = strideattn::forward(a);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();
+  return s.message();
+}
+
+TEST(FeaturesValidation, SpecificErrors) {
+  FeatureCase c;
+  c.fill(91);
+  EXPECT_NE(forward_error(c, [](ForwardArgs& a) { a.options.dropout.p = 1.0; }).find("dropout: p = 1"),
+            std::string::npos);
+  EXPECT_NE(forward_error(c, [](ForwardArgs& a) { a.options.dropout.p = -0.1; }).find("0 <= p < 1"), std::string::npos);
+  EXPECT_NE(forward_error(c, [](ForwardArgs& a) { a.options.softcap = -1; }).find("softcap: -1"), std::string::npos);
+  EXPECT_NE(forward_error(c, [](ForwardArgs& a) { a.options.softcap = INFINITY; }).find("softcap"), std::string::npos);
+  EXPECT_NE(forward_error(c, [](ForwardArgs& a) { a.options.bias_type = BiasType::post_scale; }).find("no bias view"),
+            std::string::npos);
+  FeatureCase bad = c;
+  bad.bias_shape = {2, 3, 5, 7};  // 3 heads of 4
+  bad.fill(92);
+  EXPECT_NE(forward_error(bad, [](ForwardArgs&) {}).find("bias: head extent 3"), std::string::npos);
+  bad.bias_shape = {2, 4, 5, 7};
+  bad.bias_dtype = DType::f32;
+  bad.fill(93);
+  EXPECT_NE(forward_error(bad, [](ForwardArgs& a) { a.options.bias_type = BiasType::none; }).find("bias_type is none"),
+            std::string::npos);
+  EXPECT_NE(forward_error(bad, [](ForwardArgs& a) { a.bias.dtype = static_cast<DType>(7); }).find("bias: dtype 7"),
+            std::string::npos);
+  static float table[16];
+  EXPECT_NE(forward_error(c,
+                          [](ForwardArgs& a) {
+                            a.sinks = {table, {2, 4}, {4, 1}};
+                          })
+                .find("sinks: shape [2, 4]"),
+            std::string::npos);
+  EXPECT_NE(forward_error(c,
+                          [](ForwardArgs& a) {
+                            a.alibi_slopes = {table, {1, 3}, {3, 1}};
+                          })
+                .find("alibi_slopes: shape [1, 3]"),
+            std::string::npos);
+  EXPECT_NE(forward_error(c,
+                          [](ForwardArgs& a) {
+                            a.max_logit = {table, {1, 4}, {4, 1}};
+                          })
+                .find("max_logit: shape [1, 4]"),
+            std::string::npos);
+  EXPECT_NE(forward_error(c,
+                          [](ForwardArgs& a) {
+                            a.max_logit = {table, {2, 4}, {4, 1}};
+                            a.sinks = {table + 4, {1, 4}, {4, 1}};
+                          })
+                .find("max_logit overlaps sinks"),
+            std::string::npos);
+}
+
+TEST(FeaturesValidation, DbiasAndDsinksNeedTheirInputs) {
+  FeatureCase c;
+  c.fill(94);
+  std::vector<float> o(c.size(c.tq(), c.h)), lse(std::size_t(c.b * c.h * c.s_q)), g(c.size(c.tq(), c.h)),
+      gk(c.size(c.tk(), c.hg)), gv(c.size(c.tk(), c.hg)), db(std::size_t(2 * 4 * 5 * 7));
+  BackwardArgs a;
+  c.set_common(a, Backend::cpu);
+  a.o = c.view(o, c.tq(), c.h), a.d_o = c.view(c.d_o, c.tq(), c.h);
+  a.lse = {lse.data(), {c.b, c.h, c.s_q}, {c.h * c.s_q, c.s_q, 1}};
+  a.dq = c.view(g, c.tq(), c.h), a.dk = c.view(gk, c.tk(), c.hg), a.dv = c.view(gv, c.tk(), c.hg);
+  a.dbias = {db.data(), DType::f32, {2, 4, 5, 7}, {140, 35, 7, 1}};
+  Status s = strideattn::backward(a);
+  EXPECT_NE(s.message().find("dbias: a dbias view is given but there is no bias"), std::string::npos) << s.message();
+  a.dbias = {};
+  float ds[4];
+  a.d_sinks = {ds, {1, 4}, {4, 1}};
+  s = strideattn::backward(a);
+  EXPECT_NE(s.message().find("d_sinks: a d_sinks view is given but there are no sinks"), std::string::npos)
+      << s.message();
+}
+
+// ------------------------------------------------------------------------------ refusals
+
+TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureByName) {
+  FeatureCase c;
+  c.fill(95);
+  std::vector<float> o(c.size(c.tq(), c.h)), ml(std::size_t(c.b * c.h));
+  struct Want {
+    const char* rule;
+    void (*set)(FeatureCase&, ForwardArgs&, std::vector<float>&);
+  };
+  const Want wants[] = {
+      {"softcap", [](FeatureCase&, ForwardArgs& a, std::vector<float>&) { a.options.softcap = 30; }},
+      {"dropout", [](FeatureCase&, ForwardArgs& a, std::vector<float>&) { a.options.dropout.p = 0.1; }},
+      {"alibi",
+       [](FeatureCase& fc, ForwardArgs& a, std::vector<float>&) {
+         a.alibi_slopes = {fc.slopes.data(), {1, fc.h}, {fc.h, 1}};
+       }},
+      {"sinks",
+       [](FeatureCase& fc, ForwardArgs& a, std::vector<float>&) {
+         a.sinks = {fc.sink.data(), {1, fc.h}, {fc.h, 1}};
+       }},
+      {"max_logit",
+       [](FeatureCase& fc, ForwardArgs& a, std::vector<float>& m) {
+         a.max_logit = {m.data(), {fc.b, fc.h}, {fc.h, 1}};
+       }},
+  };
+  for (Backend be : {Backend::cuda, Backend::cudnn}) {
+    const std::vector<detail::SupportRule> rules = detail::feature_rules(be);
+    for (const Want& w : wants) {
+      ForwardArgs a;
+      c.set_common(a, Backend::reference);
+      a.o = c.view(o, c.tq(), c.h);
+      w.set(c, a, ml);
+      detail::Problem p;
+      ASSERT_TRUE(detail::make_problem(a, &p).ok());
+      const Verdict v = detail::evaluate_rules(be, rules, p);
+      EXPECT_FALSE(v.supported);
+      EXPECT_EQ(v.rule, w.rule);
+      EXPECT_NE(v.reason.find("reference and cpu"), std::string::npos) << v.reason;
+      EXPECT_NE(v.reason.find(std::string(to_string(be))), std::string::npos) << v.reason;
+    }
+    // Bias, with its shape in the reason.
+    FeatureCase bc = c;
+    bc.bias_shape = {1, 4, 5, 7};
+    bc.fill(96);
+    ForwardArgs a;
+    bc.set_common(a, Backend::reference);
+    a.o = bc.view(o, bc.tq(), bc.h);
+    detail::Problem p;
+    ASSERT_TRUE(detail::make_problem(a, &p).ok());
+    const Verdict v = detail::evaluate_rules(be, rules, p);
+    EXPECT_EQ(v.rule, "bias");
+    EXPECT_NE(v.reason.find("post_scale bias [1, 4, 5, 7]"), std::string::npos) << v.reason;
+    // Nothing asked: every feature rule passes.
+    ForwardArgs plain;
+    c.set_common(plain, Backend::reference);
+    plain.o = c.view(o, c.tq(), c.h);
+    ASSERT_TRUE(detail::make_problem(plain, &p).ok());
+    EXPECT_TRUE(detail::evaluate_rules(be, rules, p).supported);
   }
 }
 
