@@ -65,6 +65,27 @@ std::optional<MaskKind> mask_from_string(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view to_string(BiasType type) {
+  switch (type) {
+    case BiasType::none:
+      return "none";
+    case BiasType::post_scale:
+      return "post_scale";
+    case BiasType::pre_scale:
+      return "pre_scale";
+  }
+  return "unknown";
+}
+
+std::optional<BiasType> bias_type_from_string(std::string_view name) {
+  for (BiasType t : {BiasType::none, BiasType::post_scale, BiasType::pre_scale})
+    if (name == to_string(t)) return t;
+  if (name == "no_bias") return BiasType::none;
+  if (name == "post_scale_bias") return BiasType::post_scale;
+  if (name == "pre_scale_bias") return BiasType::pre_scale;
+  return std::nullopt;
+}
+
 std::string_view to_string(Backend backend) {
   switch (backend) {
     case Backend::automatic:

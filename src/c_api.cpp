@@ -149,6 +149,27 @@ Status to_memory(std::int32_t m, Memory* out) {
   return invalid("memory " + std::to_string(m) + " is unknown; supported: 0 host, 1 device");
 }
 
+BiasView to_bias(const sa_bias_view& v) {
+  BiasView b;
+  b.data = v.data;
+  b.dtype = static_cast<DType>(v.dtype);
+  for (int i = 0; i < 4; ++i) b.shape[std::size_t(i)] = v.shape[i], b.stride[std::size_t(i)] = v.stride[i];
+  return b;
+}
+
+HeadView to_head(const sa_head_view& v) { return {v.data, {v.shape[0], v.shape[1]}, {v.stride[0], v.stride[1]}}; }
+
+// The training features (zero for callers whose struct ends before them: none used).
+template <class Args>
+void to_features(const sa_features& f, Args* a) {
+  a->options.softcap = f.softcap;
+  a->options.dropout = {f.dropout_p, f.dropout_seed, f.dropout_offset, f.dropout_seed_ptr, f.dropout_offset_ptr};
+  a->options.bias_type = static_cast<BiasType>(f.bias_type);  // out of range: validation names it
+  a->bias = to_bias(f.bias);
+  a->alibi_slopes = to_head(f.alibi_slopes);
+  a->sinks = to_head(f.sinks);
+}
+
 // Fields both argument structs share.
 template <class CArgs, class Args>
 Status convert_common(const CArgs& c, Args* a) {
@@ -174,13 +195,16 @@ Status convert_common(const CArgs& c, Args* a) {
   a->varlen.seq_offsets_kv = cu.seq_offsets_kv;
   a->varlen.max_seqlen_q = cu.max_seqlen_q;
   a->varlen.max_seqlen_kv = cu.max_seqlen_kv;
+  to_features(c.features, a);
   return Status::Ok();
 }
 
 Status convert(const sa_forward_args* in, ForwardArgs* out) {
   sa_forward_args c;
   if (Status s = read_struct(in, kForwardV1Size, "sa_forward_args", &c); !s.ok()) return s;
-  return convert_common(c, out);
+  if (Status s = convert_common(c, out); !s.ok()) return s;
+  out->max_logit = to_head(c.max_logit);
+  return Status::Ok();
 }
 
 Status convert(const sa_backward_args* in, BackwardArgs* out) {
@@ -191,6 +215,8 @@ Status convert(const sa_backward_args* in, BackwardArgs* out) {
   out->dq = to_view(c.dq);
   out->dk = to_view(c.dk);
   out->dv = to_view(c.dv);
+  out->dbias = to_bias(c.dbias);
+  out->d_sinks = to_head(c.d_sinks);
   return Status::Ok();
 }
 
@@ -210,24 +236,31 @@ int guarded(char* msg, std::size_t msg_len, F&& body) {
 
 Status convert(const sa_forward_run* in, ForwardRun* out) {
   sa_forward_run c;
-  if (Status s = read_struct(in, sizeof(sa_forward_run), "sa_forward_run", &c); !s.ok()) return s;
+  if (Status s = read_struct(in, offsetof(sa_forward_run, bias), "sa_forward_run", &c); !s.ok()) return s;
   out->q = c.q, out->k = c.k, out->v = c.v, out->o = c.o, out->lse = c.lse;
   out->stream = c.stream, out->workspace = c.workspace, out->workspace_bytes = c.workspace_bytes;
   out->cu_seqlens_q = c.cu_seqlens_q, out->cu_seqlens_kv = c.cu_seqlens_kv;
   out->seq_offsets_q = c.seq_offsets_q, out->seq_offsets_kv = c.seq_offsets_kv;
   out->cancel = static_cast<const std::atomic<bool>*>(c.cancel);
+  out->bias = c.bias, out->alibi_slopes = c.alibi_slopes, out->sinks = c.sinks, out->max_logit = c.max_logit;
+  out->dropout_seed = c.dropout_seed, out->dropout_offset = c.dropout_offset;
+  out->dropout_seed_ptr = c.dropout_seed_ptr, out->dropout_offset_ptr = c.dropout_offset_ptr;
   return Status::Ok();
 }
 
 Status convert(const sa_backward_run* in, BackwardRun* out) {
   sa_backward_run c;
-  if (Status s = read_struct(in, sizeof(sa_backward_run), "sa_backward_run", &c); !s.ok()) return s;
+  if (Status s = read_struct(in, offsetof(sa_backward_run, bias), "sa_backward_run", &c); !s.ok()) return s;
   out->q = c.q, out->k = c.k, out->v = c.v, out->o = c.o, out->d_o = c.d_o, out->lse = c.lse;
   out->dq = c.dq, out->dk = c.dk, out->dv = c.dv;
   out->stream = c.stream, out->workspace = c.workspace, out->workspace_bytes = c.workspace_bytes;
   out->cu_seqlens_q = c.cu_seqlens_q, out->cu_seqlens_kv = c.cu_seqlens_kv;
   out->seq_offsets_q = c.seq_offsets_q, out->seq_offsets_kv = c.seq_offsets_kv;
   out->cancel = static_cast<const std::atomic<bool>*>(c.cancel);
+  out->bias = c.bias, out->alibi_slopes = c.alibi_slopes, out->sinks = c.sinks;
+  out->dbias = c.dbias, out->d_sinks = c.d_sinks;
+  out->dropout_seed = c.dropout_seed, out->dropout_offset = c.dropout_offset;
+  out->dropout_seed_ptr = c.dropout_seed_ptr, out->dropout_offset_ptr = c.dropout_offset_ptr;
   return Status::Ok();
 }
 

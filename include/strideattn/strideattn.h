@@ -114,6 +114,37 @@ typedef struct sa_cu_seqlens {
   int64_t max_seqlen_kv;
 } sa_cu_seqlens;
 
+/* Training features (docs/semantics.md "Training features"), appended to the argument structs. */
+enum sa_bias_type { SA_BIAS_NONE = 0, SA_BIAS_POST_SCALE = 1, SA_BIAS_PRE_SCALE = 2 };
+
+/* A bias or its gradient: logical [b or 1, h or 1, s_q or 1, s_kv or 1], any strides, f32/f16/bf16. */
+typedef struct sa_bias_view {
+  void* data;
+  int32_t dtype; /* enum sa_dtype */
+  int64_t shape[4];
+  int64_t stride[4];
+} sa_bias_view;
+
+/* An fp32 [rows, h] table: ALiBi slopes (rows b or 1), sinks and d_sinks (1), max logit (b).
+ * data == NULL: not used. */
+typedef struct sa_head_view {
+  float* data;
+  int64_t shape[2];
+  int64_t stride[2];
+} sa_head_view;
+
+typedef struct sa_features {
+  double softcap;   /* > 0: logits become softcap * tanh(logit / softcap); 0: off */
+  double dropout_p; /* 0 <= p < 1; 0: no dropout */
+  uint64_t dropout_seed, dropout_offset;
+  const uint64_t* dropout_seed_ptr; /* when set, read when the call runs instead of the value */
+  const uint64_t* dropout_offset_ptr;
+  int32_t bias_type; /* enum sa_bias_type */
+  sa_bias_view bias;
+  sa_head_view alibi_slopes;
+  sa_head_view sinks;
+} sa_features;
+
 typedef struct sa_forward_args {
   size_t struct_size;     /* sizeof(sa_forward_args) */
   sa_tensor_view q, k, v; /* [b,s_q,h,d_qk], [b,s_kv,hg,d_qk], [b,s_kv,hg,d_v] */
@@ -131,6 +162,8 @@ typedef struct sa_forward_args {
                                that another thread sets to true to stop a host-backend call: it
                                then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
   sa_cu_seqlens cu_seqlens; /* appended: varlen lengths as cu_seqlens arrays */
+  sa_features features;     /* appended: training features */
+  sa_head_view max_logit;   /* appended: [b, h] fp32 output, written when data is set */
 } sa_forward_args;
 
 typedef struct sa_backward_args {
@@ -149,6 +182,9 @@ typedef struct sa_backward_args {
                                that another thread sets to true to stop a host-backend call: it
                                then returns SA_CANCELLED within milliseconds. GPU backends ignore it. */
   sa_cu_seqlens cu_seqlens; /* appended: varlen lengths as cu_seqlens arrays */
+  sa_features features;     /* appended: training features, as the forward had them */
+  sa_bias_view dbias;       /* appended: the bias's shape, written when data is set */
+  sa_head_view d_sinks;     /* appended: [1, h] fp32, written when data is set */
 } sa_backward_args;
 
 SA_API int sa_forward(const sa_forward_args* args, char* msg, size_t msg_len);
@@ -190,6 +226,15 @@ typedef struct sa_forward_run {
   const int32_t* seq_offsets_q;
   const int32_t* seq_offsets_kv;
   const void* cancel;
+  /* Appended: the training features' tensors (given iff the plan uses them) and the dropout
+   * seed and offset (each run's; the pointers as in sa_features). */
+  const void* bias;
+  const float* alibi_slopes;
+  const float* sinks;
+  float* max_logit;
+  uint64_t dropout_seed, dropout_offset;
+  const uint64_t* dropout_seed_ptr;
+  const uint64_t* dropout_offset_ptr;
 } sa_forward_run;
 
 typedef struct sa_backward_run {
@@ -211,6 +256,14 @@ typedef struct sa_backward_run {
   const int32_t* seq_offsets_q;
   const int32_t* seq_offsets_kv;
   const void* cancel;
+  const void* bias; /* appended: as in sa_forward_run */
+  const float* alibi_slopes;
+  const float* sinks;
+  void* dbias;
+  float* d_sinks;
+  uint64_t dropout_seed, dropout_offset;
+  const uint64_t* dropout_seed_ptr;
+  const uint64_t* dropout_offset_ptr;
 } sa_backward_run;
 
 /* *plan receives a new plan (NULL on failure); free it with sa_plan_destroy. */

@@ -119,6 +119,44 @@ struct Window {
   [[nodiscard]] bool unbounded() const { return left < 0 && right < 0; }
 };
 
+// ---------------------------------------------------------------- training features
+// docs/semantics.md "Training features": softcap, additive bias, ALiBi, sinks, dropout, max logit.
+
+// Where an additive bias joins the logits: after the scale (TransformerEngine's
+// post_scale_bias: L = scale * Q K^T + bias) or before it (pre_scale_bias).
+enum class BiasType { none, post_scale, pre_scale };
+[[nodiscard]] std::string_view to_string(BiasType type);
+[[nodiscard]] std::optional<BiasType> bias_type_from_string(std::string_view name);
+
+// A bias (or its gradient) of logical shape [b or 1, h or 1, s_q or 1, s_kv or 1], any strides
+// (stride 0 broadcasts too), f32 / f16 / bf16.
+struct BiasView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::array<std::int64_t, 4> shape{0, 0, 0, 0};   // b, h, s_q, s_kv
+  std::array<std::int64_t, 4> stride{0, 0, 0, 0};  // in elements
+};
+
+// An fp32 table of logical shape [rows, h]: ALiBi slopes (rows b or 1), sinks and their
+// gradient (rows 1), the max logit (rows b). data == nullptr: not used.
+struct HeadView {
+  float* data = nullptr;
+  std::array<std::int64_t, 2> shape{0, 0};   // rows, h
+  std::array<std::int64_t, 2> stride{0, 0};  // in elements
+};
+
+// Dropout on the softmax probabilities; the mask is Philox4x32-10 of (seed, offset, batch,
+// head, row, key). p == 0: no dropout. seed_ptr / offset_ptr, when set, are read when the call
+// runs instead of seed / offset (in the tensors' memory), so a captured CUDA graph can replay
+// with new values.
+struct Dropout {
+  double p = 0.0;
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+  const std::uint64_t* seed_ptr = nullptr;
+  const std::uint64_t* offset_ptr = nullptr;
+};
+
 struct AttentionOptions {
   MaskKind mask = MaskKind::none;
   Window window{};
@@ -128,6 +166,9 @@ struct AttentionOptions {
   // (`reference`, `cpu`); it then returns StatusCode::cancelled within milliseconds and its
   // outputs are incomplete. GPU backends ignore it. The flag must outlive the call.
   const std::atomic<bool>* cancel = nullptr;
+  double softcap = 0.0;  // > 0: logits become softcap * tanh(logit / softcap); 0: off
+  Dropout dropout{};
+  BiasType bias_type = BiasType::none;  // with ForwardArgs::bias / BackwardArgs::bias
 };
 
 enum class Backend { automatic, reference, cpu, cuda, cudnn };
@@ -152,6 +193,11 @@ struct ForwardArgs {
   void* stream = nullptr;     // cudaStream_t for GPU backends
   void* workspace = nullptr;  // optional: see workspace_size(); null = library allocates
   std::size_t workspace_bytes = 0;
+  // Training features (docs/semantics.md); each unused when its data is null.
+  BiasView bias{};          // with options.bias_type
+  HeadView alibi_slopes{};  // [b or 1, h]
+  HeadView sinks{};         // [1, h]
+  HeadView max_logit{};     // [b, h], written
 };
 
 struct BackwardArgs {
@@ -165,6 +211,12 @@ struct BackwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // Training features, as the forward had them; dbias and d_sinks are written when given.
+  BiasView bias{};
+  HeadView alibi_slopes{};
+  HeadView sinks{};
+  BiasView dbias{};    // the bias's logical shape; summed over its extent-1 dimensions
+  HeadView d_sinks{};  // [1, h], summed over batches and rows
 };
 
 // ---------------------------------------------------------------- calls
@@ -230,6 +282,15 @@ struct ForwardRun {
   const std::int32_t* seq_offsets_q = nullptr;   // optional
   const std::int32_t* seq_offsets_kv = nullptr;  // optional
   const std::atomic<bool>* cancel = nullptr;     // as AttentionOptions::cancel (host backends)
+  // Training features: the tensors the plan was made with (set iff the plan uses them), and
+  // the dropout seed and offset (a plan keeps neither; pointers as in Dropout).
+  const void* bias = nullptr;
+  const float* alibi_slopes = nullptr;
+  const float* sinks = nullptr;
+  float* max_logit = nullptr;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  const std::uint64_t* dropout_seed_ptr = nullptr;
+  const std::uint64_t* dropout_offset_ptr = nullptr;
 };
 
 struct BackwardRun {
@@ -250,6 +311,14 @@ struct BackwardRun {
   const std::int32_t* seq_offsets_q = nullptr;
   const std::int32_t* seq_offsets_kv = nullptr;
   const std::atomic<bool>* cancel = nullptr;
+  const void* bias = nullptr;  // training features, as in ForwardRun
+  const float* alibi_slopes = nullptr;
+  const float* sinks = nullptr;
+  void* dbias = nullptr;
+  float* d_sinks = nullptr;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  const std::uint64_t* dropout_seed_ptr = nullptr;
+  const std::uint64_t* dropout_offset_ptr = nullptr;
 };
 
 namespace detail {

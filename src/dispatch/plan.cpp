@@ -11,6 +11,7 @@
 #include "dispatch/gpu_module.hpp"
 #include "dispatch/select.hpp"
 #include "problem/cu_seqlens.hpp"
+#include "problem/validate.hpp"
 
 namespace strideattn::detail {
 
@@ -86,6 +87,72 @@ Status bind_arrays(const PlanState& st, const Arrays& a, Problem* p) {
   p->cu_seqlens_kv = a.cu_kv;
   p->seq_offsets_q = a.off_q;
   p->seq_offsets_kv = a.off_kv;
+  return Status::Ok();
+}
+
+// A feature tensor of the run against the plan: given iff the plan uses it (an empty view may
+// stay null), aligned to its element size.
+Status bind_feature(const char* name, bool on, bool empty, const void* ptr, std::size_t elem, void** dst) {
+  if (!on && ptr != nullptr)
+    return invalid(std::string(name) + ": the run gives a pointer but the plan was made without " + name +
+                   "; supported: a plan made with it");
+  if (!on) return Status::Ok();
+  if (ptr == nullptr && !empty)
+    return invalid(std::string(name) + " is null but the plan was made with " + name +
+                   "; supported: the run gives every tensor the plan uses");
+  if (reinterpret_cast<std::uintptr_t>(ptr) % elem != 0)
+    return invalid(std::string(name) + ": data pointer is " +
+                   std::to_string(reinterpret_cast<std::uintptr_t>(ptr) % elem) + " bytes past a " +
+                   std::to_string(elem) + "-byte boundary; supported: aligned to the element size");
+  *dst = const_cast<void*>(ptr);
+  return Status::Ok();
+}
+
+bool empty_view(const BiasView& v) { return v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3] == 0; }
+bool empty_view(const HeadView& v) { return v.shape[0] * v.shape[1] == 0; }
+
+struct FeatureRun {
+  const void *bias, *alibi, *sinks;
+  void *max_logit, *dbias, *d_sinks;
+  std::uint64_t seed, offset;
+  const std::uint64_t *seed_ptr, *offset_ptr;
+};
+
+Status bind_features(const FeatureRun& r, Problem* p) {
+  void* slot = nullptr;
+  if (Status s = bind_feature("bias", p->bias_on(), empty_view(p->bias), r.bias, size_of(p->bias.dtype), &slot);
+      !s.ok())
+    return s;
+  p->bias.data = slot;
+  slot = nullptr;
+  if (Status s = bind_feature("alibi_slopes", p->alibi_on, empty_view(p->alibi), r.alibi, 4, &slot); !s.ok()) return s;
+  p->alibi.data = static_cast<float*>(slot);
+  slot = nullptr;
+  if (Status s = bind_feature("sinks", p->sinks_on, empty_view(p->sinks), r.sinks, 4, &slot); !s.ok()) return s;
+  p->sinks.data = static_cast<float*>(slot);
+  slot = nullptr;
+  if (Status s = bind_feature("max_logit", p->max_logit_on, empty_view(p->max_logit), r.max_logit, 4, &slot); !s.ok())
+    return s;
+  p->max_logit.data = static_cast<float*>(slot);
+  slot = nullptr;
+  if (Status s = bind_feature("dbias", p->dbias_on, empty_view(p->dbias), r.dbias, size_of(p->dbias.dtype), &slot);
+      !s.ok())
+    return s;
+  p->dbias.data = slot;
+  slot = nullptr;
+  if (Status s = bind_feature("d_sinks", p->d_sinks_on, empty_view(p->d_sinks), r.d_sinks, 4, &slot); !s.ok()) return s;
+  p->d_sinks.data = static_cast<float*>(slot);
+  p->dropout_seed = r.seed;
+  p->dropout_offset = r.offset;
+  p->dropout_seed_ptr = r.seed_ptr;
+  p->dropout_offset_ptr = r.offset_ptr;
+  for (auto [name, ptr] : {std::pair{"dropout_seed_ptr", r.seed_ptr}, std::pair{"dropout_offset_ptr", r.offset_ptr}})
+    if (reinterpret_cast<std::uintptr_t>(ptr) % 8 != 0)
+      return invalid(std::string(name) + " is " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr) % 8) +
+                     " bytes past an 8-byte boundary; supported: a uint64 aligned to 8 bytes");
+  // The features' own tensors are not among the per-run slots: their overlap is checked here.
+  if (p->any_feature())
+    if (Status s = check_overlap(*p); !s.ok()) return s;
   return Status::Ok();
 }
 
@@ -193,6 +260,11 @@ Status run_plan(const PlanState& st, const ForwardRun& r) {
     p.v.data = const_cast<void*>(r.v);
     p.o.data = r.o;
     p.lse.data = r.lse;
+    if (Status s = bind_features({r.bias, r.alibi_slopes, r.sinks, r.max_logit, nullptr, nullptr, r.dropout_seed,
+                                  r.dropout_offset, r.dropout_seed_ptr, r.dropout_offset_ptr},
+                                 &p);
+        !s.ok())
+      return s;
     return finish_run(st, p, r.stream, r.workspace, r.workspace_bytes, r.cancel,
                       {r.cu_seqlens_q, r.cu_seqlens_kv, r.seq_offsets_q, r.seq_offsets_kv});
   });
@@ -212,6 +284,11 @@ Status run_plan(const PlanState& st, const BackwardRun& r) {
     p.dq.data = r.dq;
     p.dk.data = r.dk;
     p.dv.data = r.dv;
+    if (Status s = bind_features({r.bias, r.alibi_slopes, r.sinks, nullptr, r.dbias, r.d_sinks, r.dropout_seed,
+                                  r.dropout_offset, r.dropout_seed_ptr, r.dropout_offset_ptr},
+                                 &p);
+        !s.ok())
+      return s;
     return finish_run(st, p, r.stream, r.workspace, r.workspace_bytes, r.cancel,
                       {r.cu_seqlens_q, r.cu_seqlens_kv, r.seq_offsets_q, r.seq_offsets_kv});
   });
@@ -224,6 +301,10 @@ ForwardRun run_of(const ForwardArgs& a) {
   r.cu_seqlens_q = a.varlen.cu_seqlens_q, r.cu_seqlens_kv = a.varlen.cu_seqlens_kv;
   r.seq_offsets_q = a.varlen.seq_offsets_q, r.seq_offsets_kv = a.varlen.seq_offsets_kv;
   r.cancel = a.options.cancel;
+  r.bias = a.bias.data, r.alibi_slopes = a.alibi_slopes.data, r.sinks = a.sinks.data;
+  r.max_logit = a.max_logit.data;
+  r.dropout_seed = a.options.dropout.seed, r.dropout_offset = a.options.dropout.offset;
+  r.dropout_seed_ptr = a.options.dropout.seed_ptr, r.dropout_offset_ptr = a.options.dropout.offset_ptr;
   return r;
 }
 
@@ -235,6 +316,10 @@ BackwardRun run_of(const BackwardArgs& a) {
   r.cu_seqlens_q = a.varlen.cu_seqlens_q, r.cu_seqlens_kv = a.varlen.cu_seqlens_kv;
   r.seq_offsets_q = a.varlen.seq_offsets_q, r.seq_offsets_kv = a.varlen.seq_offsets_kv;
   r.cancel = a.options.cancel;
+  r.bias = a.bias.data, r.alibi_slopes = a.alibi_slopes.data, r.sinks = a.sinks.data;
+  r.dbias = a.dbias.data, r.d_sinks = a.d_sinks.data;
+  r.dropout_seed = a.options.dropout.seed, r.dropout_offset = a.options.dropout.offset;
+  r.dropout_seed_ptr = a.options.dropout.seed_ptr, r.dropout_offset_ptr = a.options.dropout.offset_ptr;
   return r;
 }
 

@@ -22,7 +22,7 @@ using detail::PlanAccess;
 using detail::PlanState;
 
 struct Key {
-  static constexpr std::size_t kWords = 128;
+  static constexpr std::size_t kWords = 192;
   std::array<std::uint64_t, kWords> w;  // the first n are set (no need to clear the rest)
   std::size_t n = 0;
   std::uint64_t hash = 1469598103934665603ull;
@@ -42,6 +42,19 @@ void add_view(Key* k, const TensorView& v) {
   for (auto x : v.shape) k->add_i(x);
   for (auto x : v.stride) k->add_i(x);
   k->add(detail::alignment_class(v.data) | (v.data == nullptr ? 0x100u : 0u));
+}
+
+void add_bias(Key* k, const BiasView& v) {
+  k->add_i(static_cast<std::int64_t>(v.dtype));
+  for (auto x : v.shape) k->add_i(x);
+  for (auto x : v.stride) k->add_i(x);
+  k->add(detail::alignment_class(v.data) | (v.data == nullptr ? 0x100u : 0u));
+}
+
+void add_head(Key* k, const HeadView& v) {
+  for (auto x : v.shape) k->add_i(x);
+  for (auto x : v.stride) k->add_i(x);
+  k->add(v.data == nullptr ? 1u : 0u);
 }
 
 template <class Args>
@@ -67,6 +80,19 @@ void add_common(Key* k, const Args& a, bool backward) {
   k->add(o.scale.has_value());
   k->add(scale);
   k->add(o.deterministic);
+  // Training features: options and the tensors' views; the dropout seed and offset are the
+  // run's, only whether they come through pointers is the plan's.
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &o.softcap, sizeof bits);
+  k->add(bits);
+  std::memcpy(&bits, &o.dropout.p, sizeof bits);
+  k->add(bits);
+  k->add(o.dropout.seed_ptr != nullptr);
+  k->add(o.dropout.offset_ptr != nullptr);
+  k->add_i(static_cast<std::int64_t>(o.bias_type));
+  add_bias(k, a.bias);
+  add_head(k, a.alibi_slopes);
+  add_head(k, a.sinks);
   const Varlen& vl = a.varlen;
   k->add_i(vl.count);
   k->add_i(vl.max_seqlen_q);
@@ -82,6 +108,7 @@ void add_common(Key* k, const Args& a, bool backward) {
 Key key_of(const ForwardArgs& a) {
   Key k;
   add_common(&k, a, false);
+  add_head(&k, a.max_logit);
   return k;
 }
 
@@ -92,6 +119,8 @@ Key key_of(const BackwardArgs& a) {
   add_view(&k, a.dq);
   add_view(&k, a.dk);
   add_view(&k, a.dv);
+  add_bias(&k, a.dbias);
+  add_head(&k, a.d_sinks);
   return k;
 }
 

@@ -3,6 +3,7 @@
 #include "dispatch/select.hpp"
 
 #include <cstdlib>
+#include <iterator>
 #include <sstream>
 
 #include "common/log.hpp"
@@ -98,6 +99,61 @@ SupportRule work_rule(double max_flops, double typical_rate) {
                << "split the problem";
             return os.str();
           }};
+}
+
+std::vector<SupportRule> feature_rules(Backend backend) {
+  const std::string where =
+      "; supported on the reference and cpu backends (host memory), not yet on " + std::string(to_string(backend));
+  auto num = [](double x) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  };
+  auto shape4 = [](const BiasView& v) {
+    return "[" + std::to_string(v.shape[0]) + ", " + std::to_string(v.shape[1]) + ", " + std::to_string(v.shape[2]) +
+           ", " + std::to_string(v.shape[3]) + "]";
+  };
+  return {
+      {"softcap",
+       [=](const Problem& p) -> std::optional<std::string> {
+         if (!p.softcap_on()) return std::nullopt;
+         return "softcap " + num(p.softcap) + " asked" + where;
+       }},
+      {"dropout",
+       [=](const Problem& p) -> std::optional<std::string> {
+         if (!p.dropout_on()) return std::nullopt;
+         return "dropout p = " + num(p.dropout_p) + " asked" + where;
+       }},
+      {"bias",
+       [=](const Problem& p) -> std::optional<std::string> {
+         if (!p.bias_on()) return std::nullopt;
+         return std::string(to_string(p.bias_type)) + " bias " + shape4(p.bias) + " (" +
+                std::string(to_string(p.bias.dtype)) + (p.dbias_on ? ", with dbias" : "") + ") asked" + where;
+       }},
+      {"alibi",
+       [=](const Problem& p) -> std::optional<std::string> {
+         if (!p.alibi_on) return std::nullopt;
+         return "ALiBi slopes [" + std::to_string(p.alibi.shape[0]) + ", " + std::to_string(p.alibi.shape[1]) +
+                "] asked" + where;
+       }},
+      {"sinks",
+       [=](const Problem& p) -> std::optional<std::string> {
+         if (!p.sinks_on) return std::nullopt;
+         return std::string("attention sinks [1, ") + std::to_string(p.sinks.shape[1]) + "]" +
+                (p.d_sinks_on ? " with d_sinks" : "") + " asked" + where;
+       }},
+      {"max_logit",
+       [=](const Problem& p) -> std::optional<std::string> {
+         if (!p.max_logit_on) return std::nullopt;
+         return "the max-logit output asked" + where;
+       }},
+  };
+}
+
+std::vector<SupportRule> with_feature_rules(Backend backend, std::vector<SupportRule> rules) {
+  std::vector<SupportRule> all = feature_rules(backend);
+  all.insert(all.end(), std::make_move_iterator(rules.begin()), std::make_move_iterator(rules.end()));
+  return all;
 }
 
 Verdict evaluate_rules(Backend backend, const std::vector<SupportRule>& rules, const Problem& problem) {

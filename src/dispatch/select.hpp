@@ -49,4 +49,11 @@ enum class VerdictScope { all, until_chosen, plan };
 // `typical_rate` (FLOP/s on the 2-core CI machine) only words the message.
 [[nodiscard]] SupportRule work_rule(double max_flops, double typical_rate);
 
+// The training features a backend does not run yet (docs/semantics.md "Training features"),
+// one named rule each: softcap, dropout, bias (and dbias), alibi, sinks (and d_sinks),
+// max_logit. Each reason says what was asked and which backends run it.
+[[nodiscard]] std::vector<SupportRule> feature_rules(Backend backend);
+// `rules` with feature_rules(backend) in front.
+[[nodiscard]] std::vector<SupportRule> with_feature_rules(Backend backend, std::vector<SupportRule> rules);
+
 }  // namespace strideattn::detail

@@ -29,6 +29,16 @@ std::vector<std::int64_t> packed_offsets(const std::vector<std::int64_t>& seqlen
   return offsets;
 }
 
+// A feature table is used when its data is given, or (a plan) its shape.
+bool used(const HeadView& v, Pointers mode) {
+  return v.data != nullptr || (mode == Pointers::deferred && (v.shape[0] != 0 || v.shape[1] != 0));
+}
+bool used(const BiasView& v, Pointers mode) {
+  bool shaped = false;
+  for (auto x : v.shape) shaped = shaped || x != 0;
+  return v.data != nullptr || (mode == Pointers::deferred && shaped);
+}
+
 std::int64_t max_of(const std::vector<std::int64_t>& v) {
   std::int64_t m = 0;
   for (auto x : v) m = x > m ? x : m;
@@ -57,6 +67,16 @@ void resolve_common(const Args& args, Direction direction, Problem* p) {
   p->stream = args.stream;
   p->workspace = args.workspace;
   p->workspace_bytes = args.workspace_bytes;
+  p->softcap = args.options.softcap;
+  p->bias_type = args.options.bias_type;
+  p->dropout_p = args.options.dropout.p;
+  p->dropout_seed = args.options.dropout.seed;
+  p->dropout_offset = args.options.dropout.offset;
+  p->dropout_seed_ptr = args.options.dropout.seed_ptr;
+  p->dropout_offset_ptr = args.options.dropout.offset_ptr;
+  p->bias = args.bias;
+  p->alibi = args.alibi_slopes;
+  p->sinks = args.sinks;
   p->varlen = args.varlen.enabled();
   if (args.varlen.cu_seqlens()) {
     // Host lists given too are refused by validation; the bounds stand in for the lengths.
@@ -111,6 +131,10 @@ Status make_problem(const ForwardArgs& args, Problem* out, Pointers mode) {
   resolve_common(args, Direction::forward, &p);
   const auto& ls = args.lse.shape;
   p.lse_out = args.lse.data != nullptr || (mode == Pointers::deferred && (ls[0] != 0 || ls[1] != 0 || ls[2] != 0));
+  p.alibi_on = used(args.alibi_slopes, mode);
+  p.sinks_on = used(args.sinks, mode);
+  p.max_logit = args.max_logit;
+  p.max_logit_on = used(args.max_logit, mode);
   Status s = validate_problem(p, mode, args.varlen);
   if (!s.ok()) return s;
   *out = std::move(p);
@@ -124,6 +148,12 @@ Status make_problem(const BackwardArgs& args, Problem* out, Pointers mode) {
   p.dq = args.dq;
   p.dk = args.dk;
   p.dv = args.dv;
+  p.alibi_on = used(args.alibi_slopes, mode);
+  p.sinks_on = used(args.sinks, mode);
+  p.dbias = args.dbias;
+  p.dbias_on = used(args.dbias, mode);
+  p.d_sinks = args.d_sinks;
+  p.d_sinks_on = used(args.d_sinks, mode);
   Status s = validate_problem(p, mode, args.varlen);
   if (!s.ok()) return s;
   *out = std::move(p);

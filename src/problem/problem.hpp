@@ -59,6 +59,28 @@ struct Problem {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 
+  // training features (docs/semantics.md "Training features"), as the caller gave them; each
+  // *_on flag says the feature is used (a plan's tensors may come with the run).
+  double softcap = 0.0;  // 0: off
+  BiasType bias_type = BiasType::none;
+  BiasView bias{}, dbias{};
+  HeadView alibi{}, sinks{}, max_logit{}, d_sinks{};
+  bool alibi_on = false, sinks_on = false, max_logit_on = false, dbias_on = false, d_sinks_on = false;
+  double dropout_p = 0.0;  // 0: off
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  const std::uint64_t* dropout_seed_ptr = nullptr;  // read at run time when set
+  const std::uint64_t* dropout_offset_ptr = nullptr;
+
+  [[nodiscard]] bool bias_on() const { return bias_type != BiasType::none; }
+  [[nodiscard]] bool dropout_on() const { return dropout_p > 0.0; }
+  [[nodiscard]] bool softcap_on() const { return softcap > 0.0; }
+  [[nodiscard]] bool any_feature() const {
+    return softcap_on() || bias_on() || alibi_on || sinks_on || max_logit_on || dropout_on() || dbias_on || d_sinks_on;
+  }
+  // The call's dropout seed and offset (host backends: the pointers are host memory).
+  [[nodiscard]] std::uint64_t seed_value() const { return dropout_seed_ptr ? *dropout_seed_ptr : dropout_seed; }
+  [[nodiscard]] std::uint64_t offset_value() const { return dropout_offset_ptr ? *dropout_offset_ptr : dropout_offset; }
+
   [[nodiscard]] bool is_backward() const { return direction == Direction::backward; }
   [[nodiscard]] bool writes_lse() const { return lse_out; }
   [[nodiscard]] std::int64_t group_size() const { return heads / kv_heads; }

@@ -91,8 +91,8 @@ NamedRegion named_region(const char* name, const LseView& v) {
   return {name, region_of(v), static_cast<i128>(reinterpret_cast<std::uintptr_t>(v.data))};
 }
 
-// One view alone: sizes, strides, extent overflow, null data.
-// `deferred`: a null data pointer is given at run time (a plan), not an error here.
+}  // namespace
+
 template <std::size_t N>
 Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std::array<i64, N>& shape,
                         const std::array<i64, N>& stride, const char* const* dim_names, int unit_stride_dim,
@@ -143,6 +143,12 @@ Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std:
                    "the " + std::to_string(elem_bytes) + "-byte element size");
   return Status::Ok();
 }
+template Status check_view_alone<2>(const char*, void*, i64, const std::array<i64, 2>&, const std::array<i64, 2>&,
+                                    const char* const*, int, bool);
+template Status check_view_alone<4>(const char*, void*, i64, const std::array<i64, 4>&, const std::array<i64, 4>&,
+                                    const char* const*, int, bool);
+
+namespace {
 
 Status check_tensor_alone(const char* name, const TensorView& v, bool deferred) {
   if (!valid_dtype(v.dtype))
@@ -379,6 +385,17 @@ Status check_overlap(const Problem& p) {
     outputs.push_back(named_region("o", p.o));
     if (p.writes_lse()) outputs.push_back(named_region("lse", p.lse));
   }
+  // Training features: their inputs, and their outputs (max logit, dBias, d_sink).
+  const auto bias_as = [](const BiasView& b) { return TensorView{b.data, b.dtype, b.shape, b.stride}; };
+  const auto head_as = [](const HeadView& h) {
+    return LseView{h.data, {h.shape[0], h.shape[1], 1}, {h.stride[0], h.stride[1], 1}};
+  };
+  if (p.bias_on()) inputs.push_back(named_region("bias", bias_as(p.bias)));
+  if (p.alibi_on) inputs.push_back(named_region("alibi_slopes", head_as(p.alibi)));
+  if (p.sinks_on) inputs.push_back(named_region("sinks", head_as(p.sinks)));
+  if (p.max_logit_on) outputs.push_back(named_region("max_logit", head_as(p.max_logit)));
+  if (p.dbias_on) outputs.push_back(named_region("dbias", bias_as(p.dbias)));
+  if (p.d_sinks_on) outputs.push_back(named_region("d_sinks", head_as(p.d_sinks)));
   for (const NamedRegion& out : outputs) {
     const OverlapResult r = self_overlap(out.region);
     if (!r.overlap) continue;
@@ -433,6 +450,7 @@ Status validate_problem(const Problem& p, Pointers mode, const Varlen& varlen) {
   if (Status s = check_options(p); !s.ok()) return s;
   if (Status s = check_varlen(p, tensors, mode, varlen); !s.ok()) return s;
   if (Status s = check_lse(p, mode); !s.ok()) return s;
+  if (Status s = check_features(p, mode); !s.ok()) return s;
   return check_overlap(p);
 }
 

@@ -2,6 +2,7 @@
 // one message naming the tensor, the value found and what is supported.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,17 @@ namespace strideattn::detail {
 [[nodiscard]] Status check_varlen_side(const char* side, const char* tensor, const std::vector<std::int64_t>& seqlens,
                                        const std::vector<std::int64_t>& offsets, std::int64_t tokens,
                                        const std::string& lens, const std::string& offs);
+
+// One view alone: extents >= 0, the unit-stride dimension (-1: none), extent overflow, null
+// data (`deferred`: a null pointer is given at run time) and alignment to `elem_bytes`.
+template <std::size_t N>
+[[nodiscard]] Status check_view_alone(const char* name, void* data, std::int64_t elem_bytes,
+                                      const std::array<std::int64_t, N>& shape,
+                                      const std::array<std::int64_t, N>& stride, const char* const* dim_names,
+                                      int unit_stride_dim, bool deferred);
+
+// The training features' rules (validate_features.cpp): options in range, every feature
+// tensor's shape, dtype and presence against the problem.
+[[nodiscard]] Status check_features(const Problem& problem, Pointers mode);
 
 }  // namespace strideattn::detail

@@ -145,6 +145,43 @@ struct Small {
   }
 };
 
+TEST(CApi, TrainingFeaturesTravelThroughTheAbi) {
+  Small s;
+  char msg[256];
+  sa_forward_args a = s.args();
+  a.features.dropout_p = 1.5;
+  EXPECT_EQ(sa_forward(&a, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("dropout: p = 1.5"), std::string::npos) << msg;
+  a = s.args();
+  a.features.bias_type = 9;
+  EXPECT_EQ(sa_forward(&a, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("bias_type 9 is unknown"), std::string::npos) << msg;
+  // Sinks and the max logit, written through the ABI: a sink far above every logit makes O
+  // tiny, the max logit is the one score (all inputs 1: scale * d = sqrt(8)).
+  float sinks[2] = {40.f, 40.f}, max_logit[2] = {0.f, 0.f};
+  a = s.args();
+  a.features.softcap = 50.0;
+  a.features.sinks = {sinks, {1, 2}, {2, 1}};
+  a.max_logit = {max_logit, {1, 2}, {2, 1}};
+  ASSERT_EQ(sa_forward(&a, msg, sizeof msg), SA_OK) << msg;
+  const double want = 50.0 * std::tanh(std::sqrt(8.0) / 50.0);
+  EXPECT_NEAR(max_logit[0], want, 1e-5);
+  EXPECT_NEAR(max_logit[1], want, 1e-5);
+  EXPECT_LT(std::fabs(float_from_bf16(s.o[0])), 1e-10f);
+  // An older caller's struct (ending before the features) gets none of them.
+  a = s.args();
+  a.features.dropout_p = 1.5;
+  a.struct_size = offsetof(sa_forward_args, features);
+  EXPECT_EQ(sa_forward(&a, msg, sizeof msg), SA_OK) << msg;
+  EXPECT_EQ(float_from_bf16(s.o[0]), 1.f);
+  // The cuda backend's feature rule through explain, in a CUDA build.
+  a = s.args();
+  a.features.softcap = 30.0;
+  char text[4096];
+  (void)sa_explain(&a, text, sizeof text);
+  if (backend_compiled(Backend::cuda)) EXPECT_NE(std::string(text).find("softcap"), std::string::npos) << text;
+}
+
 TEST(CApi, ValidationMessagesComeThrough) {
   Small s;
   char msg[256];

@@ -18,6 +18,7 @@
 
 #include "backends/cpu/cpu_accumulate.hpp"
 #include "backends/cpu/cpu_common.hpp"
+#include "backends/cpu/cpu_features.hpp"
 #include "backends/cpu/cpu_pack.hpp"
 #include "problem/params.hpp"
 
@@ -41,6 +42,7 @@ struct Scratch {
   std::vector<float> kt, vt;         // [d_qk][kBlockKeys], [d_v][kBlockKeys]  (transposed)
   std::vector<float> k;              // [kBlockKeys][d_qk]  (dQ pass)
   std::vector<float> p, ds;          // [kBlockRows][kBlockKeys]
+  std::vector<float> th, dl;         // [kBlockRows][kBlockKeys] softcap's tanh; dL (dBias pass)
   std::vector<float> acc_b;          // [d_v] staging for O rows (pass 1)
   std::vector<float> lse, delta;     // [kBlockRows]
   std::vector<float> row;            // staging for transposed loads
@@ -56,6 +58,8 @@ struct Scratch {
         k(kBlockKeys * d_qk),
         p(kBlockRows * kBlockKeys),
         ds(kBlockRows * kBlockKeys),
+        th(kBlockRows * kBlockKeys),
+        dl(kBlockRows * kBlockKeys),
         acc_b(d_v),
         lse(kBlockRows),
         delta(kBlockRows),
@@ -124,12 +128,22 @@ RowOperands load_rows(const kernel::AttentionParams& a, DType dt, const Pack* pa
   return {w.q.data(), w.d_o.data()};
 }
 
+// Where a tile's training features come from: the features and the (sequence, query head).
+struct TileFeatures {
+  const Features* f = nullptr;
+  std::int64_t b = 0, h = 0;
+  bool want_dl = false;  // also keep dL (the logit's gradient) in w.dl
+};
+
 // For the tile rows [r0, r0 + rows) x keys [c0, c0 + nc):
-// P = exp(scale (Q K^T) - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf),
-// dS = P * (dO V^T - D). Results in w.p and w.ds, each row's visible columns in w.j0/w.j1.
-// Returns whether the mask leaves the whole tile visible.
+// P = exp(L - LSE) on visible pairs (0 elsewhere and on rows with LSE = -inf), L the logit
+// (scale (Q K^T) and the features' modifiers), dL = P * (Z dO V^T - D), dS = dL times the
+// softcap's derivative, and w.p = Z P (what dV sums). Results in w.p and w.ds (and w.dl when
+// asked), each row's visible columns in w.j0/w.j1. Returns whether the mask leaves the whole
+// tile visible.
 bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t nc,
-                    float scale, const RowOperands& ro, const KeyOperands& ko, Scratch& w) {
+                    float scale, const RowOperands& ro, const KeyOperands& ko, Scratch& w, const TileFeatures& tf) {
+  const Features& f = *tf.f;
   float* p = w.p.data();
   float* ds = w.ds.data();
   std::fill_n(p, rows * kBlockKeys, 0.f);
@@ -150,8 +164,20 @@ bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t 
     if (lse == kNegInf) j1 = j0;  // row sees no key at all: P = 0
     w.j0[r] = j0, w.j1[r] = j1;
     for (std::int64_t j = 0; j < j0; ++j) pr[j] = dsr[j] = 0.f;
+    float* thr = w.th.data() + r * kBlockKeys;
+    if (f.modifies_scores()) f.modify_row(pr, j0, j1, c0, tf.b, tf.h, r0 + r, mask.s_q, mask.s_kv, scale, thr);
     (void)exp_sub_sum(pr + j0, j1 - j0, lse);
-    for (std::int64_t j = j0; j < j1; ++j) dsr[j] = pr[j] * (dsr[j] - delta);
+    if (f.dropout) {
+      // dP becomes Z dP, then P becomes Z P: dL = P (Z dP - D), dV += (Z P)^T dO.
+      f.drop_row(dsr, j0, j1, c0, tf.b, tf.h, r0 + r);
+      for (std::int64_t j = j0; j < j1; ++j) dsr[j] = pr[j] * (dsr[j] - delta);
+      f.drop_row(pr, j0, j1, c0, tf.b, tf.h, r0 + r);
+    } else {
+      for (std::int64_t j = j0; j < j1; ++j) dsr[j] = pr[j] * (dsr[j] - delta);
+    }
+    if (tf.want_dl) std::copy(dsr, dsr + nc, w.dl.data() + r * kBlockKeys);
+    if (f.cap > 0.f)
+      for (std::int64_t j = j0; j < j1; ++j) dsr[j] *= 1.f - thr[j] * thr[j];
     for (std::int64_t j = j1; j < nc; ++j) pr[j] = dsr[j] = 0.f;
   }
   return full;
@@ -159,7 +185,9 @@ bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t 
 
 // ------------------------------------------------------------------------------ pass 1: D
 
-void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& it, DTable& dtab, Scratch& w) {
+// With sinks, `sink_part` ([heads]) receives the item's part of d_sink = -sum P_sink D.
+void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& it, DTable& dtab, const Features& f,
+                   float* sink_part, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   for (std::int64_t i = it.r0; i < it.r1; ++i)
     for (std::int64_t h = 0; h < a.heads; ++h) {
@@ -168,14 +196,69 @@ void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& i
       float sum = 0.f;
       for (std::int64_t x = 0; x < w.dv; ++x) sum += w.acc_b[x] * w.row[x];
       *dtab.at(it.batch, i, h) = sum;
+      if (sink_part) {
+        const float lse = a.lse[kernel::lse_offset(a.q_seq, a.lse_st, it.batch, h, i)];
+        if (lse != kNegInf && vw.mask.key_end(i) > vw.mask.key_begin(i))  // rows that see no key add nothing
+          sink_part[h] -= std::exp(f.sink(h) - lse) * sum;
+      }
     }
+}
+
+// ------------------------------------------------------------------------------ pass 4: dBias
+
+// Item: (bias batch index b', bias head index h', bias rows [r0, r1)); with an extent-1 row
+// dimension one item takes every row. It sums, over every (sequence, query head) that reads
+// its slab, dL (post-scale) or scale * dS (pre-scale) of each visible pair into its elements,
+// so each dBias element has one owner and a fixed order.
+bool dbias_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it, DTable& dtab,
+                const Problem& p, const Features& f, Scratch& w, std::vector<float>& acc) {
+  const auto& bs = p.dbias.shape;
+  const bool rows_bcast = bs[2] == 1, cols_bcast = bs[3] == 1;
+  const std::int64_t nrows = it.r1 - it.r0, ncols = bs[3];
+  acc.assign(static_cast<std::size_t>(nrows * ncols), 0.f);
+  const bool post = p.bias_type == BiasType::post_scale;
+  const std::int64_t b_lo = bs[0] == 1 ? 0 : it.batch, b_hi = bs[0] == 1 ? a.batch : it.batch + 1;
+  const std::int64_t h_lo = bs[1] == 1 ? 0 : it.head, h_hi = bs[1] == 1 ? a.heads : it.head + 1;
+  for (std::int64_t b = b_lo; b < b_hi; ++b) {
+    const Views vw = views_of(a, b);
+    const std::int64_t i_lo = rows_bcast ? 0 : it.r0,
+                       i_hi = rows_bcast ? vw.mask.s_q : kernel::min64(it.r1, vw.mask.s_q);
+    for (std::int64_t h = h_lo; h < h_hi; ++h) {
+      const std::int64_t kvh = kernel::kv_head_of(h, a.heads, a.kv_heads);
+      for (std::int64_t r0 = i_lo; r0 < i_hi; r0 += kBlockRows) {
+        if (cancelled(p)) return false;
+        const std::int64_t rows = kernel::min64(r0 + kBlockRows, i_hi) - r0;
+        const RowOperands ro = load_rows(a, dt, pack, vw, dtab, b, h, r0, rows, w);
+        const kernel::TileRange keys = kernel::key_range_for_rows(vw.mask, r0, r0 + rows);
+        for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
+          const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
+          const KeyOperands ko = load_kv(a, dt, pack, vw, b, kvh, c0, nc, false, w);
+          (void)recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w, {&f, b, h, post});
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const float* g = (post ? w.dl.data() : w.ds.data()) + r * kBlockKeys;
+            float* dst = acc.data() + (rows_bcast ? 0 : (r0 + r - it.r0)) * ncols;
+            const float mul = post ? 1.f : a.scale;
+            for (std::int64_t j = w.j0[r]; j < w.j1[r]; ++j) dst[cols_bcast ? 0 : c0 + j] += mul * g[j];
+          }
+        }
+      }
+    }
+  }
+  const BiasView& out = p.dbias;
+  for (std::int64_t r = 0; r < nrows; ++r)
+    for (std::int64_t j = 0; j < ncols; ++j)
+      store_from_float(
+          out.data, out.dtype,
+          it.batch * out.stride[0] + it.head * out.stride[1] + (it.r0 + r) * out.stride[2] + j * out.stride[3],
+          acc[static_cast<std::size_t>(r * ncols + j)]);
+  return true;
 }
 
 // ------------------------------------------------------------------------------ pass 2: dK, dV
 
 // Returns false when the cancel flag stopped it (its outputs are then not written).
 bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it, DTable& dtab,
-              const std::atomic<bool>* cancel, Scratch& w) {
+              const std::atomic<bool>* cancel, const Features& f, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t kvh = it.head, c0 = it.r0, nc = it.r1 - it.r0;  // c0: multiple of kBlockKeys
   const std::int64_t group = a.heads / a.kv_heads;
@@ -189,7 +272,7 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       if (cancel && cancel->load(std::memory_order_relaxed)) return false;
       const std::int64_t rows = kernel::min64(r0 + kBlockRows, queries.end) - r0;
       const RowOperands ro = load_rows(a, dt, pack, vw, dtab, it.batch, h, r0, rows, w);
-      const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w);
+      const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w, {&f, it.batch, h});
       float* dk = w.partials.next();
       float* dv = dk + dk_size;
       if (w.partials.starts_partial()) std::fill_n(dk, size, 0.f);
@@ -224,7 +307,7 @@ bool key_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
 
 // Returns false when the cancel flag stopped it (its outputs are then not written).
 bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it, DTable& dtab,
-                const std::atomic<bool>* cancel, Scratch& w) {
+                const std::atomic<bool>* cancel, const Features& f, Scratch& w) {
   const Views vw = views_of(a, it.batch);
   const std::int64_t h = it.head, r0 = it.r0, rows = it.r1 - it.r0;
   const std::int64_t kvh = kernel::kv_head_of(h, a.heads, a.kv_heads);
@@ -238,7 +321,7 @@ bool query_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
     if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
     const KeyOperands ko = load_kv(a, dt, pack, vw, it.batch, kvh, c0, nc, true, w);
-    const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w);
+    const bool full = recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w, {&f, it.batch, h});
     float* dq = w.partials.next();
     if (w.partials.starts_partial()) std::fill_n(dq, size, 0.f);
     if (full || all_finite(ko.k, nc * w.dq)) {
@@ -329,14 +412,38 @@ Status backward(const Problem& p) {
 
   std::atomic<bool> stopped{false};
   const double flops = p.flops();
+  const Features f = Features::of(p);
+  // d_sink: each row tile's part per head, summed in tile order below (deterministic).
+  std::vector<float> sink_parts(p.d_sinks_on ? row_tiles.size() * static_cast<std::size_t>(a.heads) : 0, 0.f);
   bool ok = run_items(row_tiles, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
-    compute_delta(a, dt, it, dtab, w);
+    const std::size_t index = static_cast<std::size_t>(&it - row_tiles.data());
+    compute_delta(a, dt, it, dtab, f,
+                  sink_parts.empty() ? nullptr : &sink_parts[index * static_cast<std::size_t>(a.heads)], w);
     return !cancelled(p);
   });
   ok = ok && run_items(k_items, a, flops, stopped,
-                       [&](const WorkItem& it, Scratch& w) { return key_tile(a, dt, pk, it, dtab, p.cancel, w); });
+                       [&](const WorkItem& it, Scratch& w) { return key_tile(a, dt, pk, it, dtab, p.cancel, f, w); });
   ok = ok && run_items(q_items, a, flops, stopped,
-                       [&](const WorkItem& it, Scratch& w) { return query_tile(a, dt, pk, it, dtab, p.cancel, w); });
+                       [&](const WorkItem& it, Scratch& w) { return query_tile(a, dt, pk, it, dtab, p.cancel, f, w); });
+  if (ok && p.dbias_on) {
+    std::vector<WorkItem> bias_items;
+    const auto& bs = p.dbias.shape;
+    for (std::int64_t b = 0; b < bs[0]; ++b)
+      for (std::int64_t h = 0; h < bs[1]; ++h)
+        for (std::int64_t r0 = 0; r0 < bs[2]; r0 += kBlockRows)
+          bias_items.push_back({b, h, r0, kernel::min64(r0 + kBlockRows, bs[2]), 0});
+    ok = run_items(bias_items, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
+      thread_local std::vector<float> acc;
+      return dbias_item(a, dt, pk, it, dtab, p, f, w, acc);
+    });
+  }
+  if (ok && p.d_sinks_on) {
+    for (std::int64_t h = 0; h < a.heads; ++h) {
+      float sum = 0.f;
+      for (std::size_t t = 0; t < row_tiles.size(); ++t) sum += sink_parts[t * static_cast<std::size_t>(a.heads) + h];
+      p.d_sinks.data[h * p.d_sinks.stride[1]] = sum;
+    }
+  }
   if (stopped.load()) return cancelled_status("backward");
   if (!ok)
     return Status(StatusCode::backend_error,

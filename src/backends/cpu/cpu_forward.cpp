@@ -15,6 +15,7 @@
 
 #include "backends/cpu/cpu_accumulate.hpp"
 #include "backends/cpu/cpu_common.hpp"
+#include "backends/cpu/cpu_features.hpp"
 #include "backends/cpu/cpu_pack.hpp"
 #include "problem/params.hpp"
 
@@ -75,8 +76,9 @@ KvTile kv_tile(const kernel::AttentionParams& a, DType dt, const Pack* pack, std
 }
 
 // Returns false when the cancel flag stopped it (its outputs are then not written).
+// `f`: the training features; `*max_logit` receives the item's largest logit (-inf: none).
 bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it,
-              const std::atomic<bool>* cancel, Scratch& w) {
+              const std::atomic<bool>* cancel, const Features& f, float* max_logit, Scratch& w) {
   const std::int64_t dq = a.d_qk, dv = a.d_v, rows = it.r1 - it.r0;
   const kernel::MaskRule mask = a.mask(it.batch);
   const std::int64_t kvh = kernel::kv_head_of(it.head, a.heads, a.kv_heads);
@@ -125,6 +127,9 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       w.j0[r] = j0, w.j1[r] = j1;
       for (std::int64_t j = 0; j < j0; ++j) sr[j] = 0.f;
       for (std::int64_t j = j1; j < nc; ++j) sr[j] = 0.f;
+      if (f.modifies_scores())
+        f.modify_row(sr, j0, j1, c0, it.batch, it.head, it.r0 + r, mask.s_q, mask.s_kv, a.scale, nullptr);
+      if (max_logit) *max_logit = row_max(sr + j0, j1 - j0, *max_logit);  // NaN ignored
       const float m = row_max(sr + j0, j1 - j0, tm[r]);
       // m = -inf: no visible score is finite or +inf. Shifting by 0 keeps -inf scores at
       // weight 0 and NaN scores NaN; the merge and the final step handle the rest. The old
@@ -137,6 +142,7 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
       }
       tl[r] = tl[r] * alpha + sum;
       tm[r] = m;
+      if (f.dropout) f.drop_row(sr, j0, j1, c0, it.batch, it.head, it.r0 + r);  // after l: LSE has no dropout
     }
     // O += P V. Where the mask cuts the tile and V holds a non-finite value, each row
     // multiplies only its visible keys: 0 * NaN must not reach rows that do not see that key.
@@ -157,6 +163,14 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     float lse = kNegInf;
     if (mask.key_end(i) <= mask.key_begin(i) || total == nullptr) {
       zero_row(a.o, dt, off, a.o_st.d, dv);  // the mask leaves this row no key
+    } else if (f.sinks_on) {
+      // The sink joins the denominator: m' = max(m, sink), l' = l e^(m - m') + e^(sink - m').
+      const float m = total[r], l = total[rows + r], sink = f.sink(it.head);
+      const float mm = m > sink ? m : sink;
+      const float keep = m == kNegInf ? 0.f : std::exp(m - mm);
+      const float ll = l * keep + std::exp(sink - mm);
+      store_row(a.o, dt, off, a.o_st.d, dv, total + 2 * rows + r * dv, keep / ll);
+      lse = mm + std::log(ll);
     } else {
       const float m = total[r], l = total[rows + r];
       if (m == kNegInf) {
@@ -196,6 +210,10 @@ Status forward(const Problem& p) {
   const kernel::AttentionParams a = make_params(p);
   if (cancelled(p)) return cancelled_status("forward");
   write_padding(p, a);
+  if (p.max_logit_on)
+    for (std::int64_t b = 0; b < p.max_logit.shape[0]; ++b)
+      for (std::int64_t h = 0; h < p.max_logit.shape[1]; ++h)
+        p.max_logit.data[b * p.max_logit.stride[0] + h * p.max_logit.stride[1]] = kNegInf;
   const std::vector<WorkItem> items = make_items(a);
   if (items.empty()) return Status::Ok();
   const int threads = threads_for(p.flops(), items.size());
@@ -204,12 +222,23 @@ Status forward(const Problem& p) {
   const bool packed = p.s_q > kBlockRows && pack.build(a, p.dtype, PackRequest{.k_t = true, .v_rows = true}, threads);
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stopped{false};
+  const Features f = Features::of(p);
+  // Max logit: each item's, then the max per (batch, head) in item order.
+  std::vector<float> item_max(p.max_logit_on ? items.size() : 0, kNegInf);
   const bool ok = run_threads(threads, [&](int) {
     Scratch w(a.d_qk, a.d_v);
     for (std::size_t i = next++; i < items.size() && !stopped.load(std::memory_order_relaxed); i = next++)
-      if (!run_item(a, p.dtype, packed ? &pack : nullptr, items[i], p.cancel, w)) stopped = true;
+      if (!run_item(a, p.dtype, packed ? &pack : nullptr, items[i], p.cancel, f,
+                    item_max.empty() ? nullptr : &item_max[i], w))
+        stopped = true;
   });
   if (stopped.load()) return cancelled_status("forward");
+  if (ok && p.max_logit_on) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      float* dst = &p.max_logit.data[items[i].batch * p.max_logit.stride[0] + items[i].head * p.max_logit.stride[1]];
+      if (item_max[i] > *dst) *dst = item_max[i];
+    }
+  }
   if (!ok)
     return Status(StatusCode::backend_error,
                   "cpu forward: a worker thread failed (out of host memory for its tile "

@@ -47,63 +47,65 @@ std::vector<const TensorView*> used_views(const Problem& p) {
 }
 
 const std::vector<SupportRule>& rules() {
-  static const std::vector<SupportRule> list = {
-      memory_rule(Memory::device),
-      {"dtype",
-       [](const Problem& p) -> std::optional<std::string> {
-         if (p.dtype == DType::f16 || p.dtype == DType::bf16) return std::nullopt;
-         return "dtype " + std::string(to_string(p.dtype)) +
-                "; supported: f16, bf16 (tensor-core kernels with fp32 accumulation)";
-       }},
-      {"head_dim",
-       [](const Problem& p) -> std::optional<std::string> {
-         for (auto [name, d] : {std::pair{"d_qk", p.d_qk}, std::pair{"d_v", p.d_v}})
-           if (d <= 0 || d % 8 != 0 || d > kMaxHeadDim)
-             return std::string(name) + " = " + std::to_string(d) + "; supported: multiples of 8 up to " +
-                    std::to_string(kMaxHeadDim);
-         return std::nullopt;
-       }},
-      {"head_dim_stride",
-       [](const Problem& p) -> std::optional<std::string> {
-         for (const TensorView* v : used_views(p))
-           if (v->shape[kHeadDim] > 1 && v->stride[kHeadDim] != 1)
-             return "a head-dim stride of " + std::to_string(v->stride[kHeadDim]) + "; supported: 1";
-         return std::nullopt;
-       }},
-      {"grid",
-       [](const Problem& p) -> std::optional<std::string> {
-         if (p.heads > kMaxGridYZ || p.batch > kMaxGridYZ)
-           return "heads = " + std::to_string(p.heads) + ", sequences = " + std::to_string(p.batch) +
-                  "; supported: at most " + std::to_string(kMaxGridYZ) + " each";
-         return std::nullopt;
-       }},
-      {"gpu",
-       [](const Problem&) -> std::optional<std::string> {
-         cuda_impl::DeviceCaps caps;
-         if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
-           return std::string("no usable CUDA device (") + cudaGetErrorString(cudaError_t(e)) +
-                  "); supported: a GPU of compute capability >= 8.0";
-         const int device = caps.device, major = caps.major, minor = caps.minor;
-         if (major < 8)
-           return "device " + std::to_string(device) + " has compute capability " + std::to_string(major) + "." +
-                  std::to_string(minor) + "; supported: >= 8.0 (mma.sync bf16, cp.async)";
-         if (cudaError_t e = cuda_impl::kernel_image_status(device); e != cudaSuccess)
-           return "device " + std::to_string(device) + " (compute capability " + std::to_string(major) + "." +
-                  std::to_string(minor) + ") cannot run this build's kernels (" + cudaGetErrorString(e) +
-                  "); supported: the architectures built, " + cuda_impl::built_architectures() +
-                  " (PTX entries JIT-compile on newer GPUs)";
-         return std::nullopt;
-       }},
-      // A kernel of this build fits the device for every pass the call runs (the 4-warp dK/dV
-      // pass and the dQ pass at d <= 256 need 128.5 / 128 KiB of shared memory per block,
-      // which sm_86 and sm_89 GPUs do not grant): the plan's kernel choice alone.
-      {"shared_memory",
-       [](const Problem& p) -> std::optional<std::string> {
-         cuda_impl::DeviceCaps caps;
-         if (cuda_impl::current_device_caps(&caps) != 0) return std::nullopt;  // (the gpu rule said why)
-         return cuda_impl::cuda_plan_refusal(p, caps, cuda_impl::plan_forcing());
-       }},
-  };
+  static const std::vector<SupportRule> list = with_feature_rules(
+      Backend::cuda,
+      {
+          memory_rule(Memory::device),
+          {"dtype",
+           [](const Problem& p) -> std::optional<std::string> {
+             if (p.dtype == DType::f16 || p.dtype == DType::bf16) return std::nullopt;
+             return "dtype " + std::string(to_string(p.dtype)) +
+                    "; supported: f16, bf16 (tensor-core kernels with fp32 accumulation)";
+           }},
+          {"head_dim",
+           [](const Problem& p) -> std::optional<std::string> {
+             for (auto [name, d] : {std::pair{"d_qk", p.d_qk}, std::pair{"d_v", p.d_v}})
+               if (d <= 0 || d % 8 != 0 || d > kMaxHeadDim)
+                 return std::string(name) + " = " + std::to_string(d) + "; supported: multiples of 8 up to " +
+                        std::to_string(kMaxHeadDim);
+             return std::nullopt;
+           }},
+          {"head_dim_stride",
+           [](const Problem& p) -> std::optional<std::string> {
+             for (const TensorView* v : used_views(p))
+               if (v->shape[kHeadDim] > 1 && v->stride[kHeadDim] != 1)
+                 return "a head-dim stride of " + std::to_string(v->stride[kHeadDim]) + "; supported: 1";
+             return std::nullopt;
+           }},
+          {"grid",
+           [](const Problem& p) -> std::optional<std::string> {
+             if (p.heads > kMaxGridYZ || p.batch > kMaxGridYZ)
+               return "heads = " + std::to_string(p.heads) + ", sequences = " + std::to_string(p.batch) +
+                      "; supported: at most " + std::to_string(kMaxGridYZ) + " each";
+             return std::nullopt;
+           }},
+          {"gpu",
+           [](const Problem&) -> std::optional<std::string> {
+             cuda_impl::DeviceCaps caps;
+             if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
+               return std::string("no usable CUDA device (") + cudaGetErrorString(cudaError_t(e)) +
+                      "); supported: a GPU of compute capability >= 8.0";
+             const int device = caps.device, major = caps.major, minor = caps.minor;
+             if (major < 8)
+               return "device " + std::to_string(device) + " has compute capability " + std::to_string(major) + "." +
+                      std::to_string(minor) + "; supported: >= 8.0 (mma.sync bf16, cp.async)";
+             if (cudaError_t e = cuda_impl::kernel_image_status(device); e != cudaSuccess)
+               return "device " + std::to_string(device) + " (compute capability " + std::to_string(major) + "." +
+                      std::to_string(minor) + ") cannot run this build's kernels (" + cudaGetErrorString(e) +
+                      "); supported: the architectures built, " + cuda_impl::built_architectures() +
+                      " (PTX entries JIT-compile on newer GPUs)";
+             return std::nullopt;
+           }},
+          // A kernel of this build fits the device for every pass the call runs (the 4-warp dK/dV
+          // pass and the dQ pass at d <= 256 need 128.5 / 128 KiB of shared memory per block,
+          // which sm_86 and sm_89 GPUs do not grant): the plan's kernel choice alone.
+          {"shared_memory",
+           [](const Problem& p) -> std::optional<std::string> {
+             cuda_impl::DeviceCaps caps;
+             if (cuda_impl::current_device_caps(&caps) != 0) return std::nullopt;  // (the gpu rule said why)
+             return cuda_impl::cuda_plan_refusal(p, caps, cuda_impl::plan_forcing());
+           }},
+      });
   return list;
 }
 

@@ -333,28 +333,28 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
   auto rule = [&device](const char* name, Check (*fn)(const DeviceInfo&, const Problem&)) {
     return SupportRule{name, [device, fn](const Problem& p) { return fn(device, p); }};
   };
-  return {
-      memory_rule(Memory::device),
-      rule("gpu", check_gpu),
-      rule("cudnn_version", check_version),
-      rule("cudnn_known_bug", check_known_bad),
-      rule("gpu_arch", check_arch),
-      rule("dtype", check_dtype),
-      rule("empty_problem", check_empty_problem),
-      rule("head_dim_stride", check_unit_dim_stride),
-      rule("negative_stride", check_negative_strides),
-      rule("head_dim", check_head_dim),
-      rule("cu_seqlens_mask", check_cu_seqlens_mask),
-      rule("deterministic_mla", check_deterministic_mla),
-      rule("alignment", check_alignment),
-      rule("mask_alignment", check_mask_maps),
-      rule("int32_limits", check_bounds_int32),
-      rule("empty_rows", check_empty_rows),
-      rule("bottom_right_shape", check_bottom_right_shape),
-      rule("band_version", check_band_versions),
-      rule("varlen_version", check_varlen_versions),
-      rule("varlen_wide_qk", check_varlen_wide_qk),
-  };
+  return with_feature_rules(Backend::cudnn, {
+                                                memory_rule(Memory::device),
+                                                rule("gpu", check_gpu),
+                                                rule("cudnn_version", check_version),
+                                                rule("cudnn_known_bug", check_known_bad),
+                                                rule("gpu_arch", check_arch),
+                                                rule("dtype", check_dtype),
+                                                rule("empty_problem", check_empty_problem),
+                                                rule("head_dim_stride", check_unit_dim_stride),
+                                                rule("negative_stride", check_negative_strides),
+                                                rule("head_dim", check_head_dim),
+                                                rule("cu_seqlens_mask", check_cu_seqlens_mask),
+                                                rule("deterministic_mla", check_deterministic_mla),
+                                                rule("alignment", check_alignment),
+                                                rule("mask_alignment", check_mask_maps),
+                                                rule("int32_limits", check_bounds_int32),
+                                                rule("empty_rows", check_empty_rows),
+                                                rule("bottom_right_shape", check_bottom_right_shape),
+                                                rule("band_version", check_band_versions),
+                                                rule("varlen_version", check_varlen_versions),
+                                                rule("varlen_wide_qk", check_varlen_wide_qk),
+                                            });
 }
 
 }  // namespace strideattn::detail::cudnn

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "backends/reference/reference.hpp"
+#include "backends/reference/reference_features.hpp"
 #include "common/attention_math.hpp"
 #include "common/dtype.hpp"
 #include "dispatch/backend.hpp"
@@ -121,7 +122,7 @@ void parallel_for(std::int64_t n, double work, Fn&& task) {
 template <class Acc>
 class Engine {
  public:
-  Engine(const Problem& p, BackwardSource source) : p_(p), a_(make_params(p)), source_(source) {}
+  Engine(const Problem& p, BackwardSource source) : p_(p), a_(make_params(p)), source_(source), f_(p) {}
 
   ReferenceOutputs run() {
     ReferenceOutputs out;
@@ -134,6 +135,10 @@ class Engine {
       out.dk.assign(std::size_t(logical_of(p_.dk).size()), 0.0);
       out.dv.assign(std::size_t(logical_of(p_.dv).size()), 0.0);
     }
+    if (p_.max_logit_on) out.max_logit.assign(std::size_t(a_.batch * a_.heads), kNegInf);
+    const bool bwd = p_.is_backward();
+    if (bwd && p_.dbias_on) out.dbias.assign(std::size_t(f_.dbias_size()), 0.0);
+    if (bwd && p_.d_sinks_on) out.d_sinks.assign(std::size_t(a_.heads), 0.0);
     out_ = &out;
     if (a_.heads <= 0 || a_.kv_heads <= 0 || a_.heads % a_.kv_heads != 0) return out;  // no heads
 
@@ -142,6 +147,8 @@ class Engine {
     const std::int64_t group = p_.group_size();
     const std::int64_t groups = a_.batch * a_.kv_heads;
     const std::int64_t tasks = groups * group;
+    if (bwd && p_.dbias_on) dbias_parts_.assign(std::size_t(tasks), {});
+    if (bwd && p_.d_sinks_on) sink_parts_.assign(std::size_t(tasks), Acc(0));
     if (p_.is_backward()) {
       partials_.assign(std::size_t(tasks), {});
       remaining_ = std::vector<std::atomic<std::int64_t>>(std::size_t(groups));
@@ -157,6 +164,7 @@ class Engine {
       run_head(b, h, t);
       if (p_.is_backward() && remaining_[std::size_t(g)].fetch_sub(1) == 1) reduce_group(b, hk);
     });
+    reduce_features(tasks, group);
     return out;
   }
 
@@ -167,6 +175,45 @@ class Engine {
   struct Partial {
     std::vector<Acc> dk, dv;  // [L_kv, d_qk], [L_kv, d_v], unscaled sum of dS^T Q / P^T dO
   };
+
+  // (sequence, query head) of task t, as run() orders the tasks.
+  void task_head(std::int64_t t, std::int64_t group, std::int64_t* b, std::int64_t* h) const {
+    const std::int64_t g = t / group;
+    *b = g / a_.kv_heads;
+    *h = (g % a_.kv_heads) * group + t % group;
+  }
+
+  // dBias and d_sink: the tasks' partials summed in task order (deterministic), rounded once.
+  void reduce_features(std::int64_t tasks, std::int64_t group) {
+    if (!dbias_parts_.empty()) {
+      const std::int64_t slab = f_.slab_size();
+      std::vector<Acc> sum(std::size_t(f_.dbias_size()), Acc(0));
+      for (std::int64_t t = 0; t < tasks; ++t) {
+        const auto& part = dbias_parts_[std::size_t(t)];
+        if (part.empty()) continue;
+        std::int64_t b = 0, h = 0;
+        task_head(t, group, &b, &h);
+        Acc* dst = &sum[std::size_t(f_.dbias_slab(b, h) * slab)];
+        for (std::int64_t e = 0; e < slab; ++e) dst[e] += part[std::size_t(e)];
+      }
+      for (std::size_t e = 0; e < sum.size(); ++e) out_->dbias[e] = double(round_as(p_.dbias.dtype, sum[e]));
+    }
+    if (!sink_parts_.empty()) {
+      std::vector<Acc> sum(std::size_t(a_.heads), Acc(0));
+      for (std::int64_t t = 0; t < tasks; ++t) {
+        std::int64_t b = 0, h = 0;
+        task_head(t, group, &b, &h);
+        sum[std::size_t(h)] += sink_parts_[std::size_t(t)];
+      }
+      for (std::int64_t h = 0; h < a_.heads; ++h) out_->d_sinks[std::size_t(h)] = double(sum[std::size_t(h)]);
+    }
+  }
+
+  // The naive model rounds a feature output to its own dtype; exact never does.
+  [[nodiscard]] static Acc round_as(DType dtype, Acc x) {
+    if constexpr (std::is_same_v<Acc, float>) return round_to(dtype, x);
+    return x;
+  }
 
   static std::vector<Acc> zeros(std::int64_t n) { return std::vector<Acc>(std::size_t(n), Acc(0)); }
 
@@ -202,6 +249,15 @@ class Engine {
 
     const Acc scale = static_cast<Acc>(p_.scale);
     std::vector<Acc> q = zeros(dqk), o = zeros(dv), d_o = zeros(dv), dq = zeros(dqk), s = zeros(lk), prob = zeros(lk);
+    std::vector<Acc> th = zeros(f_.softcap() ? lk : 0);  // tanh(T / c) of each key (softcap)
+    std::vector<Acc>* dbias = nullptr;
+    if (!dbias_parts_.empty()) {
+      dbias = &dbias_parts_[std::size_t(task)];
+      dbias->assign(std::size_t(f_.slab_size()), Acc(0));
+    }
+    const Acc cap = static_cast<Acc>(f_.cap());
+    const Acc sink = f_.sinks() ? static_cast<Acc>(f_.sink(h)) : Acc(0);
+    Acc max_logit = -std::numeric_limits<Acc>::infinity();
     const Logical4 o_shape = logical_of(p_.o);
     const std::int64_t first_q = a_.q_seq.first_token(b), bq = a_.q_seq.batch_index(b);
 
@@ -211,13 +267,25 @@ class Engine {
       if (j1 <= j0) continue;  // sees no key: O = 0, LSE = -inf, dQ = 0 (pre-filled)
       load_row(a_.q, dt, kernel::row_offset(q_span, a_.q_st, i, h), a_.q_st.d, dqk, q.data());
 
-      // S = scale * q.k, softmax (max-subtracted), LSE natural log.
+      // The logit L of docs/semantics.md "Training features": T = scale (q.k + pre-scale
+      // bias), U = c tanh(T / c) with a softcap, L = U + post-scale bias + ALiBi. Then the
+      // softmax (max-subtracted, the sink in the denominator), LSE natural log.
       Acc m = -std::numeric_limits<Acc>::infinity();
       for (std::int64_t j = j0; j < j1; ++j) {
-        s[std::size_t(j)] = scale * dot(q.data(), &k[std::size_t(j * dqk)], dqk);
-        m = std::max(m, s[std::size_t(j)]);
+        const Acc qk = dot(q.data(), &k[std::size_t(j * dqk)], dqk);
+        Acc t = f_.pre_bias() ? scale * (qk + static_cast<Acc>(f_.bias(b, h, i, j))) : scale * qk;
+        if (f_.softcap()) {
+          th[std::size_t(j)] = std::tanh(t / cap);
+          t = cap * th[std::size_t(j)];
+        }
+        if (f_.post_bias()) t += static_cast<Acc>(f_.bias(b, h, i, j));
+        if (f_.alibi()) t += static_cast<Acc>(f_.alibi_term(b, h, i, j, lq, lk));
+        s[std::size_t(j)] = t;
+        m = std::max(m, t);
+        if (!std::isnan(t)) max_logit = std::max(max_logit, t);
       }
-      Acc l = 0;
+      if (f_.sinks()) m = std::max(m, sink);
+      Acc l = f_.sinks() ? std::exp(sink - m) : Acc(0);
       for (std::int64_t j = j0; j < j1; ++j) {
         prob[std::size_t(j)] = std::exp(s[std::size_t(j)] - m);
         l += prob[std::size_t(j)];
@@ -225,9 +293,10 @@ class Engine {
       const Acc lse = m + std::log(l);
       for (std::int64_t j = j0; j < j1; ++j) prob[std::size_t(j)] /= l;
 
-      // O = round(P) . V, rounded (naive model); exact: O = P . V.
+      // O = round(Z P) . V, rounded (naive model); exact: O = Z P . V (Z: dropout's weight).
       std::fill(o.begin(), o.end(), Acc(0));
-      for (std::int64_t j = j0; j < j1; ++j) axpy(round(prob[std::size_t(j)]), &v[std::size_t(j * dv)], o.data(), dv);
+      for (std::int64_t j = j0; j < j1; ++j)
+        axpy(round(prob[std::size_t(j)] * keep_weight(b, h, i, j)), &v[std::size_t(j * dv)], o.data(), dv);
       for (auto& x : o) x = round(x);
       for (std::int64_t d = 0; d < dv; ++d)
         out_->o[std::size_t(o_shape.at(bq, first_q + i, h, d))] = double(o[std::size_t(d)]);
@@ -248,20 +317,32 @@ class Engine {
       const Acc delta =
           std::is_same_v<Acc, float> ? dot_reversed(d_o.data(), o.data(), dv) : dot(d_o.data(), o.data(), dv);
       std::fill(dq.begin(), dq.end(), Acc(0));
+      if (!sink_parts_.empty()) sink_parts_[std::size_t(task)] -= std::exp(sink - lse) * delta;  // -P_sink D
       for (std::int64_t j = j0; j < j1; ++j) {
         // naive: P from the fp32 LSE, as any backward must that takes LSE as its input (at
         // large logits the LSE's rounding is most of this model's error, and of a backend's)
         const Acc pj = std::is_same_v<Acc, float> ? std::exp(s[std::size_t(j)] - lse) : prob[std::size_t(j)];
-        axpy(round(pj), d_o.data(), &part->dv[std::size_t(j * dv)], dv);  // dV += P^T dO
-        const Acc dp = dot(d_o.data(), &v[std::size_t(j * dv)], dv);      // dP = dO V^T
-        const Acc ds = round(pj * (dp - delta));                          // dS
-        axpy(ds, &k[std::size_t(j * dqk)], dq.data(), dqk);               // dQ += dS K
-        axpy(ds, q.data(), &part->dk[std::size_t(j * dqk)], dqk);         // dK += dS^T Q
+        const Acc zj = keep_weight(b, h, i, j);
+        axpy(round(pj * zj), d_o.data(), &part->dv[std::size_t(j * dv)], dv);  // dV += (Z P)^T dO
+        const Acc dp = dot(d_o.data(), &v[std::size_t(j * dv)], dv);           // dP = dO V^T
+        const Acc dl = pj * (zj * dp - delta);                                 // dL, the logit's gradient
+        const Acc dt = f_.softcap() ? dl * (Acc(1) - th[std::size_t(j)] * th[std::size_t(j)]) : dl;
+        if (dbias) (*dbias)[std::size_t(f_.dbias_row(i, j))] += f_.pre_bias() ? scale * dt : dl;
+        const Acc ds = round(dt);                                  // dS
+        axpy(ds, &k[std::size_t(j * dqk)], dq.data(), dqk);        // dQ += dS K
+        axpy(ds, q.data(), &part->dk[std::size_t(j * dqk)], dqk);  // dK += dS^T Q
       }
       const Logical4 dq_shape = logical_of(p_.dq);
       for (std::int64_t d = 0; d < dqk; ++d)
         out_->dq[std::size_t(dq_shape.at(bq, first_q + i, h, d))] = double(round(scale * dq[std::size_t(d)]));
     }
+    if (!out_->max_logit.empty()) out_->max_logit[std::size_t(b * a_.heads + h)] = double(max_logit);
+  }
+
+  // Dropout's weight Z of P[b, h, i, j]: 1 / (1 - p) kept, 0 dropped; 1 without dropout.
+  [[nodiscard]] Acc keep_weight(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    if (!f_.dropout()) return Acc(1);
+    return f_.keep(b, h, i, j) ? static_cast<Acc>(f_.keep_scale()) : Acc(0);
   }
 
   // dK/dV of one KV head: the group's per-head partials summed in head order (in Acc),
@@ -298,6 +379,9 @@ class Engine {
   ReferenceOutputs* out_ = nullptr;
   std::vector<Partial> partials_;                     // one per (sequence, query head) task
   std::vector<std::atomic<std::int64_t>> remaining_;  // tasks left per (sequence, kv head)
+  const RefFeatures f_;
+  std::vector<std::vector<Acc>> dbias_parts_;  // per task: its [b, h] slab of dBias
+  std::vector<Acc> sink_parts_;                // per task: its part of d_sink[h]
 };
 
 // `*cancelled` (when given) tells whether the caller's cancel flag stopped the computation.
@@ -336,6 +420,27 @@ void store_view(const std::vector<double>& values, const TensorView& view) {
       }
 }
 
+// dBias: the logical [B, H, SQ, SKV] array into its strided view.
+void store_bias(const std::vector<double>& values, const BiasView& view) {
+  const auto& n = view.shape;
+  std::size_t e = 0;
+  for (std::int64_t b = 0; b < n[0]; ++b)
+    for (std::int64_t h = 0; h < n[1]; ++h)
+      for (std::int64_t i = 0; i < n[2]; ++i)
+        for (std::int64_t j = 0; j < n[3]; ++j, ++e)
+          store_from_float(view.data, view.dtype,
+                           b * view.stride[0] + h * view.stride[1] + i * view.stride[2] + j * view.stride[3],
+                           static_cast<float>(values[e]));
+}
+
+// A logical [rows, h] fp32 table into its strided view.
+void store_head(const std::vector<double>& values, const HeadView& view) {
+  for (std::int64_t r = 0; r < view.shape[0]; ++r)
+    for (std::int64_t h = 0; h < view.shape[1]; ++h)
+      view.data[r * view.stride[0] + h * view.stride[1]] =
+          static_cast<float>(values[std::size_t(r * view.shape[1] + h)]);
+}
+
 void store_lse(const std::vector<double>& values, const LseView& view) {
   const std::int64_t n0 = view.shape[0], n1 = view.shape[1], n2 = view.shape[2];
   for (std::int64_t b = 0; b < n0; ++b)
@@ -364,6 +469,7 @@ class ReferenceBackend final : public BackendImpl {
       if (stopped) return cancelled_status("forward");
       store_view(out.o, problem.o);
       if (problem.writes_lse()) store_lse(out.lse, problem.lse);
+      if (problem.max_logit_on) store_head(out.max_logit, problem.max_logit);
       return Status::Ok();
     } catch (const std::bad_alloc&) {
       return Status(StatusCode::backend_error, "reference: out of host memory");
@@ -381,6 +487,8 @@ class ReferenceBackend final : public BackendImpl {
       store_view(out.dq, problem.dq);
       store_view(out.dk, problem.dk);
       store_view(out.dv, problem.dv);
+      if (problem.dbias_on) store_bias(out.dbias, problem.dbias);
+      if (problem.d_sinks_on) store_head(out.d_sinks, problem.d_sinks);
       return Status::Ok();
     } catch (const std::bad_alloc&) {
       return Status(StatusCode::backend_error, "reference: out of host memory");

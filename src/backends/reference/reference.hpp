@@ -23,6 +23,10 @@ enum class RefPrecision { exact, naive_lowp };
 struct ReferenceOutputs {
   std::vector<double> o, lse;
   std::vector<double> dq, dk, dv;  // backward only
+  // Training features (docs/semantics.md), each empty unless the problem asks for it:
+  // max_logit [B, H] (forward), dbias in the bias's logical shape [B', H', SQ', SKV'] and
+  // d_sinks [H] (backward).
+  std::vector<double> max_logit, dbias, d_sinks;
 };
 
 // Forward; for a backward problem also the gradients (using d_o from the problem; o and lse

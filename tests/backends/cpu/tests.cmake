@@ -10,3 +10,6 @@ strideattn_test(cpu_pool_test SOURCES
 # cpu and reference through plans and with cu_seqlens varlen arrays.
 strideattn_test(host_plan_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/host_plan_test.cpp)
+# The training features (softcap, bias, ALiBi, sinks, dropout, max logit) on cpu and reference.
+strideattn_test(features_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/features_test.cpp)
