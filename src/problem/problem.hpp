@@ -12,6 +12,7 @@
 namespace strideattn::detail {
 
 enum class Direction { forward, backward };
+struct KvCacheProblem;  // problem/kv_cache.hpp
 [[nodiscard]] std::string_view to_string(Direction d);
 
 struct Problem {
@@ -58,6 +59,9 @@ struct Problem {
   void* stream = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+
+  // KV-cache attention (problem/kv_cache.hpp): the problem selection is asked with; null otherwise.
+  const KvCacheProblem* kv_cache = nullptr;
 
   [[nodiscard]] bool is_backward() const { return direction == Direction::backward; }
   [[nodiscard]] bool writes_lse() const { return lse_out; }

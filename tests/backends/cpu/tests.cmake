@@ -10,3 +10,6 @@ strideattn_test(cpu_pool_test SOURCES
 # cpu and reference through plans and with cu_seqlens varlen arrays.
 strideattn_test(host_plan_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/host_plan_test.cpp)
+# KV-cache attention on cpu against the gathered oracle; paged against contiguous.
+strideattn_test(cpu_kvcache_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_kvcache_test.cpp)
