@@ -171,6 +171,37 @@ class sa_backward_run(ctypes.Structure):
     ]
 
 
+class sa_block_table_view(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("shape", ctypes.c_int64 * 2),
+        ("stride", ctypes.c_int64 * 2),
+    ]
+
+
+class sa_kvcache_args(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("q", sa_tensor_view),
+        ("k_cache", sa_tensor_view),
+        ("v_cache", sa_tensor_view),
+        ("k_new", sa_tensor_view),
+        ("v_new", sa_tensor_view),
+        ("block_table", sa_block_table_view),
+        ("cache_seqlens", ctypes.c_void_p),
+        ("seqlens_q", ctypes.c_void_p),
+        ("o", sa_tensor_view),
+        ("lse", sa_lse_view),
+        ("options", sa_options),
+        ("backend", ctypes.c_int32),
+        ("memory", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("cancel", ctypes.c_void_p),
+    ]
+
+
 FUNCTIONS = {
     "sa_forward": (ctypes.c_int, [ctypes.POINTER(sa_forward_args), ctypes.c_char_p, ctypes.c_size_t]),
     "sa_backward": (ctypes.c_int, [ctypes.POINTER(sa_backward_args), ctypes.c_char_p, ctypes.c_size_t]),
@@ -190,6 +221,8 @@ FUNCTIONS = {
     "sa_version": (ctypes.c_char_p, []),
     "sa_backend_compiled": (ctypes.c_int, [ctypes.c_int32]),
     "sa_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "sa_forward_with_kvcache": (ctypes.c_int, [ctypes.POINTER(sa_kvcache_args), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_explain_kvcache": (ctypes.c_int, [ctypes.POINTER(sa_kvcache_args), ctypes.c_char_p, ctypes.c_size_t]),
 }
 
 

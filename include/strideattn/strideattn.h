@@ -286,6 +286,43 @@ SA_API int sa_backend_compiled(int32_t backend);
 /* "ok", "invalid_argument", ... for an sa_status value. */
 SA_API const char* sa_status_name(int status);
 
+/* KV-cache attention (inference; docs/semantics.md "KV cache"): queries against a K/V cache,
+ * contiguous [b, s_max, hg, d] (block_table.data NULL) or paged [num_pages, page_size, hg, d]
+ * (page_size 1..256) with an int32 block table [b, max_pages], token t of sequence n at
+ * cache[block_table[n, t / page_size], t % page_size]. cache_seqlens (int32 [b], required) and
+ * seqlens_q (int32 [b], optional: rows each sequence uses) are read from the tensors' memory
+ * when the call runs. k_new / v_new ([b, s_new, hg, d]; data NULL and shape 0: none) are
+ * written into the caches at tokens cache_seqlens[n] .. + s_new - 1, then attended to; the
+ * attended length is cache_seqlens + s_new and cache_seqlens is not updated. Masks and windows
+ * are relative to the attended length. Forward only. */
+typedef struct sa_block_table_view {
+  const int32_t* data;
+  int64_t shape[2];  /* b, max_pages */
+  int64_t stride[2]; /* in elements */
+} sa_block_table_view;
+
+typedef struct sa_kvcache_args {
+  size_t struct_size; /* sizeof(sa_kvcache_args) */
+  sa_tensor_view q;   /* [b, s_q, h, d_qk] */
+  sa_tensor_view k_cache, v_cache;
+  sa_tensor_view k_new, v_new; /* optional new tokens, both or neither */
+  sa_block_table_view block_table;
+  const int32_t* cache_seqlens;
+  const int32_t* seqlens_q;
+  sa_tensor_view o; /* [b, s_q, h, d_v], written */
+  sa_lse_view lse;  /* optional output [b, h, s_q] */
+  sa_options options;
+  int32_t backend; /* enum sa_backend: reference and cpu run it; cuda and cudnn refuse (rule kv_cache) */
+  int32_t memory;  /* enum sa_memory */
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+  const void* cancel; /* as in sa_forward_args */
+} sa_kvcache_args;
+
+SA_API int sa_forward_with_kvcache(const sa_kvcache_args* args, char* msg, size_t msg_len);
+SA_API int sa_explain_kvcache(const sa_kvcache_args* args, char* buf, size_t len);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -486,3 +486,6 @@ namespace strideattn {
 }
 
 }  // namespace strideattn
+
+// KV-cache attention (KvCacheArgs, forward_with_kvcache).
+#include "strideattn/kv_cache.hpp"

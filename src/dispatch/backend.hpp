@@ -69,6 +69,15 @@ class BackendImpl {
   // Backends that do not are refused such problems by the rule `cu_seqlens` before their
   // supports() is asked (their rules may read the lists).
   [[nodiscard]] virtual bool reads_cu_seqlens() const { return false; }
+
+  // KV-cache attention (problem/kv_cache.hpp, docs/semantics.md "KV cache"): whether the
+  // backend runs it, and the run (appends, then attends). Backends that do not are refused such
+  // problems by the rule `kv_cache` before their supports() is asked.
+  [[nodiscard]] virtual bool runs_kv_cache() const { return false; }
+  [[nodiscard]] virtual Status forward_kvcache(const KvCacheProblem& problem) {
+    (void)problem;
+    return Status(StatusCode::unsupported, "this backend does not run KV-cache attention");
+  }
 };
 
 // Registry: one instance per backend compiled into this build (nullptr otherwise).

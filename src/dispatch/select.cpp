@@ -8,6 +8,7 @@
 
 #include "common/log.hpp"
 #include "dispatch/registry.hpp"
+#include "problem/kv_cache.hpp"
 
 namespace strideattn::detail {
 
@@ -38,6 +39,14 @@ Verdict verdict_for(Backend b, const Problem& problem) {
       v.reason =
           "varlen lengths given as cu_seqlens arrays (count " + std::to_string(problem.batch) +
           ") are not read by this backend yet; supported: seqlens lists (Varlen::seqlens_q/kv), or another backend";
+      return v;
+    }
+    if (problem.kv_cache != nullptr && !impl->runs_kv_cache()) {
+      Verdict v;
+      v.backend = b;
+      v.rule = "kv_cache";
+      v.reason = "KV-cache attention (" + describe_kvcache(*problem.kv_cache) +
+                 ") is not run by this backend yet (no decode kernels); supported on: reference, cpu";
       return v;
     }
     Verdict v = impl->supports(problem);

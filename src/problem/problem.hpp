@@ -12,6 +12,7 @@
 namespace strideattn::detail {
 
 enum class Direction { forward, backward };
+struct KvCacheProblem;  // problem/kv_cache.hpp
 [[nodiscard]] std::string_view to_string(Direction d);
 
 struct Problem {
@@ -80,6 +81,9 @@ struct Problem {
   // The call's dropout seed and offset (host backends: the pointers are host memory).
   [[nodiscard]] std::uint64_t seed_value() const { return dropout_seed_ptr ? *dropout_seed_ptr : dropout_seed; }
   [[nodiscard]] std::uint64_t offset_value() const { return dropout_offset_ptr ? *dropout_offset_ptr : dropout_offset; }
+
+  // KV-cache attention (problem/kv_cache.hpp): the problem selection is asked with; null otherwise.
+  const KvCacheProblem* kv_cache = nullptr;
 
   [[nodiscard]] bool is_backward() const { return direction == Direction::backward; }
   [[nodiscard]] bool writes_lse() const { return lse_out; }

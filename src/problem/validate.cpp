@@ -454,4 +454,14 @@ Status validate_problem(const Problem& p, Pointers mode, const Varlen& varlen) {
   return check_overlap(p);
 }
 
+Status check_tensor_view(const char* name, const TensorView& view, Pointers mode) {
+  return check_tensor_alone(name, view, mode == Pointers::deferred);
+}
+
+Status check_lse_view(const LseView& view, Pointers mode) {
+  return check_view_alone("lse", view.data, 4, view.shape, view.stride, kLseDims, -1, mode == Pointers::deferred);
+}
+
+Status check_problem_options(const Problem& problem) { return check_options(problem); }
+
 }  // namespace strideattn::detail

@@ -38,4 +38,11 @@ template <std::size_t N>
 // tensor's shape, dtype and presence against the problem.
 [[nodiscard]] Status check_features(const Problem& problem, Pointers mode);
 
+// Single rules for other argument kinds (problem/kv_cache.cpp), with the messages above: one
+// tensor view alone (dtype, head dim, strides, extent, null, alignment), one LSE view alone, and
+// the options of a problem (mask, window, scale, memory).
+[[nodiscard]] Status check_tensor_view(const char* name, const TensorView& view, Pointers mode);
+[[nodiscard]] Status check_lse_view(const LseView& view, Pointers mode);
+[[nodiscard]] Status check_problem_options(const Problem& problem);
+
 }  // namespace strideattn::detail

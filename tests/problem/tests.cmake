@@ -10,3 +10,7 @@ strideattn_test(c_api_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_api_test
                                    ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_header_check.c)
 target_link_libraries(c_api_test PRIVATE strideattn_c)
 strideattn_test(problem_reversed_views_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/reversed_views_test.cpp)
+# The C ABI of KV-cache attention; c_kvcache_check.c is compiled as C.
+strideattn_test(c_api_kvcache_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_kvcache_test.cpp
+                                           ${CMAKE_CURRENT_LIST_DIR}/../c_api/c_kvcache_check.c)
+target_link_libraries(c_api_kvcache_test PRIVATE strideattn_c)

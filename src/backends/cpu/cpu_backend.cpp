@@ -46,6 +46,16 @@ class CpuBackend final : public BackendImpl {
   [[nodiscard]] Backend id() const override { return Backend::cpu; }
   // Host memory: a plan's run reads cu_seqlens arrays into the lists (problem/cu_seqlens.cpp).
   [[nodiscard]] bool reads_cu_seqlens() const override { return true; }
+  [[nodiscard]] bool runs_kv_cache() const override { return true; }
+  [[nodiscard]] Status forward_kvcache(const KvCacheProblem& problem) override {
+    try {
+      return cpu::forward_kvcache(problem);
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::backend_error, "cpu backend: out of host memory for the kv-cache gather");
+    } catch (const std::exception& e) {
+      return Status(StatusCode::internal, std::string("cpu backend: ") + e.what());
+    }
+  }
   [[nodiscard]] Verdict supports(const Problem& problem) const override {
     return evaluate_rules(Backend::cpu, rules_, problem);
   }

@@ -179,5 +179,7 @@ inline void zero_row(void* base, DType dt, std::int64_t offset, std::int64_t ste
 
 [[nodiscard]] Status forward(const Problem& problem);
 [[nodiscard]] Status backward(const Problem& problem);
+// KV-cache attention (cpu_kvcache.cpp): appends, then attends each sequence's gathered keys.
+[[nodiscard]] Status forward_kvcache(const KvCacheProblem& problem);
 
 }  // namespace strideattn::detail::cpu

@@ -17,6 +17,7 @@
 
 #include "backends/reference/reference.hpp"
 #include "backends/reference/reference_features.hpp"
+#include "backends/reference/reference_kvcache.hpp"
 #include "common/attention_math.hpp"
 #include "common/dtype.hpp"
 #include "dispatch/backend.hpp"
@@ -455,6 +456,10 @@ class ReferenceBackend final : public BackendImpl {
   [[nodiscard]] Backend id() const override { return Backend::reference; }
   // Host memory: a plan's run reads cu_seqlens arrays into the lists (problem/cu_seqlens.cpp).
   [[nodiscard]] bool reads_cu_seqlens() const override { return true; }
+  [[nodiscard]] bool runs_kv_cache() const override { return true; }
+  [[nodiscard]] Status forward_kvcache(const KvCacheProblem& problem) override {
+    return reference_kvcache_forward(problem);
+  }
 
   [[nodiscard]] Verdict supports(const Problem& problem) const override {
     // fp64 loops, ~13 GFLOP/s on the 2-core CI machine (bench/README.md): 1e14 is ~2 hours.

@@ -1,0 +1,50 @@
+// Public entry points of KV-cache attention (strideattn/kv_cache.hpp): validation, backend
+// selection on the problem's selection view (problem/kv_cache.hpp; backends without a KV-cache
+// path are refused by the rule `kv_cache`), and the chosen backend's run. No plans yet: every
+// call validates and selects.
+#include <exception>
+#include <new>
+
+#include "dispatch/backend.hpp"
+#include "dispatch/select.hpp"
+#include "problem/kv_cache.hpp"
+#include "strideattn/kv_cache.hpp"
+
+namespace strideattn {
+
+Status forward_with_kvcache(const KvCacheArgs& args) {
+  try {
+    detail::KvCacheProblem p;
+    if (Status s = detail::make_kvcache_problem(args, &p); !s.ok()) return s;
+    const detail::Problem sel_problem = detail::selection_problem(p);
+    detail::Selection sel = detail::select_backend(sel_problem, args.backend, detail::VerdictScope::until_chosen);
+    if (!sel.chosen) return sel.status;
+    detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);
+    if (impl == nullptr) return Status(StatusCode::internal, "forward_with_kvcache: chosen backend is missing");
+    return impl->forward_kvcache(p);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::backend_error, "forward_with_kvcache: out of host memory");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string("forward_with_kvcache: internal error: ") + e.what());
+  }
+}
+
+Explanation explain(const KvCacheArgs& args) {
+  Explanation ex;
+  try {
+    detail::KvCacheProblem p;
+    ex.validation = detail::make_kvcache_problem(args, &p);
+    if (!ex.validation.ok()) return ex;
+    ex.layout = detail::describe_kvcache(p);
+    const detail::Problem sel_problem = detail::selection_problem(p);
+    detail::Selection sel = detail::select_backend(sel_problem, Backend::automatic);
+    if (sel.status.code() == StatusCode::invalid_argument) ex.validation = sel.status;
+    ex.verdicts = std::move(sel.verdicts);
+    ex.chosen = sel.chosen;
+  } catch (const std::exception& e) {
+    ex.validation = Status(StatusCode::internal, std::string("internal error: ") + e.what());
+  }
+  return ex;
+}
+
+}  // namespace strideattn
