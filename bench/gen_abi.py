@@ -28,6 +28,7 @@ MODULE = os.path.join(REPO, "bench", "sa_abi.py")
 SCALARS = {
     "int32_t": "ctypes.c_int32",
     "int64_t": "ctypes.c_int64",
+    "uint64_t": "ctypes.c_uint64",
     "size_t": "ctypes.c_size_t",
     "double": "ctypes.c_double",
     "float": "ctypes.c_float",

@@ -34,6 +34,11 @@ SA_BACKEND_CUDNN = 4
 SA_MEMORY_HOST = 0
 SA_MEMORY_DEVICE = 1
 
+# enum sa_bias_type
+SA_BIAS_NONE = 0
+SA_BIAS_POST_SCALE = 1
+SA_BIAS_PRE_SCALE = 2
+
 
 class sa_tensor_view(ctypes.Structure):
     _fields_ = [
@@ -85,6 +90,38 @@ class sa_cu_seqlens(ctypes.Structure):
     ]
 
 
+class sa_bias_view(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * 4),
+        ("stride", ctypes.c_int64 * 4),
+    ]
+
+
+class sa_head_view(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("shape", ctypes.c_int64 * 2),
+        ("stride", ctypes.c_int64 * 2),
+    ]
+
+
+class sa_features(ctypes.Structure):
+    _fields_ = [
+        ("softcap", ctypes.c_double),
+        ("dropout_p", ctypes.c_double),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("dropout_seed_ptr", ctypes.c_void_p),
+        ("dropout_offset_ptr", ctypes.c_void_p),
+        ("bias_type", ctypes.c_int32),
+        ("bias", sa_bias_view),
+        ("alibi_slopes", sa_head_view),
+        ("sinks", sa_head_view),
+    ]
+
+
 class sa_forward_args(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
@@ -102,6 +139,8 @@ class sa_forward_args(ctypes.Structure):
         ("workspace_bytes", ctypes.c_size_t),
         ("cancel", ctypes.c_void_p),
         ("cu_seqlens", sa_cu_seqlens),
+        ("features", sa_features),
+        ("max_logit", sa_head_view),
     ]
 
 
@@ -126,6 +165,9 @@ class sa_backward_args(ctypes.Structure):
         ("workspace_bytes", ctypes.c_size_t),
         ("cancel", ctypes.c_void_p),
         ("cu_seqlens", sa_cu_seqlens),
+        ("features", sa_features),
+        ("dbias", sa_bias_view),
+        ("d_sinks", sa_head_view),
     ]
 
 
@@ -145,6 +187,14 @@ class sa_forward_run(ctypes.Structure):
         ("seq_offsets_q", ctypes.c_void_p),
         ("seq_offsets_kv", ctypes.c_void_p),
         ("cancel", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
+        ("max_logit", ctypes.c_void_p),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("dropout_seed_ptr", ctypes.c_void_p),
+        ("dropout_offset_ptr", ctypes.c_void_p),
     ]
 
 
@@ -168,6 +218,15 @@ class sa_backward_run(ctypes.Structure):
         ("seq_offsets_q", ctypes.c_void_p),
         ("seq_offsets_kv", ctypes.c_void_p),
         ("cancel", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
+        ("dbias", ctypes.c_void_p),
+        ("d_sinks", ctypes.c_void_p),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("dropout_seed_ptr", ctypes.c_void_p),
+        ("dropout_offset_ptr", ctypes.c_void_p),
     ]
 
 
