@@ -71,7 +71,7 @@ CommandOptions options_of(Command c) {
     case Command::bench:
       return {{"backends", "seed", "runs"}, {"grad", "json", "cu-seqlens"}, true};
     case Command::fuzz:
-      return {{"cases", "seed", "backends", "min-ran", "max-logit"},
+      return {{"cases", "seed", "backends", "min-ran", "logit-limit"},
               {"grad", "json", "require-gpu", "require-ran", "finite-inputs", "cu-seqlens", "via-plan"},
               false};
     default:
@@ -507,13 +507,13 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
       if (inv.min_ran < 0 || inv.min_ran > 1000000)
         return bad("--min-ran " + values.at("min-ran") + ": must be 0..1000000");
     }
-    if (values.count("max-logit")) {
-      const std::string& t = values.at("max-logit");
+    if (values.count("logit-limit")) {
+      const std::string& t = values.at("logit-limit");
       char* end = nullptr;
       const double x = std::strtod(t.c_str(), &end);
       if (t.empty() || *end != '\0' || !(x >= 1) || !std::isfinite(x))
-        return bad("--max-logit '" + t + "': expected a finite number >= 1");
-      inv.max_logit = x;
+        return bad("--logit-limit '" + t + "': expected a finite number >= 1");
+      inv.logit_limit = x;
     }
   } else {
     if (Status s = resolve_problem(raw, inv.grad, &inv.spec); !s.ok()) return s;

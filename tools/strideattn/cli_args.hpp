@@ -36,9 +36,9 @@ struct Invocation {
   // fuzz --min-ran N: draw past --cases until every listed backend ran N cases (compared with
   // the reference, not refused); at most --cases + 50 N draws, failing if still short.
   std::int64_t min_ran = 0;
-  // fuzz --max-logit L: scale down the drawn input scale (and drop a drawn extreme scale) so
+  // fuzz --logit-limit L: scale down the drawn input scale (and drop a drawn extreme scale) so
   // that a typical scaled logit, input_scale^2 * scale * sqrt(d_qk), stays at most L; 0: no cap.
-  double max_logit = 0;
+  double logit_limit = 0;
   int bench_runs = 20;
   std::optional<harness::CaseSpec::Plant> plant;  // hidden --test-plant (tests only)
 };

@@ -285,13 +285,13 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool pla
   return spec;
 }
 
-void cap_logits(double max_logit, CaseSpec* spec) {
-  if (!(max_logit > 0)) return;
+void cap_logits(double logit_limit, CaseSpec* spec) {
+  if (!(logit_limit > 0)) return;
   const double root_d = std::sqrt(double(std::max<std::int64_t>(spec->sizes.d_qk, 1)));
   std::optional<double>& scale = spec->options.scale;
-  if (scale && *scale * root_d > max_logit) scale.reset();  // the default 1 / sqrt(d_qk)
+  if (scale && *scale * root_d > logit_limit) scale.reset();  // the default 1 / sqrt(d_qk)
   const double eff = scale.value_or(1 / root_d) * root_d;
-  const double limit = std::sqrt(max_logit / eff);
+  const double limit = std::sqrt(logit_limit / eff);
   if (spec->input_scale > limit) spec->input_scale = std::max(1.0, limit);
 }
 
@@ -323,7 +323,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
               (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " + std::to_string(failed) +
               " failed");
     CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs);
-    cap_logits(inv.max_logit, &spec);
+    cap_logits(inv.logit_limit, &spec);
     spec.cu_seqlens = inv.cu_seqlens && spec.sizes.varlen();
     spec.via_plan = inv.via_plan;
     harness::CaseReport rep;

@@ -15,11 +15,11 @@ namespace strideattn::cli {
 [[nodiscard]] harness::CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad,
                                             bool plant_non_finite = true);
 
-// Caps the case's numerical-edge draw at `max_logit` (fuzz --max-logit): a typical scaled
+// Caps the case's numerical-edge draw at `logit_limit` (fuzz --logit-limit): a typical scaled
 // logit, input_scale^2 * scale * sqrt(d_qk) for the standard-normal draw, stays at most
-// max_logit. A drawn scale that alone exceeds it is replaced by the default; then the input
+// logit_limit. A drawn scale that alone exceeds it is replaced by the default; then the input
 // scale is lowered as needed. Planted non-finite inputs are kept.
-void cap_logits(double max_logit, harness::CaseSpec* spec);
+void cap_logits(double logit_limit, harness::CaseSpec* spec);
 
 // Runs inv.cases cases; returns the exit code (0 none failed, 1 some failed, 77 skipped
 // because --require-gpu found no GPU).
