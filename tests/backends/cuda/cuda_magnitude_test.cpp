@@ -2,12 +2,11 @@
 // "Conditioning"), through the harness against the fp64 reference: inputs scaled so the
 // logits run from 1 to 1e7 (f16, whose inputs end at 65504) or 1e30 (bf16), with gradients,
 // on one-hot rows (the common case past logits of about 1e3), rows that see one key, and
-// masked rows; head dims 64 and 256 (default scales powers of two) and 128 and 96 (not), and
-// d_qk != d_v; on every kernel pairing: the plan's own choice, the two-pass backward, and
-// through ScopedCudaPlanForcing the sm80 kernels (mma.sync forward, 8-warp and 4-warp dK/dV
-// passes, single and two-pass). Each failure names the pairing, so a failure on one pairing
-// alone points at the passes it combines (for example a forward and a backward whose MMAs
-// sum a score's products in different orders). Skips when no GPU is present.
+// masked rows (also rows a window hides entirely); head dims 64 and 256 (default scales powers of two) and 128 and 96
+// (not), and d_qk != d_v; on every kernel pairing: the plan's own choice, the two-pass backward, and through
+// ScopedCudaPlanForcing the sm80 kernels (mma.sync forward, 8-warp and 4-warp dK/dV passes, single and two-pass). Each
+// failure names the pairing, so a failure on one pairing alone points at the passes it combines (for example a forward
+// and a backward whose MMAs sum a score's products in different orders). Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,11 +39,15 @@ struct Shape {
   std::int64_t s_q, s_kv;
   MaskKind mask;
   std::int64_t heads, kv_heads;
+  strideattn::Window window{};
 };
 // one query on one key; a bottom-right band with rows that see no key; causal GQA over more
-// than one key block
-const Shape kShapes[] = {
-    {1, 1, MaskKind::none, 2, 1}, {7, 33, MaskKind::causal_bottom_right, 2, 1}, {150, 150, MaskKind::causal, 4, 2}};
+// than one key block; a top-left causal mask and a window that together hide every key (the
+// backward's masked pairs, whose dP overflows fp32 at these magnitudes, must add nothing)
+const Shape kShapes[] = {{1, 1, MaskKind::none, 2, 1},
+                         {7, 33, MaskKind::causal_bottom_right, 2, 1},
+                         {150, 150, MaskKind::causal, 4, 2},
+                         {87, 246, MaskKind::causal, 2, 1, {147, 39}}};
 
 CaseSpec magnitude_case(DType dtype, const Shape& sh, std::int64_t d_qk, std::int64_t d_v, double logits,
                         std::uint64_t seed) {
@@ -54,6 +57,7 @@ CaseSpec magnitude_case(DType dtype, const Shape& sh, std::int64_t d_qk, std::in
   spec.sizes.heads = sh.heads, spec.sizes.kv_heads = sh.kv_heads, spec.sizes.d_qk = d_qk, spec.sizes.d_v = d_v;
   spec.layout_name = "bshd_bshd_bshd";
   spec.options.mask = sh.mask;
+  spec.options.window = sh.window;
   spec.grad = true;
   spec.seed = seed;
   // scores of about `logits` with the default scale: |S| ~ x^2 sqrt(d) / sqrt(d)

@@ -1,6 +1,6 @@
 // The mask applied to register fragments: entries of an S (queries x keys) or S^T (keys x
 // queries) tile that the mask rule (src/common/attention_math.hpp) hides are set to a value
-// (-inf before the softmax, 0 in a recomputed P).
+// (-inf before the softmax, kMaskedP = -0 in a recomputed P).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,13 @@
 #include "backends/cuda/common/kernel_params.hpp"
 
 namespace strideattn::cuda_impl {
+
+// A recomputed P that the mask hides is -0, a value exp() never returns: dS = P (dP - D) is
+// then 0 for it whatever dP holds, so a masked pair whose dP overflows fp32 (finite inputs of
+// large magnitude) adds nothing, as the definition says, while a visible pair with P = 0 still
+// propagates a NaN in dP.
+constexpr float kMaskedP = -0.0f;
+__device__ __forceinline__ bool is_masked_p(float p) { return __float_as_uint(p) == 0x80000000u; }
 
 // Set masked entries of a warp's C[MT][N/8][4] tile to `masked_value`: rows are
 // row0 + 16 * mt + g (+8) and columns col0 + 8 * n + 2t (+1), each side either queries or
@@ -61,7 +68,7 @@ __device__ __forceinline__ void mask_key_rows(float (&c)[NT][4], const MaskRule&
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = n * 8 + 2 * t + e;
-        if (col < lo || col >= hi) c[n][2 * h + e] = 0.f;
+        if (col < lo || col >= hi) c[n][2 * h + e] = kMaskedP;
       }
   }
 }

@@ -7,6 +7,7 @@
 
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/lse.hpp"
+#include "backends/cuda/common/mask.cuh"
 
 namespace strideattn::cuda_impl {
 // scaled_log2 (outer_accumulator.cuh): x * scale_log2 rounded to fp32 on its own, never
@@ -137,7 +138,10 @@ __device__ __forceinline__ void ds_cols(float (&dp)[MT][NT][4], const float (&p)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - ((e & 1) ? dl.y : dl.x));
+      for (int e = 0; e < 4; ++e) {
+        const float pe = p[mt][n][e];
+        dp[mt][n][e] = is_masked_p(pe) ? 0.f : pe * (dp[mt][n][e] - ((e & 1) ? dl.y : dl.x));
+      }
   }
 }
 template <int MT, int NT>
@@ -157,7 +161,10 @@ __device__ __forceinline__ void ds_rows(float (&dp)[MT][NT][4], const float (&p)
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - delta[mt][e >> 1]);
+      for (int e = 0; e < 4; ++e) {
+        const float pe = p[mt][n][e];
+        dp[mt][n][e] = is_masked_p(pe) ? 0.f : pe * (dp[mt][n][e] - delta[mt][e >> 1]);
+      }
 }
 
 }  // namespace strideattn::cuda_impl

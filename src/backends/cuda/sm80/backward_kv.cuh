@@ -8,7 +8,7 @@
 //   its share of the GQA group that see its keys (query_range_for_keys). With one group
 //   split it stores dK/dV; with several (MQA/GQA with few KV heads, to fill the GPU) each
 //   writes fp32 partials that aux_kernels.cu sums in split order:
-//     S^T = K Q^T, P^T = exp(round(S^T * scale) - LSE) (masked -> 0)
+//     S^T = K Q^T, P^T = exp(round(S^T * scale) - LSE) (masked -> -0)
 //     dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
 // Deterministic: every sum runs in a fixed order in one thread's registers.
 #pragma once
@@ -86,12 +86,13 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     const int64_t r0 = int64_t(w.first_qblock + it % w.n_qblocks) * Br;
     const int64_t r1 = kernel::min64(r0 + Br, w.s_q);
 
-    // S^T = K Q^T; P^T = exp(round(S^T * scale) - LSE), masked -> 0
+    // S^T = K Q^T; P^T = exp(round(S^T * scale) - LSE), masked -> -0
     float st[MT][Br / 8][4];
     zero<MT, Br>(st);
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(st, sK, warp_row0, sQ(buf), 0, d_qk);
     recompute_p_cols(st, sLse + buf * Br, kp.p.scale);
-    if (r0 < w.unmasked.begin || r1 > w.unmasked.end) apply_mask<MT, Br>(st, w.mask, w.c0 + warp_row0, r0, false, 0.f);
+    if (r0 < w.unmasked.begin || r1 > w.unmasked.end)
+      apply_mask<MT, Br>(st, w.mask, w.c0 + warp_row0, r0, false, kMaskedP);
 
     // dV += P^T dO
     {

@@ -11,7 +11,7 @@
 // stored directly, or fp32 partials when kp.dkv_partial is set). Per block of 64 queries
 // (tile shapes and their reasons: common/tiles.hpp, kv8_tile):
 //   phase 1, warps 4 (keys, 32 each) x 2 (queries, 32 each):
-//     S^T = K Q^T;  P^T = exp(round(S^T * scale) - LSE), masked -> 0
+//     S^T = K Q^T;  P^T = exp(round(S^T * scale) - LSE), masked -> -0
 //     dP^T = V dO^T;  dS^T = P^T (dP^T - delta)
 //     P^T and dS^T, rounded to T, to shared memory [128 keys x 64 queries]
 //   barrier
@@ -150,14 +150,14 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     const float* delta = sDelta + buf * Br + q0;
 
     // ---- phase 1: this warp's 32 keys x 32 queries of P^T and dS^T
-    // S^T = K Q^T; P^T = exp(round(S^T * scale) - LSE), masked -> 0
+    // S^T = K Q^T; P^T = exp(round(S^T * scale) - LSE), masked -> -0
     float st[MT][WQ / 8][4];
     zero<MT, WQ>(st);
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(st, sK, key0, sQ(buf), q0, d_qk);
     recompute_p_cols(st, lse, kp.p.scale);
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
-    if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, 0.f);
+    if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, kMaskedP);
     store_accum<T, MT, WQ>(sP, key0, q0, st);
 
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)

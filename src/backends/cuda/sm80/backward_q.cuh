@@ -1,6 +1,6 @@
 // The dQ pass of the two-pass backward (the deterministic one): one CTA per (query block,
 // head, sequence), dQ in fp32 registers over the key blocks in a fixed order, no atomics:
-//   S = Q K^T, P = exp(round(S * scale) - LSE) (masked -> 0)
+//   S = Q K^T, P = exp(round(S * scale) - LSE) (masked -> -0)
 //   dP = dO V^T;  dS = P * (dP - delta);  dQ += dS K
 // (sm80/backward_kv.cuh has the two-pass form's dK/dV pass.)
 #pragma once
@@ -89,13 +89,13 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     }
     __syncthreads();
 
-    // S = Q K^T; P = exp(round(S * scale) - LSE), masked -> 0
+    // S = Q K^T; P = exp(round(S * scale) - LSE), masked -> -0
     float s[MT][Bc / 8][4];
     zero<MT, Bc>(s);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(s, sQ, warp_row0, sK(buf), 0, d_qk);
     recompute_p_rows(s, row_lse, kp.p.scale);
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
-      apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, 0.f);
+      apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, kMaskedP);
 
     // dP = dO V^T; dS = P * (dP - delta)
     float dp[MT][Bc / 8][4];

@@ -10,7 +10,7 @@
 // the queries [32 wg, 32 wg + 32) in S^T / dP^T and the columns [128 wg, 128 wg + 128) in
 // dK / dV. Per block of Br queries (128 at D = 64, else 64):
 //   S^T = K Q^T, dP^T = V dO^T                  (each group: its keys x its queries)
-//   P^T = exp(round(S^T * scale) - LSE), masked -> 0;  dS^T = P^T (dP^T - delta)
+//   P^T = exp(round(S^T * scale) - LSE), masked -> -0;  dS^T = P^T (dP^T - delta)
 //   P^T, dS^T rounded to T -> shared memory [Bc keys x Br queries];  barrier
 //   dV += P^T dO, dK += dS^T Q                  (each group: its keys x its columns)
 //   single pass (kp.dq_accum): dq_accum += dS K (each group: 64 queries x all D columns at
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
       wgmma_m64k16<T, 0, 0>(dpt[0], sV.k_major(g_key0, kk), d_o.k_major(g_q0, kk), kk);
     wgmma_commit();
 
-    // P^T = exp(round(S^T * scale) - LSE), masked -> 0 (while dP^T is still running)
+    // P^T = exp(round(S^T * scale) - LSE), masked -> -0 (while dP^T is still running)
     wgmma_wait<1>();
     fence_operands(st[0]);
     const float* lse = sLse + buf * Br + g_q0;
