@@ -291,7 +291,7 @@ void cap_logits(double logit_limit, CaseSpec* spec) {
   std::optional<double>& scale = spec->options.scale;
   if (scale && *scale * root_d > logit_limit) scale.reset();  // the default 1 / sqrt(d_qk)
   const double eff = scale.value_or(1 / root_d) * root_d;
-  const double limit = std::sqrt(logit_limit / eff);
+  const double limit = std::sqrt(logit_limit / std::max(eff, 1.0));  // a tiny scale buys no input range
   if (spec->input_scale > limit) spec->input_scale = std::max(1.0, limit);
 }
 

@@ -18,7 +18,8 @@ namespace strideattn::cli {
 // Caps the case's numerical-edge draw at `logit_limit` (fuzz --logit-limit): a typical scaled
 // logit, input_scale^2 * scale * sqrt(d_qk) for the standard-normal draw, stays at most
 // logit_limit. A drawn scale that alone exceeds it is replaced by the default; then the input
-// scale is lowered as needed. Planted non-finite inputs are kept.
+// scale is lowered as needed, also to input_scale^2 <= logit_limit (a tiny scale buys no
+// input range). Planted non-finite inputs are kept.
 void cap_logits(double logit_limit, harness::CaseSpec* spec);
 
 // Runs inv.cases cases; returns the exit code (0 none failed, 1 some failed, 77 skipped

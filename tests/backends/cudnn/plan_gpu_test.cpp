@@ -92,6 +92,7 @@ TEST(GpuPlans, CuSeqlensRefusalsNameTheirRule) {
   CaseSpec s = varlen(DType::bf16, {20, 33}, {40, 33}, {}, {}, MaskKind::causal_bottom_right);
   s.cu_seqlens = true;
   s.grad = false;
+  ASSERT_TRUE(harness::make_layout_views(s.layout_name, s.sizes, &s.views).ok());
   struct Want {
     Backend backend;
     const char* rule;
