@@ -97,3 +97,8 @@ add_test(NAME cli_check_kvcache_bad_block_table
          COMMAND ${_cli} check --cache-seqlens 5 --page-size 4 --block-table "0,99" --backends cpu)
 set_tests_properties(cli_check_kvcache_bad_block_table PROPERTIES LABELS cpu TIMEOUT 60
   PASS_REGULAR_EXPRESSION "block_table\\[0, 1\\] is 99")
+# 1,000 random KV-cache cases (paged with page sizes 1 .. 256 and every table kind, or
+# contiguous; appends, padded rows, masks, windows) on cpu and the reference's API path.
+add_test(NAME cli_fuzz_kvcache_reference_cpu
+         COMMAND ${_cli} fuzz --kv-cache --cases 1000 --seed 2 --backends cpu,reference)
+set_tests_properties(cli_fuzz_kvcache_reference_cpu PROPERTIES LABELS cpu TIMEOUT 600)
