@@ -201,6 +201,14 @@ TEST(CliKvCacheInvalid, LengthPastCapacity) {
 }
 TEST(CliKvCacheInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --kv-cache --cases 2 --heads 4", "--heads"); }
 
+// A KV-cache explain names the cache and each backend's verdict, as `explain` does.
+TEST(CliKvCache, ExplainNamesPagedCache) {
+  const Result r = run_cli("explain --cache-seqlens 5,9 --page-size 4 --new-tokens 1");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("paged cache: 7 pages of 4 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto chooses: "), std::string::npos) << r.out;
+}
+
 // A paged check with an append: every backend agrees, the verdict line closes the report.
 TEST(CliKvCache, PagedAppendAgrees) {
   const Result r =

@@ -199,7 +199,7 @@ Outcome run_case(const KvCliCase& c, const std::vector<Backend>& backends, bool 
   // The caches the append must leave: the reference backend's run on its own copy.
   ref_a.backend = Backend::reference;
   if (Status s = forward_with_kvcache(ref_a); !s.ok()) return {1, "reference: " + s.message()};
-  out.text = quiet ? "" : "kv cache: " + detail::describe_kvcache(p) + "\n";
+  out.text = quiet ? "" : "layout:  " + detail::describe_kvcache(p) + "\n";
   for (Backend backend : backends) {
     Buffers b;
     KvCacheArgs a;
@@ -454,12 +454,14 @@ int run_kvcache_cli(const std::vector<std::string>& args) {
     if (Status s = build(c, &b, &a); !s.ok()) return fail(2, s.message());
     const Explanation ex = explain(a);
     if (!ex.validation.ok()) return fail(2, ex.validation.message());
-    std::printf("layout: %s\n", ex.layout.c_str());
+    // the layout of `explain`'s text output
+    std::printf("layout:  %s\n", ex.layout.c_str());
+    std::printf("forward:\n");
     for (const Verdict& vd : ex.verdicts)
-      std::printf("%s: %s%s%s\n", std::string(to_string(vd.backend)).c_str(),
-                  vd.supported ? "supported" : "unsupported", vd.rule.empty() ? "" : (" [" + vd.rule + "]").c_str(),
-                  vd.reason.empty() ? "" : (" " + vd.reason).c_str());
-    std::printf("auto: %s\n", ex.chosen ? std::string(to_string(*ex.chosen)).c_str() : "no backend can run it");
+      std::printf("  %-10s %-12s %s%s\n", std::string(to_string(vd.backend)).c_str(),
+                  vd.supported ? "supported" : "unsupported", vd.rule.empty() ? "" : ("[" + vd.rule + "] ").c_str(),
+                  vd.reason.c_str());
+    std::printf("  auto chooses: %s\n", ex.chosen ? std::string(to_string(*ex.chosen)).c_str() : "nothing (see above)");
     return 0;
   }
   const Outcome r = run_case(c, backends, false);
