@@ -181,6 +181,43 @@ TEST(CliInvalid, NegativeVarlenNamesTheOption) {
 }
 // One mask vocabulary: the library's parser, canonical names round-trip, aliases map, and
 // the CLI uses it (it took only none, causal and causal-bottom-right).
+// KV-cache checks (issue 20): each bad flag exits 2 with one line naming it.
+TEST(CliKvCacheInvalid, UnknownOption) { expect_invalid("check --cache-seqlens 4 --bogus 1", "--bogus"); }
+TEST(CliKvCacheInvalid, JsonIsNotOffered) { expect_invalid("check --cache-seqlens 4 --json", "--json"); }
+TEST(CliKvCacheInvalid, NeedsCacheSeqlens) { expect_invalid("check --page-size 4", "--cache-seqlens"); }
+TEST(CliKvCacheInvalid, BadSeqlensList) { expect_invalid("check --cache-seqlens 4,x", "4,x"); }
+TEST(CliKvCacheInvalid, PageSizeBelowOne) { expect_invalid("check --cache-seqlens 4 --page-size 0", "--page-size"); }
+TEST(CliKvCacheInvalid, TableEntryOutOfRange) {
+  expect_invalid("check --cache-seqlens 5 --page-size 4 --block-table '0,99' --backends cpu", "99");
+}
+TEST(CliKvCacheInvalid, TableRowCount) {
+  expect_invalid("check --cache-seqlens 5 --page-size 4 --block-table '0,1;2'", "--block-table");
+}
+TEST(CliKvCacheInvalid, SizeDisagreesWithView) {
+  expect_invalid("check --cache-seqlens 3 --page-size 4 --k-cache kv:2,8,2,64:2048,256,128,1", "--page-size 4");
+}
+TEST(CliKvCacheInvalid, LengthPastCapacity) {
+  expect_invalid("check --cache-seqlens 9 --k-cache kc:1,8,2,64:1024,128,64,1 --backends cpu", "9");
+}
+TEST(CliKvCacheInvalid, FuzzTakesNoProblem) { expect_invalid("fuzz --kv-cache --cases 2 --heads 4", "--heads"); }
+
+// A KV-cache explain names the cache and each backend's verdict, as `explain` does.
+TEST(CliKvCache, ExplainNamesPagedCache) {
+  const Result r = run_cli("explain --cache-seqlens 5,9 --page-size 4 --new-tokens 1");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("paged cache: 7 pages of 4 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto chooses: "), std::string::npos) << r.out;
+}
+
+// A paged check with an append: every backend agrees, the verdict line closes the report.
+TEST(CliKvCache, PagedAppendAgrees) {
+  const Result r =
+      run_cli("check --cache-seqlens 6,0 --page-size 3 --new-tokens 2 --seqlen-q 2 --backends cpu,reference");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("cpu: agree"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("every compared backend agrees with the fp64 reference"), std::string::npos) << r.out;
+}
+
 TEST(MaskNames, CanonicalNamesAndAliases) {
   for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right})
     EXPECT_EQ(mask_from_string(to_string(m)), m) << to_string(m);

@@ -79,3 +79,28 @@ add_test(NAME cli_help_matches_readme
          COMMAND ${CMAKE_COMMAND} -DCLI=${_cli} -DREADME=${PROJECT_SOURCE_DIR}/README.md -DMODE=check
                  -P ${PROJECT_SOURCE_DIR}/tools/strideattn/readme_cli.cmake)
 set_tests_properties(cli_help_matches_readme PROPERTIES LABELS cpu)
+
+# KV-cache attention through the CLI (issue 20): a paged cache with an explicit block table
+# that appends across a page boundary, and a contiguous cache of caller-given strided views
+# (k and v interleaved in one buffer), each on cpu and the reference's API path, judged
+# against the fp64 reference (O, LSE, and the caches after the append).
+add_test(NAME cli_check_kvcache_paged
+         COMMAND ${_cli} check --cache-seqlens 5,17,0 --page-size 4 --block-table "3,0;5,1,4,2,6;7" --new-tokens 3
+                 --seqlen-q 3 --mask causal_bottom_right --backends cpu,reference --seed 4)
+set_tests_properties(cli_check_kvcache_paged PROPERTIES LABELS cpu TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "every compared backend agrees with the fp64 reference")
+add_test(NAME cli_check_kvcache_contiguous
+         COMMAND ${_cli} check --cache-seqlens 3,6 --k-cache kv:2,9,2,64:2304,256,128,1
+                 --v-cache kv+64:2,9,2,64:2304,256,128,1 --new-tokens 2 --dtype bf16 --backends cpu,reference --seed 5)
+set_tests_properties(cli_check_kvcache_contiguous PROPERTIES LABELS cpu TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "every compared backend agrees with the fp64 reference")
+# A bad block-table entry is refused with exit 2 and a message naming it.
+add_test(NAME cli_check_kvcache_bad_block_table
+         COMMAND ${_cli} check --cache-seqlens 5 --page-size 4 --block-table "0,99" --backends cpu)
+set_tests_properties(cli_check_kvcache_bad_block_table PROPERTIES LABELS cpu TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "block_table\\[0, 1\\] is 99")
+# 1,000 random KV-cache cases (paged with page sizes 1 .. 256 and every table kind, or
+# contiguous; appends, padded rows, masks, windows) on cpu and the reference's API path.
+add_test(NAME cli_fuzz_kvcache_reference_cpu
+         COMMAND ${_cli} fuzz --kv-cache --cases 1000 --seed 2 --backends cpu,reference)
+set_tests_properties(cli_fuzz_kvcache_reference_cpu PROPERTIES LABELS cpu TIMEOUT 600)

@@ -10,6 +10,7 @@
 
 #include "cli_args.hpp"
 #include "fuzz.hpp"
+#include "kv_check.hpp"
 #include "harness/runner.hpp"
 #include "progress.hpp"
 
@@ -294,6 +295,7 @@ int run_bench(const Invocation& inv, const std::vector<Backend>& backends) {
 
 int main_impl(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (is_kvcache_command(args)) return run_kvcache_cli(args);
   g_json = std::find(args.begin(), args.end(), "--json") != args.end();
   Invocation inv;
   if (Status s = parse_command_line(args, &inv); !s.ok()) return invalid(s.message());

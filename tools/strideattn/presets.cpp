@@ -71,6 +71,9 @@ usage:
   strideattn bench   PROBLEM [--backends a,b] [--grad] [--runs N] [--json] [--cu-seqlens]
   strideattn fuzz    --cases N [--min-ran M] [--seed S] [--backends a,b] [--grad] [--json]
                      [--cu-seqlens] [--via-plan]
+  strideattn check   KVCACHE [--backends a,b] [--seed N]     (default backends reference,cpu)
+  strideattn explain KVCACHE
+  strideattn fuzz    --kv-cache [--cases N] [--seed S] [--backends a,b]
   strideattn help | --help | --version
 
 PROBLEM:
@@ -100,6 +103,20 @@ PROBLEM:
                                  -inf) after the draw; non-finite inputs propagate as
                                  docs/semantics.md says
 
+KVCACHE (attention over a KV cache, docs/semantics.md "KV cache"; any of the first five options
+  makes check / explain a KV-cache command):
+  --cache-seqlens L0,L1,...      tokens already in each sequence's cache (one per sequence)
+  --page-size P                  a paged cache of pages of P tokens (default: contiguous)
+  --block-table shuffled|identity|transposed|shared|ROWS   pages of each sequence; ROWS is
+                                 explicit page indices, e.g. '0,3;1,2' (default shuffled)
+  --k-cache|--v-cache BUF+OFFSET:SHAPE:STRIDES   explicit cache views [pages or batch, slots,
+                                 kv heads, d] (default packed, --pad N extra elements per row)
+  --new-tokens N                 append N new keys / values per sequence before attending
+  --max-pages M --num-pages N --cache-capacity C   table width, page count, contiguous slots
+  --seqlen-q SQ --seqlens-q L0,... --heads H --kv-heads HG --head-dim D --head-dim-v DV
+  --dtype --mask --window --scale   as for PROBLEM; defaults 1, -, 8, 2, 64, =D, f16
+  O and LSE are judged by the correctness rule, the caches after the append must equal the
+  reference's byte for byte.
 --backends: reference, cpu, cuda, cudnn, auto. Default: every backend this build has and this
   machine can run, except 'reference', which is the fp64 yardstick every backend is compared
   with (name it to check the reference backend's own API path too).
