@@ -29,7 +29,8 @@ constexpr const char* to_string(Pass p) { return p == Pass::forward ? "forward" 
 enum class Variant : int {
   guarded = 0,  // any head dims of the bucket (zero-padded columns skipped at run time)
   full_d = 1,   // d_qk == d_v == bucket, known at compile time (no guards)
-  fold = 2,     // forward over more than kFoldKeys keys (common/outer_accumulator.cuh)
+  fold = 2,     // forward over more than kFoldKeys keys (common/outer_accumulator.cuh), a
+                // backward pass over more than kFoldRows rows (kernel_params.hpp)
 };
 
 // How a pass's grid is laid out (x, y, z).
@@ -49,13 +50,16 @@ struct KernelEntry {
   GridShape grid = GridShape::query_blocks;
   int block_rows = 0;  // queries (query_blocks) or keys (key_blocks) per CTA
   int dim_splits = 1;  // key_blocks: CTAs per key block, each a share of the head dim
+  // backward passes: rows one iteration of a CTA's loop covers (queries in a dK/dV pass,
+  // keys in the dQ pass), which the plan's fold decision counts (kernel_params.hpp)
+  int loop_rows = 0;
   // dK/dV pass: it can also add dQ (the single-pass backward); split_target: the group splits
   // aim at this many CTAs per SM (plan.cpp says why each).
   bool adds_dq = false;
   int split_target = 0;
   int warp_rows = 0;  // forward: query rows of O one warp owns (the outer accumulator's slot)
   // Instantiations (__global__ function addresses for cudaLaunchKernel); nullptr where the
-  // entry has none (full_d where unguarded_full_d is false, fold outside the forward).
+  // entry has none (full_d where unguarded_full_d is false).
   const void* guarded = nullptr;
   const void* full_d = nullptr;
   const void* fold = nullptr;

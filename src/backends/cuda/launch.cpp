@@ -77,8 +77,8 @@ KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* w
     a.kv_seq.offsets = tables + 3 * n;
   }
   if (plan.backward) kp.delta = reinterpret_cast<float*>(ws + w.delta);
-  if (plan.group_splits > 1) kp.dkv_partial = reinterpret_cast<float*>(ws + w.partial);
-  if (plan.single_pass) kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  if (plan.partial_rows > 0) kp.dkv_partial = reinterpret_cast<float*>(ws + w.partial);
+  if (plan.dq_accum_bytes > 0) kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   if (plan.outer_count > 0) {
     kp.outer_slots = reinterpret_cast<float*>(ws + w.outer_slots);
     kp.outer_flags = reinterpret_cast<int*>(ws + w.outer_flags);
@@ -137,6 +137,8 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
   }
   if (plan.group_splits > 1)
     s += "; dK/dV pass: query-head group split over " + std::to_string(plan.group_splits) + " CTAs";
+  if (plan.kv_fold_blocks > 0) s += "; dK/dV pass folding every " + std::to_string(plan.kv_fold_blocks) + " blocks";
+  if (plan.q_fold_blocks > 0) s += "; dQ pass folding every " + std::to_string(plan.q_fold_blocks) + " blocks";
   s += std::string("; dK/dV pass: ") + plan.main.entry->name;
   s += plan.single_pass ? "; single-pass backward (dQ by fp32 atomics)"
                         : std::string("; two-pass backward (deterministic), dQ pass: ") + plan.dq.entry->name;
@@ -159,7 +161,9 @@ PreparedLaunch prepare_launch(CudaPlan plan, const Problem& p) {
   kp.q_tokens = p.q.shape[kSeq];
   kp.kv_tokens = p.kv_tokens();
   kp.group_splits = plan.group_splits;
-  if (plan.group_splits > 1) kp.partial_rows = plan.partial_rows;
+  kp.partial_rows = plan.partial_rows;
+  kp.kv_fold_blocks = plan.kv_fold_blocks;
+  kp.q_fold_blocks = plan.q_fold_blocks;
   kp.outer_count = plan.outer_count;
   if (p.varlen && !p.cu_seqlens) {
     const std::size_t n = std::size_t(p.batch);
@@ -226,11 +230,18 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
     return Status::Ok();
   }
   if (cudaError_t e = launch_delta(t, kp, stream); e != cudaSuccess) return cuda_status(e, "delta pre-pass launch");
-  // Single pass: the dK/dV pass adds dS K into the zeroed fp32 accumulator.
-  if (plan.single_pass)
+  // Single pass: the dK/dV pass adds dS K into the zeroed fp32 accumulator; the folds add
+  // into theirs (the dQ pass into dq_accum, the dK/dV pass into its partial planes).
+  if (kp.dq_accum != nullptr)
     if (cudaError_t e = cudaMemsetAsync(kp.dq_accum, 0, plan.dq_accum_bytes, stream); e != cudaSuccess)
       return cuda_status(e, "zeroing the dQ accumulator");
-  if (cudaError_t e = launch_kernel(plan.main, kp, device, stream); e != cudaSuccess)
+  if (plan.kv_fold_blocks > 0)
+    if (cudaError_t e = cudaMemsetAsync(kp.dkv_partial, 0, plan.partial_bytes, stream); e != cudaSuccess)
+      return cuda_status(e, "zeroing the dK/dV fold's partial planes");
+  // (the two-pass dK/dV pass must not add dQ: its dQ pass owns dq_accum when it folds)
+  KernelParams main_kp = kp;
+  if (!plan.single_pass) main_kp.dq_accum = nullptr;
+  if (cudaError_t e = launch_kernel(plan.main, main_kp, device, stream); e != cudaSuccess)
     return cuda_status(e, "backward kernel launch");
   if (!plan.single_pass)
     if (cudaError_t e = launch_kernel(plan.dq, kp, device, stream); e != cudaSuccess)

@@ -96,7 +96,10 @@ bool choose_kernels(const Problem& p, const DeviceCaps& caps, const PlanForcing&
   // The single-pass backward (dQ by fp32 atomics in the dK/dV pass, 5 GEMMs instead of 7)
   // where the pass can add dQ and the caller does not ask for bitwise reproducibility;
   // otherwise the deterministic two-pass backward.
-  plan->single_pass = plan->main.entry->adds_dq && forcing.single_pass.value_or(!p.deterministic);
+  // Over more keys than the single pass's atomics should sum one after another (kFoldRows x 2,
+  // kernel_params.hpp) the two-pass backward runs, whose dQ pass folds.
+  const bool long_keys = p.s_kv > std::int64_t(kFoldRows) * 2;
+  plan->single_pass = plan->main.entry->adds_dq && forcing.single_pass.value_or(!p.deterministic && !long_keys);
   if (plan->single_pass) return true;
   plan->dq.entry = pick(plan, Pass::dq, smem_limit, caps);
   return plan->dq.entry != nullptr;
@@ -146,10 +149,28 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   plan.main.grid = grid_of(*e, p, plan.group_splits);
   if (!plan.single_pass) plan.dq.grid = grid_of(*plan.dq.entry, p, 1);
   ws.delta = piece(q_rows * sizeof(float));
-  if (plan.group_splits > 1) plan.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
-  ws.partial = piece(std::size_t(plan.group_splits > 1 ? plan.group_splits : 0) * std::size_t(plan.partial_rows) *
-                     std::size_t(p.d_qk + p.d_v) * sizeof(float));
-  if (plan.single_pass) plan.dq_accum_bytes = q_rows * std::size_t(p.d_qk) * sizeof(float);
+  // Folds (kernel_params.hpp): every kFoldRows / (rows per iteration) iterations, where a
+  // CTA's loop runs over more (a dK/dV pass: query blocks times its share of the GQA group;
+  // the dQ pass: key blocks).
+  auto fold_of = [&](const KernelEntry& pass, std::int64_t iterations) {
+    if (forcing.fold_blocks != 0) return std::max(forcing.fold_blocks, 0);
+    const int every = kFoldRows / pass.loop_rows;
+    return iterations > every ? every : 0;
+  };
+  const std::int64_t group = p.group_size(), heads_per_split = (group + plan.group_splits - 1) / plan.group_splits;
+  plan.kv_fold_blocks = fold_of(*e, (p.s_q + e->loop_rows - 1) / e->loop_rows * heads_per_split + heads_per_split);
+  if (!plan.single_pass)
+    plan.q_fold_blocks =
+        fold_of(*plan.dq.entry, (p.s_kv + plan.dq.entry->loop_rows - 1) / plan.dq.entry->loop_rows + 1);
+  // (the folding instantiations: the others keep their registers free of the fold's code)
+  if (plan.kv_fold_blocks > 0) plan.main.variant = Variant::fold;
+  if (plan.q_fold_blocks > 0) plan.dq.variant = Variant::fold;
+  if (plan.group_splits > 1 || plan.kv_fold_blocks > 0)
+    plan.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
+  plan.partial_bytes = std::size_t(plan.partial_rows > 0 ? plan.group_splits : 0) * std::size_t(plan.partial_rows) *
+                       std::size_t(p.d_qk + p.d_v) * sizeof(float);
+  ws.partial = piece(plan.partial_bytes);
+  if (plan.single_pass || plan.q_fold_blocks > 0) plan.dq_accum_bytes = q_rows * std::size_t(p.d_qk) * sizeof(float);
   ws.dq_accum = piece(plan.dq_accum_bytes);
   ws.outer_slots = ws.outer_flags = end;
   ws.total = end;

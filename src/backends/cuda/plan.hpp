@@ -28,6 +28,8 @@ struct PlanForcing {
                                     // one per query head) whatever the grid size
   std::optional<bool> single_pass;  // the single-pass (true) or two-pass (false) backward
                                     // whatever `deterministic` says, where the pass adds dQ
+  int fold_blocks = 0;              // backward: > 0 folds every that many iterations whatever
+                                    // the lengths (the dQ pass too where it runs); < 0 never
 };
 
 struct Dim3 {
@@ -48,8 +50,8 @@ struct KernelLaunch {
 struct WorkspaceLayout {
   std::size_t tables = 0;       // varlen: 4 x batch int64: seqlens_q, offsets_q, seqlens_kv, offsets_kv
   std::size_t delta = 0;        // backward: fp32 [q batch extent][heads][q tokens]
-  std::size_t partial = 0;      // backward, group splits > 1: fp32 dK/dV partial planes
-  std::size_t dq_accum = 0;     // single-pass backward: fp32 [q batch extent][heads][q tokens][d_qk]
+  std::size_t partial = 0;      // backward, group splits > 1 or the fold: fp32 dK/dV partial planes
+  std::size_t dq_accum = 0;     // single pass or dQ fold: fp32 [q batch extent][heads][q tokens][d_qk]
   std::size_t outer_slots = 0;  // forward fold: the outer accumulator's slots, then
   std::size_t outer_flags = 0;  //   one int flag per slot
   std::size_t total = 0;
@@ -67,8 +69,12 @@ struct CudaPlan {
   KernelLaunch dq;    // the two-pass backward's dQ pass (entry nullptr otherwise)
   int group_splits = 1;
   bool single_pass = false;       // the dK/dV pass adds dQ into dq_accum; a conversion stores it
-  std::int64_t partial_rows = 0;  // rows of one dK/dV partial plane (group splits > 1)
-  int outer_count = 0;            // forward fold: slots of the outer accumulator (0: no fold)
+  std::int64_t partial_rows = 0;  // rows of one dK/dV partial plane (group splits > 1 or the fold)
+  std::size_t partial_bytes = 0;  // the planes' bytes (unrounded, for the fold's memset)
+  // backward over long ranges: fold every this many iterations (kernel_params.hpp); 0: never
+  int kv_fold_blocks = 0;  // the dK/dV pass (into the partial planes)
+  int q_fold_blocks = 0;   // the two-pass backward's dQ pass (into dq_accum)
+  int outer_count = 0;     // forward fold: slots of the outer accumulator (0: no fold)
   std::size_t outer_slot_floats = 0;
   std::size_t dq_accum_bytes = 0;  // (unrounded, for the memset)
   WorkspaceLayout workspace;

@@ -2,7 +2,7 @@
 // every (dtype, head-dim bucket, pass, architecture), and make_cuda_plan's choices for an
 // A100, an sm_86 card and an H200 (DeviceCaps written out here) are the documented ones:
 // which kernel, which instantiation, grid, group splits, single- or two-pass backward, the
-// forward fold, the workspace layout, the test hook's forcings, and a clear refusal where no
+// forward fold, the backward's folds, the workspace layout, the test hook's forcings, and a clear refusal where no
 // kernel fits the GPU's shared memory (the support rule's cheap check says the same); a
 // cu_seqlens problem's plan (grids from the bounds, tables in the workspace); and what a
 // prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
@@ -95,7 +95,7 @@ TEST(CudaKernelTable, CoversEveryDtypeBucketPassAndArchitecture) {
             if (e.dtype != t || e.arch != a || e.bucket != d || e.pass != pass) continue;
             ++entries;
             EXPECT_NE(e.guarded, nullptr) << e.name;
-            EXPECT_EQ(e.fold != nullptr, pass == Pass::forward) << e.name << ": only the forward folds";
+            EXPECT_NE(e.fold, nullptr) << e.name << ": every pass has its folding instantiation";
             if (e.full_d != nullptr) EXPECT_TRUE(unguarded_full_d(a, d)) << e.name << ": a FullD duplicate";
             EXPECT_TRUE(e.threads == kThreads || e.threads == kKvThreads) << e.name;
             EXPECT_GT(e.block_rows, 0) << e.name;
@@ -301,6 +301,80 @@ TEST(CudaPlan, TestHookForcings) {
     }
     EXPECT_FALSE(plan_forcing().arch.has_value());
   }
+}
+
+// The backward's folds over long ranges (kernel_params.hpp, kFoldRows): a dK/dV pass whose
+// CTAs loop over more than kFoldRows query rows (over their GQA heads) folds into zeroed fp32
+// partial planes every kFoldRows rows; past 2 kFoldRows keys the two-pass backward runs and
+// its dQ pass folds into dq_accum. Ordinary shapes do neither.
+TEST(CudaPlan, LongRangesFoldTheBackward) {
+  // H200, d 128: the wgmma dK/dV pass takes 64 queries per iteration (+ 1 for a range that
+  // straddles a block): 1,023 + 1 iterations do not fold, 1,024 + 1 do, every 1,024.
+  const std::int64_t rows = kFoldRows;
+  const int every = kFoldRows / 64;
+  const CudaPlan short_q =
+      make_cuda_plan(problem(Direction::backward, DType::bf16, 1, rows - 64, 1024, 4, 4, 128, 128), kH200);
+  ASSERT_TRUE(short_q.ok()) << short_q.error;
+  EXPECT_EQ(short_q.kv_fold_blocks, 0);
+  EXPECT_EQ(short_q.q_fold_blocks, 0);
+  EXPECT_EQ(short_q.partial_rows, 0);
+  EXPECT_TRUE(short_q.single_pass);
+  EXPECT_NE(short_q.main.variant, Variant::fold);
+  const CudaPlan long_q =
+      make_cuda_plan(problem(Direction::backward, DType::bf16, 1, rows, 1024, 4, 4, 128, 128), kH200);
+  ASSERT_TRUE(long_q.ok()) << long_q.error;
+  EXPECT_EQ(long_q.kv_fold_blocks, every);
+  EXPECT_EQ(long_q.main.variant, Variant::fold);
+  EXPECT_EQ(long_q.q_fold_blocks, 0);
+  EXPECT_TRUE(long_q.single_pass);
+  EXPECT_EQ(long_q.group_splits, 1);
+  EXPECT_EQ(long_q.partial_rows, 4 * 1024);  // one plane: the fold's, without group splits
+  EXPECT_EQ(long_q.partial_bytes, std::size_t(4) * 1024 * (128 + 128) * 4);
+  EXPECT_EQ(long_q.workspace.dq_accum - long_q.workspace.partial, long_q.partial_bytes);
+  // d 64: 128 queries per iteration, a fold every 512.
+  EXPECT_EQ(
+      make_cuda_plan(problem(Direction::backward, DType::bf16, 1, rows, 1024, 4, 4, 64, 64), kH200).kv_fold_blocks,
+      kFoldRows / 128);
+  // GQA 8/1 counts every head of the group a CTA loops over: 16k queries fold.
+  EXPECT_EQ(make_cuda_plan(problem(Direction::backward, DType::bf16, 64, 16 * 1024, 4096, 8, 1, 128, 128), kH200)
+                .kv_fold_blocks,
+            every);
+  // Long key ranges: two-pass, the dQ pass folding into dq_accum; the dK/dV pass does not.
+  const CudaPlan long_k =
+      make_cuda_plan(problem(Direction::backward, DType::bf16, 1, 256, 1 << 20, 4, 4, 128, 128), kH200);
+  ASSERT_TRUE(long_k.ok()) << long_k.error;
+  EXPECT_FALSE(long_k.single_pass);
+  EXPECT_EQ(name_of(long_k.dq), "sm90a dQ pass");
+  EXPECT_EQ(long_k.q_fold_blocks, kFoldRows / long_k.dq.entry->loop_rows);
+  EXPECT_EQ(long_k.dq.variant, Variant::fold);
+  EXPECT_EQ(long_k.kv_fold_blocks, 0);
+  EXPECT_NE(long_k.main.variant, Variant::fold);
+  EXPECT_EQ(long_k.dq_accum_bytes, std::size_t(256) * 4 * 128 * 4);
+  // 2 kFoldRows keys still run the single pass.
+  EXPECT_TRUE(
+      make_cuda_plan(problem(Direction::backward, DType::bf16, 1, 256, 2 * rows, 4, 4, 128, 128), kH200).single_pass);
+  // The same on the sm80 kernels (8-warp pass, its dQ pass) and deterministic.
+  const Problem both = problem(Direction::backward, DType::f16, 1, rows * 2, 1 << 20, 2, 2, 64, 64, true);
+  for (const CudaPlan& plan : {make_cuda_plan(both, kA100), make_cuda_plan(both, kH200)}) {
+    ASSERT_TRUE(plan.ok()) << plan.error;
+    EXPECT_FALSE(plan.single_pass);
+    EXPECT_EQ(plan.kv_fold_blocks, kFoldRows / plan.main.entry->loop_rows);
+    EXPECT_EQ(plan.q_fold_blocks, kFoldRows / plan.dq.entry->loop_rows);
+  }
+  // The test hook: a fold every 3 blocks on a small problem (both passes where both run), or
+  // none on a long one.
+  const Problem small = bwd(DType::bf16, 2, 333, 8, 2, 128, true);
+  const CudaPlan every3 = make_cuda_plan(small, kH200, PlanForcing{.fold_blocks = 3});
+  EXPECT_EQ(every3.kv_fold_blocks, 3);
+  EXPECT_EQ(every3.q_fold_blocks, 3);
+  EXPECT_EQ(every3.partial_rows, 2 * 2 * 333);
+  const CudaPlan none = make_cuda_plan(both, kH200, PlanForcing{.fold_blocks = -1});
+  EXPECT_EQ(none.kv_fold_blocks, 0);
+  EXPECT_EQ(none.q_fold_blocks, 0);
+  EXPECT_EQ(none.partial_rows, 0);
+  // The forward has no such fold (it folds by keys: outer_count).
+  EXPECT_EQ(
+      make_cuda_plan(problem(Direction::forward, DType::bf16, 1, rows * 2, 64, 2, 2, 64, 64), kH200).kv_fold_blocks, 0);
 }
 
 // The support rule `shared_memory` runs the plan's kernel choice alone: it refuses exactly

@@ -26,6 +26,9 @@ if(STRIDEATTN_HAVE_CUDA)
   target_link_libraries(cuda_large_test PRIVATE CUDA::cudart)
   strideattn_test(cuda_edges_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_edges_test.cpp LABELS gpu)
   target_link_libraries(cuda_edges_test PRIVATE CUDA::cudart)
+  # The backward over 2^22 queries or keys (stride-0 views): the folds, with and without.
+  strideattn_test(cuda_long_backward_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_long_backward_test.cpp LABELS gpu)
+  target_link_libraries(cuda_long_backward_test PRIVATE strideattn_gpu CUDA::cudart)
   # Forward and backward at logits up to 1e30 on every kernel pairing (the test hook).
   strideattn_test(cuda_magnitude_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_magnitude_test.cpp LABELS gpu)
   target_link_libraries(cuda_magnitude_test PRIVATE strideattn_gpu)

@@ -1,5 +1,6 @@
 // The stores at the end of each pass: O and LSE (forward), dQ (the dQ pass), dK and dV or
-// their fp32 partials (dK/dV pass), and the 2-float atomic add of the single-pass dQ.
+// their fp32 partials (dK/dV pass), the 2-float atomic add of the single-pass dQ, and the
+// folds of the backward over long ranges (kernel_params.hpp, kv_fold_blocks).
 #pragma once
 
 #include <cmath>
@@ -82,6 +83,33 @@ __device__ __forceinline__ void store_dq(const KernelParams& kp, int64_t batch, 
     }
 }
 
+// The dQ pass's fold (kp.q_fold_blocks > 0): dq_accum rows row0 + 16 * mt + g (+8) (those
+// below r1, which this CTA alone owns: plain loads and stores) += dq, and dq restarts from 0.
+// The epilogue folds the last blocks the same way and launch_convert_dq stores dQ.
+template <int MT, int D>
+__device__ __forceinline__ void fold_dq(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0, int64_t r1,
+                                        float (&dq)[MT][D / 8][4]) {
+  const int t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
+  const int d_qk = int(kp.p.d_qk);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + mt * 16 + g + 8 * h;
+      float2* const acc = reinterpret_cast<float2*>(kp.dq_accum + delta_index(kp, batch, head, row) * d_qk);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (row < r1 && col < d_qk) {
+          float2 x = acc[col / 2];
+          x.x += dq[mt][n][2 * h], x.y += dq[mt][n][2 * h + 1];
+          acc[col / 2] = x;
+        }
+        dq[mt][n][2 * h] = dq[mt][n][2 * h + 1] = 0.f;
+      }
+    }
+}
+
 // dq_accum[row][col], [col + 1] += (x0, x1); col even, the row 8-byte aligned (d_qk % 8 == 0).
 __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -94,9 +122,51 @@ __device__ __forceinline__ void atomic_add_pair(float* dst, float x0, float x1) 
 
 // The dK/dV pass epilogue for one warp's accumulators dk, dv [MT][N/8][4]: rows (keys)
 // key0 + 16 * mt + g (+8), those below c1 only; head-dim columns col0 + 8 * n + 2t (+1).
-// One group split: dK * scale and dV, stored through their strides. Several: fp32 partial
-// rows (unscaled dK, dV) in split gsplit's plane, which launch_reduce_dkv sums.
-template <class T, int MT, int N>
+// One group split: dK * scale and dV, stored through their strides. Several, or the fold:
+// fp32 partial rows (unscaled dK, dV) in split gsplit's plane (Fold: added to what the
+// fold put there), which launch_reduce_dkv sums.
+// The dK/dV passes' fold (kp.kv_fold_blocks > 0, dkv_partial set and zeroed): this warp's
+// partial rows (plane gsplit, owned by this thread alone: plain loads and stores) += dk, dv,
+// and dk, dv restart from 0. store_dk_dv<..., Fold = true> adds the last blocks the same way.
+__device__ __forceinline__ float2* partial_k_row(const KernelParams& kp, int gsplit, int64_t row) {
+  return reinterpret_cast<float2*>(kp.dkv_partial + (int64_t(gsplit) * kp.partial_rows + row) * kp.p.d_qk);
+}
+__device__ __forceinline__ float2* partial_v_row(const KernelParams& kp, int gsplit, int64_t row) {
+  return reinterpret_cast<float2*>(kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * kp.p.d_qk +
+                                   (int64_t(gsplit) * kp.partial_rows + row) * kp.p.d_v);
+}
+__device__ __forceinline__ void add_pair(float2* dst, float x0, float x1) {
+  float2 x = *dst;
+  x.x += x0, x.y += x1;
+  *dst = x;
+}
+
+template <int MT, int N>
+__device__ __forceinline__ void fold_dk_dv(const KernelParams& kp, int64_t batch, int64_t kv_head, int gsplit,
+                                           int64_t key0, int64_t c1, int col0, float (&dk)[MT][N / 8][4],
+                                           float (&dv)[MT][N / 8][4]) {
+  const int d_qk = int(kp.p.d_qk), d_v = int(kp.p.d_v);
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t key = key0 + mt * 16 + g + 8 * h;
+      const int64_t row = kv_row_index(kp, batch, kv_head, key);
+#pragma unroll
+      for (int n = 0; n < N / 8; ++n) {
+        const int col = col0 + n * 8 + 2 * t;
+        if (key < c1 && col < d_qk)
+          add_pair(partial_k_row(kp, gsplit, row) + col / 2, dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
+        if (key < c1 && col < d_v)
+          add_pair(partial_v_row(kp, gsplit, row) + col / 2, dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+        dk[mt][n][2 * h] = dk[mt][n][2 * h + 1] = dv[mt][n][2 * h] = dv[mt][n][2 * h + 1] = 0.f;
+      }
+    }
+}
+
+template <class T, int MT, int N, bool Fold = false>
 __device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batch, int64_t kv_head, int gsplit,
                                             int64_t key0, int64_t c1, int col0, const float (&dk)[MT][N / 8][4],
                                             const float (&dv)[MT][N / 8][4]) {
@@ -105,9 +175,6 @@ __device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batc
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const bool partial = kp.dkv_partial != nullptr;
-  float* const part_k = kp.dkv_partial + int64_t(gsplit) * kp.partial_rows * d_qk;
-  float* const part_v =
-      kp.dkv_partial + int64_t(kp.group_splits) * kp.partial_rows * d_qk + int64_t(gsplit) * kp.partial_rows * d_v;
   const auto dk_ref = sequence_ref(p.dk, p.dk_st, p.kv_seq, batch),
              dv_ref = sequence_ref(p.dv, p.dv_st, p.kv_seq, batch);
   const bool dk_pair = (kp.aligned & kPairDK) != 0, dv_pair = (kp.aligned & kPairDV) != 0;
@@ -119,13 +186,17 @@ __device__ __forceinline__ void store_dk_dv(const KernelParams& kp, int64_t batc
       if (key >= c1) continue;
       if (partial) {
         const int64_t row = kv_row_index(kp, batch, kv_head, key);
+        float2 *const pk = partial_k_row(kp, gsplit, row), *const pv = partial_v_row(kp, gsplit, row);
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
           const int col = col0 + n * 8 + 2 * t;  // even; d_qk, d_v are multiples of 8
-          if (col < d_qk)
-            *reinterpret_cast<float2*>(part_k + row * d_qk + col) = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
-          if (col < d_v)
-            *reinterpret_cast<float2*>(part_v + row * d_v + col) = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+          if constexpr (Fold) {
+            if (col < d_qk) add_pair(pk + col / 2, dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
+            if (col < d_v) add_pair(pv + col / 2, dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+          } else {
+            if (col < d_qk) pk[col / 2] = make_float2(dk[mt][n][2 * h], dk[mt][n][2 * h + 1]);
+            if (col < d_v) pv[col / 2] = make_float2(dv[mt][n][2 * h], dv[mt][n][2 * h + 1]);
+          }
         }
         continue;
       }

@@ -58,10 +58,29 @@ struct KernelParams {
   float* outer_slots = nullptr;
   int* outer_flags = nullptr;
   int outer_count = 0;
+  // Backward over long ranges: every `kv_fold_blocks` iterations of its loop over query
+  // blocks a dK/dV pass adds its dK and dV registers into its fp32 partial rows (dkv_partial,
+  // zeroed before the pass) and starts them again from zero; every `q_fold_blocks` key blocks
+  // the dQ pass does the same with its dQ registers into its dq_accum rows. So no fp32 sum in
+  // registers runs over more than that many block products, and the fold sums the blocks'
+  // results (a blocked sum, not one running sum over millions of terms). 0: no fold.
+  int kv_fold_blocks = 0;
+  int q_fold_blocks = 0;
 };
 
 // Keys a forward warp accumulates in registers before folding them into its outer slot.
 inline constexpr std::int64_t kFoldKeys = 8192;
+
+// Rows (queries of a dK/dV pass, counted over its GQA heads; keys of the dQ pass) a backward
+// pass sums in registers before it folds them (kv_fold_blocks, q_fold_blocks: this over the
+// pass's rows per iteration). A register chain then has at most 65,536 / 16 = 4,096 MMA
+// k-steps; the wgmma accumulator drifts by about 2^-23 per k-step when every term is alike
+// (measured: 2.6e-3 relative after 16,384 k-steps), so 4,096 keep it under the fp16 output's
+// rounding. The plan folds only where a CTA's rows exceed this: MHA past 64k queries, GQA-8
+// past 8k, dQ past 128k keys (kFoldRows x 2: the single pass's atomics add with rounding to
+// nearest and drift less); the fold costs a memset, fp32 partial stores and a reduction
+// (well under 1% of such a backward).
+inline constexpr int kFoldRows = 65536;
 
 // Row of the delta workspace for (sequence `batch`, head, token).
 SA_HD std::int64_t delta_index(const KernelParams& kp, std::int64_t batch, std::int64_t head, std::int64_t token) {

@@ -24,7 +24,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <Arch A, class T, int D>
+template <Arch A, class T, int D, bool Fold>
 __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   constexpr KvPassTile kTile = kv_tile(A, D);
   constexpr int MT = kTile.mt, Bc = kTile.bc, Br = kTile.br, DAcc = kTile.d_acc;
@@ -73,6 +73,7 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   }
   cp_async_commit();
 
+  int fold_left = kp.kv_fold_blocks;  // Fold: iterations to the next fold
   for (int it = 0; it < w.n_iters; ++it) {
     const int buf = it & 1;
     if (it + 1 < w.n_iters) {
@@ -111,16 +112,21 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
       accum_to_a<T, MT, Br>(ds_frag, dpt);
       gemm_rn<T, MT, Br, DAcc, backward_prefetch(A, D)>(dk, ds_frag, sQ(buf), col0, d_qk - col0);
     }
+    if constexpr (Fold)  // long query ranges: fold dK, dV (kernel_params.hpp)
+      if (--fold_left == 0) {
+        fold_dk_dv<MT, DAcc>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
+        fold_left = kp.kv_fold_blocks;
+      }
     __syncthreads();  // buffers of this iteration may be refilled
   }
 
   // epilogue: this warp's rows of the CTA's valid keys
-  store_dk_dv<T, MT, DAcc>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
+  store_dk_dv<T, MT, DAcc, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
 }
 
-template <Arch A, class T, int D>
+template <Arch A, class T, int D, bool Fold>
 __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) kv_pass_mainloop<A, T, D>(kp);
+  if constexpr (builds_body<A>) kv_pass_mainloop<A, T, D, Fold>(kp);
 }
 
 // The kernel table's entry of this pass for (A, T, D) (dispatch.hpp).
@@ -132,8 +138,10 @@ KernelEntry kv_entry() {
   e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dkdv;
   e.threads = kThreads, e.smem_bytes = kTile.smem_bytes;
   e.grid = GridShape::key_blocks, e.block_rows = kTile.bc, e.dim_splits = kTile.dim_splits;
+  e.loop_rows = kTile.br;
   e.split_target = kTile.split_target;
-  e.guarded = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D>);
+  e.guarded = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D, false>);
+  e.fold = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D, true>);
   return e;
 }
 

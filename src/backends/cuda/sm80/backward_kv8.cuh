@@ -74,7 +74,7 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
     }
 }
 
-template <Arch A, class T, int D, bool FullD>
+template <Arch A, class T, int D, bool FullD, bool Fold>
 __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
   static_assert(has_kv8_pass(D), "the 8-warp pass serves the d <= 64 and d <= 128 buckets");
   constexpr Kv8Tile kTile = kv8_tile(A, D);
@@ -133,6 +133,7 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
 
   // (h, b): this iteration's head in the share and query block; (next_h, next_b): the next's
   int h = 0, b = 0;
+  int fold_left = kp.kv_fold_blocks;  // Fold: iterations to the next fold
   for (int it = 0; it < n_iters; ++it) {
     const int buf = int(it & 1);
     const bool last_block = b + 1 == n_qblocks;
@@ -182,15 +183,20 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
       const int64_t head = w.head(h);
       accumulate_dq<A, T, D, kFull>(kp, sDS, sK, batch, head, r0, r1);
     }
+    if constexpr (Fold)  // long query ranges: fold dK, dV (kernel_params.hpp)
+      if (--fold_left == 0) {
+        fold_dk_dv<MT, WD>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
+        fold_left = kp.kv_fold_blocks;
+      }
     h = next_h, b = next_b;
   }
   // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
-  store_dk_dv<T, MT, WD>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
+  store_dk_dv<T, MT, WD, Fold>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
 }
 
-template <Arch A, class T, int D, bool FullD>
+template <Arch A, class T, int D, bool FullD, bool Fold>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) kv8_mainloop<A, T, D, FullD>(kp);
+  if constexpr (builds_body<A>) kv8_mainloop<A, T, D, FullD, Fold>(kp);
 }
 
 // The kernel table's entry of this pass for (A, T, D) (dispatch.hpp). Where unguarded_full_d
@@ -203,10 +209,12 @@ KernelEntry kv8_entry() {
   e.name = "sm80 8-warp dK/dV pass";
   e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dkdv;
   e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
-  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc, e.loop_rows = kTile.br;
   e.adds_dq = true, e.split_target = kTile.split_target;
-  e.guarded = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, false>);
-  if constexpr (unguarded_full_d(A, D)) e.full_d = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, true>);
+  e.guarded = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, false, false>);
+  if constexpr (unguarded_full_d(A, D))
+    e.full_d = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, true, false>);
+  e.fold = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, false, true>);
   return e;
 }
 

@@ -2,6 +2,8 @@
 // head, sequence), dQ in fp32 registers over the key blocks in a fixed order, no atomics:
 //   S = Q K^T, P = exp(round(S * scale) - LSE) (masked -> -0)
 //   dP = dO V^T;  dS = P * (dP - delta);  dQ += dS K
+// Over long key ranges (kp.q_fold_blocks) dQ folds into fp32 dq_accum rows every that many
+// key blocks (kernel_params.hpp), and launch_convert_dq stores it.
 // (sm80/backward_kv.cuh has the two-pass form's dK/dV pass.)
 #pragma once
 
@@ -16,7 +18,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <Arch A, class T, int D>
+template <Arch A, class T, int D, bool Fold>
 __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
   constexpr QPassTile kTile = q_tile(A, D);
   constexpr int MT = kTile.mt, Br = kTile.br, Bc = kTile.bc;
@@ -77,6 +79,7 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
   }
   cp_async_commit();
 
+  int fold_left = kp.q_fold_blocks;  // Fold: key blocks to the next fold
   for (int it = 0; it < n_blocks; ++it) {
     const int buf = it & 1;
     const int64_t c0 = first_block + int64_t(it) * Bc;
@@ -106,16 +109,25 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     uint32_t ds_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(ds_frag, dp);
     gemm_rn<T, MT, Bc, D, backward_prefetch(A, D)>(dq, ds_frag, sK(buf), 0, d_qk);
+    if constexpr (Fold)  // long key ranges: fold dQ into dq_accum (kernel_params.hpp)
+      if (--fold_left == 0) {
+        fold_dq<MT, D>(kp, batch, head, r0 + warp_row0, r1, dq);
+        fold_left = kp.q_fold_blocks;
+      }
     __syncthreads();  // buffers of this iteration may be refilled
   }
 
-  // epilogue: dQ = scale * dq
-  store_dq<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, dq);
+  // epilogue: dQ = scale * dq, or with the fold on its last blocks into dq_accum (which
+  // launch_convert_dq stores)
+  if constexpr (Fold)
+    fold_dq<MT, D>(kp, batch, head, r0 + warp_row0, r1, dq);
+  else
+    store_dq<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, dq);
 }
 
-template <Arch A, class T, int D>
+template <Arch A, class T, int D, bool Fold>
 __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) q_pass_mainloop<A, T, D>(kp);
+  if constexpr (builds_body<A>) q_pass_mainloop<A, T, D, Fold>(kp);
 }
 
 // The kernel table's entry of this pass for (A, T, D) (dispatch.hpp).
@@ -126,8 +138,9 @@ KernelEntry q_entry() {
   e.name = A == Arch::sm80 ? "sm80 dQ pass" : "sm90a dQ pass";
   e.dtype = dtype_of<T>(), e.arch = A, e.bucket = D, e.pass = Pass::dq;
   e.threads = kThreads, e.smem_bytes = kTile.smem_bytes;
-  e.grid = GridShape::query_blocks, e.block_rows = kTile.br;
-  e.guarded = reinterpret_cast<const void*>(&backward_q_kernel<A, T, D>);
+  e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.loop_rows = kTile.bc;
+  e.guarded = reinterpret_cast<const void*>(&backward_q_kernel<A, T, D, false>);
+  e.fold = reinterpret_cast<const void*>(&backward_q_kernel<A, T, D, true>);
   return e;
 }
 

@@ -32,7 +32,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D>
+template <class T, int D, bool Fold>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   cp_async_commit();
 
   int h = 0, b = 0;
+  int fold_left = kp.kv_fold_blocks;  // Fold: iterations to the next fold
   for (int it = 0; it < n_iters; ++it) {
     const int buf = int(it & 1);
     const bool last_block = b + 1 == w.n_qblocks;
@@ -178,11 +179,16 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     wgmma_wait<0>();
     fence_operands(dv[0]);
     fence_operands(dk[0]);
+    if constexpr (Fold)  // long query ranges: fold dK, dV (kernel_params.hpp)
+      if (--fold_left == 0) {
+        fold_dk_dv<1, GD>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
+        fold_left = kp.kv_fold_blocks;
+      }
     h = next_h, b = next_b;
   }
 
   // epilogue: this warp's 16 keys (those below c1), the group's GD columns
-  store_dk_dv<T, 1, GD>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
+  store_dk_dv<T, 1, GD, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
 #endif
 }
 
@@ -194,9 +200,10 @@ KernelEntry kv_wgmma_entry() {
   e.name = "sm90a wgmma dK/dV pass";
   e.dtype = dtype_of<T>(), e.arch = Arch::sm90a, e.bucket = D, e.pass = Pass::dkdv;
   e.threads = kKvThreads, e.smem_bytes = kTile.smem_bytes;
-  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc;
+  e.grid = GridShape::key_blocks, e.block_rows = kTile.bc, e.loop_rows = kTile.br;
   e.adds_dq = true, e.split_target = kTile.split_target;
-  e.guarded = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D>);
+  e.guarded = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, false>);
+  e.fold = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true>);
   return e;
 }
 
