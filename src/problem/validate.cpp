@@ -102,12 +102,14 @@ Status check_view_alone(const char* name, void* data, i64 elem_bytes, const std:
       return invalid(std::string(name) + ": " + dim_names[i] + " extent is " + std::to_string(shape[i]) +
                      "; supported: >= 0");
   }
-  if (unit_stride_dim >= 0 && shape[unit_stride_dim] > 1 && stride[unit_stride_dim] != 1 &&
+  bool empty = false;
+  for (std::size_t i = 0; i < N; ++i) empty = empty || shape[i] == 0;
+  // (an empty view has no element to address: its strides are whatever the framework left,
+  // e.g. 0 from a DLPack export of a zero-size array)
+  if (!empty && unit_stride_dim >= 0 && shape[unit_stride_dim] > 1 && stride[unit_stride_dim] != 1 &&
       stride[unit_stride_dim] != -1)
     return invalid(std::string(name) + ": head-dim stride is " + std::to_string(stride[unit_stride_dim]) +
                    "; supported: 1, or -1 for a reversed head dim (the head dimension must be contiguous)");
-  bool empty = false;
-  for (std::size_t i = 0; i < N; ++i) empty = empty || shape[i] == 0;
   // Elements reach from data + low to data + reach (element offsets; low <= 0 from
   // negative strides). Both ends, in bytes, must fit in int64 and the low end must not
   // fall below address 0.

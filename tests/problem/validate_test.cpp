@@ -106,6 +106,15 @@ TEST_F(Validate, ZeroHeadsIsNothingToDo) {
   for (TensorView* t : {&b.q, &b.k, &b.v, &b.o, &b.d_o, &b.dq, &b.dk, &b.dv}) t->shape[kHead] = 0;
   b.lse.shape[1] = 0;
   EXPECT_TRUE(check(b).ok()) << check(b).message();
+  // An empty view's strides address nothing: any head-dim stride (numpy on some machines
+  // exports 0 for a zero-size array through DLPack), while a non-empty one is still refused.
+  a = fwd();
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.o}) t->shape[kHead] = 0, t->stride[kHeadDim] = 0;
+  a.lse.shape[1] = 0;
+  EXPECT_TRUE(check(a).ok()) << check(a).message();
+  a = fwd();
+  a.q.stride[kHeadDim] = 0;
+  EXPECT_INVALID(check(a), "q: head-dim stride is 0");
   // Only one side empty: the query heads have no KV head to read (or KV heads no query).
   a = fwd();
   a.q.shape[kHead] = a.o.shape[kHead] = a.lse.shape[1] = 0;
