@@ -535,3 +535,15 @@ def test_jax_cpu_read_only():
             cache_seqlens=[4, 7],
             block_table=jnp.asarray(table),
         )
+
+
+def test_readme_kvcache_snippet_runs(capsys):
+    import pathlib
+
+    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    blocks = [
+        b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "attention_with_kvcache" in b
+    ]
+    assert len(blocks) == 1, "README.md lost its KV-cache decode loop"
+    exec(compile(blocks[0], "README.md (KV-cache decode loop)", "exec"), {})
+    assert capsys.readouterr().out.strip() == "(2, 1, 8, 64) [24 24]"
