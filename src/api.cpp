@@ -145,11 +145,7 @@ Explanation explain_impl(const Args& args) {
     ex.validation = detail::make_problem(args, &problem);
     if (!ex.validation.ok()) return ex;
     ex.layout = detail::describe_layout(problem);
-    detail::Selection sel = detail::select_backend(problem, Backend::automatic);
-    // An unknown STRIDEATTN_BACKEND makes every call fail: explain says so, not "chosen: none".
-    if (sel.status.code() == StatusCode::invalid_argument) ex.validation = sel.status;
-    ex.verdicts = std::move(sel.verdicts);
-    ex.chosen = sel.chosen;
+    detail::explain_selection(problem, &ex);
   } catch (const std::exception& e) {
     ex.validation = Status(StatusCode::internal, std::string("internal error: ") + e.what());
   }

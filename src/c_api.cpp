@@ -220,6 +220,33 @@ Status convert(const sa_backward_args* in, BackwardArgs* out) {
   return Status::Ok();
 }
 
+Status convert(const sa_kvcache_args* in, KvCacheArgs* out) {
+  sa_kvcache_args c;
+  if (Status s = read_struct(in, sizeof(sa_kvcache_args), "sa_kvcache_args", &c); !s.ok()) return s;
+  out->q = to_view(c.q);
+  out->k_cache = to_view(c.k_cache);
+  out->v_cache = to_view(c.v_cache);
+  out->k_new = to_view(c.k_new);
+  out->v_new = to_view(c.v_new);
+  out->block_table.data = c.block_table.data;
+  for (int i = 0; i < 2; ++i) {
+    out->block_table.shape[i] = c.block_table.shape[i];
+    out->block_table.stride[i] = c.block_table.stride[i];
+  }
+  out->cache_seqlens = c.cache_seqlens;
+  out->seqlens_q = c.seqlens_q;
+  out->o = to_view(c.o);
+  out->lse = to_lse(c.lse);
+  out->options = to_options(c.options);
+  out->options.cancel = static_cast<const std::atomic<bool>*>(c.cancel);
+  if (Status s = to_backend(c.backend, &out->backend); !s.ok()) return s;
+  if (Status s = to_memory(c.memory, &out->memory); !s.ok()) return s;
+  out->stream = c.stream;
+  out->workspace = c.workspace;
+  out->workspace_bytes = c.workspace_bytes;
+  return Status::Ok();
+}
+
 // Runs `body` with every exception turned into a status.
 template <class F>
 int guarded(char* msg, std::size_t msg_len, F&& body) {
@@ -471,37 +498,6 @@ SA_API const char* sa_status_name(int status) {
 
 // ---------------------------------------------------------------- KV-cache attention
 
-namespace {
-
-Status convert(const sa_kvcache_args* in, KvCacheArgs* out) {
-  sa_kvcache_args c;
-  if (Status s = read_struct(in, sizeof(sa_kvcache_args), "sa_kvcache_args", &c); !s.ok()) return s;
-  out->q = to_view(c.q);
-  out->k_cache = to_view(c.k_cache);
-  out->v_cache = to_view(c.v_cache);
-  out->k_new = to_view(c.k_new);
-  out->v_new = to_view(c.v_new);
-  out->block_table.data = c.block_table.data;
-  for (int i = 0; i < 2; ++i) {
-    out->block_table.shape[i] = c.block_table.shape[i];
-    out->block_table.stride[i] = c.block_table.stride[i];
-  }
-  out->cache_seqlens = c.cache_seqlens;
-  out->seqlens_q = c.seqlens_q;
-  out->o = to_view(c.o);
-  out->lse = to_lse(c.lse);
-  out->options = to_options(c.options);
-  out->options.cancel = static_cast<const std::atomic<bool>*>(c.cancel);
-  if (Status s = to_backend(c.backend, &out->backend); !s.ok()) return s;
-  if (Status s = to_memory(c.memory, &out->memory); !s.ok()) return s;
-  out->stream = c.stream;
-  out->workspace = c.workspace;
-  out->workspace_bytes = c.workspace_bytes;
-  return Status::Ok();
-}
-
-}  // namespace
-
 SA_API int sa_forward_with_kvcache(const sa_kvcache_args* args, char* msg, size_t msg_len) {
   return guarded(msg, msg_len, [&] {
     KvCacheArgs a;
@@ -511,19 +507,7 @@ SA_API int sa_forward_with_kvcache(const sa_kvcache_args* args, char* msg, size_
 }
 
 SA_API int sa_explain_kvcache(const sa_kvcache_args* args, char* buf, size_t len) {
-  try {
-    KvCacheArgs a;
-    if (Status s = convert(args, &a); !s.ok()) {
-      write_text("invalid: " + s.message() + "\n", buf, len);
-      return static_cast<int>(s.code());
-    }
-    const Explanation ex = explain(a);
-    write_text(explanation_text(ex), buf, len);
-    return static_cast<int>(ex.validation.code());
-  } catch (...) {
-    write_text("internal error while explaining\n", buf, len);
-    return SA_INTERNAL;
-  }
+  return explain_c<sa_kvcache_args, KvCacheArgs>(args, buf, len);
 }
 
 static_assert(static_cast<int>(strideattn::StatusCode::invalid_argument) == SA_INVALID_ARGUMENT);

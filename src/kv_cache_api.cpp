@@ -36,11 +36,7 @@ Explanation explain(const KvCacheArgs& args) {
     ex.validation = detail::make_kvcache_problem(args, &p);
     if (!ex.validation.ok()) return ex;
     ex.layout = detail::describe_kvcache(p);
-    const detail::Problem sel_problem = detail::selection_problem(p);
-    detail::Selection sel = detail::select_backend(sel_problem, Backend::automatic);
-    if (sel.status.code() == StatusCode::invalid_argument) ex.validation = sel.status;
-    ex.verdicts = std::move(sel.verdicts);
-    ex.chosen = sel.chosen;
+    detail::explain_selection(detail::selection_problem(p), &ex);
   } catch (const std::exception& e) {
     ex.validation = Status(StatusCode::internal, std::string("internal error: ") + e.what());
   }

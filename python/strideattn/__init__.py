@@ -3,7 +3,8 @@ strides. Works on any DLPack-capable tensor (numpy on the CPU; PyTorch, CuPy, JA
 GPU); `strideattn.torch` adds a PyTorch autograd custom op and a TransformerEngine-style
 DotProductAttention module (imported on first use, so torch is not required here).
 `sdpa`, `flash_attn_func` and `flash_attn_varlen_func` take PyTorch SDPA's and
-FlashAttention's arguments with their meanings."""
+FlashAttention's arguments with their meanings; `attention_with_kvcache` is inference
+attention against a contiguous or paged KV cache (flash_attn_with_kvcache's arguments)."""
 
 from . import _core
 from ._core import (
@@ -19,6 +20,7 @@ from ._core import (
     version,
     workspace_size,
 )
+from ._kvcache import attention_with_kvcache, explain_with_kvcache
 from ._dropin import flash_attn_func, flash_attn_varlen_func, sdpa
 from ._util import MASK_ALIASES
 from ._log import flush_log, get_log_level, set_log_level
@@ -34,10 +36,12 @@ __all__ = [
     "UnsupportedError",
     "attention",
     "attention_backward",
+    "attention_with_kvcache",
     "build_info",
     "compiled_backends",
     "clear_plan_cache",
     "explain",
+    "explain_with_kvcache",
     "flash_attn_func",
     "flash_attn_varlen_func",
     "sdpa",

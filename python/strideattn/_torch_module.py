@@ -3,7 +3,7 @@ constructor and forward arguments (TE 2.x names, order and defaults) and compute
 strideattn's autograd op on the tensors' real strides (no `.contiguous()`).
 
 Every TE argument is accepted; those strideattn cannot honour (dropout, bias, ALiBi, FP8,
-KV caching, sink softmax, score_mod, GDN, arbitrary masks) raise
+sink softmax, score_mod, GDN, arbitrary masks) raise
 NotImplementedError naming the argument when set to anything but their neutral value. TE's
 mask-type spellings are normalised ('padding,causal' == 'causal,padding' ==
 'padding_causal'); strideattn's mask vocabulary is accepted too. Padding comes from
@@ -11,7 +11,9 @@ cu_seqlens_q/kv or, for padding mask types, from a right-padded boolean attentio
 padding mask type with neither is refused. Windows follow TE's alignment rule
 (bottom_right_diagonal) and are translated onto strideattn's bottom-right window. With
 cp_group, each rank passes its shard of the sequence and the call runs context-parallel
-(strideattn/_torch_cp.py; cp_comm_type p2p or a2a)."""
+(strideattn/_torch_cp.py; cp_comm_type p2p or a2a). inference_params takes a
+strideattn.torch.PagedKVCache (strideattn/_torch_kvcache.py): the step's k / v are appended
+to the layer's caches and q attends over them; any other object is refused."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from torch import Tensor
 
 from . import _checks
 from . import _torch_call as call
+from ._torch_kvcache import PagedKVCache
 from ._torch_ops import attend, attention
 from ._util import (
     MASK_ALIASES,
@@ -342,6 +345,10 @@ class DotProductAttention(torch.nn.Module):
         )
         for name, value in neutral:
             given = args[name]
+            if name == "inference_params" and given is not None:
+                if isinstance(given, PagedKVCache):
+                    continue
+                raise _refuse(name, given, "None or a strideattn.torch.PagedKVCache")
             if given is None and value is False:
                 continue
             if (given is not None) if value is None else (given != value):
@@ -490,6 +497,8 @@ class DotProductAttention(torch.nn.Module):
                 )
             return _our_window((left, right), top_left, shifts[0] if shifts else 0, why)
 
+        if inference_params is not None:  # a PagedKVCache (others were refused above)
+            return self._cached(q, k, v, inference_params, fmt, mask, (left, right), opts)
         if fmt == "thd":
             return self._thd(
                 q,
@@ -530,6 +539,24 @@ class DotProductAttention(torch.nn.Module):
             attn_mask_type or self.attn_mask_type,
         )
         o = self._padded(q, k, v, lens_q, lens_kv, window, opts)
+        if fmt == "sbhd":
+            o = o.transpose(0, 1)
+        return o.reshape(o.shape[0], o.shape[1], -1)
+
+    def _cached(self, q, k, v, cache, fmt, mask, win, opts) -> Tensor:
+        """Inference with a PagedKVCache: this step's k, v appended to the caches of this
+        layer (layer_number) and q attending over each sequence's tokens. Causal mask types
+        are bottom-right aligned here (a new token sees every earlier one), as TE does with
+        its KV cache; padding comes from the cache's lengths (attention_mask is not read)."""
+        if fmt == "thd":
+            raise _refuse("qkv_format", fmt, "'bshd' or 'sbhd' with inference_params")
+        if fmt == "sbhd":
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        o = cache.attend(
+            q, k, v, self.layer_number,
+            mask="none" if mask == "none" else "causal_bottom_right", window=win,
+            scale=self.softmax_scale, backend=self.backend,
+        )  # fmt: skip
         if fmt == "sbhd":
             o = o.transpose(0, 1)
         return o.reshape(o.shape[0], o.shape[1], -1)

@@ -241,3 +241,58 @@ def backward_targets(q, k, v, o, do, dtype, **opts):
     exact = attention_ref(q, k, v, do=do, o_given=given, **opts)
     naive = attention_ref(q, k, v, do=do, lowp=dtype, o_given=given, **opts)
     return exact, naive
+
+
+def kvcache_ref(
+    q,
+    k_cache,
+    v_cache,
+    *,
+    cache_seqlens,
+    k_new=None,
+    v_new=None,
+    block_table=None,
+    seqlens_q=None,
+    mask="none",
+    window=None,
+    scale=None,
+    lowp=None,
+):
+    """KV-cache attention as docs/semantics.md "KV cache" defines it, in plain numpy: the new
+    tokens written into copies of the caches (token t of sequence n at cache[n, t], or at
+    cache[block_table[n, t // page], t % page] when paged), then each sequence's first
+    seqlens_q[n] query rows against its L = cache_seqlens[n] + s_new keys. Returns dict with
+    o [b, s_q, h, d_v], lse [b, h, s_q] (rows past seqlens_q and sequences with L = 0: O 0,
+    LSE -inf) and the caches after the append (k_cache, v_cache, in the input dtype)."""
+    q = np.asarray(q)
+    kc, vc = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
+    b, s_q, h, d_qk = q.shape
+    scale = 1.0 / np.sqrt(d_qk) if scale is None else scale
+    s_new = 0 if k_new is None else k_new.shape[1]
+    page = None if block_table is None else kc.shape[1]
+
+    def slot(n, t):  # (row, position) of token t of sequence n
+        if page is None:
+            return n, t
+        return int(block_table[n][t // page]), t % page
+
+    for n in range(b):
+        for t in range(s_new):
+            r, pos = slot(n, int(cache_seqlens[n]) + t)
+            kc[r, pos] = k_new[n, t]
+            vc[r, pos] = v_new[n, t]
+    ct = np.float64 if lowp is None else np.float32
+    o = np.zeros((b, s_q, h, vc.shape[-1]), ct)
+    lse = np.full((b, h, s_q), -np.inf, ct)
+    for n in range(b):
+        length = int(cache_seqlens[n]) + s_new
+        rows = s_q if seqlens_q is None else int(seqlens_q[n])
+        idx = [slot(n, t) for t in range(length)]
+        kk = np.stack([kc[r, pos] for r, pos in idx]) if idx else kc[:0, 0]
+        vv = np.stack([vc[r, pos] for r, pos in idx]) if idx else vc[:0, 0]
+        if rows == 0:
+            continue
+        m = visible(rows, length, mask, window)
+        r = _seq(q[n, :rows], kk, vv, None, scale, m, lowp)
+        o[n, :rows], lse[n, :, :rows] = r[0], r[1]
+    return dict(o=o, lse=lse, k_cache=kc, v_cache=vc)

@@ -276,4 +276,11 @@ Selection select_backend(const Problem& problem, Backend requested, VerdictScope
   return sel;
 }
 
+void explain_selection(const Problem& problem, Explanation* ex) {
+  Selection sel = select_backend(problem, Backend::automatic);
+  if (sel.status.code() == StatusCode::invalid_argument) ex->validation = sel.status;
+  ex->verdicts = std::move(sel.verdicts);
+  ex->chosen = sel.chosen;
+}
+
 }  // namespace strideattn::detail

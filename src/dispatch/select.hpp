@@ -41,6 +41,11 @@ enum class VerdictScope { all, until_chosen, plan };
 [[nodiscard]] Selection select_backend(const Problem& problem, Backend requested,
                                        VerdictScope scope = VerdictScope::all);
 
+// explain()'s selection part, shared by every explain entry point: auto's verdicts on every
+// backend and its choice, into `ex` (whose validation and layout the caller has filled). An
+// unknown STRIDEATTN_BACKEND makes every call fail, so it becomes ex's validation error.
+void explain_selection(const Problem& problem, Explanation* ex);
+
 // Common support rules every backend starts with.
 [[nodiscard]] SupportRule memory_rule(Memory required);
 // Host backends: refuse a problem whose dense work bound (every query against every key,

@@ -183,7 +183,7 @@ TEST(CliInvalid, NegativeVarlenNamesTheOption) {
 // the CLI uses it (it took only none, causal and causal-bottom-right).
 // KV-cache checks (issue 20): each bad flag exits 2 with one line naming it.
 TEST(CliKvCacheInvalid, UnknownOption) { expect_invalid("check --cache-seqlens 4 --bogus 1", "--bogus"); }
-TEST(CliKvCacheInvalid, JsonIsNotOffered) { expect_invalid("check --cache-seqlens 4 --json", "--json"); }
+TEST(CliKvCacheInvalid, FuzzTakesNoJson) { expect_invalid("fuzz --kv-cache --cases 1 --json", "--json"); }
 TEST(CliKvCacheInvalid, NeedsCacheSeqlens) { expect_invalid("check --page-size 4", "--cache-seqlens"); }
 TEST(CliKvCacheInvalid, BadSeqlensList) { expect_invalid("check --cache-seqlens 4,x", "4,x"); }
 TEST(CliKvCacheInvalid, PageSizeBelowOne) { expect_invalid("check --cache-seqlens 4 --page-size 0", "--page-size"); }
@@ -216,6 +216,72 @@ TEST(CliKvCache, PagedAppendAgrees) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("cpu: agree"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("every compared backend agrees with the fp64 reference"), std::string::npos) << r.out;
+}
+
+std::set<std::string> keys(const nlohmann::json& j) {
+  std::set<std::string> k;
+  for (auto it = j.begin(); it != j.end(); ++it) k.insert(it.key());
+  return k;
+}
+
+// --json of a KV-cache check: the attention check's shape (top-level keys, each backend's
+// keys, the problem's keys) plus the cache, with real numbers that the rule judged.
+TEST(CliKvCache, CheckJsonHasTheCheckShape) {
+  const Result r =
+      run_cli("check --cache-seqlens 6,0 --page-size 3 --new-tokens 2 --seqlen-q 2 --backends cpu,reference --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const Result plain = run_cli("check --preset small --backends cpu --json");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const nlohmann::json p = nlohmann::json::parse(plain.out);
+  EXPECT_EQ(keys(j), keys(p));
+  for (const std::string& k : keys(p["problem"])) {
+    if (k == "varlen") continue;
+    EXPECT_TRUE(j["problem"].contains(k)) << k;
+  }
+  ASSERT_EQ(j["backends"].size(), 2u);
+  for (const std::string& k : keys(p["backends"][0])) EXPECT_TRUE(j["backends"][0].contains(k)) << k;
+  EXPECT_EQ(j["exit_code"], 0);
+  EXPECT_NE(j["layout"].get<std::string>().find("paged cache"), std::string::npos) << j["layout"];
+  EXPECT_EQ(j["problem"]["kv_cache"]["page_size"], 3);
+  EXPECT_EQ(j["problem"]["kv_cache"]["cache_seqlens"], nlohmann::json::array({6, 0}));
+  EXPECT_EQ(j["problem"]["kv_cache"]["new_tokens"], 2);
+  EXPECT_EQ(j["problem"]["seqlen_kv"], j["problem"]["kv_cache"]["capacity"]);
+  for (const auto& b : j["backends"]) {
+    EXPECT_EQ(b["status"], "ok") << b;
+    EXPECT_GT(b["max_abs_err"].get<double>(), 0.0) << b;  // a real comparison: f16 rounds
+    EXPECT_LE(b["max_abs_err"].get<double>(), b["tolerance"].get<double>()) << b;
+    EXPECT_TRUE(b["lse"]["pass"].get<bool>()) << b;
+    EXPECT_TRUE(b["written_ok"].get<bool>()) << b;
+    EXPECT_TRUE(b["caches_ok"].get<bool>()) << b;
+  }
+  EXPECT_NE(j["reproducer"].get<std::string>().find("--seed 1"), std::string::npos) << j["reproducer"];
+  EXPECT_EQ(j["reproducer"].get<std::string>().find("--json"), std::string::npos) << j["reproducer"];
+}
+
+// --json of a KV-cache explain: explain's keys, the cache in the layout, auto's choice.
+TEST(CliKvCache, ExplainJsonHasTheExplainShape) {
+  const Result r = run_cli("explain --cache-seqlens 5,9 --page-size 4 --new-tokens 1 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const Result plain = run_cli("explain --preset small --json");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(keys(j), keys(nlohmann::json::parse(plain.out)));
+  EXPECT_NE(j["layout"].get<std::string>().find("paged cache: 7 pages of 4 tokens"), std::string::npos);
+  EXPECT_TRUE(j["forward"]["chosen"].is_string()) << j["forward"];
+  EXPECT_FALSE(j["forward"]["verdicts"].empty());
+  EXPECT_EQ(j["problem"]["kv_cache"]["num_pages"], 7);
+}
+
+// Under --json an invalid KV-cache case is the error object on stdout (and one line on stderr).
+TEST(CliKvCache, JsonErrorObject) {
+  const std::string args = "check --cache-seqlens 9 --k-cache kc:1,8,2,64:1024,128,64,1 --backends cpu --json";
+  expect_invalid(args, "9");
+  const Result r = run_cli(args);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["error"]["code"], "invalid_argument");
+  EXPECT_EQ(j["exit_code"], 2);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("9"), std::string::npos);
 }
 
 TEST(MaskNames, CanonicalNamesAndAliases) {

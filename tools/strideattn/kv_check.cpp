@@ -7,15 +7,18 @@
 #include "kv_check.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include "backends/reference/reference_kvcache.hpp"
 #include "cli_args.hpp"
+#include "cli_json.hpp"
 #include "common/dtype.hpp"
 #include "harness/compare.hpp"
 #include "problem/kv_cache.hpp"
@@ -67,6 +70,9 @@ Status parse_int(const std::string& opt, const std::string& text, i64* out) {
   return Status::Ok();
 }
 
+// What O and LSE hold before a run: exact in every dtype, and far from any attention output.
+constexpr float kPoison = 12288.f;
+
 // Everything a run needs, allocated for one backend: named byte buffers and the views into them.
 struct Buffers {
   std::map<std::string, std::vector<unsigned char>> named;
@@ -113,8 +119,8 @@ Status build(const KvCliCase& c, Buffers* b, KvCacheArgs* a) {
   fill(b->kn, n * c.s_new * c.kv_heads * c.d);
   fill(b->vn, n * c.s_new * c.kv_heads * c.dv);
   b->o.assign(std::size_t(n * c.s_q * c.heads * c.dv * es), 0);
-  for (i64 i = 0; i < n * c.s_q * c.heads * c.dv; ++i) detail::store_from_float(b->o.data(), c.dtype, i, 12345.f);
-  b->lse.assign(std::size_t(n * c.heads * c.s_q), 12345.f);
+  for (i64 i = 0; i < n * c.s_q * c.heads * c.dv; ++i) detail::store_from_float(b->o.data(), c.dtype, i, kPoison);
+  b->lse.assign(std::size_t(n * c.heads * c.s_q), kPoison);
   for (i64 x : c.cache_seqlens) b->lens.push_back(std::int32_t(x));
   for (i64 x : c.seqlens_q) b->qlens.push_back(std::int32_t(x));
   auto view = [&](const harness::ViewSpec& v) {
@@ -178,57 +184,108 @@ Status build(const KvCliCase& c, Buffers* b, KvCacheArgs* a) {
   return Status::Ok();
 }
 
+// One backend's run of a case: what the text line and the --json entry are made of.
+struct BackendRow {
+  Backend backend = Backend::reference;
+  std::optional<Backend> chosen;  // what `auto` ran
+  std::string status;             // ok | mismatch | unsupported | error | invalid
+  std::string reason;             // the library's message where it did not run
+  bool ran = false;
+  harness::TensorCheck o, lse;
+  bool written_ok = false;  // every element of O and LSE was written (none holds the poison)
+  bool caches_ok = false;   // the caches equal the reference backend's after its run
+  double time_ms = 0;
+};
+
 struct Outcome {
   int exit = 0;  // 0 agree (or skipped), 1 disagree / failed, 2 invalid
   std::string text;
+  std::string layout;
+  std::vector<BackendRow> rows;
 };
+
+// FLOPs of the case as run: each sequence's query rows against its attended keys.
+double case_flops(const KvCliCase& c) {
+  double f = 0;
+  for (i64 n = 0; n < c.batch(); ++n) {
+    const double rows = c.seqlens_q.empty() ? double(c.s_q) : double(c.seqlens_q[std::size_t(n)]);
+    f += 2.0 * rows * double(c.cache_seqlens[std::size_t(n)] + c.s_new) * double(c.heads) * double(c.d + c.dv);
+  }
+  return f;
+}
 
 // One case on every backend. `quiet`: only failures are described.
 Outcome run_case(const KvCliCase& c, const std::vector<Backend>& backends, bool quiet) {
   Outcome out;
   Buffers ref_b;
   KvCacheArgs ref_a;
-  if (Status s = build(c, &ref_b, &ref_a); !s.ok()) return {2, s.message()};
+  if (Status s = build(c, &ref_b, &ref_a); !s.ok()) return {2, s.message(), "", {}};
   detail::KvCacheProblem p;
-  if (Status s = detail::make_kvcache_problem(ref_a, &p); !s.ok()) return {2, s.message()};
+  if (Status s = detail::make_kvcache_problem(ref_a, &p); !s.ok()) return {2, s.message(), "", {}};
   detail::ReferenceOutputs exact, naive;
   if (Status s = detail::reference_kvcache_compute(p, detail::RefPrecision::exact, &exact); !s.ok())
-    return {s.code() == StatusCode::invalid_argument ? 2 : 1, s.message()};
+    return {s.code() == StatusCode::invalid_argument ? 2 : 1, s.message(), "", {}};
   if (Status s = detail::reference_kvcache_compute(p, detail::RefPrecision::naive_lowp, &naive); !s.ok())
-    return {1, s.message()};
+    return {1, s.message(), "", {}};
   // The caches the append must leave: the reference backend's run on its own copy.
   ref_a.backend = Backend::reference;
-  if (Status s = forward_with_kvcache(ref_a); !s.ok()) return {1, "reference: " + s.message()};
-  out.text = quiet ? "" : "layout:  " + detail::describe_kvcache(p) + "\n";
+  if (Status s = forward_with_kvcache(ref_a); !s.ok()) return {1, "reference: " + s.message(), "", {}};
+  out.layout = detail::describe_kvcache(p);
+  out.text = quiet ? "" : "layout:  " + out.layout + "\n";
   for (Backend backend : backends) {
     Buffers b;
     KvCacheArgs a;
     (void)build(c, &b, &a);
     a.backend = backend;
+    BackendRow row;
+    row.backend = backend;
+    if (backend == Backend::automatic) row.chosen = explain(a).chosen;
+    const auto t0 = std::chrono::steady_clock::now();
     const Status s = forward_with_kvcache(a);
+    row.time_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::string line = std::string(to_string(backend)) + ": ";
     if (s.code() == StatusCode::unsupported) {
+      row.status = "unsupported";
+      row.reason = s.message();
       if (!quiet) out.text += line + "skipped: " + s.message() + "\n";
+      out.rows.push_back(std::move(row));
       continue;
     }
     if (!s.ok()) {
-      out.exit = std::max(out.exit, s.code() == StatusCode::invalid_argument ? 2 : 1);
-      out.text += line + std::string(to_string(s.code())) + ": " + s.message() + "\n";
+      const bool invalid = s.code() == StatusCode::invalid_argument;
+      row.status = invalid ? "invalid" : "error";
+      row.reason = std::string(to_string(s.code())) + ": " + s.message();
+      out.exit = std::max(out.exit, invalid ? 2 : 1);
+      out.text += line + row.reason + "\n";
+      out.rows.push_back(std::move(row));
       continue;
     }
     std::vector<double> o(exact.o.size()), lse(exact.lse.size());
-    for (std::size_t i = 0; i < o.size(); ++i) o[i] = detail::load_as_float(b.o.data(), c.dtype, i64(i));
-    for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = b.lse[i];
-    const harness::TensorCheck co = harness::check_tensor("o", c.dtype, o, naive.o, exact.o);
-    const harness::TensorCheck cl = harness::check_tensor("lse", DType::f32, lse, naive.lse, exact.lse);
-    const bool caches = b.named == ref_b.named;
-    const bool pass = co.pass() && cl.pass() && caches;
+    row.written_ok = true;
+    for (std::size_t i = 0; i < o.size(); ++i) {
+      o[i] = detail::load_as_float(b.o.data(), c.dtype, i64(i));
+      row.written_ok = row.written_ok && o[i] != double(kPoison);
+    }
+    for (std::size_t i = 0; i < lse.size(); ++i) {
+      lse[i] = b.lse[i];
+      row.written_ok = row.written_ok && b.lse[i] != kPoison;
+    }
+    row.ran = true;
+    row.o = harness::check_tensor("o", c.dtype, o, naive.o, exact.o);
+    row.lse = harness::check_tensor("lse", DType::f32, lse, naive.lse, exact.lse);
+    row.caches_ok = b.named == ref_b.named;
+    const bool pass = row.o.pass() && row.lse.pass() && row.caches_ok;
+    row.status = pass ? "ok" : "mismatch";
+    if (!pass)
+      row.reason = !row.caches_ok ? "the caches differ from the reference's after the call"
+                                  : "O or LSE exceeds its tolerance against the fp64 reference";
     char buf[256];
     std::snprintf(buf, sizeof buf, "%s  o err %.3g (tol %.3g)  lse err %.3g (tol %.3g)  caches %s",
-                  pass ? "agree" : "MISMATCH", co.err.max_abs_err, co.tol, cl.err.max_abs_err, cl.tol,
-                  caches ? "match the reference's" : "DIFFER from the reference's");
+                  pass ? "agree" : "MISMATCH", row.o.err.max_abs_err, row.o.tol, row.lse.err.max_abs_err, row.lse.tol,
+                  row.caches_ok ? "match the reference's" : "DIFFER from the reference's");
     if (!pass) out.exit = std::max(out.exit, 1);
     if (!quiet || !pass) out.text += line + buf + "\n";
+    out.rows.push_back(std::move(row));
   }
   return out;
 }
@@ -280,6 +337,67 @@ const std::vector<std::string> kCheckOptions = {
     "new-tokens",    "seqlens-q", "seqlen-q",  "heads",     "kv-heads",       "head-dim",    "head-dim-v", "dtype",
     "mask",          "window",    "scale",     "seed",      "backends",       "pad"};
 
+// The problem under --json: the keys of the attention commands' "problem" (seqlen_kv is the
+// cache's capacity per sequence, what backend selection sees) and a "kv_cache" object.
+json problem_json(const KvCliCase& c) {
+  const i64 capacity = c.page_size ? c.max_pages * c.page_size : c.capacity;
+  json p = {{"dtype", std::string(to_string(c.dtype))},
+            {"batch", c.batch()},
+            {"seqlen_q", c.s_q},
+            {"seqlen_kv", capacity},
+            {"heads", c.heads},
+            {"kv_heads", c.kv_heads},
+            {"head_dim", c.d},
+            {"head_dim_v", c.dv},
+            {"mask", std::string(to_string(c.options.mask))},
+            {"window", {c.options.window.left, c.options.window.right}},
+            {"scale", c.options.scale ? json(*c.options.scale) : json(nullptr)},
+            {"deterministic", false},
+            {"grad", false},
+            {"seed", c.seed},
+            {"layout_name", ""}};
+  p["kv_cache"] = {{"cache_seqlens", c.cache_seqlens},
+                   {"seqlens_q", c.seqlens_q.empty() ? json(nullptr) : json(c.seqlens_q)},
+                   {"new_tokens", c.s_new},
+                   {"paged", c.page_size > 0},
+                   {"page_size", c.page_size ? json(c.page_size) : json(nullptr)},
+                   {"max_pages", c.page_size ? json(c.max_pages) : json(nullptr)},
+                   {"num_pages", c.page_size ? json(c.num_pages) : json(nullptr)},
+                   {"capacity", capacity},
+                   {"block_table", c.page_size ? json(c.table) : json(nullptr)}};
+  p["views"] = {{"k_cache", format_view(c.k_view_given ? c.k_view : default_cache_view(c, "k_cache", c.d))},
+                {"v_cache", format_view(c.v_view_given ? c.v_view : default_cache_view(c, "v_cache", c.dv))}};
+  return p;
+}
+
+json row_json(const BackendRow& r, double flops) {
+  json j = {{"backend", std::string(to_string(r.backend))},
+            {"chosen", r.chosen ? json(std::string(to_string(*r.chosen))) : json(nullptr)},
+            {"status", r.status},
+            {"reason", r.reason},
+            {"max_abs_err", num_or_null(r.o.err.max_abs_err, r.ran)},
+            {"max_rel_err", num_or_null(r.o.err.max_rel_err, r.ran)},
+            {"tolerance", num_or_null(r.o.tol, r.ran)},
+            {"time_ms", num_or_null(r.time_ms, r.ran)},
+            {"tflops", num_or_null(r.time_ms > 0 ? flops / (r.time_ms * 1e9) : 0, r.ran)},
+            {"written_ok", r.written_ok},
+            {"guard_ok", r.caches_ok},  // the caches are the only memory a call may write besides O/LSE
+            {"caches_ok", r.caches_ok}};
+  if (r.ran) j["lse"] = check_json(r.lse);
+  return j;
+}
+
+// The command line that repeats this one (without --json), with the seed it used.
+std::string reproducer(const std::vector<std::string>& args, bool seed_given, i64 seed) {
+  std::string again = "strideattn";
+  for (const std::string& a : args) {
+    if (a == "--json") continue;
+    again += " " + (a.find_first_of("; ") == std::string::npos ? a : "'" + a + "'");
+  }
+  if (!seed_given) again += " --seed " + std::to_string(seed);
+  return again;
+}
+
 }  // namespace
 
 bool is_kvcache_command(const std::vector<std::string>& args) {
@@ -296,11 +414,19 @@ bool is_kvcache_command(const std::vector<std::string>& args) {
 }
 
 int run_kvcache_cli(const std::vector<std::string>& args) {
-  auto fail = [](int code, const std::string& m) {
-    std::fprintf(stderr, "strideattn: error: %s\n", m.c_str());
+  const bool fuzz = args[0] == "fuzz", explain_only = args[0] == "explain";
+  // --json (check and explain): the report, and every error, as one JSON object on stdout.
+  const bool as_json = !fuzz && std::find(args.begin() + 1, args.end(), "--json") != args.end();
+  auto fail = [as_json](int code, const std::string& m) {
+    std::string line = m;
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    for (char& ch : line)
+      if (ch == '\n') ch = ' ';
+    std::fprintf(stderr, "strideattn: error: %s\n", line.c_str());
+    if (as_json) print_error_json(code == 2 ? StatusCode::invalid_argument : StatusCode::internal, line, code);
+    std::fflush(stdout);
     return code;
   };
-  const bool fuzz = args[0] == "fuzz", explain_only = args[0] == "explain";
   std::map<std::string, std::string> v;
   for (std::size_t i = 1; i < args.size(); ++i) {
     std::string name = args[i];
@@ -310,6 +436,7 @@ int run_kvcache_cli(const std::vector<std::string>& args) {
     const std::size_t eq = name.find('=');
     if (eq != std::string::npos) value = name.substr(eq + 1), name = name.substr(0, eq);
     if (fuzz && name == "kv-cache" && eq == std::string::npos) continue;
+    if (!fuzz && name == "json" && eq == std::string::npos) continue;
     const bool known = fuzz ? (name == "cases" || name == "seed" || name == "backends")
                             : std::find(kCheckOptions.begin(), kCheckOptions.end(), name) != kCheckOptions.end();
     if (!known)
@@ -454,6 +581,11 @@ int run_kvcache_cli(const std::vector<std::string>& args) {
     if (Status s = build(c, &b, &a); !s.ok()) return fail(2, s.message());
     const Explanation ex = explain(a);
     if (!ex.validation.ok()) return fail(2, ex.validation.message());
+    if (as_json) {
+      const json j = {{"problem", problem_json(c)}, {"layout", ex.layout}, {"forward", verdicts_json(ex)}};
+      std::printf("%s\n", j.dump(2).c_str());
+      return 0;
+    }
     // the layout of `explain`'s text output
     std::printf("layout:  %s\n", ex.layout.c_str());
     std::printf("forward:\n");
@@ -466,16 +598,21 @@ int run_kvcache_cli(const std::vector<std::string>& args) {
   }
   const Outcome r = run_case(c, backends, false);
   if (r.exit == 2) return fail(2, r.text);
+  const std::string again = reproducer(args, v.count("seed") > 0, seed);
+  if (as_json) {
+    json j = {{"problem", problem_json(c)}, {"layout", r.layout}, {"exit_code", r.exit}, {"reproducer", again}};
+    json arr = json::array();
+    for (const BackendRow& row : r.rows) arr.push_back(row_json(row, case_flops(c)));
+    j["backends"] = arr;
+    std::printf("%s\n", j.dump(2).c_str());
+    return r.exit;
+  }
   std::fputs(r.text.c_str(), stdout);
   // the closing lines of `check`: the verdict, and on disagreement the command that repeats it
-  if (r.exit == 0) {
+  if (r.exit == 0)
     std::printf("strideattn: every compared backend agrees with the fp64 reference\n");
-  } else {
-    std::string again = "strideattn";
-    for (const std::string& a : args) again += " " + (a.find(';') == std::string::npos ? a : "'" + a + "'");
-    if (!v.count("seed")) again += " --seed " + std::to_string(seed);
+  else
     std::printf("strideattn: DISAGREES (see above)\nreproduce: %s\n", again.c_str());
-  }
   return r.exit;
 }
 

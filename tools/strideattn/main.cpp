@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli_args.hpp"
+#include "cli_json.hpp"
 #include "fuzz.hpp"
 #include "kv_check.hpp"
 #include "harness/runner.hpp"
@@ -16,8 +17,6 @@
 
 namespace strideattn::cli {
 namespace {
-
-using json = nlohmann::ordered_json;
 
 constexpr int kExitOk = 0, kExitMismatch = 1, kExitInvalid = 2, kExitSkip = 77;
 
@@ -31,10 +30,7 @@ int error_exit(StatusCode code, const std::string& msg, int exit_code) {
   for (char& c : line)
     if (c == '\n') c = ' ';
   std::fprintf(stderr, "strideattn: error: %s\n", line.c_str());
-  if (g_json) {
-    const json j = {{"error", {{"code", std::string(to_string(code))}, {"message", line}}}, {"exit_code", exit_code}};
-    std::printf("%s\n", j.dump(2).c_str());
-  }
+  if (g_json) print_error_json(code, line, exit_code);
   std::fflush(stdout);
   return exit_code;
 }
@@ -53,8 +49,6 @@ std::string num(double x, const char* f = "%.3g") {
   std::snprintf(buf, sizeof buf, f, x);
   return buf;
 }
-
-json num_or_null(double x, bool have) { return have ? json(x) : json(nullptr); }
 
 json problem_json(const harness::CaseSpec& s) {
   const harness::ProblemSizes& z = s.sizes;
@@ -90,17 +84,6 @@ json problem_json(const harness::CaseSpec& s) {
   }
   p["views"] = views;
   return p;
-}
-
-json check_json(const harness::TensorCheck& c) {
-  return {{"max_abs_err", c.err.max_abs_err},
-          {"max_rel_err", c.err.max_rel_err},
-          {"tolerance", c.tol},
-          {"non_finite", c.err.non_finite},
-          {"excess", c.excess},
-          {"conditioned", c.allowed},
-          {"max_allowance", c.max_allowance},
-          {"pass", c.pass()}};
 }
 
 json backend_json(const harness::BackendResult& r, bool grad) {
@@ -204,16 +187,6 @@ int run_check(const Invocation& inv, const std::vector<Backend>& backends, bool 
     std::printf("reproduce: %s\n", harness::reproducer(inv.spec, backends).c_str());
   }
   return code;
-}
-
-json verdicts_json(const Explanation& ex) {
-  json arr = json::array();
-  for (const Verdict& v : ex.verdicts)
-    arr.push_back({{"backend", std::string(to_string(v.backend))},
-                   {"supported", v.supported},
-                   {"rule", v.rule},
-                   {"reason", v.reason}});
-  return {{"verdicts", arr}, {"chosen", ex.chosen ? json(std::string(to_string(*ex.chosen))) : json(nullptr)}};
 }
 
 void print_verdicts(const char* title, const Explanation& ex) {

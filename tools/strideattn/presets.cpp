@@ -71,8 +71,8 @@ usage:
   strideattn bench   PROBLEM [--backends a,b] [--grad] [--runs N] [--json] [--cu-seqlens]
   strideattn fuzz    --cases N [--min-ran M] [--seed S] [--backends a,b] [--grad] [--json]
                      [--cu-seqlens] [--via-plan]
-  strideattn check   KVCACHE [--backends a,b] [--seed N]     (default backends reference,cpu)
-  strideattn explain KVCACHE
+  strideattn check   KVCACHE [--backends a,b] [--seed N] [--json]   (default backends reference,cpu)
+  strideattn explain KVCACHE [--json]
   strideattn fuzz    --kv-cache [--cases N] [--seed S] [--backends a,b]
   strideattn help | --help | --version
 
