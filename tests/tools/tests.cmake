@@ -9,6 +9,11 @@ target_link_libraries(tools_cli_test PRIVATE strideattn_cli_lib)
 target_compile_definitions(tools_cli_test PRIVATE STRIDEATTN_CLI="$<TARGET_FILE:strideattn_cli>")
 add_dependencies(tools_cli_test strideattn_cli)
 
+strideattn_test(tools_cli_features_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools/cli_features_test.cpp)
+target_link_libraries(tools_cli_features_test PRIVATE strideattn_cli_lib)
+target_compile_definitions(tools_cli_features_test PRIVATE STRIDEATTN_CLI="$<TARGET_FILE:strideattn_cli>")
+add_dependencies(tools_cli_features_test strideattn_cli)
+
 set(_cli $<TARGET_FILE:strideattn_cli>)
 
 # The demo (no arguments) must exit 0: every available backend agrees on the seed case.
@@ -40,6 +45,44 @@ set_tests_properties(cli_fuzz_reference_cpu_grad PROPERTIES LABELS cpu TIMEOUT 9
 add_test(NAME cli_fuzz_cpu_plans_cu_seqlens
          COMMAND ${_cli} fuzz --cases 150 --grad --backends cpu --seed 11 --require-ran --via-plan --cu-seqlens)
 set_tests_properties(cli_fuzz_cpu_plans_cu_seqlens PROPERTIES LABELS cpu TIMEOUT 900)
+
+# Training features (docs/semantics.md "Training features"): 300 random cases with softcap,
+# dropout, post/pre-scale biases of any broadcast shape, strides and dtype (strided dBias),
+# ALiBi, sinks and the max logit, forward and backward, on cpu and the reference's API path,
+# every output (max_logit, dbias, d_sinks too) judged against the fp64 reference; the same
+# forward only and through plans with cu_seqlens arrays; and one check per option.
+add_test(NAME cli_fuzz_features_reference_cpu_grad
+         COMMAND ${_cli} fuzz --features --cases 300 --grad --backends reference,cpu --seed 21 --require-ran)
+set_tests_properties(cli_fuzz_features_reference_cpu_grad PROPERTIES LABELS cpu TIMEOUT 900)
+add_test(NAME cli_fuzz_features_cpu_forward
+         COMMAND ${_cli} fuzz --features --cases 300 --backends cpu --seed 22 --require-ran)
+set_tests_properties(cli_fuzz_features_cpu_forward PROPERTIES LABELS cpu TIMEOUT 900)
+add_test(NAME cli_fuzz_features_cpu_plans_cu_seqlens
+         COMMAND ${_cli} fuzz --features --cases 150 --grad --backends cpu --seed 23 --require-ran --via-plan
+                 --cu-seqlens)
+set_tests_properties(cli_fuzz_features_cpu_plans_cu_seqlens PROPERTIES LABELS cpu TIMEOUT 900)
+set(_feature_checks
+    "softcap|--softcap 2.5"
+    "dropout|--dropout 0.4 --rng-seed 99 --rng-offset 18446744073709551615"
+    "bias_post|--bias b:2,1,100,1:1,0,1,0 --bias-type post_scale --bias-dtype bf16"
+    "bias_pre|--bias b+9907:1,4,100,100:0,10000,-100,1 --bias-type pre_scale --bias-dtype f16"
+    "alibi|--alibi"
+    "alibi_per_batch|--alibi-per-batch"
+    "sinks|--sinks"
+    "max_logit|--max-logit")
+foreach(_item ${_feature_checks})
+  string(REPLACE "|" ";" _parts "${_item}")
+  list(GET _parts 0 _name)
+  list(GET _parts 1 _flags)
+  separate_arguments(_flags UNIX_COMMAND "${_flags}")
+  foreach(_grad "" "--grad")
+    set(_tname cli_check_feature_${_name}${_grad})
+    string(REPLACE "--grad" "_grad" _tname "${_tname}")
+    add_test(NAME ${_tname} COMMAND ${_cli} check --preset small --backends reference,cpu ${_flags} ${_grad} --seed 8)
+    set_tests_properties(${_tname} PROPERTIES LABELS cpu TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "every compared backend agrees with the fp64 reference")
+  endforeach()
+endforeach()
 
 # GPU fuzz: skip (exit 77, saying why) without a GPU; with one, a backend that never ran a
 # case fails (--require-ran), so these cannot pass vacuously.

@@ -39,10 +39,52 @@ CaseViews case_views(const CaseSpec& spec) {
   cv.lse.buffer = kLseBuffer;
   cv.lse.shape = {b, h, s, 1};
   cv.lse.stride = {checked_mul(h, s).value_or(kInt64Max), s, 1, 1};  // prepare() bounds it
+  // Training features.
+  const CaseSpec::Features& f = spec.features;
+  const auto head_table = [&](const char* buffer, std::int64_t rows) {
+    return ViewSpec{buffer, 0, {rows, h, 1, 1}, {h, 1, 1, 1}};
+  };
+  if (f.bias) {
+    cv.bias = *f.bias;
+    cv.bias_dtype = f.bias_dtype;
+    if (spec.grad) {
+      if (f.dbias) {
+        cv.dbias = *f.dbias;
+      } else {
+        const Dims4& n = f.bias->shape;
+        const auto pos = [](std::int64_t x) { return std::max<std::int64_t>(x, 1); };
+        cv.dbias =
+            ViewSpec{kDBiasBuffer, 0, n, {pos(n[1]) * pos(n[2]) * pos(n[3]), pos(n[2]) * pos(n[3]), pos(n[3]), 1}};
+      }
+    }
+  }
+  if (f.alibi_rows > 0) cv.alibi = head_table(kAlibiBuffer, f.alibi_rows);
+  if (f.sinks) cv.sinks = head_table(kSinksBuffer, 1);
+  if (f.max_logit) cv.max_logit = head_table(kMaxLogitBuffer, spec.sizes.batch);
+  if (f.sinks && spec.grad) cv.d_sinks = head_table(kDSinksBuffer, 1);
   return cv;
 }
 
 }  // namespace
+
+std::vector<const ViewSpec*> CaseViews::feature_inputs() const {
+  std::vector<const ViewSpec*> out;
+  for (const ViewSpec* v : {&bias, &alibi, &sinks})
+    if (!v->buffer.empty()) out.push_back(v);
+  return out;
+}
+
+std::vector<const ViewSpec*> CaseViews::forward_feature_outputs() const {
+  if (max_logit.buffer.empty()) return {};
+  return {&max_logit};
+}
+
+std::vector<const ViewSpec*> CaseViews::backward_feature_outputs() const {
+  std::vector<const ViewSpec*> out;
+  for (const ViewSpec* v : {&dbias, &d_sinks})
+    if (!v->buffer.empty()) out.push_back(v);
+  return out;
+}
 
 std::int64_t numel(const ViewSpec& v) {
   const auto pos = [](std::int64_t x) { return std::max<std::int64_t>(x, 0); };
@@ -66,6 +108,25 @@ LseView lse_view(const Bases& bases, const CaseViews& cv) {
   l.shape = {cv.lse.shape[0], cv.lse.shape[1], cv.lse.shape[2]};
   l.stride = {cv.lse.stride[0], cv.lse.stride[1], cv.lse.stride[2]};
   return l;
+}
+
+BiasView bias_view(const Bases& bases, const ViewSpec& v, DType dtype) {
+  BiasView b;
+  if (v.buffer.empty()) return b;
+  b.data = bases.at(v.buffer) + v.offset * std::int64_t(size_of(dtype));
+  b.dtype = dtype;
+  b.shape = v.shape;
+  b.stride = v.stride;
+  return b;
+}
+
+HeadView head_view(const Bases& bases, const ViewSpec& v) {
+  HeadView t;
+  if (v.buffer.empty()) return t;
+  t.data = reinterpret_cast<float*>(bases.at(v.buffer)) + v.offset;
+  t.shape = {v.shape[0], v.shape[1]};
+  t.stride = {v.stride[0], v.stride[1]};
+  return t;
 }
 
 Varlen varlen_of(const ProblemSizes& sizes) {
@@ -92,6 +153,9 @@ Args shared_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, 
   a.varlen = varlen_of(spec.sizes);
   a.backend = backend;
   a.memory = memory;
+  a.bias = bias_view(bases, cv.bias, cv.bias_dtype);
+  a.alibi_slopes = head_view(bases, cv.alibi);
+  a.sinks = head_view(bases, cv.sinks);
   return a;
 }
 
@@ -99,7 +163,9 @@ Args shared_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, 
 
 ForwardArgs forward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
                          Memory memory) {
-  return shared_args<ForwardArgs>(spec, cv, bases, backend, memory);
+  ForwardArgs a = shared_args<ForwardArgs>(spec, cv, bases, backend, memory);
+  a.max_logit = head_view(bases, cv.max_logit);
+  return a;
 }
 
 BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Bases& bases, Backend backend,
@@ -109,6 +175,8 @@ BackwardArgs backward_args(const CaseSpec& spec, const CaseViews& cv, const Base
   a.dq = tensor(bases, *cv.dq, spec.dtype);
   a.dk = tensor(bases, *cv.dk, spec.dtype);
   a.dv = tensor(bases, *cv.dv, spec.dtype);
+  a.dbias = bias_view(bases, cv.dbias, cv.bias_dtype);
+  a.d_sinks = head_view(bases, cv.d_sinks);
   return a;
 }
 
@@ -141,8 +209,11 @@ Args without_pointers(Args a) {
     p = addr % 16 == 0 ? nullptr : reinterpret_cast<T>(addr + 16);
   };
   strip(a.q.data), strip(a.k.data), strip(a.v.data), strip(a.o.data), strip(a.lse.data);
+  strip(a.bias.data), strip(a.alibi_slopes.data), strip(a.sinks.data);
   if constexpr (std::is_same_v<Args, BackwardArgs>)
-    strip(a.d_o.data), strip(a.dq.data), strip(a.dk.data), strip(a.dv.data);
+    strip(a.d_o.data), strip(a.dq.data), strip(a.dk.data), strip(a.dv.data), strip(a.dbias.data), strip(a.d_sinks.data);
+  else
+    strip(a.max_logit.data);
   a.varlen.cu_seqlens_q = a.varlen.cu_seqlens_kv = a.varlen.seq_offsets_q = a.varlen.seq_offsets_kv = nullptr;
   return a;
 }
@@ -153,6 +224,9 @@ void common_run(const Args& a, Run* r) {
   r->cu_seqlens_q = a.varlen.cu_seqlens_q, r->cu_seqlens_kv = a.varlen.cu_seqlens_kv;
   r->seq_offsets_q = a.varlen.seq_offsets_q, r->seq_offsets_kv = a.varlen.seq_offsets_kv;
   r->cancel = a.options.cancel;
+  r->bias = a.bias.data, r->alibi_slopes = a.alibi_slopes.data, r->sinks = a.sinks.data;
+  r->dropout_seed = a.options.dropout.seed, r->dropout_offset = a.options.dropout.offset;
+  r->dropout_seed_ptr = a.options.dropout.seed_ptr, r->dropout_offset_ptr = a.options.dropout.offset_ptr;
 }
 
 }  // namespace
@@ -163,6 +237,7 @@ Status run_forward(const CaseSpec& spec, const ForwardArgs& a) {
   if (Status s = make_plan(without_pointers(a), &plan); !s.ok()) return s;
   ForwardRun r;
   r.q = a.q.data, r.k = a.k.data, r.v = a.v.data, r.o = a.o.data, r.lse = a.lse.data;
+  r.max_logit = a.max_logit.data;
   common_run(a, &r);
   return plan.run(r);
 }
@@ -174,6 +249,7 @@ Status run_backward(const CaseSpec& spec, const BackwardArgs& a) {
   BackwardRun r;
   r.q = a.q.data, r.k = a.k.data, r.v = a.v.data, r.o = a.o.data, r.d_o = a.d_o.data, r.lse = a.lse.data;
   r.dq = a.dq.data, r.dk = a.dk.data, r.dv = a.dv.data;
+  r.dbias = a.dbias.data, r.d_sinks = a.d_sinks.data;
   common_run(a, &r);
   return plan.run(r);
 }
@@ -252,7 +328,7 @@ Status apply_input_draws(const CaseSpec& spec, Prepared* p) {
                   "input scale " + fmt(spec.input_scale) + ": expected a finite value > 0");
   if (spec.input_scale != 1.0)
     for (auto& [name, buf] : p->bufs.all()) {
-      if (name == kLseBuffer) continue;
+      if (name[0] == '#') continue;  // the harness's own buffers (LSE, cu_seqlens, features)
       for (std::int64_t i = 0; i < buf.extent(); ++i) {
         const float x = detail::load_as_float(buf.data(), buf.dtype(), i);
         detail::store_from_float(buf.data(), buf.dtype(), i, float(double(x) * spec.input_scale));
@@ -290,6 +366,38 @@ Status check_reference_work(const detail::Problem& problem) {
   return Status(StatusCode::invalid_argument, os.str());
 }
 
+// The case's buffers: one per distinct name of the data views (the case's dtype), the LSE,
+// and the feature buffers. A bias or dBias view in a buffer of the data views must have the
+// case's dtype; in a buffer of its own it has the bias dtype.
+Status allocate_buffers(const CaseSpec& spec, Prepared* p) {
+  const CaseViews& cv = p->cv;
+  std::vector<const ViewSpec*> data = cv.data_views();
+  std::map<std::string, std::int64_t> own;  // bias / dBias buffers of their own: extent
+  for (auto [name, v] : {std::pair{"bias", &cv.bias}, std::pair{"dbias", &cv.dbias}}) {
+    if (v->buffer.empty()) continue;
+    const bool shared =
+        std::any_of(data.begin(), data.end(), [&](const ViewSpec* d) { return d->buffer == v->buffer; });
+    if (shared) {
+      if (cv.bias_dtype != spec.dtype)
+        return Status(StatusCode::invalid_argument,
+                      std::string("--") + name + " " + format_view(*v) + ": buffer '" + v->buffer +
+                          "' also holds the case's " + std::string(to_string(spec.dtype)) +
+                          " tensors but the bias dtype is " + std::string(to_string(cv.bias_dtype)) +
+                          "; give the bias a buffer of its own or the case's dtype");
+      data.push_back(v);
+    } else {
+      std::int64_t& e = own[v->buffer];
+      e = std::max(e, required_extent(*v));
+    }
+  }
+  p->bufs.allocate(data, spec.dtype);
+  p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(cv.lse));
+  for (const auto& [name, extent] : own) p->bufs.allocate_named(name, cv.bias_dtype, extent);
+  for (const ViewSpec* v : {&cv.alibi, &cv.sinks, &cv.max_logit, &cv.d_sinks})
+    if (!v->buffer.empty()) p->bufs.allocate_named(v->buffer, DType::f32, required_extent(*v));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::Problem* bwd, bool with_reference) {
@@ -298,6 +406,9 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
   const std::vector<const ViewSpec*> views = p->cv.data_views();
   for (std::size_t i = 0; i < views.size(); ++i)
     if (Status s = check_view_bounds(names[i], *views[i]); !s.ok()) return s;
+  for (auto [name, v] : {std::pair{"bias", &p->cv.bias}, std::pair{"dbias", &p->cv.dbias}})
+    if (!v->buffer.empty())
+      if (Status s = check_view_bounds(name, *v); !s.ok()) return s;
   if (required_extent(p->cv.lse) > kMaxBufferElems)
     return Status(StatusCode::invalid_argument,
                   "--q " + format_view(*p->cv.q) +
@@ -311,13 +422,17 @@ Status prepare(const CaseSpec& spec, Prepared* p, detail::Problem* fwd, detail::
   HostMemoryEstimate before = need;
   before.scratch = 0;
   if (Status s = check_host_memory(before, keys); !s.ok()) return s;
-  p->bufs.allocate(views, spec.dtype);
-  p->bufs.allocate_named(kLseBuffer, DType::f32, required_extent(p->cv.lse));
+  if (Status s = allocate_buffers(spec, p); !s.ok()) return s;
   const ProblemSizes& z = spec.sizes;
   const std::int64_t n_seq = std::int64_t(z.seqlens_q.size());
   if (spec.cu_seqlens && z.varlen()) p->bufs.allocate_named(kCuSeqlensBuffer, DType::f32, 4 * n_seq + 2);
   p->bufs.fill_random(spec.seed);
   if (Status s = apply_input_draws(spec, p); !s.ok()) return s;
+  if (!p->cv.alibi.buffer.empty()) {  // ALiBi's slopes are positive: |normal| / 4
+    HostBuffer& a = p->bufs.at(kAlibiBuffer);
+    float* x = static_cast<float*>(a.data());
+    for (std::int64_t i = 0; i < a.extent(); ++i) x[i] = std::fabs(x[i]) / 4;
+  }
   if (spec.cu_seqlens && z.varlen()) {
     // The lists as int32 arrays: prefix sums of the lengths, then the first tokens.
     if (z.seqlens_kv.size() != z.seqlens_q.size() ||
@@ -375,10 +490,14 @@ HostMemoryEstimate estimate_host_memory(const CaseSpec& spec, bool with_referenc
   HostMemoryEstimate e;
   e.buffers = (double(required_extent(cv.lse)) + 2.0 * kGuardElems) * (3.0 * 4 + 1);
   for (const auto& [name, n] : extent) e.buffers += (double(n) + 2.0 * kGuardElems) * per_elem;
+  for (const ViewSpec* v : {&cv.bias, &cv.dbias, &cv.alibi, &cv.sinks, &cv.max_logit, &cv.d_sinks})
+    if (!v->buffer.empty()) e.buffers += (double(required_extent(*v)) + 2.0 * kGuardElems) * (3.0 * 4 + 1);
   if (!with_reference) return e;
   // Per logical output element: exact, naive and per-backend targets, read-back, offsets.
   std::vector<const ViewSpec*> outputs = {cv.o, &cv.lse};
   if (cv.grad) outputs.insert(outputs.end(), {cv.dq, cv.dk, cv.dv});
+  for (const ViewSpec* v : {&cv.max_logit, &cv.dbias, &cv.d_sinks})
+    if (!v->buffer.empty()) outputs.push_back(v);
   for (const ViewSpec* v : outputs) e.reference += 64.0 * double(numel(*v));
   // The reference copies one head's K and V rows (fp64) per thread; with grad each live task
   // also holds its dK/dV partials (a GQA group's stay until the group is reduced).

@@ -21,6 +21,12 @@ const char* const kLseBuffer = "#lse";  // not a legal CLI buffer name: never co
 // CaseSpec::cu_seqlens: int32 cu_seqlens_q [n + 1], cu_seqlens_kv [n + 1], seq_offsets_q [n],
 // seq_offsets_kv [n] (4-byte elements; the offsets only when the case gives offsets).
 const char* const kCuSeqlensBuffer = "#cu_seqlens";
+// Training-feature buffers the harness owns (CaseSpec::Features).
+const char* const kAlibiBuffer = "#alibi";
+const char* const kSinksBuffer = "#sinks";
+const char* const kMaxLogitBuffer = "#max_logit";
+const char* const kDSinksBuffer = "#d_sinks";
+const char* const kDBiasBuffer = "#dbias";
 
 std::string fmt(double x);  // "%.4g"
 
@@ -29,10 +35,19 @@ struct CaseViews {
   const ViewSpec *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
   ViewSpec lse;
   bool grad = false;
+  // Training features: views of the bias [B, H, SQ, SKV] and dBias (bias dtype), and of the
+  // fp32 head tables as [rows, h, 1, 1] (slopes, sinks, max logit, d_sinks). An empty buffer
+  // name: not used.
+  ViewSpec bias, dbias, alibi, sinks, max_logit, d_sinks;
+  DType bias_dtype = DType::f32;
   [[nodiscard]] std::vector<const ViewSpec*> data_views() const {
     if (grad) return {q, k, v, o, d_o, dq, dk, dv};
     return {q, k, v, o};
   }
+  // The feature views in use: inputs (bias, slopes, sinks) and each phase's outputs.
+  [[nodiscard]] std::vector<const ViewSpec*> feature_inputs() const;
+  [[nodiscard]] std::vector<const ViewSpec*> forward_feature_outputs() const;
+  [[nodiscard]] std::vector<const ViewSpec*> backward_feature_outputs() const;
 };
 
 // Logical elements of a view; kInt64Max when that does not fit.

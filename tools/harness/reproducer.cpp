@@ -64,6 +64,25 @@ std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backend
     os << " --scale " << buf;
   }
   if (spec.options.deterministic) os << " --deterministic";
+  const AttentionOptions& o = spec.options;
+  const CaseSpec::Features& f = spec.features;
+  auto real = [](double x) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", x);
+    return std::string(buf);
+  };
+  if (o.softcap != 0) os << " --softcap " << real(o.softcap);
+  if (o.dropout.p != 0)
+    os << " --dropout " << real(o.dropout.p) << " --rng-seed " << o.dropout.seed << " --rng-offset "
+       << o.dropout.offset;
+  if (f.bias) {
+    os << " --bias " << format_view(*f.bias) << " --bias-type " << to_string(o.bias_type) << " --bias-dtype "
+       << to_string(f.bias_dtype);
+    if (f.dbias && spec.grad) os << " --dbias " << format_view(*f.dbias);
+  }
+  if (f.alibi_rows > 0) os << (f.alibi_rows == 1 ? " --alibi" : " --alibi-per-batch");
+  if (f.sinks) os << " --sinks";
+  if (f.max_logit) os << " --max-logit";
   if (spec.grad) os << " --grad";
   os << " --seed " << spec.seed;
   if (spec.input_scale != 1.0) {

@@ -12,6 +12,7 @@
 #include "backends/reference/reference.hpp"
 #include "harness/case_setup.hpp"
 #include "harness/device_mirror.hpp"
+#include "harness/feature_allowance.hpp"
 #include "harness/verify.hpp"
 #include "problem/problem.hpp"
 
@@ -45,7 +46,11 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
   p.bufs.restore(p.pristine);
   std::vector<const ViewSpec*> inputs = {cv.q, cv.k, cv.v};
   if (spec.grad) inputs.push_back(cv.d_o);
-  p.bufs.prepare_outputs({cv.o, &cv.lse}, {}, inputs);
+  const std::vector<const ViewSpec*> feature_in = cv.feature_inputs();
+  inputs.insert(inputs.end(), feature_in.begin(), feature_in.end());
+  std::vector<const ViewSpec*> fwd_out = {cv.o, &cv.lse};
+  for (const ViewSpec* v : cv.forward_feature_outputs()) fwd_out.push_back(v);
+  p.bufs.prepare_outputs(fwd_out, {}, inputs);
   DeviceMirror dev;
   if (gpu)
     if (Status s = dev.upload(p.bufs); !s.ok()) return fail(s, "forward");
@@ -64,12 +69,17 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
   if (!s.ok()) return fail(s, "forward");
   if (gpu)
     if (Status d = dev.download(p.bufs); !d.ok()) return fail(d, "forward");
-  apply_plant(spec, p, {"o", "lse"});
+  apply_plant(spec, p, {"o", "lse", "max_logit"});
   apply_run_check(p.bufs.check_after_run(), "forward", &r, &failures);
-  check_outputs(p.bufs,
-                {{"o", cv.o, &t.exact.o, &t.naive.o, -1.0, {&t.cond.o, &t.cond.o_overflow}},
-                 {"lse", &cv.lse, &t.exact.lse, &t.naive.lse, -1.0, {&t.cond.lse, &t.cond.lse_overflow}}},
-                varlen, inputs_non_finite(spec), &r, &failures);
+  const auto terms = [&](const std::vector<double>& a, const std::vector<std::uint8_t>& o) {
+    return t.use_conditioning ? ElementTerms{&a, &o} : ElementTerms{};
+  };
+  std::vector<Expected> fwd_expected = {
+      {"o", cv.o, &t.exact.o, &t.naive.o, -1.0, terms(t.cond.o, t.cond.o_overflow)},
+      {"lse", &cv.lse, &t.exact.lse, &t.naive.lse, -1.0, terms(t.cond.lse, t.cond.lse_overflow)}};
+  if (!cv.max_logit.buffer.empty())
+    fwd_expected.push_back({"max_logit", &cv.max_logit, &t.exact_max_logit, &t.naive_max_logit, -1.0, {}});
+  check_outputs(p.bufs, fwd_expected, varlen, inputs_non_finite(spec), &r, &failures);
 
   if (spec.grad) {
     // The answer key for the backward: from this backend's O where the rule says so.
@@ -81,20 +91,26 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     if (t.per_backend) {
       given_exact = detail::reference_compute(*t.backward, detail::RefPrecision::exact, t.inputs);
       given_naive = detail::reference_compute(*t.backward, detail::RefPrecision::naive_lowp, t.inputs);
-      given_cond = conditioning(*t.backward, false, true, t.inputs == detail::RefBackwardInputs::given_o);
+      if (t.use_conditioning)
+        given_cond = conditioning(*t.backward, false, true, t.inputs == detail::RefBackwardInputs::given_o);
       bexact = &given_exact;
       bnaive = &given_naive;
       bcond = &given_cond;
     }
     const double grad_scale =
-        std::max({max_abs_finite(bexact->dq), max_abs_finite(bexact->dk), max_abs_finite(bexact->dv)});
+        std::max({max_abs_finite(bexact->dq), max_abs_finite(bexact->dk), max_abs_finite(bexact->dv),
+                  max_abs_finite(bexact->dbias), max_abs_finite(bexact->d_sinks)});
     // O is an input of the backward: where the forward's O is not finite (fp32 overflow, which
     // the forward's check allowed), the backward's inputs are not finite either.
     bool o_non_finite = false;
     for (double x : read_view(p.bufs.at(cv.o->buffer), *cv.o)) o_non_finite = o_non_finite || !std::isfinite(x);
     const bool bwd_non_finite = inputs_non_finite(spec) || o_non_finite;
     // Backward on this backend's own O and LSE, with poisoned dQ, dK, dV.
-    p.bufs.prepare_outputs({cv.dq, cv.dk, cv.dv}, {}, {cv.q, cv.k, cv.v, cv.o, cv.d_o, &cv.lse});
+    std::vector<const ViewSpec*> bwd_in = {cv.q, cv.k, cv.v, cv.o, cv.d_o, &cv.lse};
+    bwd_in.insert(bwd_in.end(), feature_in.begin(), feature_in.end());
+    std::vector<const ViewSpec*> bwd_out = {cv.dq, cv.dk, cv.dv};
+    for (const ViewSpec* v : cv.backward_feature_outputs()) bwd_out.push_back(v);
+    p.bufs.prepare_outputs(bwd_out, {}, bwd_in);
     if (gpu)
       if (Status u = dev.upload(p.bufs); !u.ok()) return fail(u, "backward");
     t0 = Clock::now();
@@ -111,13 +127,27 @@ BackendResult run_one(const CaseSpec& spec, Prepared& p, Backend b, const Target
     } else {
       if (gpu)
         if (Status d = dev.download(p.bufs); !d.ok()) return fail(d, "backward");
-      apply_plant(spec, p, {"dq", "dk", "dv"});
+      apply_plant(spec, p, {"dq", "dk", "dv", "dbias", "d_sinks"});
       apply_run_check(p.bufs.check_after_run(), "backward", &r, &failures);
-      check_outputs(p.bufs,
-                    {{"dq", cv.dq, &bexact->dq, &bnaive->dq, grad_scale, {&bcond->dq, &bcond->dq_overflow}},
-                     {"dk", cv.dk, &bexact->dk, &bnaive->dk, grad_scale, {&bcond->dk, &bcond->dk_overflow}},
-                     {"dv", cv.dv, &bexact->dv, &bnaive->dv, grad_scale, {&bcond->dv, &bcond->dv_overflow}}},
-                    varlen, bwd_non_finite, &r, &failures);
+      std::vector<Expected> bwd_expected = {
+          {"dq", cv.dq, &bexact->dq, &bnaive->dq, grad_scale, terms(bcond->dq, bcond->dq_overflow)},
+          {"dk", cv.dk, &bexact->dk, &bnaive->dk, grad_scale, terms(bcond->dk, bcond->dk_overflow)},
+          {"dv", cv.dv, &bexact->dv, &bnaive->dv, grad_scale, terms(bcond->dv, bcond->dv_overflow)}};
+      // dBias and d_sink sum dS-like terms over rows (and broadcast dimensions): the fp32
+      // rounding of those sums is at the scale of the gradients, whatever their own size.
+      std::vector<double> dbias_allow;
+      if (!cv.dbias.buffer.empty()) {
+        dbias_allow = dbias_allowance(*t.backward, t.inputs);
+        bwd_expected.push_back({"dbias",
+                                &cv.dbias,
+                                &bexact->dbias,
+                                &bnaive->dbias,
+                                grad_scale,
+                                {dbias_allow.empty() ? nullptr : &dbias_allow, nullptr}});
+      }
+      if (!cv.d_sinks.buffer.empty())
+        bwd_expected.push_back({"d_sinks", &cv.d_sinks, &bexact->d_sinks, &bnaive->d_sinks, grad_scale, {}});
+      check_outputs(p.bufs, bwd_expected, varlen, bwd_non_finite, &r, &failures);
     }
   }
   r.time_ms = elapsed;
@@ -166,8 +196,18 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     say("computing the fp64 reference");
     t.exact = detail::reference_compute(ref_problem, detail::RefPrecision::exact);
     t.naive = detail::reference_compute(ref_problem, detail::RefPrecision::naive_lowp);
-    say("computing the conditioning allowances");
-    t.cond = conditioning(ref_problem, true, spec.grad && !t.per_backend, false);
+    t.use_conditioning = !features_change_scores(spec);
+    if (t.use_conditioning) {
+      say("computing the conditioning allowances");
+      t.cond = conditioning(ref_problem, true, spec.grad && !t.per_backend, false);
+    }
+    if (p.cv.max_logit.buffer.empty()) {
+    } else if (&ref_problem == &fwd) {
+      t.exact_max_logit = t.exact.max_logit, t.naive_max_logit = t.naive.max_logit;
+    } else {  // a backward problem has no max logit: the forward's
+      t.exact_max_logit = detail::reference_compute(fwd, detail::RefPrecision::exact).max_logit;
+      t.naive_max_logit = detail::reference_compute(fwd, detail::RefPrecision::naive_lowp).max_logit;
+    }
 
     // The reference must produce every output, in the views' logical shapes.
     struct Want {
@@ -178,10 +218,15 @@ Status run_case(const CaseSpec& spec, const std::vector<Backend>& backends, Case
     };
     std::vector<Want> wants = {{"o", &t.exact.o, &t.naive.o, numel(*p.cv.o)},
                                {"lse", &t.exact.lse, &t.naive.lse, numel(p.cv.lse)}};
+    if (!p.cv.max_logit.buffer.empty())
+      wants.push_back({"max_logit", &t.exact_max_logit, &t.naive_max_logit, numel(p.cv.max_logit)});
     if (spec.grad && !t.per_backend) {
       wants.push_back({"dq", &t.exact.dq, &t.naive.dq, numel(*p.cv.dq)});
       wants.push_back({"dk", &t.exact.dk, &t.naive.dk, numel(*p.cv.dk)});
       wants.push_back({"dv", &t.exact.dv, &t.naive.dv, numel(*p.cv.dv)});
+      if (!p.cv.dbias.buffer.empty()) wants.push_back({"dbias", &t.exact.dbias, &t.naive.dbias, numel(p.cv.dbias)});
+      if (!p.cv.d_sinks.buffer.empty())
+        wants.push_back({"d_sinks", &t.exact.d_sinks, &t.naive.d_sinks, numel(p.cv.d_sinks)});
     }
     for (const Want& w : wants)
       if (std::int64_t(w.e->size()) != w.count || std::int64_t(w.n->size()) != w.count)

@@ -43,10 +43,31 @@ struct CaseSpec {
   // Each backend runs through plans made without pointers (make_plan, then run with the
   // case's pointers) instead of the per-call functions (--via-plan).
   bool via_plan = false;
+  // Training features (docs/semantics.md "Training features"): softcap, dropout and the bias
+  // type are `options`' fields; these are the tensors. Feature buffers the harness owns are
+  // named "#alibi", "#sinks", "#max_logit", "#d_sinks" (fp32) and "#dbias" (bias_dtype), and
+  // hold fresh random values like every input (slopes |normal| / 4: positive, as ALiBi's).
+  struct Features {
+    // The bias view [B, H, SQ, SKV] in ViewSpec's four dimensions (with options.bias_type).
+    // Its buffer has bias_dtype; a buffer it shares with Q/K/V/O/... must have the case's dtype.
+    std::optional<ViewSpec> bias;
+    DType bias_dtype = DType::f32;
+    // dBias (with grad and a bias): this view, else contiguous [B, H, SQ, SKV] in "#dbias".
+    std::optional<ViewSpec> dbias;
+    std::int64_t alibi_rows = 0;  // ALiBi slopes [alibi_rows, h]: 0 (off), 1 or b
+    bool sinks = false;           // sinks [1, h] (and d_sinks with grad)
+    bool max_logit = false;       // the forward writes max_logit [b, h]
+    [[nodiscard]] bool any() const { return bias || alibi_rows > 0 || sinks || max_logit; }
+  };
+  Features features;
+  [[nodiscard]] bool any_feature() const {
+    return features.any() || options.softcap > 0 || options.dropout.p > 0 || options.bias_type != BiasType::none;
+  }
 
   // Test hook (tests only; the CLI never sets it): corrupt one result of every backend run
   // after the run and before the checks, to prove the checks catch it. kind "value" adds
-  // `delta` to logical element `index` of output `tensor` (o, lse, dq, dk, dv), "ulps" adds
+  // `delta` to logical element `index` of output `tensor` (o, lse, dq, dk, dv, max_logit,
+  // dbias, d_sinks), "ulps" adds
   // `delta` units in the last place of the element's stored value (an LSE the backward then
   // reads, a few ulps off); "unwritten"
   // puts the poison back into that element; "guard" changes the element just past the end of
@@ -59,6 +80,14 @@ struct CaseSpec {
   std::optional<Plant> plant;
 };
 
+// Whether a training feature of the case changes the logits or the weights of P (every one
+// but the max logit): the rule's conditioning allowances (conditioning.hpp) model the plain
+// scores, so such a case is judged by the tolerance from the naive model alone.
+[[nodiscard]] inline bool features_change_scores(const CaseSpec& spec) {
+  return spec.options.softcap > 0 || spec.options.dropout.p > 0 || spec.options.bias_type != BiasType::none ||
+         spec.features.bias || spec.features.alibi_rows > 0 || spec.features.sinks;
+}
+
 // The one-line `strideattn check ...` command that reproduces `spec`.
 [[nodiscard]] std::string reproducer(const CaseSpec& spec, const std::vector<Backend>& backends);
 
@@ -67,7 +96,7 @@ struct BackendResult {
   std::string status;               // "ok" | "unsupported" | "error" | "mismatch"
   std::string reason;               // unsupported/error: the library's message; mismatch: worst element
   std::optional<Backend> chosen;    // Backend::automatic: the backend auto chose for the forward
-  std::vector<TensorCheck> checks;  // o, lse, and with grad dq, dk, dv
+  std::vector<TensorCheck> checks;  // o, lse, max_logit, and with grad dq, dk, dv, dbias, d_sinks
   bool guard_ok = true;             // nothing outside the output views changed
   bool written_ok = true;           // every element inside the output views was written
   double time_ms = 0;               // one timed run (use bench_backend for real timing)

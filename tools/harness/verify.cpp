@@ -25,7 +25,11 @@ std::string element_name(const std::string& tensor, const ViewSpec& v, std::int6
     rest /= n;
   }
   std::ostringstream os;
-  if (tensor == "lse")
+  if (tensor == "max_logit" || tensor == "d_sinks")  // [rows, h] tables
+    os << tensor << "[" << (tensor == "max_logit" ? "b=" : "row=") << idx[0] << ",h=" << idx[1] << "]";
+  else if (tensor == "dbias")
+    os << "dbias[b=" << idx[0] << ",h=" << idx[1] << ",i=" << idx[2] << ",j=" << idx[3] << "]";
+  else if (tensor == "lse")
     os << "lse[b=" << idx[0] << ",h=" << idx[1] << (varlen ? ",t=" : ",s=") << idx[2] << "]";
   else
     os << tensor << "[b=" << idx[0] << (varlen ? ",t=" : ",s=") << idx[1] << ",h=" << idx[2] << ",d=" << idx[3] << "]";
@@ -47,7 +51,7 @@ std::string describe_failure(const TensorCheck& c, const ViewSpec& v, bool varle
 void check_outputs(const BufferSet& bufs, const std::vector<Expected>& expected, bool varlen, bool inputs_non_finite,
                    BackendResult* r, std::vector<std::string>* failures) {
   for (const Expected& e : expected) {
-    const DType stored = e.name == "lse" ? DType::f32 : bufs.at(e.view->buffer).dtype();
+    const DType stored = bufs.at(e.view->buffer).dtype();  // LSE and the head tables: f32
     TensorCheck c = check_tensor(e.name, stored, read_view(bufs.at(e.view->buffer), *e.view), *e.naive, *e.exact,
                                  e.magnitude, inputs_non_finite, e.terms);
     if (!c.pass()) failures->push_back(describe_failure(c, *e.view, varlen));
@@ -76,11 +80,15 @@ void apply_plant(const CaseSpec& spec, Prepared& p, const std::vector<std::strin
   if (!spec.plant) return;
   const CaseSpec::Plant& pl = *spec.plant;
   if (std::find(phase.begin(), phase.end(), pl.tensor) == phase.end()) return;
-  const ViewSpec* v = pl.tensor == "o"     ? p.cv.o
-                      : pl.tensor == "lse" ? &p.cv.lse
-                      : pl.tensor == "dq"  ? p.cv.dq
-                      : pl.tensor == "dk"  ? p.cv.dk
-                                           : p.cv.dv;
+  const ViewSpec* v = pl.tensor == "o"           ? p.cv.o
+                      : pl.tensor == "lse"       ? &p.cv.lse
+                      : pl.tensor == "dq"        ? p.cv.dq
+                      : pl.tensor == "dk"        ? p.cv.dk
+                      : pl.tensor == "max_logit" ? &p.cv.max_logit
+                      : pl.tensor == "dbias"     ? &p.cv.dbias
+                      : pl.tensor == "d_sinks"   ? &p.cv.d_sinks
+                                                 : p.cv.dv;
+  if (v->buffer.empty()) return;  // a feature the case does not use
   HostBuffer& buf = p.bufs.at(v->buffer);
   const std::vector<std::int64_t> offs = view_offsets(*v);
   if (offs.empty()) return;

@@ -51,6 +51,12 @@ struct Targets {
   const detail::Problem* backward = nullptr;  // on the host buffers (reads the current O, dO)
   bool per_backend = false;                   // backward targets after each backend's forward
   detail::RefBackwardInputs inputs = detail::RefBackwardInputs::recompute;
+  // The conditioning allowances model the scores Q K^T alone: with a training feature that
+  // changes the logits or P (features_change_scores) the rule is the tolerance from the naive
+  // model (compare.hpp) without allowances.
+  bool use_conditioning = true;
+  // The max logit (a forward output) when `exact` / `naive` come from the backward problem.
+  std::vector<double> exact_max_logit, naive_max_logit;
 };
 
 }  // namespace strideattn::harness::internal

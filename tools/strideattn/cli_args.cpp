@@ -50,11 +50,12 @@ Status parse_list(const std::string& opt, const std::string& text, std::vector<s
 
 // Which options each command takes, and whether they take a value.
 const std::set<std::string> kProblemValued = {
-    "preset",     "dtype",      "batch",  "seqlen-q", "seqlen-kv",   "heads",      "kv-heads",
-    "head-dim",   "head-dim-v", "layout", "q",        "k",           "v",          "o",
-    "do",         "dq",         "dk",     "dv",       "seqlens-q",   "seqlens-kv", "offsets-q",
-    "offsets-kv", "mask",       "window", "scale",    "input-scale", "plant-input"};
-const std::set<std::string> kProblemFlags = {"deterministic"};
+    "preset",     "dtype",      "batch",      "seqlen-q", "seqlen-kv",   "heads",       "kv-heads",
+    "head-dim",   "head-dim-v", "layout",     "q",        "k",           "v",           "o",
+    "do",         "dq",         "dk",         "dv",       "seqlens-q",   "seqlens-kv",  "offsets-q",
+    "offsets-kv", "mask",       "window",     "scale",    "input-scale", "plant-input", "softcap",
+    "dropout",    "rng-seed",   "rng-offset", "bias",     "bias-type",   "bias-dtype",  "dbias"};
+const std::set<std::string> kProblemFlags = {"deterministic", "alibi", "alibi-per-batch", "sinks", "max-logit"};
 
 struct CommandOptions {
   std::set<std::string> valued, flags;
@@ -72,7 +73,7 @@ CommandOptions options_of(Command c) {
       return {{"backends", "seed", "runs"}, {"grad", "json", "cu-seqlens"}, true};
     case Command::fuzz:
       return {{"cases", "seed", "backends", "min-ran", "logit-limit"},
-              {"grad", "json", "require-gpu", "require-ran", "finite-inputs", "cu-seqlens", "via-plan"},
+              {"grad", "json", "require-gpu", "require-ran", "finite-inputs", "cu-seqlens", "via-plan", "features"},
               false};
     default:
       return {};
@@ -96,7 +97,7 @@ Status parse_backends(const std::string& text, std::vector<Backend>* out) {
 // The PROBLEM options as given, before resolution.
 struct RawProblem {
   std::map<std::string, std::string> values;  // option -> text (each given at most once)
-  bool deterministic = false;
+  std::set<std::string> flags;
   [[nodiscard]] bool has(const std::string& k) const { return values.count(k) > 0; }
 };
 
@@ -281,7 +282,7 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
       return bad("--scale '" + t + "': expected a finite number");
     spec->options.scale = x;
   }
-  if (raw.deterministic) spec->options.deterministic = true;
+  if (raw.flags.count("deterministic")) spec->options.deterministic = true;
   if (raw.has("input-scale")) {
     const std::string& t = raw.values.at("input-scale");
     char* end = nullptr;
@@ -335,16 +336,16 @@ Status resolve_problem(const RawProblem& raw, bool grad, harness::CaseSpec* spec
                                            {"o", &spec->views.o},   {"do", &spec->views.d_o}, {"dq", &spec->views.dq},
                                            {"dk", &spec->views.dk}, {"dv", &spec->views.dv}};
   for (const auto& [name, v] : views) *slot.at(name) = v;
-  return Status::Ok();
+  return resolve_features(raw.values, raw.flags, grad, spec);
 }
 
 }  // namespace
 
-Status parse_view(const std::string& option, const std::string& text, ViewSpec* out) {
+Status parse_view(const std::string& option, const std::string& text, ViewSpec* out, const char* dims) {
   const std::string example = "e.g. qkv+16:1,2048,1,64:1152,1152,64,1";
   auto fail = [&](const std::string& why) {
     return bad("--" + option + " '" + text + "': " + why +
-               "; expected BUF+OFFSET:SHAPE:STRIDES with 4 shape and 4 stride values (b,s,h,d), " + example);
+               "; expected BUF+OFFSET:SHAPE:STRIDES with 4 shape and 4 stride values (" + dims + "), " + example);
   };
   const std::size_t c1 = text.find(':');
   if (c1 == std::string::npos) return fail("missing ':'");
@@ -444,12 +445,13 @@ Status parse_command_line(const std::vector<std::string>& args, Invocation* out)
     }
     if (flag) {
       if (has_value) return bad("option --" + name + " takes no value");
-      if (problem_flag) raw.deterministic = true;
+      if (problem_flag) raw.flags.insert(name);
       if (name == "grad") inv.grad = true;
       if (name == "json") inv.json = true;
       if (name == "require-gpu") inv.require_gpu = true;
       if (name == "require-ran") inv.require_ran = true;
       if (name == "finite-inputs") inv.finite_inputs = true;
+      if (name == "features") inv.features = true;
       if (name == "cu-seqlens") inv.cu_seqlens = true;
       if (name == "via-plan") inv.via_plan = true;
       continue;
@@ -577,6 +579,7 @@ std::string describe_problem(const harness::CaseSpec& spec) {
     os << " window=(" << spec.options.window.left << "," << spec.options.window.right << ")";
   if (spec.options.scale) os << " scale=" << *spec.options.scale;
   if (spec.options.deterministic) os << " deterministic";
+  os << describe_features(spec);
   return os.str();
 }
 

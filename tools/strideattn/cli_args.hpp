@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +33,7 @@ struct Invocation {
   bool require_gpu = false;    // hidden: skip (exit 77) when no GPU is present
   bool require_ran = false;    // hidden: fail if a backend never ran a case
   bool finite_inputs = false;  // fuzz --finite-inputs: plant no NaN/Inf in the inputs
+  bool features = false;       // fuzz --features: draw the training features too
   bool cu_seqlens = false;     // --cu-seqlens: varlen lengths as cu_seqlens arrays (CaseSpec::cu_seqlens)
   bool via_plan = false;       // --via-plan: every run through a plan made without pointers
   // fuzz --min-ran N: draw past --cases until every listed backend ran N cases (compared with
@@ -72,7 +75,17 @@ struct Preset {
 
 // Explicit view syntax BUF+OFFSET:SHAPE:STRIDES (both directions; the writer lives in the
 // harness, whose reproducer line uses it too).
-[[nodiscard]] Status parse_view(const std::string& option, const std::string& text, harness::ViewSpec* out);
+// `dims` names the four logical dimensions in the error message (bias views: b,h,s_q,s_kv).
+[[nodiscard]] Status parse_view(const std::string& option, const std::string& text, harness::ViewSpec* out,
+                                const char* dims = "b,s,h,d");
+
+// The training-feature options of PROBLEM (cli_features.cpp): `values` the valued options
+// given (softcap, dropout, rng-seed, rng-offset, bias, bias-type, bias-dtype, dbias), `flags`
+// the flags given (alibi, alibi-per-batch, sinks, max-logit). Needs spec->dtype and sizes.
+[[nodiscard]] Status resolve_features(const std::map<std::string, std::string>& values,
+                                      const std::set<std::string>& flags, bool grad, harness::CaseSpec* spec);
+// " softcap=30 dropout=0.1 rng=(1,0) bias=post_scale(f32 bias:1,4,1,128:0,128,0,1) ..." ("" without features).
+[[nodiscard]] std::string describe_features(const harness::CaseSpec& spec);
 using harness::format_view;
 
 }  // namespace strideattn::cli

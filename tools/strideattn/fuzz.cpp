@@ -4,7 +4,7 @@
 // sequences and gaps; views from every layout name or random: permuted stride orders, gaps
 // between heads and rows, sliced last dims, shared and interleaved buffers, garbage strides
 // on size-1 dims, tensors at offsets inside larger buffers; input magnitudes up to the dtype's
-// range, extreme scales and planted NaN / Inf.
+// range, extreme scales and planted NaN / Inf; with --features the training features too.
 #include "fuzz.hpp"
 
 #include "progress.hpp"
@@ -28,6 +28,8 @@ using harness::ViewSpec;
 // Work of one case in multiply-adds of the reference (pairs x heads x (d_qk + d_v)); keeps
 // 500 cases with --grad within a few minutes on 2 cores.
 constexpr double kBudget = 2e7;
+// fuzz --features: the largest typical scaled logit of a case with features (cap_logits).
+constexpr double kFeatureLogitLimit = 10;
 
 struct Rng {
   std::mt19937_64 g;
@@ -229,9 +231,79 @@ void draw_numerical_edges(Rng& r, bool plant_non_finite, CaseSpec* spec) {
   }
 }
 
+// A bias-shaped view [B, H, SQ, SKV] in `buffer`: a random dimension order, gaps, some
+// negative strides (the offset then puts the lowest element at or after 0) and, where
+// `broadcast_strides`, stride 0 on extent-1 dimensions and sometimes on full ones (an input
+// read the same along them).
+ViewSpec random_bias_view(Rng& r, const std::string& buffer, const Dims4& shape, bool broadcast_strides) {
+  ViewSpec v;
+  v.buffer = buffer;
+  v.shape = shape;
+  std::vector<int> order = {0, 1, 2, 3};  // outer -> inner
+  if (r.chance(0.5)) std::shuffle(order.begin(), order.end(), r.g);
+  std::int64_t inner = r.chance(0.2) ? r.uniform(2, 3) : 1;
+  for (int i = 3; i >= 0; --i) {
+    const int d = order[std::size_t(i)];
+    v.stride[d] = inner;
+    inner = inner * std::max<std::int64_t>(shape[d], 1) + (r.chance(0.3) ? r.uniform(1, 9) : 0);
+  }
+  std::int64_t low = 0;
+  for (int d = 0; d < 4; ++d) {
+    if (broadcast_strides && (shape[d] == 1 ? r.chance(0.5) : r.chance(0.1))) v.stride[d] = 0;
+    if (shape[d] > 1 && r.chance(0.15)) v.stride[d] = -v.stride[d];
+    if (v.stride[d] < 0) low += (shape[d] - 1) * v.stride[d];
+  }
+  v.offset = -low + (r.chance(0.5) ? r.uniform(1, 20) : 0);
+  return v;
+}
+
+// The training features (docs/semantics.md "Training features"), each drawn on its own:
+// softcap, dropout (p up to 0.9, any seed and offset), a post- or pre-scale bias of any
+// broadcast shape, strides and dtype (and a strided dBias), ALiBi slopes of one row or one per
+// batch, sinks, the max logit; at least one of them. From a stream of their own: the rest of
+// the case is the one drawn without --features.
+void draw_features(std::uint64_t seed, std::int64_t index, CaseSpec* spec) {
+  Rng r{std::mt19937_64(seed * 0xd1b54a32d192ed03ull + std::uint64_t(index) * 0x94d049bb133111ebull + 7)};
+  AttentionOptions& o = spec->options;
+  CaseSpec::Features& f = spec->features;
+  const ProblemSizes& z = spec->sizes;
+  auto u01 = [&] { return std::uniform_real_distribution<double>(0, 1)(r.g); };
+  bool any = false;
+  if (r.chance(0.35)) {
+    o.softcap = std::exp(std::log(0.5) + u01() * (std::log(50.0) - std::log(0.5)));
+    any = true;
+  }
+  if (r.chance(0.35)) {
+    o.dropout.p = r.chance(0.3) ? r.pick(std::vector<double>{0.1, 0.5, 0.9}) : 0.9 * u01();
+    if (o.dropout.p == 0) o.dropout.p = 0.25;
+    o.dropout.seed = r.g();
+    o.dropout.offset = r.chance(0.2) ? ~std::uint64_t(0) - std::uint64_t(r.uniform(0, 8)) : r.g() >> r.uniform(0, 63);
+    any = true;
+  }
+  if (r.chance(0.4)) {
+    o.bias_type = r.chance(0.5) ? BiasType::post_scale : BiasType::pre_scale;
+    const std::int64_t full[4] = {z.batch, z.heads, z.s_q, z.s_kv};
+    Dims4 shape{};
+    for (int d = 0; d < 4; ++d) {
+      shape[d] = r.chance(0.35) ? 1 : full[d];
+      if (z.varlen() && d >= 2 && shape[d] == full[d] && r.chance(0.3)) shape[d] += r.uniform(1, 5);
+    }
+    f.bias_dtype = r.pick(std::vector<DType>{DType::f32, DType::f16, DType::bf16});
+    f.bias = random_bias_view(r, "bias", shape, true);
+    if (spec->grad && r.chance(0.5)) f.dbias = random_bias_view(r, "dbias", shape, false);
+    any = true;
+  }
+  if (r.chance(0.3)) {
+    f.alibi_rows = r.chance(0.5) ? 1 : std::max<std::int64_t>(z.batch, 1);
+    any = true;
+  }
+  if (r.chance(0.3)) f.sinks = any = true;
+  if (r.chance(0.35) || !any) f.max_logit = true;
+}
+
 }  // namespace
 
-CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool plant_non_finite) {
+CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool plant_non_finite, bool features) {
   Rng r{std::mt19937_64(seed * 0x9e3779b97f4a7c15ull + std::uint64_t(index) * 0xbf58476d1ce4e5b9ull + 1)};
   CaseSpec spec;
   spec.grad = grad;
@@ -282,6 +354,14 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool pla
     random_views(r, z, grad, &spec.views);
   }
   draw_numerical_edges(r, plant_non_finite, &spec);
+  if (features) {
+    draw_features(seed, index, &spec);
+    // Scores that overflow fp32 have no defined finite answer once a softcap or a sink bounds
+    // the result (a backend's fp32 sum may reach either infinity), and the conditioning
+    // allowances model the plain scores only, so the tolerance alone must hold: cases with a
+    // feature that changes the logits or P keep typical logits at most kFeatureLogitLimit.
+    if (harness::features_change_scores(spec)) cap_logits(kFeatureLogitLimit, &spec);
+  }
   return spec;
 }
 
@@ -322,7 +402,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
     line.show("fuzz: case " + std::to_string(i + 1) +
               (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " + std::to_string(failed) +
               " failed");
-    CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs);
+    CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs, inv.features);
     cap_logits(inv.logit_limit, &spec);
     spec.cu_seqlens = inv.cu_seqlens && spec.sizes.varlen();
     spec.via_plan = inv.via_plan;

@@ -83,6 +83,18 @@ json problem_json(const harness::CaseSpec& s) {
     views["dv"] = format_view(s.views.dv);
   }
   p["views"] = views;
+  const harness::CaseSpec::Features& f = s.features;
+  json feat = {
+      {"softcap", s.options.softcap},
+      {"dropout", {{"p", s.options.dropout.p}, {"seed", s.options.dropout.seed}, {"offset", s.options.dropout.offset}}},
+      {"bias_type", std::string(to_string(s.options.bias_type))},
+      {"bias", f.bias ? json(format_view(*f.bias)) : json(nullptr)},
+      {"bias_dtype", f.bias ? json(std::string(to_string(f.bias_dtype))) : json(nullptr)},
+      {"dbias", f.dbias ? json(format_view(*f.dbias)) : json(nullptr)},
+      {"alibi_rows", f.alibi_rows},
+      {"sinks", f.sinks},
+      {"max_logit", f.max_logit}};
+  p["features"] = feat;
   return p;
 }
 
@@ -103,18 +115,19 @@ json backend_json(const harness::BackendResult& r, bool grad) {
             {"written_ok", r.written_ok},
             {"guard_ok", r.guard_ok}};
   for (const auto& c : r.checks)
-    if (c.name == "lse") j["lse"] = check_json(c);
+    if (c.name == "lse" || c.name == "max_logit") j[c.name] = check_json(c);
   if (grad) {
     json g = json::object();
     for (const auto& c : r.checks)
-      if (c.name == "dq" || c.name == "dk" || c.name == "dv") g[c.name] = check_json(c);
+      if (c.name == "dq" || c.name == "dk" || c.name == "dv" || c.name == "dbias" || c.name == "d_sinks")
+        g[c.name] = check_json(c);
     j["grad"] = g;
   }
   return j;
 }
 
 void print_check_table(const harness::CaseReport& rep) {
-  std::printf("%-10s %-12s %-6s %12s %12s %12s %10s %9s\n", "backend", "status", "tensor", "max_abs_err", "max_rel_err",
+  std::printf("%-10s %-12s %-9s %12s %12s %12s %10s %9s\n", "backend", "status", "tensor", "max_abs_err", "max_rel_err",
               "tolerance", "time_ms", "TFLOP/s");
   for (const harness::BackendResult& r : rep.backends) {
     // `auto` names what it ran: "auto:cpu".
@@ -133,7 +146,7 @@ void print_check_table(const harness::CaseReport& rep) {
                                    ? "  (" + std::to_string(c.allowed) + " elements conditioned, allowance up to " +
                                          num(c.max_allowance) + ")"
                                    : "";
-      std::printf("%-10s %-12s %-6s %12s %12s %12s%s%s%s\n", first ? name.c_str() : "", first ? r.status.c_str() : "",
+      std::printf("%-10s %-12s %-9s %12s %12s %12s%s%s%s\n", first ? name.c_str() : "", first ? r.status.c_str() : "",
                   c.name.c_str(), num(c.err.max_abs_err).c_str(), num(c.err.max_rel_err).c_str(), num(c.tol).c_str(),
                   tail.c_str(), cond.c_str(), c.pass() ? "" : "  <- exceeds tolerance");
       first = false;

@@ -70,7 +70,7 @@ usage:
   strideattn explain PROBLEM [--grad] [--json]
   strideattn bench   PROBLEM [--backends a,b] [--grad] [--runs N] [--json] [--cu-seqlens]
   strideattn fuzz    --cases N [--min-ran M] [--seed S] [--backends a,b] [--grad] [--json]
-                     [--cu-seqlens] [--via-plan]
+                     [--cu-seqlens] [--via-plan] [--features]
   strideattn check   KVCACHE [--backends a,b] [--seed N] [--json]   (default backends reference,cpu)
   strideattn explain KVCACHE [--json]
   strideattn fuzz    --kv-cache [--cases N] [--seed S] [--backends a,b]
@@ -102,6 +102,19 @@ PROBLEM:
   --plant-input T:I:V,...        set logical element I of input T (q, k, v, do) to V (nan, inf,
                                  -inf) after the draw; non-finite inputs propagate as
                                  docs/semantics.md says
+Training features (docs/semantics.md "Training features"; cuda and cudnn report each as
+  unsupported with its rule):
+  --softcap C                    logits become C * tanh(logit / C) (0: off)
+  --dropout P [--rng-seed S] [--rng-offset O]   dropout on P, Philox of (S, O), default 0, 0
+  --bias BUF+OFFSET:SHAPE:STRIDES   an additive bias of logical shape b,h,s_q,s_kv, each extent
+                                 full or 1 (broadcast), any strides (0 too); random values
+  --bias-type post_scale|pre_scale  (default post_scale)   --bias-dtype f16|bf16|f32 (default
+                                 --dtype; a bias buffer shared with Q/K/V/... has --dtype)
+  --dbias BUF+OFFSET:SHAPE:STRIDES  with --grad: where dBias goes (default contiguous)
+  --alibi | --alibi-per-batch    ALiBi with random positive slopes [1, h] | [b, h]
+  --sinks                        random per-head sink logits [1, h] (d_sinks with --grad)
+  --max-logit                    the forward also writes the max logit [b, h]
+  Every output (max_logit, dbias, d_sinks too) is judged by the correctness rule.
 
 KVCACHE (attention over a KV cache, docs/semantics.md "KV cache"; any of the first five options
   makes check / explain a KV-cache command):
@@ -129,6 +142,9 @@ KVCACHE (attention over a KV cache, docs/semantics.md "KV cache"; any of the fir
 --cu-seqlens: pass varlen lengths as int32 cu_seqlens (and seq_offsets) arrays in the tensors'
   memory, device memory for GPU backends (FlashAttention's form), instead of host lists.
 --via-plan: run each backend through plans made without pointers (make_plan, then run).
+--features (fuzz): also draw the training features (softcap, dropout, post/pre-scale bias of
+  any broadcast shape, strides and dtype with a strided dBias, ALiBi, sinks, max logit), at
+  least one per case; cases whose features change the logits keep typical logits <= 10.
 Inputs are fresh random values (normal(0,1), from --seed); outputs are poisoned with NaN before
 each run; every output element must be written and nothing outside the output views may change.
 
