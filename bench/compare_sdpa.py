@@ -370,6 +370,10 @@ def data_rows(
 
 
 def git_commit() -> str:
+    # An explicit STRIDEATTN_COMMIT wins: a copied tree may carry a stale .git (the GPU
+    # machine's copy of a work tree reported the checkout's first commit).
+    if os.environ.get("STRIDEATTN_COMMIT"):
+        return os.environ["STRIDEATTN_COMMIT"]
     try:
         return subprocess.run(
             ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
@@ -378,7 +382,7 @@ def git_commit() -> str:
             check=True,
         ).stdout.strip()
     except Exception:  # noqa: BLE001 - the GPU machine may have no git metadata
-        return os.environ.get("STRIDEATTN_COMMIT", "unknown")
+        return "unknown"
 
 
 def data_file_name(date: str, gpu: str, commit: str) -> str:
