@@ -599,5 +599,39 @@ TEST(Fuzz, CoversTheCaseSpace) {
   EXPECT_EQ(layouts.size(), harness::layout_names().size());
 }
 
+// fuzz --logit-limit (cap_logits): over 2,000 drawn cases with gradients, every capped case's
+// typical scaled logit (input_scale^2 * scale * sqrt(d_qk)) and input_scale^2 stay within the
+// limit, planted non-finite inputs and the rest of the case are kept, and the draws do exceed
+// the limit before the cap (else this could not fail).
+TEST(CliFuzz, LogitLimitCapsTheDraws) {
+  constexpr double kLimit = 1000;
+  int capped = 0, planted = 0;
+  for (std::int64_t i = 0; i < 2000; ++i) {
+    const harness::CaseSpec drawn = random_case(4242, i, true);
+    harness::CaseSpec c = drawn;
+    cap_logits(kLimit, &c);
+    const double root_d = std::sqrt(double(std::max<std::int64_t>(c.sizes.d_qk, 1)));
+    const double eff = c.options.scale.value_or(1 / root_d) * root_d;
+    const double before = drawn.input_scale * drawn.input_scale * drawn.options.scale.value_or(1 / root_d) * root_d;
+    capped += before > kLimit || drawn.input_scale * drawn.input_scale > kLimit;
+    planted += !c.input_plants.empty();
+    EXPECT_LE(c.input_scale * c.input_scale * eff, kLimit * (1 + 1e-12)) << "case " << i;
+    EXPECT_LE(c.input_scale * c.input_scale, kLimit * (1 + 1e-12)) << "case " << i;
+    EXPECT_GE(c.input_scale, 1.0) << "case " << i;
+    EXPECT_EQ(c.input_plants.size(), drawn.input_plants.size()) << "case " << i;
+    EXPECT_EQ(c.sizes.s_q, drawn.sizes.s_q);
+    EXPECT_EQ(c.seed, drawn.seed);
+    if (drawn.input_scale * drawn.input_scale * eff <= kLimit && drawn.input_scale * drawn.input_scale <= kLimit &&
+        drawn.options.scale == c.options.scale)
+      EXPECT_EQ(c.input_scale, drawn.input_scale) << "case " << i << ": capped though within the limit";
+  }
+  EXPECT_GT(capped, 100) << "too few draws beyond the limit for the cap to be tested";
+  EXPECT_GT(planted, 10) << "too few planted cases to see them kept";
+  harness::CaseSpec unlimited = random_case(4242, 7, true);
+  const double scale_before = unlimited.input_scale;
+  cap_logits(0, &unlimited);  // 0: no limit
+  EXPECT_EQ(unlimited.input_scale, scale_before);
+}
+
 }  // namespace
 }  // namespace strideattn::cli
