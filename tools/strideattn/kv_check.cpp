@@ -355,7 +355,8 @@ json problem_json(const KvCliCase& c) {
             {"deterministic", false},
             {"grad", false},
             {"seed", c.seed},
-            {"layout_name", ""}};
+            {"layout_name", ""},
+            {"features", nullptr}};  // (KV-cache attention takes no training features)
   p["kv_cache"] = {{"cache_seqlens", c.cache_seqlens},
                    {"seqlens_q", c.seqlens_q.empty() ? json(nullptr) : json(c.seqlens_q)},
                    {"new_tokens", c.s_new},
