@@ -5,6 +5,7 @@
 
 #include "common/log.hpp"
 #include "dispatch/backend.hpp"
+#include "dispatch/plan.hpp"
 #include "dispatch/select.hpp"
 #include "problem/layout.hpp"
 #include "problem/problem.hpp"
@@ -125,15 +126,14 @@ Status workspace(const Args& given, std::size_t* bytes) {
   Args args = given;
   args.workspace = nullptr;
   args.workspace_bytes = 0;
-  if constexpr (std::is_same_v<Args, ForwardArgs>) {
-    ForwardPlan plan;
-    if (Status s = default_plan_cache().get(args, &plan); !s.ok()) return s;
-    *bytes = plan.workspace_size();
-  } else {
-    BackwardPlan plan;
-    if (Status s = default_plan_cache().get(args, &plan); !s.ok()) return s;
-    *bytes = plan.workspace_size();
-  }
+  // A plan of its own, not the cache's, made without asking where the pointers live: they
+  // may be stand-ins that only place the views (strideattn.jax asks at trace time).
+  std::shared_ptr<const detail::PlanState> state;
+  if (Status s = detail::PlanAccess::make(args, detail::Pointers::bound, &state, /*memory_kinds=*/false); !s.ok())
+    return s;
+  std::conditional_t<std::is_same_v<Args, ForwardArgs>, ForwardPlan, BackwardPlan> plan;
+  detail::PlanAccess::set(&plan, std::move(state));
+  *bytes = plan.workspace_size();
   return Status::Ok();
 }
 

@@ -28,12 +28,13 @@ PointerKind pointer_kind(const void* ptr) {
 }
 
 template <class Args>
-Status make_state(const Args& args, Pointers mode, std::shared_ptr<const PlanState>* out) {
+Status make_state(const Args& args, Pointers mode, std::shared_ptr<const PlanState>* out, bool memory_kinds) {
   try {
     auto st = std::make_shared<PlanState>();
     Problem& p = st->problem;
     if (Status s = make_problem(args, &p, mode); !s.ok()) return s;
-    if (Status s = check_memory(args, &pointer_kind); !s.ok()) return s;
+    if (memory_kinds)
+      if (Status s = check_memory(args, &pointer_kind); !s.ok()) return s;
     Selection sel = select_backend(p, args.backend, VerdictScope::plan);
     if (!sel.chosen) return sel.status;
     st->backend = *sel.chosen;
@@ -239,11 +240,13 @@ int current_device() {
   return m.module->current_device();
 }
 
-Status PlanAccess::make(const ForwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out) {
-  return make_state(args, mode, out);
+Status PlanAccess::make(const ForwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out,
+                        bool memory_kinds) {
+  return make_state(args, mode, out, memory_kinds);
 }
-Status PlanAccess::make(const BackwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out) {
-  return make_state(args, mode, out);
+Status PlanAccess::make(const BackwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out,
+                        bool memory_kinds) {
+  return make_state(args, mode, out, memory_kinds);
 }
 
 Status run_plan(const PlanState& st, const ForwardRun& r) {

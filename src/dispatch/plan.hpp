@@ -32,8 +32,13 @@ struct PlanState {
 
 struct PlanAccess {
   // Makes a plan; `mode` bound: the arguments' pointers are a call's (forward(), the caches).
-  static Status make(const ForwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out);
-  static Status make(const BackwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out);
+  // `memory_kinds` false: the pointers are not asked where they live (workspace_size, whose
+  // caller may pass stand-in addresses that only place the views: JAX's trace-time query);
+  // every run still checks its own (check_run_memory).
+  static Status make(const ForwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out,
+                     bool memory_kinds = true);
+  static Status make(const BackwardArgs& args, Pointers mode, std::shared_ptr<const PlanState>* out,
+                     bool memory_kinds = true);
   static const std::shared_ptr<const PlanState>& state(const PlanInfo& plan) { return plan.state_; }
   static void set(PlanInfo* plan, std::shared_ptr<const PlanState> state) { plan->state_ = std::move(state); }
 };
