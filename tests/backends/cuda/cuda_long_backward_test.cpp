@@ -126,74 +126,89 @@ const Pairing kPairings[] = {{"plan", {}},
                              {"sm80", {.arch = Arch::sm80}},
                              {"sm80 deterministic", {.arch = Arch::sm80}, true}};
 
-// dK and dV over kRows queries: the worst error in units of the bound, for `forcing`.
-double long_queries(std::int64_t d, const PlanForcing& forcing, bool deterministic) {
-  const std::int64_t s_kv = 128, n = kRows;
-  const auto q = normal_rows(1, d, 11 + d), k = normal_rows(1, d, 13 + d), v = unit_row(d);
-  auto g = normal_rows(1, d, 12 + d);
-  set_column0(g, 1, d);
+// The cuda backward on the device for one case: Q and dO of s_q rows and K and V of s_kv
+// rows (each pair one repeated row where `repeat_q` / `repeat_kv`), O one zero row (delta = 0),
+// the given LSE; the gradients of the side that is not repeated are read back.
+struct Grads {
+  std::vector<std::uint16_t> dq, dk, dv;
+};
+struct Inputs {
+  std::int64_t d = 0, s_q = 0, s_kv = 0;
+  bool repeat_q = false, repeat_kv = false;
+  std::vector<std::uint16_t> q, g, k, v;
+  std::vector<float> lse;
+};
+Grads run_backward(const Inputs& in, const PlanForcing& forcing, bool deterministic) {
+  const std::int64_t d = in.d;
   const std::vector<std::uint16_t> zero(std::size_t(d), 0);
-  const double scale = 1.0 / std::sqrt(double(d));
-  const double s = scale * dot(q.data(), k.data(), d);
-  const std::vector<float> lse(std::size_t(n), float(s - kLogP));
-  DeviceBuffer dq_(std::size_t(d) * 2, q.data()), dg(std::size_t(d) * 2, g.data()), dk_(std::size_t(d) * 2, k.data()),
-      dv_(std::size_t(d) * 2, v.data()), d0(std::size_t(d) * 2, zero.data()), dlse(lse.size() * 4, lse.data());
-  DeviceBuffer grad_q(std::size_t(n * d) * 2), grad_k(std::size_t(s_kv * d) * 2), grad_v(std::size_t(s_kv * d) * 2);
+  DeviceBuffer q(in.q.size() * 2, in.q.data()), g(in.g.size() * 2, in.g.data()), k(in.k.size() * 2, in.k.data()),
+      v(in.v.size() * 2, in.v.data()), o(zero.size() * 2, zero.data()), lse(in.lse.size() * 4, in.lse.data());
+  DeviceBuffer dq(std::size_t(in.s_q * d) * 2), dk(std::size_t(in.s_kv * d) * 2), dv(std::size_t(in.s_kv * d) * 2);
   strideattn::BackwardArgs a;
-  a.q = rows_view(dq_.ptr, n, d, true), a.d_o = rows_view(dg.ptr, n, d, true), a.o = rows_view(d0.ptr, n, d, true);
-  a.k = rows_view(dk_.ptr, s_kv, d, true), a.v = rows_view(dv_.ptr, s_kv, d, true);
-  a.lse = {static_cast<float*>(dlse.ptr), {1, 1, n}, {n, n, 1}};
-  a.dq = rows_view(grad_q.ptr, n, d, false);
-  a.dk = rows_view(grad_k.ptr, s_kv, d, false), a.dv = rows_view(grad_v.ptr, s_kv, d, false);
+  a.q = rows_view(q.ptr, in.s_q, d, in.repeat_q), a.d_o = rows_view(g.ptr, in.s_q, d, in.repeat_q);
+  a.o = rows_view(o.ptr, in.s_q, d, true);
+  a.k = rows_view(k.ptr, in.s_kv, d, in.repeat_kv), a.v = rows_view(v.ptr, in.s_kv, d, in.repeat_kv);
+  a.lse = {static_cast<float*>(lse.ptr), {1, 1, in.s_q}, {in.s_q, in.s_q, 1}};
+  a.dq = rows_view(dq.ptr, in.s_q, d, false);
+  a.dk = rows_view(dk.ptr, in.s_kv, d, false), a.dv = rows_view(dv.ptr, in.s_kv, d, false);
   a.options.deterministic = deterministic;
   a.backend = Backend::cuda, a.memory = Memory::device;
   const ScopedCudaPlanForcing forced(forcing);
   const strideattn::Status st = strideattn::backward(a);
   EXPECT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Grads out;
+  if (!in.repeat_q) out.dq = dq.read<std::uint16_t>(std::size_t(in.s_q * d));
+  if (!in.repeat_kv) {
+    out.dk = dk.read<std::uint16_t>(std::size_t(in.s_kv * d));
+    out.dv = dv.read<std::uint16_t>(std::size_t(in.s_kv * d));
+  }
+  return out;
+}
+
+// dK and dV over kRows queries: the worst error in units of the bound, for `forcing`.
+double long_queries(std::int64_t d, const PlanForcing& forcing, bool deterministic) {
+  Inputs in;
+  in.d = d, in.s_q = kRows, in.s_kv = 128, in.repeat_q = true;
+  in.q = normal_rows(1, d, 11 + d), in.g = normal_rows(1, d, 12 + d);
+  set_column0(in.g, 1, d);
+  // K and V dense (dK, dV are read back) but every row the same, so every P is 2^-10
+  const auto k_row = normal_rows(1, d, 13 + d), v_row = unit_row(d);
+  for (std::int64_t j = 0; j < in.s_kv; ++j) {
+    in.k.insert(in.k.end(), k_row.begin(), k_row.end());
+    in.v.insert(in.v.end(), v_row.begin(), v_row.end());
+  }
+  const double scale = 1.0 / std::sqrt(double(d));
+  const double s = scale * dot(in.q.data(), in.k.data(), d);
+  in.lse.assign(std::size_t(in.s_q), float(s - kLogP));
+  const Grads got = run_backward(in, forcing, deterministic);
   std::vector<double> want_k, want_v;
-  const double mass = double(n) * std::exp(kLogP);  // n 2^-10
-  for (std::int64_t j = 0; j < s_kv; ++j)
+  const double mass = double(in.s_q) * std::exp(kLogP);  // n 2^-10
+  for (std::int64_t j = 0; j < in.s_kv; ++j)
     for (std::int64_t c = 0; c < d; ++c) {
-      want_k.push_back(scale * mass * f(g[0]) * f(q[std::size_t(c)]));
-      want_v.push_back(mass * f(g[std::size_t(c)]));
+      want_k.push_back(scale * mass * f(in.g[0]) * f(in.q[std::size_t(c)]));
+      want_v.push_back(mass * f(in.g[std::size_t(c)]));
     }
-  return std::max(worst(grad_k.read<std::uint16_t>(want_k.size()), want_k),
-                  worst(grad_v.read<std::uint16_t>(want_v.size()), want_v));
+  return std::max(worst(got.dk, want_k), worst(got.dv, want_v));
 }
 
 // dQ over kRows keys, 64 distinct queries: the worst error in units of the bound.
 double long_keys(std::int64_t d, const PlanForcing& forcing, bool deterministic) {
-  const std::int64_t s_q = 64, n = kRows;
-  const auto q = normal_rows(s_q, d, 21 + d), k = normal_rows(1, d, 23 + d), v = unit_row(d);
-  auto g = normal_rows(s_q, d, 22 + d);
-  set_column0(g, s_q, d);
-  const std::vector<std::uint16_t> zero(std::size_t(d), 0);
+  Inputs in;
+  in.d = d, in.s_q = 64, in.s_kv = kRows, in.repeat_kv = true;
+  in.q = normal_rows(in.s_q, d, 21 + d), in.k = normal_rows(1, d, 23 + d), in.v = unit_row(d);
+  in.g = normal_rows(in.s_q, d, 22 + d);
+  set_column0(in.g, in.s_q, d);
   const double scale = 1.0 / std::sqrt(double(d));
-  std::vector<float> lse(static_cast<std::size_t>(s_q));
-  for (std::int64_t i = 0; i < s_q; ++i)
-    lse[std::size_t(i)] = float(scale * dot(&q[std::size_t(i * d)], k.data(), d) - kLogP);
-  DeviceBuffer dq_(q.size() * 2, q.data()), dg(g.size() * 2, g.data()), dk_(std::size_t(d) * 2, k.data()),
-      dv_(std::size_t(d) * 2, v.data()), d0(std::size_t(d) * 2, zero.data()), dlse(lse.size() * 4, lse.data());
-  DeviceBuffer grad_q(q.size() * 2), grad_k(std::size_t(n * d) * 2), grad_v(std::size_t(n * d) * 2);
-  strideattn::BackwardArgs a;
-  a.q = rows_view(dq_.ptr, s_q, d, false), a.d_o = rows_view(dg.ptr, s_q, d, false);
-  a.o = rows_view(d0.ptr, s_q, d, true);
-  a.k = rows_view(dk_.ptr, n, d, true), a.v = rows_view(dv_.ptr, n, d, true);
-  a.lse = {static_cast<float*>(dlse.ptr), {1, 1, s_q}, {s_q, s_q, 1}};
-  a.dq = rows_view(grad_q.ptr, s_q, d, false);
-  a.dk = rows_view(grad_k.ptr, n, d, false), a.dv = rows_view(grad_v.ptr, n, d, false);
-  a.options.deterministic = deterministic;
-  a.backend = Backend::cuda, a.memory = Memory::device;
-  const ScopedCudaPlanForcing forced(forcing);
-  const strideattn::Status st = strideattn::backward(a);
-  EXPECT_TRUE(st.ok()) << st.message();
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (std::int64_t i = 0; i < in.s_q; ++i)
+    in.lse.push_back(float(scale * dot(&in.q[std::size_t(i * d)], in.k.data(), d) - kLogP));
+  const Grads got = run_backward(in, forcing, deterministic);
   std::vector<double> want;
-  const double mass = double(n) * std::exp(kLogP);  // n 2^-10
-  for (std::int64_t i = 0; i < s_q; ++i)
-    for (std::int64_t c = 0; c < d; ++c) want.push_back(scale * mass * f(g[std::size_t(i * d)]) * f(k[std::size_t(c)]));
-  return worst(grad_q.read<std::uint16_t>(want.size()), want);
+  const double mass = double(in.s_kv) * std::exp(kLogP);  // n 2^-10
+  for (std::int64_t i = 0; i < in.s_q; ++i)
+    for (std::int64_t c = 0; c < d; ++c)
+      want.push_back(scale * mass * f(in.g[std::size_t(i * d)]) * f(in.k[std::size_t(c)]));
+  return worst(got.dq, want);
 }
 
 void expect_folds_hold(double (*run)(std::int64_t, const PlanForcing&, bool), const char* what) {
