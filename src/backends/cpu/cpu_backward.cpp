@@ -149,7 +149,7 @@ bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t 
   std::fill_n(p, rows * kBlockKeys, 0.f);
   std::fill_n(ds, rows * kBlockKeys, 0.f);
   gemm_acc(rows, nc, w.dq, ro.q, w.dq, 1, ko.k_t, kBlockKeys, p, kBlockKeys);
-  scale_tile(p, rows, nc, scale);
+  scale_scores(p, rows, nc, scale, ro.q, w.dq, ko.k_t);
   gemm_acc(rows, nc, w.dv, ro.d_o, w.dv, 1, ko.v_t, kBlockKeys, ds, kBlockKeys);
   const bool full = kernel::tile_fully_visible(mask, r0, r0 + rows, c0, c0 + nc);
   for (std::int64_t r = 0; r < rows; ++r) {
