@@ -149,7 +149,7 @@ bool recompute_tile(const kernel::MaskRule& mask, std::int64_t r0, std::int64_t 
   std::fill_n(p, rows * kBlockKeys, 0.f);
   std::fill_n(ds, rows * kBlockKeys, 0.f);
   gemm_acc(rows, nc, w.dq, ro.q, w.dq, 1, ko.k_t, kBlockKeys, p, kBlockKeys);
-  scale_tile(p, rows, nc, scale);
+  scale_scores(p, rows, nc, scale, ro.q, w.dq, ko.k_t);
   gemm_acc(rows, nc, w.dv, ro.d_o, w.dv, 1, ko.v_t, kBlockKeys, ds, kBlockKeys);
   const bool full = kernel::tile_fully_visible(mask, r0, r0 + rows, c0, c0 + nc);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -209,13 +209,19 @@ void compute_delta(const kernel::AttentionParams& a, DType dt, const WorkItem& i
 // Item: (bias batch index b', bias head index h', bias rows [r0, r1)); with an extent-1 row
 // dimension one item takes every row. It sums, over every (sequence, query head) that reads
 // its slab, dL (post-scale) or scale * dS (pre-scale) of each visible pair into its elements,
-// so each dBias element has one owner and a fixed order.
+// so each dBias element has one owner and a fixed order. A broadcast dimension makes that a
+// long sum (b * h * s_q terms for a [1, 1, 1, s_kv] bias): each (sequence, head, row tile)
+// adds into a partial, and the partials are merged pairwise (cpu_accumulate.hpp), so the
+// error grows like that of a blocked fp32 sum; with the key dimension broadcast too, each
+// row's keys of a tile are summed on their own first.
 bool dbias_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, const WorkItem& it, DTable& dtab,
-                const Problem& p, const Features& f, Scratch& w, std::vector<float>& acc) {
+                const Problem& p, const Features& f, Scratch& w) {
   const auto& bs = p.dbias.shape;
   const bool rows_bcast = bs[2] == 1, cols_bcast = bs[3] == 1;
   const std::int64_t nrows = it.r1 - it.r0, ncols = bs[3];
-  acc.assign(static_cast<std::size_t>(nrows * ncols), 0.f);
+  const std::size_t size = static_cast<std::size_t>(nrows * ncols);
+  const AddMerge merge{size};
+  w.partials.reset(size);
   const bool post = p.bias_type == BiasType::post_scale;
   const std::int64_t b_lo = bs[0] == 1 ? 0 : it.batch, b_hi = bs[0] == 1 ? a.batch : it.batch + 1;
   const std::int64_t h_lo = bs[1] == 1 ? 0 : it.head, h_hi = bs[1] == 1 ? a.heads : it.head + 1;
@@ -229,6 +235,8 @@ bool dbias_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
         if (cancelled(p)) return false;
         const std::int64_t rows = kernel::min64(r0 + kBlockRows, i_hi) - r0;
         const RowOperands ro = load_rows(a, dt, pack, vw, dtab, b, h, r0, rows, w);
+        float* acc = w.partials.next();
+        if (w.partials.starts_partial()) std::fill_n(acc, size, 0.f);
         const kernel::TileRange keys = kernel::key_range_for_rows(vw.mask, r0, r0 + rows);
         for (std::int64_t c0 = keys.begin / kBlockKeys * kBlockKeys; c0 < keys.end; c0 += kBlockKeys) {
           const std::int64_t nc = kernel::min64(c0 + kBlockKeys, keys.end) - c0;
@@ -236,21 +244,29 @@ bool dbias_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, co
           (void)recompute_tile(vw.mask, r0, rows, c0, nc, a.scale, ro, ko, w, {&f, b, h, post});
           for (std::int64_t r = 0; r < rows; ++r) {
             const float* g = (post ? w.dl.data() : w.ds.data()) + r * kBlockKeys;
-            float* dst = acc.data() + (rows_bcast ? 0 : (r0 + r - it.r0)) * ncols;
+            float* dst = acc + (rows_bcast ? 0 : (r0 + r - it.r0)) * ncols;
             const float mul = post ? 1.f : a.scale;
-            for (std::int64_t j = w.j0[r]; j < w.j1[r]; ++j) dst[cols_bcast ? 0 : c0 + j] += mul * g[j];
+            if (cols_bcast) {
+              float sum = 0.f;
+              for (std::int64_t j = w.j0[r]; j < w.j1[r]; ++j) sum += mul * g[j];
+              dst[0] += sum;
+            } else {
+              for (std::int64_t j = w.j0[r]; j < w.j1[r]; ++j) dst[c0 + j] += mul * g[j];
+            }
           }
         }
+        w.partials.end_tile(merge);
       }
     }
   }
+  const float* total = w.partials.finish_or_zeros(merge);  // zeros: no visible pair reads the slab
   const BiasView& out = p.dbias;
   for (std::int64_t r = 0; r < nrows; ++r)
     for (std::int64_t j = 0; j < ncols; ++j)
       store_from_float(
           out.data, out.dtype,
           it.batch * out.stride[0] + it.head * out.stride[1] + (it.r0 + r) * out.stride[2] + j * out.stride[3],
-          acc[static_cast<std::size_t>(r * ncols + j)]);
+          total[r * ncols + j]);
   return true;
 }
 
@@ -432,10 +448,8 @@ Status backward(const Problem& p) {
       for (std::int64_t h = 0; h < bs[1]; ++h)
         for (std::int64_t r0 = 0; r0 < bs[2]; r0 += kBlockRows)
           bias_items.push_back({b, h, r0, kernel::min64(r0 + kBlockRows, bs[2]), 0});
-    ok = run_items(bias_items, a, flops, stopped, [&](const WorkItem& it, Scratch& w) {
-      thread_local std::vector<float> acc;
-      return dbias_item(a, dt, pk, it, dtab, p, f, w, acc);
-    });
+    ok = run_items(bias_items, a, flops, stopped,
+                   [&](const WorkItem& it, Scratch& w) { return dbias_item(a, dt, pk, it, dtab, p, f, w); });
   }
   if (ok && p.d_sinks_on) {
     for (std::int64_t h = 0; h < a.heads; ++h) {

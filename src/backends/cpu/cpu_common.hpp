@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -152,10 +153,29 @@ inline void store_row(void* base, DType dt, std::int64_t offset, std::int64_t st
   }
 }
 
-// Multiplies the first `cols` entries of `rows` rows of a [rows][kBlockKeys] tile by `scale`.
-inline void scale_tile(float* tile, std::int64_t rows, std::int64_t cols, float scale) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < cols; ++j) tile[r * kBlockKeys + j] *= scale;
+// Scales the raw dot products q.k in the first `cols` entries of `rows` rows of a
+// [rows][kBlockKeys] tile by `scale`, giving S. An entry that comes out non-finite is
+// recomputed in fp64 from its operands (q: rows of `d` floats; k_t: [d][kBlockKeys]) and
+// rounded once: an fp32 partial sum that overflows keeps the sign of the first term that
+// overflowed, not that of the sum, and a softcap or a sink would turn that wrong infinity
+// into a finite wrong answer (docs/semantics.md "Non-finite values, overflow and the
+// scale"). fp64 holds every product of two fp32 numbers exactly, so the recomputed score is
+// the definition's: +-inf where it lies beyond fp32 (with the right sign), finite where the
+// scale brings it back into range, NaN where the definition is NaN.
+inline void scale_scores(float* tile, std::int64_t rows, std::int64_t cols, float scale, const float* q, std::int64_t d,
+                         const float* k_t) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* sr = tile + r * kBlockKeys;
+    for (std::int64_t j = 0; j < cols; ++j) sr[j] *= scale;
+    if (all_finite(sr, cols)) continue;
+    const float* qr = q + r * d;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      if (std::isfinite(sr[j])) continue;
+      double dot = 0;
+      for (std::int64_t x = 0; x < d; ++x) dot += double(qr[x]) * double(k_t[x * kBlockKeys + j]);
+      sr[j] = static_cast<float>(double(scale) * dot);
+    }
+  }
 }
 
 // Zero the `n` row elements.

@@ -104,7 +104,7 @@ bool run_item(const kernel::AttentionParams& a, DType dt, const Pack* pack, cons
     // the exponent, and scale * Q can overflow where the scores do not)
     std::fill_n(s, rows * kBlockKeys, 0.f);
     gemm_acc(rows, nc, dq, q, dq, 1, kv.k_t, kBlockKeys, s, kBlockKeys);
-    scale_tile(s, rows, nc, a.scale);
+    scale_scores(s, rows, nc, a.scale, q, dq, kv.k_t);
 
     // The block's partial: m = max of the visible scores (NaN ignored), l = sum exp(S - m),
     // online over the block's tiles as in FlashAttention.

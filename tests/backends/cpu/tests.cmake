@@ -13,6 +13,9 @@ strideattn_test(host_plan_test SOURCES
 # The training features (softcap, bias, ALiBi, sinks, dropout, max logit) on cpu and reference.
 strideattn_test(features_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/features_test.cpp)
+# The training features where fp32 overflows, and the broadcast dBias's blocked sum.
+strideattn_test(features_overflow_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/features_overflow_test.cpp)
 
 # KV-cache attention on cpu against the gathered oracle; paged against contiguous.
 strideattn_test(cpu_kvcache_test SOURCES
