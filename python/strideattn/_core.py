@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import _checks, _ext
+from . import _checks, _ext, _features
 from ._context import _Context, _check_tensor, _dtype_of, _element_strides, _shape
 from ._util import (
     MASKS,
@@ -208,7 +208,16 @@ def attention(
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
     workspace: Any = None,
-) -> Union[Any, Tuple[Any, Any]]:
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    dropout_offset: int = 0,
+    bias: Any = None,
+    bias_type: str = "post_scale",
+    alibi_slopes: Any = None,
+    softcap: Optional[float] = None,
+    sinks: Any = None,
+    return_max_logit: bool = False,
+) -> Union[Any, Tuple[Any, ...]]:
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V.
 
     Shapes (logical; any strides with a unit stride on the head dim): q [b, s_q, h, d_qk],
@@ -233,7 +242,20 @@ def attention(
     host and nothing synchronises. `workspace` is scratch memory for the call (a tensor of at
     least workspace_size() bytes on the tensors' device); without it the library allocates.
 
-    PyTorch tensors that require grad go through the autograd op of strideattn.torch.
+    Training features (docs/semantics.md "Training features"; the reference and cpu backends
+    run them, cuda/cudnn refuse each with a named rule): softcap > 0 caps the scaled logits
+    (c * tanh(x / c)); bias is an additive bias of logical shape [b or 1, h or 1, s_q, s_kv]
+    (each extent full or 1; any strides, stride 0 broadcasts; float32/float16/bfloat16),
+    added after the scale and softcap (bias_type="post_scale") or to Q K^T before the scale
+    ("pre_scale"); alibi_slopes ([h] or [b, h] float32) subtracts slope * |i + s_kv - s_q - j|;
+    sinks ([h] float32) joins every row's softmax denominator as exp(sink); dropout_p drops
+    each probability with that chance (Philox of dropout_seed, dropout_offset and the
+    position: every backend and the backward draw the same mask). return_max_logit adds a
+    float32 [b, h] (varlen: [sequences, h]) table of each head's largest logit after the
+    last output: attention() returns o, (o, lse), (o, max_logit) or (o, lse, max_logit).
+
+    PyTorch tensors that require grad go through the autograd op of strideattn.torch (which
+    takes no training features yet: detach them, or use attention_backward).
     Raises ValueError (bad input), UnsupportedError (a NotImplementedError) and
     BackendError (a RuntimeError) with the library's message.
     """
@@ -250,8 +272,21 @@ def attention(
         max_seqlen_kv=max_seqlen_kv,
         workspace=workspace,
     )
+    asked = _features.given(
+        dropout_p=dropout_p or None,
+        bias=bias,
+        alibi_slopes=alibi_slopes,
+        softcap=softcap,
+        sinks=sinks,
+        return_max_logit=return_max_logit or None,
+    )
     hook = _AUTOGRAD.get(framework(q))
     if hook is not None and out is None and hook[0](q, k, v):
+        if asked:
+            raise UnsupportedError(
+                f"{', '.join(asked)}: the autograd op of strideattn.torch takes no training "
+                "features yet; detach q, k, v (or call attention_backward yourself)"
+            )
         return hook[1](
             q,
             k,
@@ -283,6 +318,19 @@ def attention(
         backend,
         extra,
     )
+    opts.update(
+        _features.options(
+            ctx,
+            softcap=softcap,
+            dropout_p=dropout_p,
+            dropout_seed=dropout_seed,
+            dropout_offset=dropout_offset,
+            bias=bias,
+            bias_type=bias_type,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
+        )
+    )
     with ctx.device_scope():
         o = out
         if o is None:
@@ -299,6 +347,9 @@ def attention(
             else:
                 lse_shape, lse_order = (qs[0], qs[2], qs[1]), [0, 1, 2]
             lse = ctx.empty(lse_shape, "float32", lse_order, zero=varlen)
+        ml = _features.max_logit(ctx, qs, opts, varlen) if return_max_logit else None
+        if ml is not None:
+            opts["max_logit"] = ctx.as_ext(ml)
         code, msg = _call(
             _ext.forward,
             ctx.prepare(q),
@@ -312,7 +363,10 @@ def attention(
         o = ctx.finish(o) if out is None else out
         if lse is not None:
             lse = ctx.finish(lse)
-    return (o, lse) if return_lse else o
+        if ml is not None:
+            ml = ctx.finish(ml)
+    result = (o,) + ((lse,) if return_lse else ()) + ((ml,) if return_max_logit else ())
+    return result if len(result) > 1 else o
 
 
 def attention_backward(
@@ -342,13 +396,28 @@ def attention_backward(
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
     workspace: Any = None,
-) -> Tuple[Any, Any, Any]:
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    dropout_offset: int = 0,
+    bias: Any = None,
+    bias_type: str = "post_scale",
+    alibi_slopes: Any = None,
+    softcap: Optional[float] = None,
+    sinks: Any = None,
+    bias_requires_grad: bool = False,
+) -> Tuple[Any, ...]:
     """Gradients of attention(): returns (dq, dk, dv) for the forward output `out`, its
     gradient `dout` and the forward's LSE (return_lse=True). dk/dv are summed over each GQA
     group. dq/dk/dv may be given as (strided) views to write into, e.g. slices of the
     gradient of a fused QKV buffer; the others are allocated like q, k, v. Options must match
     the forward call. deterministic=True asks for a bitwise reproducible result. cu_seqlens
-    arrays, their bounds and a workspace as attention() takes them."""
+    arrays, their bounds and a workspace as attention() takes them.
+
+    Training features as attention() takes them, the same values as the forward had (the
+    dropout mask is drawn again from dropout_seed / dropout_offset). The result is
+    (dq, dk, dv), then dbias (the bias's logical shape and dtype, summed over its extent-1
+    dimensions) when a bias is given with bias_requires_grad=True, then d_sinks ([h] float32,
+    summed over batches and rows) when sinks are given."""
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)):
         _check_tensor(x, name)
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
@@ -376,8 +445,30 @@ def attention_backward(
             workspace=workspace,
         ),
     )
+    opts.update(
+        _features.options(
+            ctx,
+            softcap=softcap,
+            dropout_p=dropout_p,
+            dropout_seed=dropout_seed,
+            dropout_offset=dropout_offset,
+            bias=bias,
+            bias_type=bias_type,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
+        )
+    )
+    if bias_requires_grad and bias is None:
+        raise ValueError("bias_requires_grad=True without a bias; pass bias= (the forward's bias)")
     given = (dq, dk, dv)
     with ctx.device_scope():
+        extras = []  # (dbias, d_sinks) as asked, in that order
+        if bias is not None and bias_requires_grad:
+            extras.append(_features.dbias(ctx, bias))
+            opts["dbias"] = ctx.as_ext(extras[-1])
+        if sinks is not None:
+            extras.append(_features.d_sinks(ctx, sinks))
+            opts["d_sinks"] = ctx.as_ext(extras[-1])
         grads = []
         for g, like in zip(given, (q, k, v)):
             if g is None:
@@ -402,6 +493,7 @@ def attention_backward(
         )
         raise_status(code, msg, opts, varlen)
         result = tuple(g if g0 is not None else ctx.finish(g) for g, g0 in zip(grads, given))
+        result += tuple(ctx.finish(x) for x in extras)
     return result
 
 
