@@ -254,8 +254,8 @@ def attention(
     float32 [b, h] (varlen: [sequences, h]) table of each head's largest logit after the
     last output: attention() returns o, (o, lse), (o, max_logit) or (o, lse, max_logit).
 
-    PyTorch tensors that require grad go through the autograd op of strideattn.torch (which
-    takes no training features yet: detach them, or use attention_backward).
+    PyTorch tensors that require grad go through the autograd op of strideattn.torch (with
+    training features: eagerly, gradients to q, k, v, a bias and sinks that require grad).
     Raises ValueError (bad input), UnsupportedError (a NotImplementedError) and
     BackendError (a RuntimeError) with the library's message.
     """
@@ -272,21 +272,20 @@ def attention(
         max_seqlen_kv=max_seqlen_kv,
         workspace=workspace,
     )
-    asked = _features.given(
+    feats = dict(
         dropout_p=dropout_p or None,
+        dropout_seed=dropout_seed or None,
+        dropout_offset=dropout_offset or None,
         bias=bias,
+        bias_type=bias_type if bias is not None else None,
         alibi_slopes=alibi_slopes,
         softcap=softcap,
         sinks=sinks,
         return_max_logit=return_max_logit or None,
     )
+    feats = {key: val for key, val in feats.items() if val is not None}
     hook = _AUTOGRAD.get(framework(q))
     if hook is not None and out is None and hook[0](q, k, v):
-        if asked:
-            raise UnsupportedError(
-                f"{', '.join(asked)}: the autograd op of strideattn.torch takes no training "
-                "features yet; detach q, k, v (or call attention_backward yourself)"
-            )
         return hook[1](
             q,
             k,
@@ -302,6 +301,7 @@ def attention(
             deterministic=deterministic,
             return_lse=return_lse,
             **{key: val for key, val in extra.items() if val is not None},
+            **feats,
         )
 
     ctx, opts, varlen, qs, vs = _begin(

@@ -37,11 +37,6 @@ def _u64(x: Any, name: str) -> int:
     return x
 
 
-def given(**features: Any) -> list:
-    """The names of the features a call asks for (None / 0 / False: not asked)."""
-    return [name for name, val in features.items() if val is not None and val is not False]
-
-
 def options(
     ctx,
     *,

@@ -243,8 +243,38 @@ def test_torch_cpu_tensors(rng, seed):
     g = sa.attention_backward(*t[:3], o, t[3], lse, backend="cpu", bias_requires_grad=True, **tf)
     close("dbias", g[3].numpy(), ref["dbias"], seed, tol=1e-4)
     close("d_sinks", g[4].numpy(), ref["d_sinks"], seed, tol=1e-4)
-    with pytest.raises(sa.UnsupportedError, match="sinks: the autograd op"):
-        sa.attention(t[0].requires_grad_(), t[1], t[2], backend="cpu", sinks=tf["sinks"])
+
+
+@pytest.mark.parametrize("bias_type", ["post_scale", "pre_scale"])
+def test_torch_autograd(rng, seed, bias_type):
+    # tensors that require grad: gradients reach q, k, v, the bias (through an expanded
+    # view) and the sinks; the max logit is not differentiable
+    torch = pytest.importorskip("torch")
+    q, k, v, do = problem(rng)
+    bias, sinks = randn(rng, (1, 4, 9, 13)), randn(rng, (4,))
+    slopes = np.full(4, 0.25, np.float32)
+    t = [torch.from_numpy(x.copy()).requires_grad_() for x in (q, k, v)]
+    tb = torch.from_numpy(bias.copy()).requires_grad_()
+    ts = torch.from_numpy(sinks.copy()).requires_grad_()
+    o, ml = sa.attention(
+        *t,
+        backend="cpu",
+        bias=tb.expand(2, 4, 9, 13),
+        bias_type=bias_type,
+        sinks=ts,
+        softcap=3.0,
+        alibi_slopes=torch.from_numpy(slopes),
+        return_max_logit=True,
+    )
+    assert not ml.requires_grad
+    o.backward(torch.from_numpy(do))
+    ref = features_ref(
+        q, k, v, do=do, bias=bias, bias_type=bias_type, sinks=sinks, softcap=3.0,
+        alibi_slopes=slopes,
+    )  # fmt: skip
+    close("o", o.detach().numpy(), ref["o"], seed)
+    for name, x in (("dq", t[0]), ("dk", t[1]), ("dv", t[2]), ("dbias", tb), ("d_sinks", ts)):
+        close(name, x.grad.numpy(), ref[name], seed, tol=1e-4)
 
 
 @pytest.mark.parametrize(
