@@ -521,13 +521,15 @@ def explain(
     seq_offsets_kv: Any = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
+    **features: Any,
 ) -> Dict[str, Any]:
     """What the library would do with these tensors, without running anything.
 
     Returns {"valid": bool, "code": str, "error": message or None, "layout": str,
     "verdicts": [{"backend", "supported", "rule", "reason"}, ... in auto preference order],
     "chosen": the backend `auto` would run, or None}. grad=True explains the backward pass
-    (missing out/dout/lse are allocated)."""
+    (missing out/dout/lse are allocated). Training features as attention() takes them
+    (dropout_p, ..., return_max_logit; with grad, bias_requires_grad too)."""
     refused = _checks.unreadable(_check_tensor, q=q, k=k, v=v, out=out, dout=dout, lse=lse)
     if refused is not None:
         return refused
@@ -553,6 +555,7 @@ def explain(
         ),
     )
     with ctx.device_scope():
+        opts.update(_features.explain_options(ctx, features, grad, qs, opts, varlen))
         order = dim_order(qs, _element_strides(q, ctx.fw))
         o = out if out is not None else ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q), order, False)
         if not grad:

@@ -111,3 +111,36 @@ def dbias(ctx, bias: Any) -> Any:
 def d_sinks(ctx, sinks: Any) -> Any:
     """A zeroed fp32 [h] gradient of the sinks."""
     return ctx.empty(_shape(sinks), "float32", [0], zero=True)
+
+
+# The feature keywords explain() / workspace_size() take, with attention()'s defaults.
+_DEFAULTS = dict(
+    softcap=None,
+    dropout_p=0.0,
+    dropout_seed=0,
+    dropout_offset=0,
+    bias=None,
+    bias_type="post_scale",
+    alibi_slopes=None,
+    sinks=None,
+)
+
+
+def explain_options(ctx, features: Dict[str, Any], grad: bool, qs, opts, varlen) -> Dict[str, Any]:
+    """The extension keywords for explaining a call with `features` (attention()'s feature
+    keywords, return_max_logit, attention_backward()'s bias_requires_grad), with the
+    outputs the call would write allocated."""
+    features = dict(features)
+    want_ml = bool(features.pop("return_max_logit", False))
+    want_dbias = bool(features.pop("bias_requires_grad", False))
+    unknown = sorted(set(features) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"explain() got unexpected keyword arguments {unknown}")
+    out = options(ctx, **{**_DEFAULTS, **features})
+    if want_ml and not grad:
+        out["max_logit"] = ctx.as_ext(max_logit(ctx, qs, opts, varlen))
+    if grad and want_dbias and features.get("bias") is not None:
+        out["dbias"] = ctx.as_ext(dbias(ctx, features["bias"]))
+    if grad and features.get("sinks") is not None:
+        out["d_sinks"] = ctx.as_ext(d_sinks(ctx, features["sinks"]))
+    return out

@@ -308,3 +308,17 @@ def test_bad_backward_input(rng):
     o, lse = sa.attention(q, k, v, backend="cpu", return_lse=True)
     with pytest.raises(ValueError, match="bias_requires_grad=True without a bias"):
         sa.attention_backward(q, k, v, o, do, lse, backend="cpu", bias_requires_grad=True)
+
+
+def test_explain_names_the_feature_rules(rng):
+    q, k, v, _ = problem(rng)
+    feat = dict(bias=randn(rng, (1, 4, 9, 13)), sinks=randn(rng, (4,)), return_max_logit=True)
+    ex = sa.explain(q, k, v, **feat)
+    assert ex["valid"] and ex["chosen"] in ("cpu", "reference"), ex
+    ex = sa.explain(q, k, v, grad=True, bias_requires_grad=True, **feat)
+    assert ex["valid"], ex  # return_max_logit is dropped for the backward
+    bad = sa.explain(q, k, v, bias=randn(rng, (1, 4, 8, 13)))
+    assert not bad["valid"] and "bias: s_q extent 8" in bad["error"]
+    assert sa.workspace_size(q, k, v, sinks=feat["sinks"]) >= 0
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['softcapp'\\]"):
+        sa.explain(q, k, v, softcapp=1.0)
