@@ -3,7 +3,8 @@
 // layout names). Calls return (status code name, message); the Python layer (_core.py) maps
 // codes onto exceptions and allocates outputs in the caller's framework. Every call runs a plan
 // from the extension's plan cache (keyed by everything but the pointers); a caller's workspace
-// and varlen cu_seqlens arrays (device tensors) are taken as they are; Plan objects run with
+// and varlen cu_seqlens arrays (device tensors) are taken as they are, as are the training
+// features (bias, ALiBi slopes, sinks, max_logit, dbias, d_sinks); Plan objects run with
 // integer addresses for the lowest per-call cost. Helpers shared with the KV-cache bindings
 // (ext_kvcache.cpp) live in ext_common.hpp.
 #include <nanobind/nanobind.h>
@@ -63,6 +64,7 @@ struct CallOptions {
   std::optional<OutArray> workspace;
   std::optional<InArray> cu_seqlens_q, cu_seqlens_kv, seq_offsets_q, seq_offsets_kv;
   std::int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  FeatureOptions features;
 };
 
 // An int32 1-D array with unit stride on the call's device; `min_count` entries at least.
@@ -114,6 +116,7 @@ Status fill_common(const CallOptions& c, Placement* p, Args* args) {
   if (Status s = parse_options(c.mask, c.window_left, c.window_right, c.scale, c.deterministic, &args->options);
       !s.ok())
     return s;
+  if (Status s = parse_features(c.features, &args->options); !s.ok()) return s;
   if (Status s = parse_backend(c.backend, &args->backend); !s.ok()) return s;
   args->varlen = make_varlen(c.seqlens_q, c.seqlens_kv, c.offsets_q, c.offsets_kv);
   if (Status s = fill_cu_seqlens(c, p, &args->varlen); !s.ok()) return s;
@@ -133,6 +136,18 @@ Status fill_common(const CallOptions& c, Placement* p, Args* args) {
   return Status::Ok();
 }
 
+// The feature inputs both passes read: bias, ALiBi slopes, sinks.
+template <class Args>
+Status fill_inputs(const FeatureOptions& f, Placement* p, Args* args) {
+  if (f.bias)
+    if (Status s = to_bias("bias", *f.bias, p, &args->bias); !s.ok()) return s;
+  if (f.alibi_slopes)
+    if (Status s = to_head("alibi_slopes", *f.alibi_slopes, p, &args->alibi_slopes); !s.ok()) return s;
+  if (f.sinks)
+    if (Status s = to_head("sinks", *f.sinks, p, &args->sinks); !s.ok()) return s;
+  return Status::Ok();
+}
+
 Status build_forward(const InArray& q, const InArray& k, const InArray& v, const OutArray& o,
                      const std::optional<OutArray>& lse, const CallOptions& c, ForwardArgs* args) {
   Placement p;
@@ -142,6 +157,12 @@ Status build_forward(const InArray& q, const InArray& k, const InArray& v, const
   if (Status s = to_view("out", o, &p, &args->o); !s.ok()) return s;
   if (lse)
     if (Status s = to_lse("lse", *lse, &p, &args->lse); !s.ok()) return s;
+  if (Status s = fill_inputs(c.features, &p, args); !s.ok()) return s;
+  const FeatureOptions& f = c.features;
+  if (f.dbias || f.d_sinks)
+    return bad(std::string(f.dbias ? "dbias" : "d_sinks") + " is given to a forward call; supported: backward only");
+  if (f.max_logit)
+    if (Status s = to_head("max_logit", *f.max_logit, &p, &args->max_logit); !s.ok()) return s;
   args->memory = memory_of(p);
   return fill_common(c, &p, args);
 }
@@ -159,22 +180,35 @@ Status build_backward(const InArray& q, const InArray& k, const InArray& v, cons
   if (Status s = to_view("dq", dq, &p, &args->dq); !s.ok()) return s;
   if (Status s = to_view("dk", dk, &p, &args->dk); !s.ok()) return s;
   if (Status s = to_view("dv", dv, &p, &args->dv); !s.ok()) return s;
+  if (Status s = fill_inputs(c.features, &p, args); !s.ok()) return s;
+  const FeatureOptions& f = c.features;
+  if (f.max_logit) return bad("max_logit is given to a backward call; supported: forward only");
+  if (f.dbias)
+    if (Status s = to_bias("dbias", *f.dbias, &p, &args->dbias); !s.ok()) return s;
+  if (f.d_sinks)
+    if (Status s = to_head("d_sinks", *f.d_sinks, &p, &args->d_sinks); !s.ok()) return s;
   args->memory = memory_of(p);
   return fill_common(c, &p, args);
 }
 
 // Binding signatures: tensors first, then the shared options as keyword arguments (the
 // parameter list, the argument names with their defaults, and the parameters as values).
-#define STRIDEATTN_OPTION_PARAMS                                                                             \
-  std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale, bool det,                 \
-      std::vector<std::int64_t> sq, std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,             \
-      std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream, std::optional<OutArray> ws, \
-      std::optional<InArray> cu_q, std::optional<InArray> cu_kv, std::optional<InArray> off_q,               \
-      std::optional<InArray> off_kv, std::int64_t max_q, std::int64_t max_kv
+#define STRIDEATTN_OPTION_PARAMS                                                                              \
+  std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale, bool det,                  \
+      std::vector<std::int64_t> sq, std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,              \
+      std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream, std::optional<OutArray> ws,  \
+      std::optional<InArray> cu_q, std::optional<InArray> cu_kv, std::optional<InArray> off_q,                \
+      std::optional<InArray> off_kv, std::int64_t max_q, std::int64_t max_kv, double softcap, double drop_p,  \
+      std::uint64_t drop_seed, std::uint64_t drop_offset, std::string bias_type, std::optional<InArray> bias, \
+      std::optional<InArray> alibi, std::optional<InArray> sinks, std::optional<OutArray> max_logit,          \
+      std::optional<OutArray> dbias, std::optional<OutArray> d_sinks
 #define STRIDEATTN_OPTION_VALUES                                                                      \
   std::move(mask), wl, wr, scale, det, std::move(sq), std::move(skv), std::move(oq), std::move(okv),  \
       std::move(backend), stream, std::move(ws), std::move(cu_q), std::move(cu_kv), std::move(off_q), \
-      std::move(off_kv), max_q, max_kv
+      std::move(off_kv), max_q, max_kv, FeatureOptions {                                              \
+    softcap, drop_p, drop_seed, drop_offset, std::move(bias_type), std::move(bias), std::move(alibi), \
+        std::move(sinks), std::move(max_logit), std::move(dbias), std::move(d_sinks)                  \
+  }
 #define STRIDEATTN_OPTION_ARGS                                                                                        \
   nb::arg("mask") = "none", nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("scale") = nb::none(), \
   nb::arg("deterministic") = false, nb::arg("seqlens_q") = std::vector<std::int64_t>{},                               \
@@ -182,14 +216,18 @@ Status build_backward(const InArray& q, const InArray& k, const InArray& v, cons
   nb::arg("offsets_kv") = std::vector<std::int64_t>{}, nb::arg("backend") = "auto", nb::arg("stream") = 0,            \
   nb::arg("workspace").none() = nb::none(), nb::arg("cu_seqlens_q").none() = nb::none(),                              \
   nb::arg("cu_seqlens_kv").none() = nb::none(), nb::arg("seq_offsets_q").none() = nb::none(),                         \
-  nb::arg("seq_offsets_kv").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_kv") = 0
+  nb::arg("seq_offsets_kv").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_kv") = 0,           \
+  nb::arg("softcap") = 0.0, nb::arg("dropout_p") = 0.0, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,   \
+  nb::arg("bias_type") = "none", nb::arg("bias").none() = nb::none(), nb::arg("alibi_slopes").none() = nb::none(),    \
+  nb::arg("sinks").none() = nb::none(), nb::arg("max_logit").none() = nb::none(),                                     \
+  nb::arg("dbias").none() = nb::none(), nb::arg("d_sinks").none() = nb::none()
 
 CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale, bool det,
                          std::vector<std::int64_t> sq, std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,
                          std::vector<std::int64_t> okv, std::string backend, std::uintptr_t stream,
                          std::optional<OutArray> ws, std::optional<InArray> cu_q, std::optional<InArray> cu_kv,
                          std::optional<InArray> off_q, std::optional<InArray> off_kv, std::int64_t max_q,
-                         std::int64_t max_kv) {
+                         std::int64_t max_kv, FeatureOptions features) {
   CallOptions c;
   c.mask = std::move(mask);
   c.window_left = wl;
@@ -209,6 +247,7 @@ CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr, std
   c.seq_offsets_kv = std::move(off_kv);
   c.max_seqlen_q = max_q;
   c.max_seqlen_kv = max_kv;
+  c.features = std::move(features);
   return c;
 }
 

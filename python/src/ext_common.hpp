@@ -1,7 +1,8 @@
 // Helpers shared by the translation units of strideattn._ext (ext.cpp, ext_kvcache.cpp): the
 // array types, placing every tensor of a call on one device, reading a DLPack array as a
-// TensorView / LseView (pointer plus its own element strides), parsing the mask and backend
-// names, the explanation as a dict, and running a call interruptibly with the GIL released.
+// TensorView / LseView / BiasView / HeadView (pointer plus its own element strides), parsing
+// the mask, backend and training-feature options, the explanation as a dict, and running a
+// call interruptibly with the GIL released.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -156,6 +157,71 @@ Status to_lse(const char* name, const Array& a, Placement* p, LseView* out) {
                " dimensions; supported: 3 ([batch, heads, seq_q]) or 2 ([heads, tokens], varlen)");
   out->data = static_cast<float*>(const_cast<void*>(static_cast<const void*>(a.data())));
   read_dims(a, &out->shape, &out->stride);
+  return Status::Ok();
+}
+
+// A bias (or dbias): logical [b or 1, h or 1, s_q or 1, s_kv or 1], any strides, f32/f16/bf16.
+template <class Array>
+Status to_bias(const char* name, const Array& a, Placement* p, BiasView* out) {
+  if (Status s = place(name, a, p); !s.ok()) return s;
+  const nb::dlpack::dtype t = a.dtype();
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Float) {
+    out->dtype = DType::f16;
+  } else if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Bfloat) {
+    out->dtype = DType::bf16;
+  } else if (t.lanes == 1 && t.bits == 32 && code == nb::dlpack::dtype_code::Float) {
+    out->dtype = DType::f32;
+  } else {
+    return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float16, bfloat16, float32");
+  }
+  if (a.ndim() != 4)
+    return bad(std::string(name) + " has " + std::to_string(a.ndim()) +
+               " dimensions; supported: 4 ([b or 1, h or 1, s_q or 1, s_kv or 1])");
+  out->data = const_cast<void*>(static_cast<const void*>(a.data()));
+  for (std::size_t i = 0; i < 4; ++i) {
+    out->shape[i] = static_cast<std::int64_t>(a.shape(i));
+    out->stride[i] = a.stride(i);
+  }
+  return Status::Ok();
+}
+
+// An fp32 head table: [h] (read as one row, [1, h]) or [rows, h], any strides.
+template <class Array>
+Status to_head(const char* name, const Array& a, Placement* p, HeadView* out) {
+  if (Status s = place(name, a, p); !s.ok()) return s;
+  const nb::dlpack::dtype t = a.dtype();
+  if (!(t.lanes == 1 && t.bits == 32 && static_cast<nb::dlpack::dtype_code>(t.code) == nb::dlpack::dtype_code::Float))
+    return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float32");
+  const std::size_t nd = a.ndim();
+  if (nd != 1 && nd != 2)
+    return bad(std::string(name) + " has " + std::to_string(nd) + " dimensions; supported: 1 ([h]) or 2 ([rows, h])");
+  out->data = static_cast<float*>(const_cast<void*>(static_cast<const void*>(a.data())));
+  out->shape = {nd == 2 ? static_cast<std::int64_t>(a.shape(0)) : 1, static_cast<std::int64_t>(a.shape(nd - 1))};
+  out->stride = {nd == 2 ? a.stride(0) : 0, a.stride(nd - 1)};
+  return Status::Ok();
+}
+
+// The training features of a call (docs/semantics.md "Training features"), as the bindings
+// take them: options by value, tensors as arrays (max_logit forward only, dbias / d_sinks
+// backward only; the library rejects them elsewhere with a named rule).
+struct FeatureOptions {
+  double softcap = 0.0;
+  double dropout_p = 0.0;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  std::string bias_type = "none";
+  std::optional<InArray> bias, alibi_slopes, sinks;
+  std::optional<OutArray> max_logit, dbias, d_sinks;
+};
+
+inline Status parse_features(const FeatureOptions& f, AttentionOptions* o) {
+  o->softcap = f.softcap;
+  o->dropout.p = f.dropout_p;
+  o->dropout.seed = f.dropout_seed;
+  o->dropout.offset = f.dropout_offset;
+  const std::optional<BiasType> bt = bias_type_from_string(f.bias_type);
+  if (!bt) return bad("bias_type='" + f.bias_type + "' is not a bias type; supported: none, post_scale, pre_scale");
+  o->bias_type = *bt;
   return Status::Ok();
 }
 

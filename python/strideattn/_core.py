@@ -6,10 +6,10 @@ output). Status codes from the library become exceptions here."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import _checks, _ext
+from . import _checks, _ext, _features
+from ._context import _Context, _check_tensor, _dtype_of, _element_strides, _shape
 from ._util import (
     MASKS,
     BackendError,
@@ -56,190 +56,6 @@ def register_autograd(name: str, wants: Callable[..., bool], fn: Callable[..., A
     """Routes attention() calls on framework `name`'s tensors (torch, ...) for which
     wants(q, k, v) is true (and no out= is given) to the differentiable `fn`."""
     _AUTOGRAD[name] = (wants, fn)
-
-
-# ----------------------------------------------------------------------------- frameworks
-
-
-def _np():
-    import numpy
-
-    return numpy
-
-
-def _element_strides(x: Any, fw: str) -> Optional[Sequence[int]]:
-    """Strides in elements, or None where the framework has no strides (JAX: row-major)."""
-    if fw == "torch":
-        return tuple(x.stride())
-    if fw in ("numpy", "cupy"):
-        item = x.dtype.itemsize
-        if any(s % item for s in x.strides):
-            raise ValueError(
-                f"tensor strides {tuple(x.strides)} (bytes) are not multiples of the element "
-                f"size {item}; DLPack needs element strides"
-            )
-        return tuple(s // item for s in x.strides)
-    return None
-
-
-def _is_cuda(x: Any, fw: str) -> bool:
-    if fw == "torch":
-        return x.device.type == "cuda"
-    if fw == "cupy":
-        return True
-    if fw == "jax":
-        return any(d.platform == "gpu" for d in x.devices())
-    if hasattr(x, "__dlpack_device__"):
-        return x.__dlpack_device__()[0] in (2, 13)
-    return False
-
-
-class _Context:
-    """Where a call runs and how its outputs are made: the framework of `like` (the first
-    input), its device, the stream to use, and allocation in that framework."""
-
-    def __init__(self, like: Any):
-        self.fw = framework(like)
-        self.like = like
-        self.cuda = _is_cuda(like, self.fw)
-        self.stream = 0
-        self.sync_after = False
-        self._device_ctx = contextlib.nullcontext()
-        if self.fw == "torch" and self.cuda:
-            import torch
-
-            self._device_ctx = torch.cuda.device(like.device)
-            self.stream = torch.cuda.current_stream(like.device).cuda_stream
-        elif self.fw == "cupy":
-            import cupy
-
-            self._device_ctx = like.device
-            with like.device:
-                self.stream = cupy.cuda.get_current_stream().ptr
-        elif self.fw == "jax" and self.cuda:
-            # JAX has no current stream to share: wait for the inputs, run on the legacy
-            # default stream, and wait for the result before JAX sees it.
-            self.sync_after = True
-            dev = next(iter(like.devices()))
-            try:
-                import torch
-
-                self._device_ctx = torch.cuda.device(
-                    getattr(dev, "local_hardware_id", None) or dev.id
-                )
-            except ImportError:
-                pass
-        elif self.fw == "other" and self.cuda:
-            self.sync_after = True
-
-    def device_scope(self):
-        return self._device_ctx
-
-    def prepare(self, x: Any) -> Any:
-        """What is handed to the extension for tensor x (no copies)."""
-        fw = framework(x)
-        if fw == "torch":
-            return x.detach()
-        if fw == "jax":
-            x.block_until_ready()
-        return x
-
-    def empty(self, shape: Sequence[int], dtype: Any, order: Sequence[int], zero: bool) -> Any:
-        """A new tensor of logical `shape`, laid out with dims `order` outermost first."""
-        shape = tuple(int(s) for s in shape)
-        phys = tuple(shape[i] for i in order)
-        inverse = [0] * len(order)
-        for pos, dim in enumerate(order):
-            inverse[dim] = pos
-        fw = self.fw
-        if fw == "numpy" or (fw == "other" and not self.cuda):
-            np = _np()
-            dt = np.float32 if dtype == "float32" else dtype
-            make = np.zeros if zero else np.empty
-            return make(phys, dtype=dt).transpose(inverse)
-        if fw == "torch":
-            import torch
-
-            dt = torch.float32 if dtype == "float32" else dtype
-            make = torch.zeros if zero else torch.empty
-            return make(phys, dtype=dt, device=self.like.device).permute(inverse)
-        if fw == "cupy":
-            import cupy
-
-            dt = cupy.float32 if dtype == "float32" else dtype
-            with self.like.device:
-                make = cupy.zeros if zero else cupy.empty
-                return make(phys, dtype=dt).transpose(inverse)
-        if fw == "jax":
-            return self._jax_staging(shape, dtype)
-        raise ValueError(
-            f"cannot allocate outputs for a {type(self.like).__module__}.{type(self.like).__name__} "
-            "on a GPU; pass out= (and dq=, dk=, dv=) tensors"
-        )
-
-    def _jax_staging(self, shape, dtype):
-        # JAX arrays are immutable: compute into a PyTorch (or CuPy) buffer on the same GPU,
-        # then hand it to JAX through DLPack in finish().
-        import jax.numpy as jnp
-
-        name = "float32" if dtype == "float32" else jnp.dtype(dtype).name
-        if not self.cuda:  # JAX on the CPU: a numpy buffer (ml_dtypes gives numpy bfloat16)
-            return ("staged", _np().zeros(shape, dtype=jnp.dtype(name)))
-        dev = next(iter(self.like.devices()))
-        dev_id = getattr(dev, "local_hardware_id", None)
-        if dev_id is None:
-            dev_id = dev.id
-        try:
-            import torch
-
-            return (
-                "staged",
-                torch.zeros(shape, dtype=getattr(torch, name), device=f"cuda:{dev_id}"),
-            )
-        except ImportError:
-            import cupy
-
-            if name == "bfloat16":
-                raise UnsupportedError(
-                    "bfloat16 JAX outputs need PyTorch installed (CuPy has "
-                    "no bfloat16); use float16/float32 or install torch"
-                ) from None
-            with cupy.cuda.Device(dev_id):
-                return ("staged", cupy.zeros(shape, dtype=name))
-
-    def as_ext(self, x: Any) -> Any:
-        """The object the extension reads for an output allocated by empty()."""
-        return x[1] if isinstance(x, tuple) else x
-
-    def finish(self, x: Any) -> Any:
-        if self.sync_after:
-            _device_synchronize()
-        if isinstance(x, tuple):
-            import jax.dlpack
-
-            if type(x[1]).__module__ == "numpy":
-                import jax.numpy as jnp
-
-                return jnp.asarray(x[1])
-            return jax.dlpack.from_dlpack(x[1])
-        return x
-
-
-def _device_synchronize() -> None:
-    try:
-        import torch
-
-        torch.cuda.synchronize()
-        return
-    except ImportError:
-        pass
-    import cupy
-
-    cupy.cuda.runtime.deviceSynchronize()
-
-
-def _dtype_of(x: Any) -> Any:
-    return x.dtype
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -317,32 +133,6 @@ def _options(
     )
 
 
-def _check_tensor(x: Any, name: str, writable: bool = False) -> None:
-    if x is None:
-        raise ValueError(f"{name} is required")
-    fw = framework(x)
-    if not (hasattr(x, "__dlpack__") or fw == "numpy"):
-        raise ValueError(
-            f"{name} must be a DLPack-capable tensor (numpy, torch, cupy, jax), got {describe(x)}"
-        )
-    if fw == "numpy":
-        _checks.numpy_array(x, name, writable)
-    if fw in ("numpy", "cupy"):
-        _element_strides(x, fw)
-    if writable:
-        if fw == "numpy" and not x.flags.writeable:
-            raise ValueError(f"{name} is a read-only numpy array; outputs must be writable")
-        if fw == "jax":
-            raise ValueError(
-                f"{name}: JAX arrays are immutable and cannot be outputs; "
-                "leave it out to get a new array"
-            )
-
-
-def _shape(x: Any) -> tuple:
-    return tuple(int(s) for s in x.shape)
-
-
 def _begin(
     q,
     v,
@@ -418,7 +208,16 @@ def attention(
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
     workspace: Any = None,
-) -> Union[Any, Tuple[Any, Any]]:
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    dropout_offset: int = 0,
+    bias: Any = None,
+    bias_type: str = "post_scale",
+    alibi_slopes: Any = None,
+    softcap: Optional[float] = None,
+    sinks: Any = None,
+    return_max_logit: bool = False,
+) -> Union[Any, Tuple[Any, ...]]:
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V.
 
     Shapes (logical; any strides with a unit stride on the head dim): q [b, s_q, h, d_qk],
@@ -443,7 +242,20 @@ def attention(
     host and nothing synchronises. `workspace` is scratch memory for the call (a tensor of at
     least workspace_size() bytes on the tensors' device); without it the library allocates.
 
-    PyTorch tensors that require grad go through the autograd op of strideattn.torch.
+    Training features (docs/semantics.md "Training features"; the reference and cpu backends
+    run them, cuda/cudnn refuse each with a named rule): softcap > 0 caps the scaled logits
+    (c * tanh(x / c)); bias is an additive bias of logical shape [b or 1, h or 1, s_q, s_kv]
+    (each extent full or 1; any strides, stride 0 broadcasts; float32/float16/bfloat16),
+    added after the scale and softcap (bias_type="post_scale") or to Q K^T before the scale
+    ("pre_scale"); alibi_slopes ([h] or [b, h] float32) subtracts slope * |i + s_kv - s_q - j|;
+    sinks ([h] float32) joins every row's softmax denominator as exp(sink); dropout_p drops
+    each probability with that chance (Philox of dropout_seed, dropout_offset and the
+    position: every backend and the backward draw the same mask). return_max_logit adds a
+    float32 [b, h] (varlen: [sequences, h]) table of each head's largest logit after the
+    last output: attention() returns o, (o, lse), (o, max_logit) or (o, lse, max_logit).
+
+    PyTorch tensors that require grad go through the autograd op of strideattn.torch (with
+    training features: eagerly, gradients to q, k, v, a bias and sinks that require grad).
     Raises ValueError (bad input), UnsupportedError (a NotImplementedError) and
     BackendError (a RuntimeError) with the library's message.
     """
@@ -460,6 +272,18 @@ def attention(
         max_seqlen_kv=max_seqlen_kv,
         workspace=workspace,
     )
+    feats = dict(
+        dropout_p=dropout_p or None,
+        dropout_seed=dropout_seed or None,
+        dropout_offset=dropout_offset or None,
+        bias=bias,
+        bias_type=bias_type if bias is not None else None,
+        alibi_slopes=alibi_slopes,
+        softcap=softcap,
+        sinks=sinks,
+        return_max_logit=return_max_logit or None,
+    )
+    feats = {key: val for key, val in feats.items() if val is not None}
     hook = _AUTOGRAD.get(framework(q))
     if hook is not None and out is None and hook[0](q, k, v):
         return hook[1](
@@ -477,6 +301,7 @@ def attention(
             deterministic=deterministic,
             return_lse=return_lse,
             **{key: val for key, val in extra.items() if val is not None},
+            **feats,
         )
 
     ctx, opts, varlen, qs, vs = _begin(
@@ -492,6 +317,19 @@ def attention(
         offsets_kv,
         backend,
         extra,
+    )
+    opts.update(
+        _features.options(
+            ctx,
+            softcap=softcap,
+            dropout_p=dropout_p,
+            dropout_seed=dropout_seed,
+            dropout_offset=dropout_offset,
+            bias=bias,
+            bias_type=bias_type,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
+        )
     )
     with ctx.device_scope():
         o = out
@@ -509,6 +347,9 @@ def attention(
             else:
                 lse_shape, lse_order = (qs[0], qs[2], qs[1]), [0, 1, 2]
             lse = ctx.empty(lse_shape, "float32", lse_order, zero=varlen)
+        ml = _features.max_logit(ctx, qs, opts, varlen) if return_max_logit else None
+        if ml is not None:
+            opts["max_logit"] = ctx.as_ext(ml)
         code, msg = _call(
             _ext.forward,
             ctx.prepare(q),
@@ -522,7 +363,10 @@ def attention(
         o = ctx.finish(o) if out is None else out
         if lse is not None:
             lse = ctx.finish(lse)
-    return (o, lse) if return_lse else o
+        if ml is not None:
+            ml = ctx.finish(ml)
+    result = (o,) + ((lse,) if return_lse else ()) + ((ml,) if return_max_logit else ())
+    return result if len(result) > 1 else o
 
 
 def attention_backward(
@@ -552,13 +396,28 @@ def attention_backward(
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
     workspace: Any = None,
-) -> Tuple[Any, Any, Any]:
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    dropout_offset: int = 0,
+    bias: Any = None,
+    bias_type: str = "post_scale",
+    alibi_slopes: Any = None,
+    softcap: Optional[float] = None,
+    sinks: Any = None,
+    bias_requires_grad: bool = False,
+) -> Tuple[Any, ...]:
     """Gradients of attention(): returns (dq, dk, dv) for the forward output `out`, its
     gradient `dout` and the forward's LSE (return_lse=True). dk/dv are summed over each GQA
     group. dq/dk/dv may be given as (strided) views to write into, e.g. slices of the
     gradient of a fused QKV buffer; the others are allocated like q, k, v. Options must match
     the forward call. deterministic=True asks for a bitwise reproducible result. cu_seqlens
-    arrays, their bounds and a workspace as attention() takes them."""
+    arrays, their bounds and a workspace as attention() takes them.
+
+    Training features as attention() takes them, the same values as the forward had (the
+    dropout mask is drawn again from dropout_seed / dropout_offset). The result is
+    (dq, dk, dv), then dbias (the bias's logical shape and dtype, summed over its extent-1
+    dimensions) when a bias is given with bias_requires_grad=True, then d_sinks ([h] float32,
+    summed over batches and rows) when sinks are given."""
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)):
         _check_tensor(x, name)
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
@@ -586,8 +445,30 @@ def attention_backward(
             workspace=workspace,
         ),
     )
+    opts.update(
+        _features.options(
+            ctx,
+            softcap=softcap,
+            dropout_p=dropout_p,
+            dropout_seed=dropout_seed,
+            dropout_offset=dropout_offset,
+            bias=bias,
+            bias_type=bias_type,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
+        )
+    )
+    if bias_requires_grad and bias is None:
+        raise ValueError("bias_requires_grad=True without a bias; pass bias= (the forward's bias)")
     given = (dq, dk, dv)
     with ctx.device_scope():
+        extras = []  # (dbias, d_sinks) as asked, in that order
+        if bias is not None and bias_requires_grad:
+            extras.append(_features.dbias(ctx, bias))
+            opts["dbias"] = ctx.as_ext(extras[-1])
+        if sinks is not None:
+            extras.append(_features.d_sinks(ctx, sinks))
+            opts["d_sinks"] = ctx.as_ext(extras[-1])
         grads = []
         for g, like in zip(given, (q, k, v)):
             if g is None:
@@ -612,6 +493,7 @@ def attention_backward(
         )
         raise_status(code, msg, opts, varlen)
         result = tuple(g if g0 is not None else ctx.finish(g) for g, g0 in zip(grads, given))
+        result += tuple(ctx.finish(x) for x in extras)
     return result
 
 
@@ -639,13 +521,15 @@ def explain(
     seq_offsets_kv: Any = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
+    **features: Any,
 ) -> Dict[str, Any]:
     """What the library would do with these tensors, without running anything.
 
     Returns {"valid": bool, "code": str, "error": message or None, "layout": str,
     "verdicts": [{"backend", "supported", "rule", "reason"}, ... in auto preference order],
     "chosen": the backend `auto` would run, or None}. grad=True explains the backward pass
-    (missing out/dout/lse are allocated)."""
+    (missing out/dout/lse are allocated). Training features as attention() takes them
+    (dropout_p, ..., return_max_logit; with grad, bias_requires_grad too)."""
     refused = _checks.unreadable(_check_tensor, q=q, k=k, v=v, out=out, dout=dout, lse=lse)
     if refused is not None:
         return refused
@@ -671,6 +555,7 @@ def explain(
         ),
     )
     with ctx.device_scope():
+        opts.update(_features.explain_options(ctx, features, grad, qs, opts, varlen))
         order = dim_order(qs, _element_strides(q, ctx.fw))
         o = out if out is not None else ctx.empty(qs[:-1] + (vs[-1],), _dtype_of(q), order, False)
         if not grad:

@@ -2,8 +2,10 @@
 constructor and forward arguments (TE 2.x names, order and defaults) and computes with
 strideattn's autograd op on the tensors' real strides (no `.contiguous()`).
 
-Every TE argument is accepted; those strideattn cannot honour (dropout, bias, ALiBi, FP8,
-sink softmax, score_mod, GDN, arbitrary masks) raise
+Every TE argument is accepted; the training features (attention_dropout, softmax_type,
+return_max_logit, core_attention_bias_type / core_attention_bias, alibi_slopes) run through
+strideattn/_torch_te_features.py; those strideattn cannot honour (FP8, score_mod, GDN,
+arbitrary masks) raise
 NotImplementedError naming the argument when set to anything but their neutral value. TE's
 mask-type spellings are normalised ('padding,causal' == 'causal,padding' ==
 'padding_causal'); strideattn's mask vocabulary is accepted too. Padding comes from
@@ -27,6 +29,7 @@ from torch import Tensor
 
 from . import _checks
 from . import _torch_call as call
+from . import _torch_te_features as te_features
 from ._torch_kvcache import PagedKVCache
 from ._torch_ops import attend, attention
 from ._util import (
@@ -183,12 +186,13 @@ class DotProductAttention(torch.nn.Module):
     computed by strideattn on the tensors' real strides.
 
     Constructor (TE's): num_attention_heads, kv_channels (int or (d_qk, d_v)),
-    num_gqa_groups, attention_dropout (0.0 only), qkv_format (sbhd, bshd, thd),
+    num_gqa_groups, attention_dropout (in training mode), qkv_format (sbhd, bshd, thd),
     attn_mask_type, window_size, bottom_right_diagonal, sequence_parallel, tp_size,
     get_rng_state_tracker, tp_group, layer_number, attention_type (self, cross), cp_group
     (a torch.distributed group; see set_context_parallel_group), cp_global_ranks, cp_stream,
-    cp_comm_type, softmax_scale, softmax_type
-    (vanilla only), return_max_logit (False only), name. strideattn's extras (keyword only):
+    cp_comm_type, softmax_scale, softmax_type (vanilla, off-by-one, learnable: the parameter
+    softmax_offset [h]), return_max_logit (forward returns (out, max_logit [h])), name.
+    strideattn's extras (keyword only):
     backend, deterministic (default: torch.are_deterministic_algorithms_enabled() or
     NVTE_ALLOW_NONDETERMINISTIC_ALGO=0).
 
@@ -228,13 +232,7 @@ class DotProductAttention(torch.nn.Module):
         deterministic: Optional[bool] = None,
     ):
         super().__init__()
-        if attention_dropout != 0.0:
-            raise _refuse("attention_dropout", attention_dropout, "0.0 (no dropout)")
         self.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
-        if softmax_type != "vanilla":
-            raise _refuse("softmax_type", softmax_type, "'vanilla'")
-        if return_max_logit:
-            raise _refuse("return_max_logit", return_max_logit, "False")
         if attention_type not in ("self", "cross"):
             raise ValueError(f"attention_type='{attention_type}'; supported: self, cross")
         if tp_group is not None:
@@ -251,6 +249,11 @@ class DotProductAttention(torch.nn.Module):
             )
         self.num_heads = num_attention_heads // tp_size
         self.num_kv_heads = groups // tp_size
+        offset = te_features.check_init(attention_dropout, softmax_type, self.num_heads)
+        if offset is not None:
+            self.softmax_offset = offset  # the sinks of softmax_type "learnable"
+        self.attention_dropout, self.softmax_type = float(attention_dropout), softmax_type
+        self.return_max_logit = bool(return_max_logit)
         if isinstance(kv_channels, int):
             self.d_qk = self.d_v = kv_channels
         else:
@@ -328,9 +331,6 @@ class DotProductAttention(torch.nn.Module):
     @staticmethod
     def _refuse_unsupported(args: Dict[str, Any]) -> None:
         neutral = (
-            ("core_attention_bias_type", "no_bias"),
-            ("core_attention_bias", None),
-            ("alibi_slopes", None),
             ("inference_params", None),
             ("fp8_output", False),
             ("bf16_backward", False),
@@ -397,10 +397,7 @@ class DotProductAttention(torch.nn.Module):
         use_qk_l2norm_in_kernel: bool = False,
     ) -> Tensor:
         if not (  # the neutral values, checked without building anything (the common case)
-            core_attention_bias_type == "no_bias"
-            and core_attention_bias is None
-            and alibi_slopes is None
-            and inference_params is None
+            inference_params is None
             and not fp8_output
             and not bf16_backward
             and score_mod is None
@@ -415,9 +412,6 @@ class DotProductAttention(torch.nn.Module):
         ):
             self._refuse_unsupported(
                 dict(
-                    core_attention_bias_type=core_attention_bias_type,
-                    core_attention_bias=core_attention_bias,
-                    alibi_slopes=alibi_slopes,
                     inference_params=inference_params,
                     fp8_output=fp8_output,
                     bf16_backward=bf16_backward,
@@ -445,6 +439,16 @@ class DotProductAttention(torch.nn.Module):
                 f"got {q.dim()}, {k.dim()}, {v.dim()}"
             )
         self._check_shapes(q, k, v)
+        feats = te_features.features(
+            self, core_attention_bias_type, core_attention_bias, alibi_slopes, q
+        )
+        if feats and (
+            inference_params is not None or self.cp is not None or padding and fmt != "thd"
+        ):
+            raise NotImplementedError(
+                f"{', '.join(sorted(feats))} with inference_params, cp_group or a padding mask "
+                f"type in qkv_format '{fmt}'; supported: bshd/sbhd without padding, or thd"
+            )
         # TE's windows (its check_set_window_size): causal kinds end at the diagonal (the mask
         # is that edge here); other kinds take (-1, -1) or (>= 0, >= 0), (-1, 0) meaning no
         # window. The window is aligned top-left for 'causal' and bottom_right_diagonal=False.
@@ -501,6 +505,7 @@ class DotProductAttention(torch.nn.Module):
             return self._cached(q, k, v, inference_params, fmt, mask, (left, right), opts)
         if fmt == "thd":
             return self._thd(
+                feats,
                 q,
                 k,
                 v,
@@ -521,7 +526,8 @@ class DotProductAttention(torch.nn.Module):
             s_q, s_kv = q.shape[seq], k.shape[seq]
             self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt, cp_size)
             layout = call.SBHD if fmt == "sbhd" else call.BSHD
-            return self._attend(q, k, v, None, window([(s_kv - s_q) * cp_size]), opts, layout)
+            win = window([(s_kv - s_q) * cp_size])
+            return self._attend(q, k, v, None, win, opts, layout, feats)
         if fmt == "sbhd":
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
@@ -575,9 +581,12 @@ class DotProductAttention(torch.nn.Module):
                     + (" times the ranks" if cp_size > 1 else "")
                 )
 
-    def _attend(self, q, k, v, varlen, win, opts, layout) -> Tensor:
+    def _attend(self, q, k, v, varlen, win, opts, layout, feats=None) -> Tensor:
         """attend() with the module's options, O's heads merged ([..., h * d_v]); with a
-        cp_group, the context-parallel call on this rank's shard."""
+        cp_group, the context-parallel call on this rank's shard; with training features
+        (feats), _torch_te_features.attend."""
+        if feats:
+            return te_features.attend(q, k, v, varlen, win, opts, layout, feats)
         if self.cp is not None:
             return self._cp_attend(q, k, v, varlen, win, opts, layout)
         scale = opts["scale"]
@@ -611,7 +620,20 @@ class DotProductAttention(torch.nn.Module):
         return o.reshape(o.shape[:-2] + (-1,))
 
     def _thd(
-        self, q, k, v, cu_q, cu_kv, pad_q, pad_kv, max_q, max_kv, pad_between_seqs, window, opts
+        self,
+        feats,
+        q,
+        k,
+        v,
+        cu_q,
+        cu_kv,
+        pad_q,
+        pad_kv,
+        max_q,
+        max_kv,
+        pad_between_seqs,
+        window,
+        opts,
     ) -> Tensor:
         if cu_q is None or cu_kv is None:
             raise ValueError("qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv")
@@ -635,7 +657,8 @@ class DotProductAttention(torch.nn.Module):
             if m is not None and lens and int64(m, name) < max(lens):
                 raise ValueError(f"{name} is {m} but the longest sequence has {max(lens)} tokens")
         win = window([b - a for a, b in zip(lens_q, lens_kv)])
-        return self._attend(q, k, v, (lens_q, lens_kv, offs_q, offs_kv), win, opts, call.THD)
+        lens = (lens_q, lens_kv, offs_q, offs_kv)
+        return self._attend(q, k, v, lens, win, opts, call.THD, feats)
 
     @staticmethod
     def _padding_lengths(

@@ -220,12 +220,32 @@ def attention(
     cp_group=None,
     cp_comm_type: str = "p2p",
     cp_stream=None,
+    **features,
 ):
     """Differentiable strideattn.attention for PyTorch tensors (same arguments and shapes:
     q [b, s_q, h, d_qk] or varlen [tokens, h, d_qk] with seqlens_*/offsets_* as lists or 1-D
     integer tensors). Returns O (and the fp32, non-differentiable LSE). With cp_group (a
     torch.distributed group), each rank passes its shard of the sequence: see
-    strideattn.torch.cp_attention."""
+    strideattn.torch.cp_attention. Training features (strideattn.attention's dropout_p,
+    dropout_seed, dropout_offset, bias, bias_type, alibi_slopes, softcap, sinks,
+    return_max_logit) run eagerly through strideattn/_torch_features.py: gradients reach a
+    bias and sinks that require grad; the max logit comes after O and the LSE."""
+    if features:
+        from . import _torch_features
+
+        unknown = sorted(set(features) - set(_torch_features.FEATURES))
+        if unknown:
+            raise TypeError(f"attention() got unexpected keyword arguments {unknown}")
+        if cp_group is not None:
+            raise NotImplementedError(
+                f"{', '.join(sorted(features))}: training features with context parallelism "
+                "(cp_group) are not supported"
+            )
+        return _torch_features.attention(
+            q, k, v, mask=mask, window=window, scale=scale, seqlens_q=seqlens_q,
+            seqlens_kv=seqlens_kv, offsets_q=offsets_q, offsets_kv=offsets_kv, backend=backend,
+            deterministic=deterministic, return_lse=return_lse, **features,
+        )  # fmt: skip
     if cp_group is not None:
         from ._torch_cp import cp_attention
 

@@ -296,3 +296,143 @@ def kvcache_ref(
         r = _seq(q[n, :rows], kk, vv, None, scale, m, lowp)
         o[n, :rows], lse[n, :, :rows] = r[0], r[1]
     return dict(o=o, lse=lse, k_cache=kc, v_cache=vc)
+
+
+# ----------------------------------------------------------------------------- training features
+# docs/semantics.md "Training features", written from the text (dense batches only): softcap,
+# additive bias (post- or pre-scale), ALiBi, sinks, dropout (Philox4x32-10 keep mask) and the
+# max logit, forward and backward in fp64.
+
+_M = (0xD2511F53, 0xCD9E8D57)  # Philox4x32 multipliers
+_W = (0x9E3779B9, 0xBB67AE85)  # and key increments (Random123)
+_LO = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Random123's Philox4x32-10 on uint32 counter words (arrays broadcast) and key (ints):
+    the four output words as uint64 arrays holding 32-bit values."""
+    c = [np.asarray(x, np.uint64) & _LO for x in np.broadcast_arrays(c0, c1, c2, c3)]
+    k0, k1 = k0 & 0xFFFFFFFF, k1 & 0xFFFFFFFF
+    for _ in range(10):
+        p0 = np.uint64(_M[0]) * c[0]
+        p1 = np.uint64(_M[1]) * c[2]
+        hi0, lo0 = p0 >> np.uint64(32), p0 & _LO
+        hi1, lo1 = p1 >> np.uint64(32), p1 & _LO
+        c = [hi1 ^ c[1] ^ np.uint64(k0), lo1, hi0 ^ c[3] ^ np.uint64(k1), lo0]
+        k0, k1 = (k0 + _W[0]) & 0xFFFFFFFF, (k1 + _W[1]) & 0xFFFFFFFF
+    return c
+
+
+def dropout_keep(p, seed, offset, b, hq, h, s_q, s_kv):
+    """[s_q, s_kv] bool: the keep decisions of (batch b, query head hq)."""
+    n = (offset + b * h + hq) % (1 << 64)
+    i = np.arange(s_q, dtype=np.uint64)[:, None]
+    j = np.arange(s_kv, dtype=np.uint64)[None, :]
+    r = philox4x32_10(j >> np.uint64(2), i, n & 0xFFFFFFFF, n >> 32, seed & 0xFFFFFFFF, seed >> 32)
+    word = np.choose((j & np.uint64(3)).astype(np.int64) + np.zeros((s_q, 1), np.int64), r)
+    return word >= np.uint64(math.floor(p * 2.0**32))
+
+
+def features_ref(
+    q,
+    k,
+    v,
+    *,
+    mask="none",
+    window=None,
+    scale=None,
+    bias=None,
+    bias_type="post_scale",
+    alibi_slopes=None,
+    softcap=0.0,
+    sinks=None,
+    dropout_p=0.0,
+    dropout_seed=0,
+    dropout_offset=0,
+    do=None,
+    o_given=None,
+):
+    """fp64 model over dense q [b,s_q,h,d], k/v [b,s_kv,hg,d]. bias: [B,H,SQ,SKV] (extents
+    full or 1); alibi_slopes [h] or [b,h]; sinks [h]. Returns dict o, lse [b,h,s_q], max_logit
+    [b,h] and, with do, dq, dk, dv, dbias (the bias's shape), d_sinks [h]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    b, s_q, h, d = q.shape
+    s_kv, hg = k.shape[1], k.shape[2]
+    g = h // hg
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    m = visible(s_q, s_kv, mask, window)
+    bias_full = None
+    if bias is not None:
+        bias_full = np.broadcast_to(np.asarray(bias, np.float64), (b, h, s_q, s_kv))
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = np.broadcast_to(np.asarray(alibi_slopes, np.float64).reshape(-1, h), (b, h))
+    dist = np.abs(np.arange(s_q)[:, None] + s_kv - s_q - np.arange(s_kv)[None, :])
+    o = np.zeros((b, s_q, h, v.shape[-1]))
+    lse = np.full((b, h, s_q), -np.inf)
+    max_logit = np.full((b, h), -np.inf)
+    grads = None
+    if do is not None:
+        do = np.asarray(do, np.float64)
+        od = o if o_given is None else np.asarray(o_given, np.float64)
+        grads = dict(
+            dq=np.zeros_like(q),
+            dk=np.zeros_like(k),
+            dv=np.zeros_like(v),
+            dbias_full=np.zeros((b, h, s_q, s_kv)),
+            d_sinks=np.zeros(h),
+        )
+    saved = {}
+    for bi in range(b):
+        for hq in range(h):
+            hk = hq // g
+            raw = q[bi, :, hq] @ k[bi, :, hk].T
+            pre = bias_full[bi, hq] if bias is not None and bias_type == "pre_scale" else 0.0
+            t = scale * (raw + pre)
+            u = softcap * np.tanh(t / softcap) if softcap else t
+            ll = u.copy()
+            if bias is not None and bias_type == "post_scale":
+                ll = ll + bias_full[bi, hq]
+            if slopes is not None:
+                ll = ll - slopes[bi, hq] * dist
+            ll = np.where(m, ll, -np.inf)
+            if m.any():
+                max_logit[bi, hq] = ll[m].max()
+            rows = m.any(axis=1)
+            mx = np.where(rows, np.max(np.where(m, ll, -np.inf), axis=1, initial=-np.inf), 0)
+            if sinks is not None:
+                mx = np.maximum(mx, float(sinks[hq]))
+            e = np.where(m, np.exp(ll - mx[:, None]), 0.0)
+            den = e.sum(axis=1) + (np.exp(float(sinks[hq]) - mx) if sinks is not None else 0)
+            lse_r = np.where(rows, np.log(np.where(rows, den, 1)) + mx, -np.inf)
+            p = np.where(rows[:, None], e / np.where(rows, den, 1)[:, None], 0.0)
+            p_sink = np.where(rows, np.exp(float(sinks[hq]) - lse_r), 0) if sinks is not None else 0
+            z = np.ones((s_q, s_kv))
+            if dropout_p:
+                keep = dropout_keep(dropout_p, dropout_seed, dropout_offset, bi, hq, h, s_q, s_kv)
+                z = keep / (1.0 - dropout_p)
+            o[bi, :, hq] = (z * p) @ v[bi, :, hk]
+            lse[bi, hq] = lse_r
+            saved[bi, hq] = (t, p, p_sink, z, rows)
+    if grads is None:
+        return dict(o=o, lse=lse, max_logit=max_logit)
+    od = o if o_given is None else od
+    for (bi, hq), (t, p, p_sink, z, rows) in saved.items():
+        hk = hq // g
+        dd = (do[bi, :, hq] * od[bi, :, hq]).sum(axis=1)
+        dp = do[bi, :, hq] @ v[bi, :, hk].T
+        dl = np.where(rows[:, None], p * (z * dp - dd[:, None]), 0.0)
+        dt = dl * (1 - np.tanh(t / softcap) ** 2) if softcap else dl
+        grads["dq"][bi, :, hq] += scale * dt @ k[bi, :, hk]
+        grads["dk"][bi, :, hk] += scale * dt.T @ q[bi, :, hq]
+        grads["dv"][bi, :, hk] += (z * p).T @ do[bi, :, hq]
+        grads["dbias_full"][bi, hq] = dl if bias_type == "post_scale" else scale * dt
+        if sinks is not None:
+            grads["d_sinks"][hq] -= float(np.sum(np.where(rows, p_sink * dd, 0)))
+    out = dict(o=o, lse=lse, max_logit=max_logit, dq=grads["dq"], dk=grads["dk"], dv=grads["dv"])
+    out["d_sinks"] = grads["d_sinks"]
+    if bias is not None:  # summed over each extent-1 dimension of the bias
+        shape = np.shape(bias)
+        axes = tuple(ax for ax in range(4) if shape[ax] == 1)
+        out["dbias"] = grads["dbias_full"].sum(axis=axes, keepdims=True)
+    return out

@@ -199,9 +199,6 @@ def test_every_argument_at_its_te_default_runs(rng, seed):
 @pytest.mark.parametrize(
     "arg,value",
     [
-        ("core_attention_bias_type", "post_scale_bias"),
-        ("core_attention_bias", "tensor"),
-        ("alibi_slopes", "tensor"),
         ("inference_params", object()),
         ("fp8_output", True),
         ("bf16_backward", True),
@@ -223,17 +220,10 @@ def test_unsupported_forward_arguments_are_named(rng, arg, value):
         DPA(2, 8, qkv_format="bshd")(q, q, q, **{arg: value})
 
 
-@pytest.mark.parametrize(
-    "arg,value",
-    [
-        ("attention_dropout", 0.1),
-        ("softmax_type", "off-by-one"),
-        ("return_max_logit", True),
-    ],
-)
-def test_unsupported_constructor_arguments_are_named(arg, value):
-    with pytest.raises(NotImplementedError, match=arg):
-        DPA(2, 8, **{arg: value})
+def test_training_feature_constructor_arguments_are_accepted():
+    # attention_dropout, softmax_type and return_max_logit run (test_te_features.py)
+    mod = DPA(2, 8, attention_dropout=0.1, softmax_type="learnable", return_max_logit=True)
+    assert mod.softmax_offset.shape == (2,) and mod.softmax_offset.requires_grad
 
 
 def test_packed_qkv_layer_and_kv_layer(rng, seed):

@@ -340,8 +340,6 @@ def test_module_shape_errors():
     with pytest.raises(ValueError, match="4 heads"):
         mod(q, k, k)
     with pytest.raises(NotImplementedError):
-        sat.DotProductAttention(8, 32, attention_dropout=0.1)
-    with pytest.raises(NotImplementedError):
         sat.DotProductAttention(8, 32, attn_mask_type="arbitrary")
 
 
