@@ -193,8 +193,8 @@ TEST(CpuFeaturesOverflow, BroadcastDbiasIsABlockedSum) {
     const std::size_t e = std::size_t(j);
     const double bound = 2e-7 * abs_sum[e];
     EXPECT_NEAR(rb.dbias[e], exact[e], 1e-7 * abs_sum[e]) << "the reference, key " << j;
-    EXPECT_LE(std::fabs(cb.dbias[e] - exact[e]), bound) << "cpu dbias, key " << j << ": " << cb.dbias[e] << " vs "
-                                                        << exact[e];
+    EXPECT_LE(std::fabs(cb.dbias[e] - exact[e]), bound)
+        << "cpu dbias, key " << j << ": " << cb.dbias[e] << " vs " << exact[e];
     serial_worst = std::max(serial_worst, std::fabs(serial[e] - exact[e]) / bound);
   }
   EXPECT_GT(serial_worst, 1.0) << "a serial fp32 sum meets the bound too: the test cannot tell";
