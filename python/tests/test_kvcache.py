@@ -510,30 +510,35 @@ def test_torch_cpu():
 
 
 def test_jax_cpu_read_only():
-    jnp = pytest.importorskip("jax.numpy")
+    jax = pytest.importorskip("jax")
+    cpu = jax.devices("cpu")[0]
+
+    def put(x):  # on JAX's CPU device, also where JAX's default device is a GPU
+        return jax.device_put(x, cpu)
+
     rng = np.random.default_rng(1100)
     q, kc, vc, table, k, v = _small(rng)
     kc[...] = randn(rng, kc.shape, np.float32)
     vc[...] = randn(rng, vc.shape, np.float32)
     exact = kvcache_ref(q, kc, vc, cache_seqlens=[4, 7], block_table=table)
     o = sa.attention_with_kvcache(
-        jnp.asarray(q),
-        jnp.asarray(kc),
-        jnp.asarray(vc),
+        put(q),
+        put(kc),
+        put(vc),
         cache_seqlens=[4, 7],
-        block_table=jnp.asarray(table),
+        block_table=put(table),
         backend="cpu",
     )
     np.testing.assert_allclose(np.asarray(o), exact["o"], rtol=0, atol=2e-6)
     with pytest.raises(ValueError, match="immutable"):
         sa.attention_with_kvcache(
-            jnp.asarray(q),
-            jnp.asarray(kc),
-            jnp.asarray(vc),
-            jnp.asarray(k),
-            jnp.asarray(v),
+            put(q),
+            put(kc),
+            put(vc),
+            put(k),
+            put(v),
             cache_seqlens=[4, 7],
-            block_table=jnp.asarray(table),
+            block_table=put(table),
         )
 
 
