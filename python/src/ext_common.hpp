@@ -119,21 +119,26 @@ void read_dims(const Array& a, std::array<std::int64_t, N>* shape, std::array<st
   }
 }
 
+// The element type of a tensor or bias array: float16, bfloat16 or float32.
+inline Status element_dtype(const char* name, const nb::dlpack::dtype& t, DType* out) {
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Float) {
+    *out = DType::f16;
+  } else if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Bfloat) {
+    *out = DType::bf16;
+  } else if (t.lanes == 1 && t.bits == 32 && code == nb::dlpack::dtype_code::Float) {
+    *out = DType::f32;
+  } else {
+    return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float16, bfloat16, float32");
+  }
+  return Status::Ok();
+}
+
 // A [b, s, h, d] tensor, or [tokens, h, d] (varlen) read as [1, tokens, h, d].
 template <class Array>
 Status to_view(const char* name, const Array& a, Placement* p, TensorView* out) {
   if (Status s = place(name, a, p); !s.ok()) return s;
-  const nb::dlpack::dtype t = a.dtype();
-  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
-  if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Float) {
-    out->dtype = DType::f16;
-  } else if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Bfloat) {
-    out->dtype = DType::bf16;
-  } else if (t.lanes == 1 && t.bits == 32 && code == nb::dlpack::dtype_code::Float) {
-    out->dtype = DType::f32;
-  } else {
-    return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float16, bfloat16, float32");
-  }
+  if (Status s = element_dtype(name, a.dtype(), &out->dtype); !s.ok()) return s;
   const std::size_t nd = a.ndim();
   if (nd != 4 && nd != 3)
     return bad(std::string(name) + " has " + std::to_string(nd) +
@@ -164,17 +169,7 @@ Status to_lse(const char* name, const Array& a, Placement* p, LseView* out) {
 template <class Array>
 Status to_bias(const char* name, const Array& a, Placement* p, BiasView* out) {
   if (Status s = place(name, a, p); !s.ok()) return s;
-  const nb::dlpack::dtype t = a.dtype();
-  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
-  if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Float) {
-    out->dtype = DType::f16;
-  } else if (t.lanes == 1 && t.bits == 16 && code == nb::dlpack::dtype_code::Bfloat) {
-    out->dtype = DType::bf16;
-  } else if (t.lanes == 1 && t.bits == 32 && code == nb::dlpack::dtype_code::Float) {
-    out->dtype = DType::f32;
-  } else {
-    return bad(std::string(name) + " has dtype " + dtype_name(t) + "; supported: float16, bfloat16, float32");
-  }
+  if (Status s = element_dtype(name, a.dtype(), &out->dtype); !s.ok()) return s;
   if (a.ndim() != 4)
     return bad(std::string(name) + " has " + std::to_string(a.ndim()) +
                " dimensions; supported: 4 ([b or 1, h or 1, s_q or 1, s_kv or 1])");
