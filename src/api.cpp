@@ -126,11 +126,10 @@ Status workspace(const Args& given, std::size_t* bytes) {
   Args args = given;
   args.workspace = nullptr;
   args.workspace_bytes = 0;
-  // A plan of its own, not the cache's, made without asking where the pointers live: they
-  // may be stand-ins that only place the views (strideattn.jax asks at trace time).
+  // From the cache (forward() then finds the plan), made without asking where the pointers
+  // live: they may be stand-ins that only place the views (strideattn.jax at trace time).
   std::shared_ptr<const detail::PlanState> state;
-  if (Status s = detail::PlanAccess::make(args, detail::Pointers::bound, &state, /*memory_kinds=*/false); !s.ok())
-    return s;
+  if (Status s = detail::PlanCacheAccess::get_for_size(default_plan_cache(), args, &state); !s.ok()) return s;
   std::conditional_t<std::is_same_v<Args, ForwardArgs>, ForwardPlan, BackwardPlan> plan;
   detail::PlanAccess::set(&plan, std::move(state));
   *bytes = plan.workspace_size();

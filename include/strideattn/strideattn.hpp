@@ -324,6 +324,7 @@ struct BackwardRun {
 namespace detail {
 struct PlanState;
 struct PlanAccess;
+struct PlanCacheAccess;
 }  // namespace detail
 
 // What both plan kinds report. An empty (default-constructed) plan refuses to run.
@@ -383,6 +384,7 @@ class PlanCache {
   void clear();  // drops every plan and zeroes the counts
 
  private:
+  friend struct detail::PlanCacheAccess;
   struct Impl;
   Impl* impl_;
 };

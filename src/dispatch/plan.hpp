@@ -43,6 +43,14 @@ struct PlanAccess {
   static void set(PlanInfo* plan, std::shared_ptr<const PlanState> state) { plan->state_ = std::move(state); }
 };
 
+// The plan cache's plans for a size query (workspace_size): as PlanCache::get, but a plan made
+// on a miss does not ask where the pointers live (they may be stand-ins that only place the
+// views: strideattn.jax asks at trace time); its runs check them.
+struct PlanCacheAccess {
+  static Status get_for_size(PlanCache& cache, const ForwardArgs& args, std::shared_ptr<const PlanState>* out);
+  static Status get_for_size(PlanCache& cache, const BackwardArgs& args, std::shared_ptr<const PlanState>* out);
+};
+
 [[nodiscard]] Status run_plan(const PlanState& plan, const ForwardRun& run);
 [[nodiscard]] Status run_plan(const PlanState& plan, const BackwardRun& run);
 

@@ -186,8 +186,10 @@ struct PlanCache::Impl {
     index.emplace(key.hash, lru.begin());
   }
 
+  // memory_kinds: on a miss, whether the new plan asks where the pointers live (PlanAccess::
+  // make); a plan taken from the cache never asks again, its runs do (check_run_memory).
   template <class Args>
-  Status get(const Args& args, std::shared_ptr<const PlanState>* out) {
+  Status get(const Args& args, std::shared_ptr<const PlanState>* out, bool memory_kinds = true) {
     const Key key = key_of(args);
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -199,7 +201,7 @@ struct PlanCache::Impl {
       ++misses;
     }
     std::shared_ptr<const PlanState> made;
-    if (Status s = PlanAccess::make(args, detail::Pointers::bound, &made); !s.ok()) return s;
+    if (Status s = PlanAccess::make(args, detail::Pointers::bound, &made, memory_kinds); !s.ok()) return s;
     {
       std::lock_guard<std::mutex> lock(mu);
       insert_locked(key, args.varlen, made);
@@ -210,6 +212,15 @@ struct PlanCache::Impl {
 };
 
 PlanCache::PlanCache(std::size_t capacity) : impl_(new Impl(capacity)) {}
+
+Status detail::PlanCacheAccess::get_for_size(PlanCache& cache, const ForwardArgs& args,
+                                             std::shared_ptr<const PlanState>* out) {
+  return cache.impl_->get(args, out, /*memory_kinds=*/false);
+}
+Status detail::PlanCacheAccess::get_for_size(PlanCache& cache, const BackwardArgs& args,
+                                             std::shared_ptr<const PlanState>* out) {
+  return cache.impl_->get(args, out, /*memory_kinds=*/false);
+}
 PlanCache::~PlanCache() { delete impl_; }
 
 Status PlanCache::get(const ForwardArgs& args, ForwardPlan* plan) {

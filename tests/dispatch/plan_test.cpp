@@ -298,6 +298,12 @@ TEST_F(PlanTest, PerCallFunctionsReuseAPlanPerProblem) {
   EXPECT_EQ(st.size, 1u);
   EXPECT_EQ(st.misses, 1u);
   EXPECT_EQ(st.hits, 3u);
+  // workspace_size asks the same cache: a hit, no new plan (so a caller asking before every
+  // call pays one lookup)
+  std::size_t bytes = 0;
+  ASSERT_TRUE(workspace_size(a, &bytes).ok());
+  EXPECT_EQ(default_plan_cache().stats().hits, 4u);
+  EXPECT_EQ(fake.prepare_calls, 1);
 
   // Anything but a pointer is part of the problem.
   ForwardArgs other = a;
