@@ -89,26 +89,25 @@ endforeach()
 add_test(NAME cli_fuzz_cuda_grad
          COMMAND ${_cli} fuzz --cases 2000 --grad --backends cuda --seed 2 --require-gpu --require-ran)
 set_tests_properties(cli_fuzz_cuda_grad PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
-# cudnn: at least 1,000 cases that cuDNN runs (it refuses about three in four random
+# cudnn: at least 2,000 cases that cuDNN runs (it refuses about three in four random
 # problems, each with its rule), in four parallel parts: most of the time is graph building,
-# which runs on the CPU. NaN/Inf are planted as for the other backends: the backend's
-# non-finite fix-up (src/backends/cudnn/nonfinite.cu) gives the definition's NaN where cuDNN
-# alone gives the "no key" answer or an infinite gradient (docs/backends.md). Logits stay
-# within cuDNN's backward envelope (docs/backends.md, "Numerical envelope"): --logit-limit.
+# which runs on the CPU. NaN/Inf are planted and magnitudes drawn as for the other backends:
+# the backend's fix-ups (src/backends/cudnn/nonfinite.hpp) give the definition's NaN where
+# cuDNN alone gives the "no key" answer or an infinite gradient, and recompute the backward
+# of logits past cuDNN's envelope (docs/backends.md, "Numerical envelope").
 foreach(_part 1 2 3 4)
   math(EXPR _seed "2 + ${_part}")
   add_test(NAME cli_fuzz_cudnn_grad_${_part}
-           COMMAND ${_cli} fuzz --cases 250 --min-ran 250 --grad --backends cudnn --seed ${_seed}
-                   --logit-limit 1000 --require-gpu --require-ran)
+           COMMAND ${_cli} fuzz --cases 500 --min-ran 500 --grad --backends cudnn --seed ${_seed}
+                   --require-gpu --require-ran)
   set_tests_properties(cli_fuzz_cudnn_grad_${_part} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 endforeach()
 
 # cudnn and cuda through plans, varlen cases with cu_seqlens arrays in device memory, which
-# both read on the device (cudnn refuses the masks under which a row could see no key);
-# logits within cuDNN's backward envelope.
+# both read on the device (cudnn refuses the masks under which a row could see no key).
 add_test(NAME cli_fuzz_gpu_plans_cu_seqlens
          COMMAND ${_cli} fuzz --cases 200 --min-ran 60 --grad --backends cudnn,cuda --seed 9 --require-gpu
-                 --require-ran --finite-inputs --via-plan --cu-seqlens --logit-limit 1000)
+                 --require-ran --finite-inputs --via-plan --cu-seqlens)
 set_tests_properties(cli_fuzz_gpu_plans_cu_seqlens PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 # cuda alone through plans with cu_seqlens arrays: every mask and window, NaN/Inf planted.
 add_test(NAME cli_fuzz_cuda_plans_cu_seqlens

@@ -137,8 +137,8 @@ KVCACHE (attention over a KV cache, docs/semantics.md "KV cache"; any of the fir
 --min-ran M (fuzz): keep drawing past --cases until every listed backend ran M cases (compared
   with the reference, not refused); at most --cases + 50 M draws, exit 1 if still short.
 --logit-limit L (fuzz): cap the numerical-edge draws so that a typical scaled logit
-  (input scale^2 * scale * sqrt(d_qk)) and the input scale^2 stay at most L, for backends whose contract stops
-  short of fp32's range (docs/backends.md, "Numerical envelope").
+  (input scale^2 * scale * sqrt(d_qk)) and the input scale^2 stay at most L: to study a backend
+  within a range of its own (docs/backends.md, "Numerical envelope and the exact recompute").
 --cu-seqlens: pass varlen lengths as int32 cu_seqlens (and seq_offsets) arrays in the tensors'
   memory, device memory for GPU backends (FlashAttention's form), instead of host lists.
 --via-plan: run each backend through plans made without pointers (make_plan, then run).

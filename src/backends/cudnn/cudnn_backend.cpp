@@ -367,6 +367,7 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
     fix.a = make_params(p);
     fix.bf16 = p.dtype == DType::bf16;
     fix.stats = stats;
+    fix.exact = exact_recompute_limits();
     if (p.varlen) {
       fix.a.q_seq.seqlens = rt.lens64;  // cuDNN's lengths: 0 queries for a sequence with no keys
       fix.a.q_seq.offsets = rt.offs64;

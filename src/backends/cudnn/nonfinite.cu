@@ -11,9 +11,17 @@
 //          non-decreasing in the row), so "a bad row of the group sees j" is a difference of
 //          prefix counts, summed over the group's query heads.
 // On finite inputs no group is marked: the keys kernel reads one int per block and stops.
+// Groups outside cuDNN's envelope (a row's LSE beyond ExactRecomputeLimits) are recomputed
+// between the two (exact_backward.cuh): an exact rows kernel writes dQ and each row's fp64 LSE
+// and D, and the key kernel's blocks recompute dK and dV of their keys, NaN included.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "backends/cudnn/exact_backward.cuh"
 #include "backends/cudnn/nonfinite.hpp"
 
 namespace strideattn::detail::cudnn {
@@ -81,12 +89,18 @@ __global__ void forward_rows_kernel(NonFiniteFix f) {
 
 // ------------------------------------------------------------------ backward
 
-// Scratch of the backward, in this order, each part 256-byte aligned.
+// Scratch of the backward, in this order, each part 256-byte aligned. The marks (any_far,
+// group_far, group_bad) are one int array, cleared by one memset.
 struct BackwardScratch {
+  int* any_far = nullptr;         // 1 when some group is recomputed exactly
+  int* group_far = nullptr;       // [batch, kv_heads]: 1 when the group is recomputed exactly
   int* group_bad = nullptr;       // [batch, kv_heads]: 1 when some row of the group is bad
   std::uint8_t* flags = nullptr;  // [batch, heads, s_max]
   int* count_k = nullptr;         // [batch, heads, s_max + 1]: bit-0 rows in [0, r)
   int* count_v = nullptr;         // same for bit 1
+  double* lse = nullptr;          // [batch, heads, s_max]: fp64 LSE of recomputed rows
+  double* dd = nullptr;           // same for D = rowsum(dO * O)
+  std::size_t marks = 0;          // ints in the marks array
   std::size_t bytes = 0;
 };
 
@@ -96,15 +110,22 @@ BackwardScratch layout(const AttentionParams& a, void* base) {
   const std::size_t groups = std::size_t(a.batch * a.kv_heads);
   const std::size_t rows = std::size_t(a.batch * a.heads * a.q_seq.max_len);
   const std::size_t counts = std::size_t(a.batch * a.heads * (a.q_seq.max_len + 1));
-  const std::size_t at_flags = align256(groups * sizeof(int));
+  s.marks = 1 + 2 * groups;
+  const std::size_t at_flags = align256(s.marks * sizeof(int));
   const std::size_t at_k = at_flags + align256(rows);
   const std::size_t at_v = at_k + align256(counts * sizeof(int));
-  s.bytes = at_v + align256(counts * sizeof(int));
+  const std::size_t at_lse = at_v + align256(counts * sizeof(int));
+  const std::size_t at_dd = at_lse + align256(rows * sizeof(double));
+  s.bytes = at_dd + align256(rows * sizeof(double));
   if (p) {
-    s.group_bad = reinterpret_cast<int*>(p);
+    s.any_far = reinterpret_cast<int*>(p);
+    s.group_far = s.any_far + 1;
+    s.group_bad = s.group_far + groups;
     s.flags = reinterpret_cast<std::uint8_t*>(p + at_flags);
     s.count_k = reinterpret_cast<int*>(p + at_k);
     s.count_v = reinterpret_cast<int*>(p + at_v);
+    s.lse = reinterpret_cast<double*>(p + at_lse);
+    s.dd = reinterpret_cast<double*>(p + at_dd);
   }
   return s;
 }
@@ -157,7 +178,7 @@ __global__ void backward_rows_kernel(NonFiniteFix f, BackwardScratch s) {
     const std::int64_t b = bh / a.heads, h = bh % a.heads;
     const MaskRule m = a.mask(b);
     const kernel::SequenceSpan o_span = a.q_seq.span(a.o_st, b), g_span = a.q_seq.span(a.do_st, b);
-    int* group_bad = &s.group_bad[b * a.kv_heads + kernel::kv_head_of(h, a.heads, a.kv_heads)];
+    const std::int64_t group = b * a.kv_heads + kernel::kv_head_of(h, a.heads, a.kv_heads);
     for (std::int64_t r0 = std::int64_t(blockIdx.x) * rows_per_block; r0 < s_max;
          r0 += std::int64_t(gridDim.x) * rows_per_block) {
       const std::int64_t row = r0 + my_row;
@@ -181,9 +202,14 @@ __global__ void backward_rows_kernel(NonFiniteFix f, BackwardScratch s) {
       const bool bad_v = live && (!finite(lse) || any_bad != 0);
       const bool bad_k = bad_v || (live && !finite(d));
       const std::uint8_t flag = std::uint8_t((bad_k ? 1 : 0) | (bad_v ? 2 : 0));
+      const bool far = live && finite(lse) && (lse > f.exact.lse_above || lse < f.exact.lse_below);
       if (row < s_max && sub_lane == 0) {
         s.flags[bh * s_max + row] = flag;
-        if (flag) atomicOr(group_bad, 1);
+        if (flag) atomicOr(&s.group_bad[group], 1);
+        if (far) {
+          atomicOr(&s.group_far[group], 1);
+          atomicOr(s.any_far, 1);
+        }
       }
       if (flag)
         fill_nan(a.dq, kernel::row_offset(a.q_seq.span(a.dq_st, b), a.dq_st, row, h), a.d_qk, a.dq_st.d, nan, sub_lane,
@@ -225,16 +251,51 @@ __device__ void scan_flags(const std::uint8_t* fl, int* ck, int* cv, std::int64_
   }
 }
 
-// One block per (sequence, KV head) group with a bad row (the others stop at once): its
-// warps scan the flags of the group's query heads, then its threads walk the keys.
+// The exact rows (exact_backward.cuh) of the groups outside the envelope: a warp per row;
+// the blocks stride over (sequence, head, block of kWarpsPerBlock rows). Stops at once when
+// no group is marked.
+__global__ void exact_rows_kernel(NonFiniteFix f, BackwardScratch s) {
+  __shared__ float q_sh[kWarpsPerBlock][exact::kMaxHeadDim], g_sh[kWarpsPerBlock][exact::kMaxHeadDim];
+  if (*s.any_far == 0) return;
+  const AttentionParams& a = f.a;
+  const int warp = int(threadIdx.x / 32);
+  const std::int64_t s_max = a.q_seq.max_len;
+  const std::int64_t row_blocks = (s_max + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  for (std::int64_t item = blockIdx.x; item < a.batch * a.heads * row_blocks; item += gridDim.x) {
+    const std::int64_t bh = item / row_blocks, b = bh / a.heads, h = bh % a.heads;
+    if (s.group_far[b * a.kv_heads + kernel::kv_head_of(h, a.heads, a.kv_heads)] == 0) continue;
+    const std::int64_t row = (item % row_blocks) * kWarpsPerBlock + warp;
+    const MaskRule m = a.mask(b);
+    if (row >= s_max || !sees_key(m, row)) continue;  // the same for the whole warp
+    exact::recompute_row(a, f.bf16, b, h, row, m, s.flags[bh * s_max + row] != 0, q_sh[warp], g_sh[warp],
+                         &s.lse[bh * s_max + row], &s.dd[bh * s_max + row]);
+    __syncwarp();  // the warp's shared rows are rewritten by its next row
+  }
+}
+
+// Blocks (x: (sequence, KV head) groups, y: parts of the keys). A group outside the envelope:
+// the blocks of every y recompute their keys exactly, a warp per key (exact_backward.cuh; the
+// NaN of bad rows included). Another group with a bad row: its y = 0 block's warps scan the
+// flags of the group's query heads, then its threads walk the keys. The rest stop at once.
 __global__ void backward_keys_kernel(NonFiniteFix f, BackwardScratch s) {
+  __shared__ float k_sh[kWarpsPerBlock][exact::kMaxHeadDim], v_sh[kWarpsPerBlock][exact::kMaxHeadDim];
   const AttentionParams& a = f.a;
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
   const std::int64_t s_max = a.q_seq.max_len, kv_max = a.kv_seq.max_len;
   const std::int64_t group = a.heads / a.kv_heads;
   const std::uint16_t nan = f.bf16 ? kNanBf16 : kNanF16;
+  if (blockIdx.y > 0 && *s.any_far == 0) return;
   for (std::int64_t bk = blockIdx.x; bk < a.batch * a.kv_heads; bk += gridDim.x) {
-    if (s.group_bad[bk] == 0) continue;  // the same value for the whole block
+    if (s.group_far[bk] != 0) {  // the same value for the whole block
+      const std::int64_t b = bk / a.kv_heads, hk = bk % a.kv_heads;
+      const MaskRule m = a.mask(b);
+      for (std::int64_t j = std::int64_t(blockIdx.y) * warps + warp; j < m.s_kv; j += std::int64_t(gridDim.y) * warps) {
+        exact::recompute_key(a, f.bf16, b, hk, j, m, s.flags, s.lse, s.dd, k_sh[warp], v_sh[warp]);
+        __syncwarp();
+      }
+      continue;
+    }
+    if (blockIdx.y > 0 || s.group_bad[bk] == 0) continue;
     const std::int64_t b = bk / a.kv_heads, hk = bk % a.kv_heads;
     const std::int64_t bh0 = b * a.heads + hk * group;  // (sequence, first query head of the group)
     for (std::int64_t g = warp; g < group; g += warps)
@@ -295,7 +356,23 @@ void launch_rows(const NonFiniteFix& f, const BackwardScratch& s, cudaStream_t s
   }
 }
 
+// Blocks of the launches that stop at once on problems inside the envelope: enough to keep
+// the GPU busy when they do recompute, few enough that stopping costs about a microsecond.
+constexpr std::int64_t kExactBlocks = 1024;
+
+std::atomic<const ExactRecomputeLimits*> g_limits{nullptr};
+
 }  // namespace
+
+ExactRecomputeLimits exact_recompute_limits() {
+  const ExactRecomputeLimits* l = g_limits.load(std::memory_order_acquire);
+  return l ? *l : ExactRecomputeLimits{};
+}
+
+ScopedExactRecomputeLimits::ScopedExactRecomputeLimits(ExactRecomputeLimits limits)
+    : limits_(limits), previous_(g_limits.exchange(&limits_, std::memory_order_acq_rel)) {}
+
+ScopedExactRecomputeLimits::~ScopedExactRecomputeLimits() { g_limits.store(previous_, std::memory_order_release); }
 
 std::size_t nonfinite_backward_scratch(const AttentionParams& a) { return layout(a, nullptr).bytes; }
 
@@ -312,12 +389,20 @@ std::string nonfinite_backward(const NonFiniteFix& f, void* scratch, void* strea
   if (rows <= 0 || a.kv_heads <= 0) return {};
   auto st = static_cast<cudaStream_t>(stream);
   const BackwardScratch s = layout(a, scratch);
-  if (cudaError_t e = cudaMemsetAsync(s.group_bad, 0, std::size_t(a.batch * a.kv_heads) * sizeof(int), st);
-      e != cudaSuccess)
-    return std::string("clearing the non-finite group flags: ") + cudaGetErrorString(e);
+  if (a.d_qk > exact::kMaxHeadDim || a.d_v > exact::kMaxHeadDim)
+    return "the cudnn backward fix-up takes head dims up to " + std::to_string(exact::kMaxHeadDim) + ", got " +
+           std::to_string(a.d_qk) + " / " + std::to_string(a.d_v);
+  if (cudaError_t e = cudaMemsetAsync(s.any_far, 0, s.marks * sizeof(int), st); e != cudaSuccess)
+    return std::string("clearing the fix-up's group marks: ") + cudaGetErrorString(e);
   launch_rows(f, s, st);
   if (auto e = last_error("non-finite backward row kernel"); !e.empty()) return e;
-  backward_keys_kernel<<<blocks_for(a.batch * a.kv_heads, 1), kThreads, 0, st>>>(f, s);
+  const std::int64_t row_items = a.batch * a.heads * ((a.q_seq.max_len + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  exact_rows_kernel<<<unsigned(std::min(row_items, kExactBlocks)), kThreads, 0, st>>>(f, s);
+  if (auto e = last_error("exact backward row kernel"); !e.empty()) return e;
+  const std::int64_t groups = a.batch * a.kv_heads;
+  const std::int64_t key_parts = std::clamp<std::int64_t>(
+      std::min(kExactBlocks / groups, (a.kv_seq.max_len + kWarpsPerBlock - 1) / kWarpsPerBlock), 1, 65535);
+  backward_keys_kernel<<<dim3(unsigned(blocks_for(groups, 1)), unsigned(key_parts)), kThreads, 0, st>>>(f, s);
   return last_error("non-finite backward key kernel");
 }
 

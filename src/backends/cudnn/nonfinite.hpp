@@ -10,6 +10,12 @@
 //             too unless the row is bad only through D (O alone non-finite: P and dO are
 //             finite, so the definition's dV stays finite).
 // On finite inputs nothing is written beyond cuDNN's stats and a flag byte per row.
+//
+// cuDNN's backward is not exact at large logits (docs/backends.md, "Numerical envelope"): the
+// row pass also marks the (sequence, KV head) groups with a row whose LSE lies outside
+// ExactRecomputeLimits, and for those groups exact_backward.cuh recomputes dQ, dK and dV from
+// Q, K, V, O and dO in fp64 before the NaN of bad rows and keys goes in. On problems inside
+// the envelope that costs one more launch whose blocks read one int and stop.
 #pragma once
 
 #include <cstddef>
@@ -20,13 +26,41 @@
 
 namespace strideattn::detail::cudnn {
 
+// Rows whose LSE (cuDNN's stats, finite) is above `lse_above` or below `lse_below` make the
+// backward recompute their group exactly. Above: cuDNN's dV is measured off by 0.5-20 % once
+// typical logits reach about 2e4 (the LSE, about the row's max logit, a few times that);
+// 1024 keeps a margin of more than an order of magnitude. Below: cuDNN scores padded tile
+// entries 0 and forms exp(0 - LSE), which overflows fp32 once LSE < -88.
+struct ExactRecomputeLimits {
+  float lse_above = 1024.f;
+  float lse_below = -64.f;
+};
+
+// The limits in force: the defaults, or those of the innermost live
+// ScopedExactRecomputeLimits (tests only: {-inf, -inf} recomputes every group, {inf, -inf}
+// none; not thread-safe against concurrent calls).
+[[nodiscard]] ExactRecomputeLimits exact_recompute_limits();
+
+class ScopedExactRecomputeLimits {
+ public:
+  explicit ScopedExactRecomputeLimits(ExactRecomputeLimits limits);
+  ~ScopedExactRecomputeLimits();
+  ScopedExactRecomputeLimits(const ScopedExactRecomputeLimits&) = delete;
+  ScopedExactRecomputeLimits& operator=(const ScopedExactRecomputeLimits&) = delete;
+
+ private:
+  ExactRecomputeLimits limits_;
+  const ExactRecomputeLimits* previous_;
+};
+
 // What the fix-ups read and write. `a` is make_params() of the problem with the varlen
 // tables (q_seq, kv_seq seqlens and offsets) replaced by device copies; dense problems keep
 // them null. q_seq.max_len is the packed stats' row count per (sequence, head).
 struct NonFiniteFix {
   kernel::AttentionParams a;
-  bool bf16 = true;        // the tensors' dtype: bf16, else f16 (cuDNN takes no other)
-  float* stats = nullptr;  // packed [batch, heads, q_seq.max_len]: cuDNN's stats
+  bool bf16 = true;            // the tensors' dtype: bf16, else f16 (cuDNN takes no other)
+  float* stats = nullptr;      // packed [batch, heads, q_seq.max_len]: cuDNN's stats
+  ExactRecomputeLimits exact;  // backward: which groups are recomputed exactly
 };
 
 // Workspace bytes nonfinite_backward needs (a multiple of 256).

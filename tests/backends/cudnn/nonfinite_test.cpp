@@ -27,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/cudnn/nonfinite.hpp"
 #include "common/attention_math.hpp"
 #include "common/dtype.hpp"
 #include "harness/runner.hpp"
@@ -222,9 +223,8 @@ CaseSpec planted_case(const Shape& sh, const Planter& pl, std::uint64_t seed) {
 
 class Planted : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
-TEST_P(Planted, FollowsTheReferenceUnderTheNonFinitePolicy) {
-  SKIP_WITHOUT_GPU();
-  const auto [si, pi] = GetParam();
+// One planted case through cudnn against the reference under its non-finite policy.
+void expect_planted_case_ok(int si, int pi) {
   const CaseSpec spec =
       planted_case(shapes()[std::size_t(si)], planters()[std::size_t(pi)], std::uint64_t(9100 + 16 * si + pi));
   harness::CaseReport report;
@@ -237,6 +237,23 @@ TEST_P(Planted, FollowsTheReferenceUnderTheNonFinitePolicy) {
   EXPECT_TRUE(r.guard_ok) << repro;
   EXPECT_TRUE(r.written_ok) << repro;
   EXPECT_EQ(r.checks.size(), 5u) << repro;
+}
+
+TEST_P(Planted, FollowsTheReferenceUnderTheNonFinitePolicy) {
+  SKIP_WITHOUT_GPU();
+  const auto [si, pi] = GetParam();
+  expect_planted_case_ok(si, pi);
+}
+
+// The same with every group's gradients recomputed exactly (what inputs past cuDNN's
+// envelope get, nonfinite.hpp): the recompute and the NaN pass together give the definition's
+// NaN and nothing more.
+TEST_P(Planted, FollowsTheReferenceWhenEveryGroupIsRecomputed) {
+  SKIP_WITHOUT_GPU();
+  const auto [si, pi] = GetParam();
+  constexpr float kInfF = std::numeric_limits<float>::infinity();
+  const detail::cudnn::ScopedExactRecomputeLimits every_group({-kInfF, -kInfF});
+  expect_planted_case_ok(si, pi);
 }
 
 INSTANTIATE_TEST_SUITE_P(CudnnNonFinite, Planted,
