@@ -57,6 +57,11 @@ __device__ __forceinline__ double dot(const float* x, const void* base, std::int
   return d;
 }
 
+// A score: the product rounded on its own, never fused into the subtraction of the LSE that
+// follows (an FMA would meet the rounded max with the exact product: at |S| ~ 1e20 the max's
+// exponent is then off by up to half an ulp of 1e20, thousands, and P is inf).
+__device__ __forceinline__ double scaled(double scale, double qk) { return __dmul_rn(scale, qk); }
+
 // The rows part for row `row` of query head `h` in sequence `b` (a whole warp). `q_sh`, `g_sh`:
 // this warp's shared rows of d_qk and d_v floats. `bad`: the NaN pass's flag of the row.
 __device__ void recompute_row(const kernel::AttentionParams& a, bool bf16, std::int64_t b, std::int64_t h,
@@ -79,7 +84,7 @@ __device__ void recompute_row(const kernel::AttentionParams& a, bool bf16, std::
   const double scale = a.scale;
   const std::int64_t kb = m.key_begin(row), ke = m.key_end(row);
   auto score = [&](std::int64_t j) {
-    return scale * dot(q_sh, a.k, kernel::row_offset(k_span, a.k_st, j, hk), a.k_st.d, a.d_qk, bf16);
+    return scaled(scale, dot(q_sh, a.k, kernel::row_offset(k_span, a.k_st, j, hk), a.k_st.d, a.d_qk, bf16));
   };
 
   // LSE: each lane keeps a running max and sum over its keys; the warp combines them.

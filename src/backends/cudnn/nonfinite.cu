@@ -130,14 +130,21 @@ BackwardScratch layout(const AttentionParams& a, void* base) {
   return s;
 }
 
-// One row's share of this lane: the partial dot(dO, O) and whether dO holds a non-finite
-// value. kLanes lanes read a row; kVec reads 8 elements (16 bytes) per lane and step.
+// One row's share of this lane: the partial dot(dO, O), whether dO holds a non-finite value,
+// and the largest |O| and |dO| it read. kLanes lanes read a row; kVec reads 8 elements (16
+// bytes) per lane and step.
 template <int kLanes, bool kVec>
 __device__ __forceinline__ void row_terms(const std::uint16_t* o, std::int64_t o_step, const std::uint16_t* g,
                                           std::int64_t g_step, std::int64_t n, bool bf16, int sub_lane, float* dot,
-                                          bool* g_bad) {
-  float d = 0.f;
+                                          bool* g_bad, float* o_max, float* g_max) {
+  float d = 0.f, om = 0.f, gm = 0.f;
   bool bad = false;
+  auto take = [&](float ov, float gv) {
+    d += ov * gv;
+    bad |= !finite(gv);
+    om = fmaxf(om, fabsf(ov));
+    gm = fmaxf(gm, fabsf(gv));
+  };
   if constexpr (kVec) {
     for (std::int64_t c = std::int64_t(sub_lane) * 8; c < n; c += kLanes * 8) {
       const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
@@ -145,21 +152,18 @@ __device__ __forceinline__ void row_terms(const std::uint16_t* o, std::int64_t o
       const std::uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        const float o0 = to_float(ow[w] & 0xffffu, bf16), o1 = to_float(ow[w] >> 16, bf16);
-        const float g0 = to_float(gw[w] & 0xffffu, bf16), g1 = to_float(gw[w] >> 16, bf16);
-        d += o0 * g0 + o1 * g1;
-        bad |= !finite(g0) || !finite(g1);
+        take(to_float(ow[w] & 0xffffu, bf16), to_float(gw[w] & 0xffffu, bf16));
+        take(to_float(ow[w] >> 16, bf16), to_float(gw[w] >> 16, bf16));
       }
     }
   } else {
-    for (std::int64_t c = sub_lane; c < n; c += kLanes) {
-      const float ov = to_float(o[c * o_step], bf16), gv = to_float(g[c * g_step], bf16);
-      d += ov * gv;
-      bad |= !finite(gv);
-    }
+    for (std::int64_t c = sub_lane; c < n; c += kLanes)
+      take(to_float(o[c * o_step], bf16), to_float(g[c * g_step], bf16));
   }
   *dot = d;
   *g_bad = bad;
+  *o_max = om;
+  *g_max = gm;
 }
 
 // Grid: x strides over blocks of rows, y over (sequence, head); each block's loops are
@@ -183,13 +187,13 @@ __global__ void backward_rows_kernel(NonFiniteFix f, BackwardScratch s) {
          r0 += std::int64_t(gridDim.x) * rows_per_block) {
       const std::int64_t row = r0 + my_row;
       const bool live = row < s_max && sees_key(m, row);
-      float d = 0.f, lse = 0.f;
+      float d = 0.f, lse = 0.f, o_max = 0.f, g_max = 0.f;
       bool g_bad = false;
       if (live) {
         lse = f.stats[bh * s_max + row];
         const auto* o = static_cast<const std::uint16_t*>(a.o) + kernel::row_offset(o_span, a.o_st, row, h);
         const auto* g = static_cast<const std::uint16_t*>(a.d_o) + kernel::row_offset(g_span, a.do_st, row, h);
-        row_terms<kLanes, kVec>(o, a.o_st.d, g, a.do_st.d, a.d_v, f.bf16, sub_lane, &d, &g_bad);
+        row_terms<kLanes, kVec>(o, a.o_st.d, g, a.do_st.d, a.d_v, f.bf16, sub_lane, &d, &g_bad, &o_max, &g_max);
       }
       // Sums within each group of kLanes lanes (xor offsets below kLanes stay in the group).
       int any_bad = g_bad ? 1 : 0;
@@ -197,12 +201,18 @@ __global__ void backward_rows_kernel(NonFiniteFix f, BackwardScratch s) {
       for (int off = kLanes / 2; off > 0; off >>= 1) {
         d += __shfl_xor_sync(kFull, d, off);
         any_bad |= __shfl_xor_sync(kFull, any_bad, off);
+        o_max = fmaxf(o_max, __shfl_xor_sync(kFull, o_max, off));
+        g_max = fmaxf(g_max, __shfl_xor_sync(kFull, g_max, off));
       }
       // P = exp(S - LSE) and dO reach dV; D reaches dS (dQ, dK) only.
       const bool bad_v = live && (!finite(lse) || any_bad != 0);
       const bool bad_k = bad_v || (live && !finite(d));
       const std::uint8_t flag = std::uint8_t((bad_k ? 1 : 0) | (bad_v ? 2 : 0));
-      const bool far = live && finite(lse) && (lse > f.exact.lse_above || lse < f.exact.lse_below);
+      // Outside the envelope: a large or very negative LSE, or large values of O and dO (the
+      // size of dP = dO V^T and of D, which the graph's 16-bit dS must hold); NaN and inf
+      // rows are bad instead.
+      const bool far = live && finite(lse) && finite(d) && !g_bad &&
+                       (lse > f.exact.lse_above || lse < f.exact.lse_below || o_max * g_max > f.exact.od_above);
       if (row < s_max && sub_lane == 0) {
         s.flags[bh * s_max + row] = flag;
         if (flag) atomicOr(&s.group_bad[group], 1);

@@ -26,19 +26,24 @@
 
 namespace strideattn::detail::cudnn {
 
-// Rows whose LSE (cuDNN's stats, finite) is above `lse_above` or below `lse_below` make the
-// backward recompute their group exactly. Above: cuDNN's dV is measured off by 0.5-20 % once
-// typical logits reach about 2e4 (the LSE, about the row's max logit, a few times that);
-// 1024 keeps a margin of more than an order of magnitude. Below: cuDNN scores padded tile
-// entries 0 and forms exp(0 - LSE), which overflows fp32 once LSE < -88.
+// Finite rows whose LSE (cuDNN's stats) is above `lse_above` or below `lse_below`, or whose
+// largest |O| times largest |dO| exceeds `od_above`, make the backward recompute their group
+// exactly. LSE above: cuDNN's dV is measured off by 0.5-20 % once typical logits reach about
+// 2e4 (the LSE, about the row's max logit, a few times that); 1024 keeps a margin of more
+// than an order of magnitude. Below: cuDNN scores padded tile entries 0 and forms
+// exp(0 - LSE), which overflows fp32 once LSE < -88. |O| |dO|: f16 inputs of 3e3 with logits
+// of 1 (a tiny scale) fail the rule on dK while the LSE stays small; 1024 is inputs of about
+// 32, where the capped fuzz found no mismatch, and far above unit-scale activations and
+// loss-scaled gradients.
 struct ExactRecomputeLimits {
   float lse_above = 1024.f;
   float lse_below = -64.f;
+  float od_above = 1024.f;
 };
 
 // The limits in force: the defaults, or those of the innermost live
-// ScopedExactRecomputeLimits (tests only: {-inf, -inf} recomputes every group, {inf, -inf}
-// none; not thread-safe against concurrent calls).
+// ScopedExactRecomputeLimits (tests only: {-inf, -inf, -inf} recomputes every group,
+// {inf, -inf, inf} none; not thread-safe against concurrent calls).
 [[nodiscard]] ExactRecomputeLimits exact_recompute_limits();
 
 class ScopedExactRecomputeLimits {

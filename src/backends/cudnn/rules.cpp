@@ -217,6 +217,13 @@ Check check_empty_problem(const DeviceInfo&, const Problem& p) {
          "; supported: batch, s_q, s_kv and heads >= 1 (cuDNN graphs cannot have empty dimensions)";
 }
 
+// The frontend refuses a backward graph of one query and one key (its own check).
+Check check_single_token_backward(const DeviceInfo&, const Problem& p) {
+  if (!p.is_backward() || p.s_q != 1 || p.s_kv != 1) return std::nullopt;
+  return std::string("backward with s_q = s_kv = 1") + (p.varlen ? " (longest sequences)" : "") +
+         "; supported: s_q > 1 or s_kv > 1 (the cuDNN frontend's own limit)";
+}
+
 // cu_seqlens arrays are read on the device: whatever depends on the lengths must be decided
 // without them. Under no mask and the top-left causal mask every row of a sequence with keys
 // sees key 0; under a bottom-right mask or a window some row could see none (s_q > s_kv in a
@@ -341,6 +348,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("gpu_arch", check_arch),
                                                 rule("dtype", check_dtype),
                                                 rule("empty_problem", check_empty_problem),
+                                                rule("single_token_backward", check_single_token_backward),
                                                 rule("head_dim_stride", check_unit_dim_stride),
                                                 rule("negative_stride", check_negative_strides),
                                                 rule("head_dim", check_head_dim),

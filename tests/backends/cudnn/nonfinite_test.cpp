@@ -252,7 +252,7 @@ TEST_P(Planted, FollowsTheReferenceWhenEveryGroupIsRecomputed) {
   SKIP_WITHOUT_GPU();
   const auto [si, pi] = GetParam();
   constexpr float kInfF = std::numeric_limits<float>::infinity();
-  const detail::cudnn::ScopedExactRecomputeLimits every_group({-kInfF, -kInfF});
+  const detail::cudnn::ScopedExactRecomputeLimits every_group({-kInfF, -kInfF, -kInfF});
   expect_planted_case_ok(si, pi);
 }
 

@@ -286,6 +286,22 @@ TEST(CudnnRules, NegativeStridesAreRefused) {
   EXPECT_TRUE(verdict(hopper(), q).supported) << verdict(hopper(), q).reason;
 }
 
+TEST(CudnnRules, OneQueryOnOneKeyHasNoBackward) {
+  Fixture a;
+  a.sq = a.skv = 1;
+  Problem p = a.problem();
+  EXPECT_TRUE(verdict(hopper(), p).supported) << "the forward runs: " << verdict(hopper(), p).reason;
+  p.direction = Direction::backward;
+  expect_refused(verdict(hopper(), p), "single_token_backward", "s_q = s_kv = 1");
+  Fixture b;
+  b.sq = 1;
+  b.skv = 2;
+  Problem q = b.problem();
+  q.direction = Direction::backward;
+  const Verdict v = verdict(hopper(), q);
+  EXPECT_NE(v.rule, "single_token_backward") << v.reason;
+}
+
 TEST(CudnnRules, BottomRightNeedsSqNotAboveSkvWhenDense) {
   Fixture a;
   a.sq = 64;
