@@ -93,29 +93,32 @@ class Strideattn:
         if rc != sa_abi.SA_OK:
             raise RuntimeError(self.msg.value.decode(errors="replace"))
 
-    def _common(self, a, backend, causal):
-        a.options.mask = sa_abi.SA_MASK_CAUSAL if causal else sa_abi.SA_MASK_NONE
+    def _common(self, a, backend, sh):
+        a.options.mask = sa_abi.SA_MASK_CAUSAL if sh.causal else sa_abi.SA_MASK_NONE
+        if sh.window >= 0:
+            a.options.has_window = 1
+            a.options.window_left, a.options.window_right = sh.window, 0
         a.backend = SA_BACKEND[backend]
         a.memory = sa_abi.SA_MEMORY_DEVICE
         a.stream = torch.cuda.current_stream().cuda_stream
         return a
 
-    def forward_args(self, backend, q, k, v, o, lse, causal) -> sa_abi.sa_forward_args:
+    def forward_args(self, backend, q, k, v, o, lse, sh) -> sa_abi.sa_forward_args:
         a = sa_abi.sa_forward_args()
         a.struct_size = ctypes.sizeof(sa_abi.sa_forward_args)
         a.q, a.k, a.v, a.o = view_of(q), view_of(k), view_of(v), view_of(o)
         a.lse = lse_of(lse)
-        return self._common(a, backend, causal)
+        return self._common(a, backend, sh)
 
     def backward_args(
-        self, backend, q, k, v, o, do, lse, dq, dk, dv, causal
+        self, backend, q, k, v, o, do, lse, dq, dk, dv, sh
     ) -> sa_abi.sa_backward_args:
         a = sa_abi.sa_backward_args()
         a.struct_size = ctypes.sizeof(sa_abi.sa_backward_args)
         a.q, a.k, a.v, a.o, a.d_o = view_of(q), view_of(k), view_of(v), view_of(o), view_of(do)
         a.lse = lse_of(lse)
         a.dq, a.dk, a.dv = view_of(dq), view_of(dk), view_of(dv)
-        return self._common(a, backend, causal)
+        return self._common(a, backend, sh)
 
     def forward(self, args: sa_abi.sa_forward_args):
         self._check(self.lib.sa_forward(ctypes.byref(args), self.msg, len(self.msg)))
@@ -138,10 +141,23 @@ class Shape:
     causal: bool
     dtype: str = "bf16"  # "bf16" or "fp16"
     layout: str = "bshd"  # "bshd" (contiguous) or "seed" (split views of sb(h+2hg)d)
+    window: int = -1  # with causal: each query sees itself and the `window` keys before it
 
     def flops_fwd(self) -> float:
-        pairs = self.s * (self.s + 1) / 2 if self.causal else float(self.s) * self.s
+        """FLOPs of the visible (query, key) pairs: QK^T and PV, 2 d each."""
+        if self.window >= 0:
+            w, s = min(self.window, self.s - 1), self.s
+            pairs = (w + 1) * (w + 2) / 2 + (s - w - 1) * (w + 1)
+        elif self.causal:
+            pairs = self.s * (self.s + 1) / 2
+        else:
+            pairs = float(self.s) * self.s
         return 2.0 * pairs * self.b * self.h * (2 * self.d)
+
+    def mask_name(self) -> str:
+        if self.window >= 0:
+            return f"causal, window {self.window}"
+        return "causal" if self.causal else "none"
 
     def torch_dtype(self):
         return torch.float16 if self.dtype == "fp16" else torch.bfloat16
@@ -176,6 +192,10 @@ def design_shapes(quick: bool) -> list[Shape]:
                 layout,
             )
         )
+    # Sliding windows (b 2, s 16k, h 16, d 128, causal): where the backends differ most (the
+    # window's share of the keys sets the work; SDPA has no window, so no peer column).
+    for w in (1024, 256):
+        shapes.append(Shape(f"swa w{w} s16k", 2, 16384, 16, 16, 128, True, window=w))
     return shapes
 
 
@@ -212,6 +232,8 @@ def time_ms(fn, runs: int, warmup: int) -> float:
 
 
 def sdpa_fns(sh: Shape, q, k, v, backend):
+    if sh.window >= 0:
+        raise NotImplementedError("SDPA has no sliding window (only a dense float mask)")
     # SDPA wants [b, h, s, d]: transposed views of the same memory, no copy.
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
     gqa = sh.hg != sh.h
@@ -233,8 +255,8 @@ def ours_fns(sa: Strideattn, backend: str, sh: Shape, q, k, v):
     lse = torch.empty(sh.b, sh.h, sh.s, device="cuda", dtype=torch.float32)
     do = torch.randn_like(o)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    fa = sa.forward_args(backend, q, k, v, o, lse, sh.causal)
-    ba = sa.backward_args(backend, q, k, v, o, do, lse, dq, dk, dv, sh.causal)
+    fa = sa.forward_args(backend, q, k, v, o, lse, sh)
+    ba = sa.backward_args(backend, q, k, v, o, do, lse, dq, dk, dv, sh)
 
     def fwd():
         sa.forward(fa)
@@ -256,9 +278,10 @@ def user_fns(backend: str, sh: Shape, q, k, v):
     lq, lk, lv = (
         (x.transpose(0, 1) if seed else x).detach().requires_grad_(True) for x in (q, k, v)
     )
+    extra = {"window_size": (sh.window, 0)} if sh.window >= 0 else {}
     mod = sat.DotProductAttention(
         sh.h, sh.d, num_gqa_groups=sh.hg, qkv_format=fmt,
-        attn_mask_type="causal" if sh.causal else "no_mask", backend=backend,
+        attn_mask_type="causal" if sh.causal else "no_mask", backend=backend, **extra,
     )  # fmt: skip
     do = torch.randn(*lq.shape[:2], sh.h * sh.d, device="cuda", dtype=sh.torch_dtype())
 
@@ -357,7 +380,7 @@ def data_rows(
                     "hg": sh.hg,
                     "s": sh.s,
                     "d": sh.d,
-                    "mask": "causal" if sh.causal else "none",
+                    "mask": sh.mask_name(),
                     "dtype": sh.dtype,
                     "layout": sh.layout,
                     "mode": m,
@@ -481,7 +504,7 @@ def main(argv=None) -> int:
             for m in modes
             for c in COLUMNS[:2] + backends + users
         )
-        print(f"{sh.name} {'causal' if sh.causal else 'none'}: {summary}", flush=True)
+        print(f"{sh.name} {sh.mask_name()}: {summary}", flush=True)
 
     gpu = torch.cuda.get_device_name()
     date, commit = datetime.date.today().isoformat(), git_commit()

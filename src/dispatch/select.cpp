@@ -1,13 +1,16 @@
-// Backend selection for `auto` and explicit requests (select.hpp). The speed table below is
-// the one documented in docs/backends.md; keep the two in step.
+// Backend selection for `auto` and explicit requests (select.hpp). The classes below are the
+// ones documented in docs/backends.md (keep the two in step); on sm90+ devices the order of
+// `cuda` and `cudnn` comes from the measured rows of speed_table.hpp.
 #include "dispatch/select.hpp"
 
 #include <cstdlib>
 #include <iterator>
 #include <sstream>
+#include <string_view>
 
 #include "common/log.hpp"
 #include "dispatch/registry.hpp"
+#include "dispatch/speed_table.hpp"
 #include "problem/kv_cache.hpp"
 
 namespace strideattn::detail {
@@ -20,6 +23,10 @@ constexpr const char* kHopperSource =
 constexpr const char* kAmpereSource =
     "no sm80 measurement yet; same order as sm90 (docs/design.md: FlashAttention-2 about 225 "
     "TFLOP/s fwd on A100, cuDNN comparable)";
+
+// A problem farther than this from every measured row (speed_row_distance: a factor of 8 in
+// head dim, or of 64 in length) keeps the fixed order: the measurements say nothing about it.
+constexpr double kFarFromEveryRow = 6.0;
 
 std::string order_text(const std::vector<Backend>& order) {
   std::string s;
@@ -77,7 +84,20 @@ SpeedClass speed_class(const Problem& problem) {
             "need device memory"};
   const Platform plat = platform();
   if (!plat.gpu) return {"device memory, no GPU visible", gpu_first, "no GPU to measure on"};
-  if (plat.sm >= 90) return {"sm" + std::to_string(plat.sm) + " device", gpu_first, kHopperSource};
+  if (plat.sm >= 90) {
+    const std::string name = "sm" + std::to_string(plat.sm) + " device";
+    if (const char* env = std::getenv("STRIDEATTN_AUTO"); env && std::string_view(env) == "fixed")
+      return {name, gpu_first, std::string(kHopperSource) + " (STRIDEATTN_AUTO=fixed: the measured rows are not read)"};
+    const SpeedRow* row = nearest_speed_row(problem);
+    if (!row || speed_row_distance(*row, problem) > kFarFromEveryRow)
+      return {name, gpu_first,
+              std::string(kHopperSource) + " (no measured row near this problem in " + speed_table_source() + ")"};
+    const bool cuda_first = row->cuda_faster(problem.direction);
+    return {
+        name + ", measured like '" + row->shape + "'",
+        cuda_first ? std::vector<Backend>{Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference} : gpu_first,
+        "measured: " + row->describe(problem.direction) + "; " + speed_table_source()};
+  }
   return {"sm" + std::to_string(plat.sm) + " device", gpu_first, kAmpereSource};
 }
 

@@ -67,8 +67,8 @@ class CommandLineTest(unittest.TestCase):
 class ShapesAndRecordsTest(unittest.TestCase):
     def test_full_list_is_the_recorded_one(self):
         shapes = cs.design_shapes(False)
-        self.assertEqual(len(shapes), 3 * 5 * 2 + 5 + 2)
-        self.assertEqual(len(cs.design_shapes(True)), 2 * 2 + 1 + 2)
+        self.assertEqual(len(shapes), 3 * 5 * 2 + 5 + 2 + 2)
+        self.assertEqual(len(cs.design_shapes(True)), 2 * 2 + 1 + 2 + 2)
         full = [
             (p, d)
             for p, d in render.data_files(render.RESULTS)
@@ -80,10 +80,7 @@ class ShapesAndRecordsTest(unittest.TestCase):
             for r in full[-1][1]["rows"]
             if r["mode"] == "fwd"
         ]
-        ours = [
-            (s.name, "causal" if s.causal else "none", s.dtype, s.b, s.h, s.hg, s.s, s.d)
-            for s in shapes
-        ]
+        ours = [(s.name, s.mask_name(), s.dtype, s.b, s.h, s.hg, s.s, s.d) for s in shapes]
         self.assertEqual(ours, recorded)
 
     def test_rows_become_data_and_table(self):
@@ -165,6 +162,12 @@ class ShapesAndRecordsTest(unittest.TestCase):
         sh = cs.Shape("x", 2, 4, 3, 3, 8, True)
         self.assertEqual(sh.flops_fwd(), 2 * (4 * 5 / 2) * 2 * 3 * (8 + 8))
         self.assertEqual(cs.Shape("x", 2, 4, 3, 3, 8, False).flops_fwd(), 2 * 16 * 2 * 3 * 16)
+        # window 1 over 4 tokens: rows see 1, 2, 2, 2 keys; a window past the length is causal
+        win = cs.Shape("x", 2, 4, 3, 3, 8, True, window=1)
+        self.assertEqual(win.flops_fwd(), 2 * 7 * 2 * 3 * 16)
+        self.assertEqual(win.mask_name(), "causal, window 1")
+        wide = cs.Shape("x", 2, 4, 3, 3, 8, True, window=100)
+        self.assertEqual(wide.flops_fwd(), sh.flops_fwd())
 
 
 if __name__ == "__main__":

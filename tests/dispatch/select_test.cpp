@@ -11,6 +11,7 @@
 #include "common/log.hpp"
 #include "dispatch/registry.hpp"
 #include "dispatch/select.hpp"
+#include "dispatch/speed_table.hpp"
 #include "problem/problem.hpp"
 #include "strideattn/strideattn.hpp"
 
@@ -301,6 +302,86 @@ TEST_F(SelectTest, RunningCallStopsAskingAtTheChosenBackend) {
 
   const Explanation ex = strideattn::explain(sp.args);
   EXPECT_EQ(ex.verdicts.size(), 4u);
+}
+
+// ------------------------------------------------------------------ the measured rows
+
+// A device problem of the benchmark's kind (no buffers: speed_class reads sizes only).
+Problem bench_problem(Direction dir, std::int64_t s, std::int64_t d, std::int64_t h, std::int64_t hg, bool causal,
+                      std::int64_t window) {
+  Problem p;
+  p.direction = dir;
+  p.dtype = DType::bf16;
+  p.memory = Memory::device;
+  p.batch = 2, p.s_q = p.s_kv = s, p.heads = h, p.kv_heads = hg, p.d_qk = p.d_v = d;
+  p.mask = causal ? MaskKind::causal : MaskKind::none;
+  if (window >= 0) p.window = {window, 0};
+  return p;
+}
+
+TEST(SpeedTable, EveryRowHasBothBackendsAndTheListHasWindows) {
+  ASSERT_FALSE(speed_rows().empty());
+  bool windows = false;
+  for (const SpeedRow& r : speed_rows()) {
+    EXPECT_GT(r.fwd_cuda, 0) << r.shape;
+    EXPECT_GT(r.fwd_cudnn, 0) << r.shape;
+    EXPECT_GT(r.both_cuda, 0) << r.shape;
+    EXPECT_GT(r.both_cudnn, 0) << r.shape;
+    windows |= r.window >= 0;
+  }
+  EXPECT_TRUE(windows) << "the table has no window rows: " << speed_table_source();
+}
+
+TEST(SpeedTable, EachRowIsItsOwnNearestAndDecidesTheOrder) {
+  ScopedBackendOverride o({}, Platform{true, 90, "Fake H200"});
+  for (const SpeedRow& r : speed_rows())
+    for (Direction dir : {Direction::forward, Direction::backward}) {
+      Problem p = bench_problem(dir, r.s, r.d, r.heads, r.kv_heads, r.causal, r.window);
+      p.dtype = r.dtype;
+      EXPECT_EQ(speed_row_distance(r, p), 0.0) << r.shape;
+      const SpeedRow* near = nearest_speed_row(p);
+      ASSERT_NE(near, nullptr);
+      EXPECT_EQ(speed_row_distance(*near, p), 0.0) << r.shape << " -> " << near->shape;
+      const SpeedClass cls = speed_class(p);
+      ASSERT_GE(cls.order.size(), 2u);
+      EXPECT_EQ(cls.order[0], near->cuda_faster(dir) ? Backend::cuda : Backend::cudnn) << cls.source;
+      EXPECT_NE(cls.name.find(std::string("measured like '") + near->shape), std::string::npos) << cls.name;
+      EXPECT_NE(cls.source.find("TFLOP/s"), std::string::npos) << cls.source;
+      EXPECT_NE(cls.source.find("bench/results/"), std::string::npos) << cls.source;
+    }
+}
+
+TEST(SpeedTable, WindowsFollowTheWindowRows) {
+  ScopedBackendOverride o({}, Platform{true, 90, "Fake H200"});
+  // a window of 512 over 8k tokens at d 128: nearest to a window row, never to a full mask
+  const Problem p = bench_problem(Direction::backward, 8192, 128, 16, 16, true, 512);
+  const SpeedRow* near = nearest_speed_row(p);
+  ASSERT_NE(near, nullptr);
+  EXPECT_GE(near->window, 0) << near->shape;
+  const Problem full = bench_problem(Direction::backward, 8192, 128, 16, 16, true, -1);
+  EXPECT_LT(nearest_speed_row(full)->window, 0) << nearest_speed_row(full)->shape;
+}
+
+TEST(SpeedTable, FarProblemsAndStrideattnAutoFixedKeepTheFixedOrder) {
+  ScopedBackendOverride o({}, Platform{true, 90, "Fake H200"});
+  const std::vector<Backend> fixed{Backend::cudnn, Backend::cuda, Backend::cpu, Backend::reference};
+  Problem tiny = bench_problem(Direction::forward, 4, 8, 2, 2, false, -1);
+  SpeedClass cls = speed_class(tiny);
+  EXPECT_EQ(cls.order, fixed);
+  EXPECT_NE(cls.source.find("no measured row near this problem"), std::string::npos) << cls.source;
+  // A problem some row favours cuda for, when one exists, with the measurements turned off.
+  for (const SpeedRow& r : speed_rows()) {
+    if (!r.cuda_faster(Direction::forward)) continue;
+    Problem p = bench_problem(Direction::forward, r.s, r.d, r.heads, r.kv_heads, r.causal, r.window);
+    p.dtype = r.dtype;
+    EXPECT_EQ(speed_class(p).order[0], Backend::cuda);
+    ::setenv("STRIDEATTN_AUTO", "fixed", 1);
+    cls = speed_class(p);
+    ::unsetenv("STRIDEATTN_AUTO");
+    EXPECT_EQ(cls.order, fixed);
+    EXPECT_NE(cls.source.find("STRIDEATTN_AUTO=fixed"), std::string::npos) << cls.source;
+    break;
+  }
 }
 
 }  // namespace
