@@ -168,7 +168,8 @@ __device__ void recompute_key(const kernel::AttentionParams& a, bool bf16, std::
       double p = 0, ds = 0;
       if (i < rows.end) {
         bad |= flags[bh * s_max + i];
-        const double s = scale * dot(k_sh, a.q, kernel::row_offset(q_span, a.q_st, i, h), a.q_st.d, a.d_qk, bf16);
+        const double s =
+            scaled(scale, dot(k_sh, a.q, kernel::row_offset(q_span, a.q_st, i, h), a.q_st.d, a.d_qk, bf16));
         p = exp(s - lse[bh * s_max + i]);
         const double dp = dot(v_sh, a.d_o, kernel::row_offset(g_span, a.do_st, i, h), a.do_st.d, a.d_v, bf16);
         ds = p * (dp - dd[bh * s_max + i]);
