@@ -209,9 +209,10 @@ __global__ void backward_rows_kernel(NonFiniteFix f, BackwardScratch s) {
       const bool bad_k = bad_v || (live && !finite(d));
       const std::uint8_t flag = std::uint8_t((bad_k ? 1 : 0) | (bad_v ? 2 : 0));
       // Outside the envelope: a large or very negative LSE, or large values of O and dO (the
-      // size of dP = dO V^T and of D, which the graph's 16-bit dS must hold); NaN and inf
-      // rows are bad instead.
-      const bool far = live && finite(lse) && finite(d) && !g_bad &&
+      // size of dP = dO V^T and of D, which the graph's 16-bit dS must hold). A row whose O
+      // alone is not finite still counts (its dV contributions are finite by definition);
+      // rows with a non-finite LSE or dO reach every key they see as NaN anyway.
+      const bool far = live && finite(lse) && !g_bad &&
                        (lse > f.exact.lse_above || lse < f.exact.lse_below || o_max * g_max > f.exact.od_above);
       if (row < s_max && sub_lane == 0) {
         s.flags[bh * s_max + row] = flag;
