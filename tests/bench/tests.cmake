@@ -19,3 +19,6 @@ endif()
 add_test(NAME bench_abi COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/abi_test.py)
 set_tests_properties(bench_abi PROPERTIES ENVIRONMENT "${_abi_env}")
 set_tests_properties(bench_render bench_compare_sdpa bench_host_overhead bench_abi PROPERTIES LABELS cpu TIMEOUT 120)
+# src/dispatch/speed_table.inc is the newest full-list data file's (bench/gen_speed_table.py).
+add_test(NAME bench_speed_table COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bench/gen_speed_table.py --check)
+set_tests_properties(bench_speed_table PROPERTIES LABELS cpu TIMEOUT 60)
