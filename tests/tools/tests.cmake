@@ -34,7 +34,7 @@ set_tests_properties(cli_check_seed_grad PROPERTIES LABELS cpu TIMEOUT 900)
 # with inputs scaled up to the dtype's range, some with extreme scales or planted NaN / Inf
 # (docs/semantics.md, "Non-finite values", "Conditioning").
 add_test(NAME cli_fuzz_cpu_grad
-         COMMAND ${_cli} fuzz --cases 2000 --grad --backends cpu --seed 1 --require-ran)
+         COMMAND ${_cli} fuzz --cases 500 --grad --backends cpu --seed 1 --require-ran)
 set_tests_properties(cli_fuzz_cpu_grad PROPERTIES LABELS cpu TIMEOUT 900)
 # The reference backend through the public API next to cpu, on 300 other cases.
 add_test(NAME cli_fuzz_reference_cpu_grad
