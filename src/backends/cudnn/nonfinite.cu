@@ -11,9 +11,10 @@
 //          non-decreasing in the row), so "a bad row of the group sees j" is a difference of
 //          prefix counts, summed over the group's query heads.
 // On finite inputs no group is marked: the keys kernel reads one int per block and stops.
-// Groups outside cuDNN's envelope (a row's LSE beyond ExactRecomputeLimits) are recomputed
-// between the two (exact_backward.cuh): an exact rows kernel writes dQ and each row's fp64 LSE
-// and D, and the key kernel's blocks recompute dK and dV of their keys, NaN included.
+// Groups outside cuDNN's envelope (a row's LSE or |O| |dO| beyond ExactRecomputeLimits) are
+// recomputed between the two (exact_backward.cuh): an exact rows kernel writes dQ and each
+// row's fp64 LSE and D, and the key kernel's blocks recompute dK and dV of their keys, NaN
+// included.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -12,10 +12,10 @@
 // On finite inputs nothing is written beyond cuDNN's stats and a flag byte per row.
 //
 // cuDNN's backward is not exact at large logits (docs/backends.md, "Numerical envelope"): the
-// row pass also marks the (sequence, KV head) groups with a row whose LSE lies outside
-// ExactRecomputeLimits, and for those groups exact_backward.cuh recomputes dQ, dK and dV from
-// Q, K, V, O and dO in fp64 before the NaN of bad rows and keys goes in. On problems inside
-// the envelope that costs one more launch whose blocks read one int and stop.
+// row pass also marks the (sequence, KV head) groups with a row whose LSE, or largest |O|
+// times largest |dO|, lies outside ExactRecomputeLimits, and for those groups exact_backward.cuh recomputes dQ, dK and
+// dV from Q, K, V, O and dO in fp64 before the NaN of bad rows and keys goes in. On problems inside the envelope that
+// costs one more launch whose blocks read one int and stop.
 #pragma once
 
 #include <cstddef>
