@@ -3,6 +3,9 @@ strideattn_test(cpu_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/cpu_test.cpp)
 strideattn_test(cpu_nonfinite_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/cpu_nonfinite_test.cpp)
+# Scores at large logits: the exact score rounded once, the same in every pass.
+strideattn_test(cpu_scores_test SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_scores_test.cpp)
 strideattn_test(cpu_long_test SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/cpu_long_test.cpp)
 strideattn_test(cpu_pool_test SOURCES
