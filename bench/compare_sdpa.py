@@ -58,7 +58,11 @@ def import_torch() -> None:
 
 # ------------------------------------------------------------------ C ABI (strideattn.h)
 
-SA_BACKEND = {"cuda": sa_abi.SA_BACKEND_CUDA, "cudnn": sa_abi.SA_BACKEND_CUDNN}
+SA_BACKEND = {
+    "cuda": sa_abi.SA_BACKEND_CUDA,
+    "cudnn": sa_abi.SA_BACKEND_CUDNN,
+    "auto": sa_abi.SA_BACKEND_AUTO,
+}
 
 
 def view_of(t) -> sa_abi.sa_tensor_view:
@@ -84,7 +88,8 @@ class Strideattn:
         self.msg = ctypes.create_string_buffer(4096)
 
     def compiled(self, backend: str) -> bool:
-        return bool(self.lib.sa_backend_compiled(SA_BACKEND[backend]))
+        # auto is always there: it picks among the compiled backends
+        return backend == "auto" or bool(self.lib.sa_backend_compiled(SA_BACKEND[backend]))
 
     def version(self) -> str:
         return self.lib.sa_version().decode()
@@ -365,6 +370,10 @@ def data_rows(
                 ):
                     a, b = tflops[be], tflops[peer]
                     ratios[key] = a / b if a is not None and b else None
+            if "auto" in backends:
+                best = [tflops[be] for be in ("cuda", "cudnn") if tflops.get(be) is not None]
+                a = tflops["auto"]
+                ratios["auto/best"] = a / max(best) if a is not None and best else None
             for be, col in zip(user_backends, users):
                 peers = [("sdpa-flash", "flash"), ("sdpa-cudnn", "sdpa-cudnn")]
                 if be in backends:
@@ -426,7 +435,12 @@ def parse_args(argv=None):
     ap.add_argument("--strideattn", help="path of the CLI (accepted for scripts/gpu-check; unused)")
     ap.add_argument("--quick", action="store_true", help="a subset that runs in a few minutes")
     ap.add_argument("--only", help="only the shapes whose name contains this (e.g. 'd256', 'seed')")
-    ap.add_argument("--backends", default="cuda,cudnn", help="strideattn backends to time")
+    ap.add_argument(
+        "--backends",
+        default="cuda,cudnn,auto",
+        help="strideattn backends to time through the C ABI; auto also gets auto/best, its "
+        "speed over the faster of cuda and cudnn in the same run",
+    )
     ap.add_argument("--runs", type=int, default=20, help="timed runs per measurement (>= 20)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--fwd-only", action="store_true")

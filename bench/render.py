@@ -69,6 +69,8 @@ def table(rows: list[dict], backends: list[str], run_column: bool = False) -> st
     head = ["shape (b, h/hg, s, d)", "mask", "dtype", "mode", "SDPA flash", "SDPA cuDNN"]
     for be in backends:
         head += [f"ours {be}", f"{be}/flash", f"{be}/sdpa-cudnn"]
+        if be == "auto":  # over the faster of cuda and cudnn in the same run
+            head.append("auto/best")
     if run_column:
         head.append("run")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -84,6 +86,9 @@ def table(rows: list[dict], backends: list[str], run_column: bool = False) -> st
                 ratio_cell(r, f"{be}/flash", ours, fl),
                 ratio_cell(r, f"{be}/sdpa-cudnn", ours, cu),
             ]
+            if be == "auto":
+                best = [t.get(x) for x in ("cuda", "cudnn") if isinstance(t.get(x), (int, float))]
+                cells.append(ratio_cell(r, "auto/best", ours, max(best) if best else None))
         if run_column:
             cells.append(r["_run"])
         lines.append("| " + " | ".join(cells) + " |")

@@ -114,6 +114,31 @@ class ShapesAndRecordsTest(unittest.TestCase):
         )
         self.assertIn("- gqa 64/8 s8k fwd cudnn: error: graph build failed", table)
 
+    def test_auto_column_is_judged_against_the_faster_backend(self):
+        sh = cs.Shape("d128 s4k", 4, 4096, 16, 16, 128, False)
+        row = cs.Row(
+            sh,
+            {
+                ("sdpa-flash", "fwd"): 400.0,
+                ("sdpa-cudnn", "fwd"): 600.0,
+                ("cuda", "fwd"): 450.0,
+                ("cudnn", "fwd"): 590.0,
+                ("auto", "fwd"): 560.5,
+            },
+        )
+        (d,) = cs.data_rows([row], ["cuda", "cudnn", "auto"], ["fwd"])
+        self.assertAlmostEqual(d["ratios"]["auto/best"], 560.5 / 590.0)
+        self.assertAlmostEqual(d["ratios"]["auto/sdpa-cudnn"], 560.5 / 600.0)
+        table = render.table([d], ["cuda", "cudnn", "auto"])
+        self.assertIn("| ours auto | auto/flash | auto/sdpa-cudnn | auto/best |", table)
+        self.assertIn("| 560 | 1.40 | 0.93 | 0.95 |", table)
+        # one backend missing: judged against the one measured; none: no ratio
+        row.tflops[("cudnn", "fwd")] = "error: graph build failed"
+        (d,) = cs.data_rows([row], ["cuda", "cudnn", "auto"], ["fwd"])
+        self.assertAlmostEqual(d["ratios"]["auto/best"], 560.5 / 450.0)
+        (d,) = cs.data_rows([row], ["auto"], ["fwd"])
+        self.assertIsNone(d["ratios"]["auto/best"])
+
     def test_user_path_columns_become_data_and_table(self):
         sh = cs.Shape("seed strided", 8, 2048, 16, 1, 64, True, "fp16", "seed")
         row = cs.Row(
