@@ -386,9 +386,16 @@ TEST(CudaKvCache, PlantedErrorIsCaught) {
 // sequence lands anywhere.
 TEST(CudaKvCache, BrokenPromisesGiveNanRows) {
   SKIP_WITHOUT_GPU();
-  for (int what = 0; what < 3; ++what) {
-    SCOPED_TRACE("broken " + std::string(what == 0 ? "cache_seqlens" : what == 1 ? "seqlens_q" : "block table"));
-    KvCase c = make(DType::bf16, true, 16, {40, 30, 70}, what == 1 ? 0 : 2, 3, 8, 2, 64, 64);
+  // short caches run unsplit; a 3,000-token one makes every sequence's keys split (the combine
+  // then writes the broken sequence's rows)
+  for (int what = 0; what < 6; ++what) {
+    const bool split = what >= 3;
+    SCOPED_TRACE("broken " +
+                 std::string(what % 3 == 0   ? "cache_seqlens"
+                             : what % 3 == 1 ? "seqlens_q"
+                                             : "block table") +
+                 (split ? ", split" : ", unsplit"));
+    KvCase c = make(DType::bf16, true, 16, {split ? 3000 : 40, 30, 70}, what % 3 == 1 ? 0 : 2, 3, 8, 2, 64, 64);
     c.seqlens_q = {3, 3, 2};
     c.build();
     // the reference on the valid case, then the promise broken for sequence 1 only
@@ -400,9 +407,9 @@ TEST(CudaKvCache, BrokenPromisesGiveNanRows) {
     ASSERT_TRUE(detail::reference_kvcache_compute(hp, detail::RefPrecision::exact, &exact).ok());
     std::vector<unsigned char> want_k, want_v;
     good.expected_caches(&want_k, &want_v);
-    if (what == 0) c.cache_seqlens[1] = std::int32_t(c.max_pages * c.page_size);  // + s_new > capacity
-    if (what == 1) c.seqlens_q[1] = 4;                                            // > s_q
-    if (what == 2) c.table[std::size_t(c.table_at(1, 1))] = std::int32_t(c.rows() + 7);
+    if (what % 3 == 0) c.cache_seqlens[1] = std::int32_t(c.max_pages * c.page_size);  // + s_new > capacity
+    if (what % 3 == 1) c.seqlens_q[1] = 4;                                            // > s_q
+    if (what % 3 == 2) c.table[std::size_t(c.table_at(1, 1))] = std::int32_t(c.rows() + 7);
 
     DeviceBuffers dev;
     for (Buf* b : {&c.q, &c.kc, &c.vc, &c.kn, &c.vn, &c.o}) dev.add(b->bytes.data(), b->bytes.size());
