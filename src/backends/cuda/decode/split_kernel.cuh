@@ -60,7 +60,6 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   static_assert(Stage % kRpp == 0 && kDecodeRows % kRpp == 0, "loads in whole passes");
 
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ int bad_page;
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
   __shared__ float s_alpha[kDecodeWarps][kDecodeRows], s_row_m[kDecodeRows], s_row_l[kDecodeRows];
   const QTile sQ{reinterpret_cast<uint16_t*>(smem)};
@@ -128,7 +127,9 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   const uint16_t* const v_head = static_cast<const uint16_t*>(p.v) + kv_head * p.v_st.h;
 
   // Keys [c0, c0 + Stage) of the share into ring buffer `buf`, row by row through the block
-  // table; rows past ke and rows of an invalid page are zero-filled (the latter flagged).
+  // table; rows past ke and rows of an invalid page are zero-filled (the latter flagged in
+  // this thread's bad_page, which the CTA ORs at the end).
+  bool bad_page = false;
   auto load_stage = [&](int stage, int buf) {
     const int64_t c0 = kb + int64_t(stage) * Stage;
     const int valid = int(kernel::min64(Stage, ke - c0));
@@ -138,7 +139,7 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
       CacheSlot at;
       if (row < valid) {
         at = cache_slot(p, n, c0 + row);
-        if (at.row < 0) bad_page = 1;
+        bad_page |= at.row < 0;
       }
       const bool have = at.row >= 0;
       load_chunk(sK(buf).chunk(row, col),
@@ -148,8 +149,6 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
     }
   };
 
-  if (threadIdx.x == 0) bad_page = 0;
-  __syncthreads();
   if (n_stages > 0) {
     const uint16_t* const q = static_cast<const uint16_t*>(p.q) + n * p.q_st.b;
 #pragma unroll
@@ -205,7 +204,7 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
     }
   }
   cp_async_wait<0>();
-  __syncthreads();
+  const bool bad = __syncthreads_or(bad_page) != 0;  // (also the barrier before the ring's reuse)
 
   // Merge the warps' rows: each warp's O (unnormalised), max and sum into shared memory, then
   // per row the common max, each warp's factor 2^(round(m_w c) - round(m c)) and the sum.
@@ -243,7 +242,6 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   // Store: one split, O and LSE (rows past seqlens_q and rows whose mask leaves no key: 0 and
   // -inf; a row that sees keys but sums to 0 or NaN: NaN, as the dense epilogue); several, the
   // split's partial rows (rows past seqlens_q are the combine's alone).
-  const bool bad = bad_page != 0;
   for (int idx = threadIdx.x; idx < kDecodeRows * D; idx += kDecodeThreads) {
     const int r = idx / D, c = idx % D;
     if (r0 + r >= rows || c >= d_v) continue;
