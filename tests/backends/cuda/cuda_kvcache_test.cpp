@@ -6,7 +6,7 @@
 // of the caches, guards included, must be unchanged), GQA 32/8 and 64/8, MHA and MQA, s_q = 1
 // and a few dozen rows with seqlens_q, every mask and windows, head dims 64, 128, 256 and
 // d_qk != d_v, odd strided views (head-major pages, padded rows: the element-wise load path;
-// head-major Q and O), split and unsplit key ranges, poisoned O and LSE, a planted error the
+// head-major Q and O), split and unsplit key ranges, NaN-filled O and LSE, a planted error the
 // comparison must catch, and lengths or block-table entries that break the caller's promises
 // (NaN rows, no crash, nothing outside the valid appends written). Skips without a GPU.
 #include <gtest/gtest.h>
@@ -136,6 +136,11 @@ RunResult run_cuda(KvCase& c, const RunOptions& ro = {}) {
     x.set(ro.plant_index, x.get(ro.plant_index) + ro.plant);
   }
 
+  // O and LSE NaN-filled before the call (their guards keep the case's poison): an element the
+  // call does not write stays NaN, which the written check and the rule's non-finite count catch.
+  for (i64 i = 0; i < c.o.size(); ++i) c.o.set(i, NAN);
+  for (std::size_t i = 8; i + 8 < c.lse.size(); ++i) c.lse[i] = NAN;
+
   DeviceBuffers dev;
   Buf& q_src = ro.odd_q_offset ? q_odd : c.q;
   for (Buf* b : {&q_src, &c.kc, &c.vc, &c.kn, &c.vn, &c.o}) dev.add(b->bytes.data(), b->bytes.size());
@@ -166,10 +171,11 @@ RunResult run_cuda(KvCase& c, const RunOptions& ro = {}) {
   r.lse_out.resize(exact.lse.size());
   r.written = true;
   const float poison = c.poison();
-  for (std::size_t i = 0; i < r.o_out.size(); ++i) r.written = r.written && r.o_out[i] != double(poison);
+  for (std::size_t i = 0; i < r.o_out.size(); ++i)
+    r.written = r.written && r.o_out[i] != double(poison) && !std::isnan(r.o_out[i]);
   for (std::size_t i = 0; i < r.lse_out.size(); ++i) {
     r.lse_out[i] = c.lse[i + 8];
-    r.written = r.written && c.lse[i + 8] != KvCase::kPoison;
+    r.written = r.written && c.lse[i + 8] != KvCase::kPoison && !std::isnan(c.lse[i + 8]);
   }
   r.o = harness::check_tensor("o", c.dtype, r.o_out, naive.o, exact.o);
   r.lse = harness::check_tensor("lse", DType::f32, r.lse_out, naive.lse, exact.lse);
@@ -199,7 +205,7 @@ void expect_ok(KvCase& c, const RunOptions& ro = {}) {
                           << r.o.err.non_finite;
   EXPECT_TRUE(r.lse.pass()) << "lse: max abs err " << r.lse.err.max_abs_err << " tol " << r.lse.tol << " non-finite "
                             << r.lse.err.non_finite;
-  EXPECT_TRUE(r.written) << "an O or LSE element still holds the poison";
+  EXPECT_TRUE(r.written) << "an O or LSE element still holds the NaN it was filled with (or the poison)";
   EXPECT_TRUE(r.caches) << "the caches differ from the appended slots' expected bytes";
   EXPECT_TRUE(r.guards) << "a guard element of O or LSE was written";
 }
