@@ -472,6 +472,69 @@ TEST(CudaKvCache, BrokenPromisesGiveNanRows) {
   }
 }
 
+// A decode step captured once in a CUDA graph and replayed with new lengths written to the
+// device between replays: the lengths are read when the kernels run, and the call makes no
+// allocation or synchronisation that capture would refuse (the caller's workspace, global
+// capture mode). Each replay against the reference for its lengths.
+TEST(CudaKvCache, GraphReplayReadsNewLengths) {
+  SKIP_WITHOUT_GPU();
+  // pages for 128 and 48 tokens; every replay's lengths stay within them
+  KvCase c = make(DType::bf16, true, 16, {128, 48}, 0, 1, 8, 2, 128, 128);
+  c.build();
+  DeviceBuffers dev;
+  for (Buf* b : {&c.q, &c.kc, &c.vc, &c.o}) dev.add(b->bytes.data(), b->bytes.size());
+  dev.add(c.lse.data(), c.lse.size() * sizeof(float));
+  dev.add(c.cache_seqlens.data(), c.cache_seqlens.size() * 4);
+  dev.add(c.table.data(), c.table.size() * 4);
+  KvCacheArgs a = c.args(Backend::cuda);
+  a.q.data = dev.at(a.q.data), a.k_cache.data = dev.at(a.k_cache.data), a.v_cache.data = dev.at(a.v_cache.data);
+  a.o.data = dev.at(a.o.data), a.lse.data = dev.at(a.lse.data), a.block_table.data = dev.at(a.block_table.data);
+  std::int32_t* lens_dev = dev.at(c.cache_seqlens.data());
+  a.cache_seqlens = lens_dev;
+  a.memory = Memory::device;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* ws = nullptr;
+  const std::size_t ws_bytes = std::size_t(64) << 20;
+  ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+  a.stream = stream, a.workspace = ws, a.workspace_bytes = ws_bytes;
+  ASSERT_TRUE(forward_with_kvcache(a).ok());  // (first call: the once-per-device queries)
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const Status captured = forward_with_kvcache(a);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured.message();
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const std::vector<std::int32_t>& lens : {std::vector<std::int32_t>{100, 37}, {128, 1}, {0, 48}, {17, 16}}) {
+    SCOPED_TRACE("lengths " + std::to_string(lens[0]) + ", " + std::to_string(lens[1]));
+    c.cache_seqlens = lens;  // (the same host storage: the device copy's source)
+    ASSERT_EQ(cudaMemcpyAsync(lens_dev, lens.data(), 8, cudaMemcpyHostToDevice, stream), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    dev.back(c.o.bytes.data());
+    dev.back(c.lse.data());
+    KvCacheArgs host = c.args(Backend::reference);
+    detail::KvCacheProblem p;
+    ASSERT_TRUE(detail::make_kvcache_problem(host, &p).ok());
+    detail::ReferenceOutputs exact, naive;
+    ASSERT_TRUE(detail::reference_kvcache_compute(p, detail::RefPrecision::exact, &exact).ok());
+    ASSERT_TRUE(detail::reference_kvcache_compute(p, detail::RefPrecision::naive_lowp, &naive).ok());
+    const std::vector<double> o = read_o(c, host.o, c.o.bytes.data() + c.o.guard * i64(size_of(c.dtype)));
+    std::vector<double> lse(exact.lse.size());
+    for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = c.lse[i + 8];
+    const harness::TensorCheck co = harness::check_tensor("o", c.dtype, o, naive.o, exact.o);
+    const harness::TensorCheck cl = harness::check_tensor("lse", DType::f32, lse, naive.lse, exact.lse);
+    EXPECT_TRUE(co.pass()) << "o: max abs err " << co.err.max_abs_err << " tol " << co.tol;
+    EXPECT_TRUE(cl.pass()) << "lse: max abs err " << cl.err.max_abs_err << " tol " << cl.tol;
+  }
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+  (void)cudaFree(ws);
+  (void)cudaStreamDestroy(stream);
+}
+
 // The caller's workspace is used as given (no allocation); too small a one is refused.
 TEST(CudaKvCache, CallersWorkspace) {
   SKIP_WITHOUT_GPU();
