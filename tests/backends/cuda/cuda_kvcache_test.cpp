@@ -561,6 +561,25 @@ TEST(CudaKvCache, CallersWorkspace) {
   (void)cudaFree(ws);
 }
 
+// Lengths left in host memory while the call says device memory: refused before any kernel
+// could read them, naming the array.
+TEST(CudaKvCache, HostLengthsAreRefused) {
+  SKIP_WITHOUT_GPU();
+  KvCase c = make(DType::bf16, true, 16, {30, 2}, 0, 1, 4, 2, 64, 64);
+  c.build();
+  DeviceBuffers dev;
+  for (Buf* b : {&c.q, &c.kc, &c.vc, &c.o}) dev.add(b->bytes.data(), b->bytes.size());
+  dev.add(c.table.data(), c.table.size() * 4);
+  KvCacheArgs a = c.args(Backend::cuda);
+  a.q.data = dev.at(a.q.data), a.k_cache.data = dev.at(a.k_cache.data), a.v_cache.data = dev.at(a.v_cache.data);
+  a.o.data = dev.at(a.o.data), a.block_table.data = dev.at(a.block_table.data);
+  a.lse = {};
+  a.memory = Memory::device;  // cache_seqlens stays in host memory
+  const Status s = forward_with_kvcache(a);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();
+  EXPECT_EQ(s.message().rfind("cache_seqlens.data points to host memory but memory is device", 0), 0u) << s.message();
+}
+
 // What the cuda backend refuses, by name: f32, head dims past 256, host memory.
 TEST(CudaKvCache, RefusalsNameTheirRule) {
   SKIP_WITHOUT_GPU();
