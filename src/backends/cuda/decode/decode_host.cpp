@@ -65,7 +65,7 @@ DecodePlan make_decode_plan(const detail::KvCacheProblem& p, const DeviceCaps& c
   const DecodeTile tile = decode_tile(plan.bucket);
   // Resident CTAs per SM from shared memory (the kernel's 1 KiB of static shared memory and
   // the runtime's 1 KiB reserve per block on top), at most 4. Registers allow at least as
-  // many (ptxas: 108-110 / 144-147 / 208-210 at d 64 / 128 / 256, 3 / 2 / 2 CTAs by shared
+  // many (ptxas: 109-111 / 145-148 / 208-211 at d 64 / 128 / 256, 3 / 2 / 2 CTAs by shared
   // memory on a 9.0 GPU).
   const int per_sm = caps.smem_per_sm > 0 ? caps.smem_per_sm / (tile.smem_bytes + 2048) : 1;
   plan.per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
