@@ -1,21 +1,36 @@
-// Public entry points of KV-cache attention (strideattn/kv_cache.hpp): validation, backend
-// selection on the problem's selection view (problem/kv_cache.hpp; backends without a KV-cache
-// path are refused by the rule `kv_cache`), and the chosen backend's run. No plans yet: every
-// call validates and selects.
+// Public entry points of KV-cache attention (strideattn/kv_cache.hpp): validation, the memory
+// kind of every pointer (common/memory_check.hpp), backend selection on the problem's selection view
+// (problem/kv_cache.hpp; backends without a KV-cache path are refused by the rule `kv_cache`), and the chosen backend's
+// run. No plans yet: every call validates and selects.
 #include <exception>
 #include <new>
 
+#include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"
+#include "dispatch/gpu_module.hpp"
 #include "dispatch/select.hpp"
 #include "problem/kv_cache.hpp"
 #include "strideattn/kv_cache.hpp"
 
 namespace strideattn {
 
+namespace {
+
+// Where a pointer lives, asked of the GPU module's CUDA runtime (as the plans' memory check).
+detail::PointerKind kv_pointer_kind(const void* ptr) {
+  const detail::GpuModuleLoad& m = detail::gpu_module();
+  if (m.module == nullptr || m.module->classify_pointer == nullptr) return detail::PointerKind::unknown;
+  return m.module->classify_pointer(ptr);
+}
+
+}  // namespace
+
 Status forward_with_kvcache(const KvCacheArgs& args) {
   try {
     detail::KvCacheProblem p;
     if (Status s = detail::make_kvcache_problem(args, &p); !s.ok()) return s;
+    // Every pointer where `memory` says (the GPU module's query; none without one).
+    if (Status s = detail::check_memory(args, &kv_pointer_kind); !s.ok()) return s;
     const detail::Problem sel_problem = detail::selection_problem(p);
     detail::Selection sel = detail::select_backend(sel_problem, args.backend, detail::VerdictScope::until_chosen);
     if (!sel.chosen) return sel.status;

@@ -162,7 +162,7 @@ def attention_with_kvcache(
     "causal" is top-left (j <= i) and with s_q < L sees only the first keys. Returns O like q
     (d_v wide) and, with return_lse, the fp32 LSE [b, h, s_q]; `out` receives O in place.
     Forward only. Tensors may use any strides. Raises ValueError (bad input, with the shapes
-    and values found), UnsupportedError (e.g. the cuda backend: rule kv_cache) and
+    and values found), UnsupportedError (e.g. the cudnn backend: rule kv_cache) and
     BackendError."""
     appends = k is not None or v is not None
     ctx, tensors = _begin(

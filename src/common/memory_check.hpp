@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "strideattn/kv_cache.hpp"
 #include "strideattn/strideattn.hpp"
 
 namespace strideattn::detail {
@@ -99,6 +100,23 @@ Status check(const Named (&list)[N], Memory memory, PointerClassifier classify) 
                                            {"cu_seqlens_kv", a.varlen.cu_seqlens_kv},
                                            {"seq_offsets_q", a.varlen.seq_offsets_q},
                                            {"seq_offsets_kv", a.varlen.seq_offsets_kv}};
+  return memory_check_impl::check(list, a.memory, classify);
+}
+
+// KV-cache attention: the views, and the int32 arrays the kernels read (on a GPU backend, a host
+// array passed as device memory would be dereferenced by the device).
+[[nodiscard]] inline Status check_memory(const KvCacheArgs& a, PointerClassifier classify) {
+  const memory_check_impl::Named list[] = {{"q", a.q.data},
+                                           {"k_cache", a.k_cache.data},
+                                           {"v_cache", a.v_cache.data},
+                                           {"k_new", a.k_new.data},
+                                           {"v_new", a.v_new.data},
+                                           {"o", a.o.data},
+                                           {"lse", a.lse.data},
+                                           {"block_table", a.block_table.data},
+                                           {"cache_seqlens", a.cache_seqlens},
+                                           {"seqlens_q", a.seqlens_q},
+                                           {"workspace", a.workspace}};
   return memory_check_impl::check(list, a.memory, classify);
 }
 

@@ -53,7 +53,7 @@ Verdict verdict_for(Backend b, const Problem& problem) {
       v.backend = b;
       v.rule = "kv_cache";
       v.reason = "KV-cache attention (" + describe_kvcache(*problem.kv_cache) +
-                 ") is not run by this backend yet (no decode kernels); supported on: reference, cpu";
+                 ") is not run by this backend (no KV-cache kernels); supported on: reference, cpu, cuda";
       return v;
     }
     Verdict v = impl->supports(problem);

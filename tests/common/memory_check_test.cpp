@@ -1,7 +1,8 @@
 // The check that tensor pointers live where `memory` says (common/memory_check.hpp): the
-// accept/refuse table, the error text, every tensor of both directions walked with a fake
-// pointer classifier (the CUDA query needs a GPU; tests/backends/cuda covers it there), and
-// real host memory passing the real classifier through the public forward().
+// accept/refuse table, the error text, every tensor of both directions and of KV-cache
+// attention walked with a fake pointer classifier (the CUDA query needs a GPU;
+// tests/backends/cuda covers it there), and real host memory passing the real classifier
+// through the public forward().
 #include <gtest/gtest.h>
 
 #include <string>
@@ -74,6 +75,38 @@ TEST(MemoryCheck, EveryBackwardTensorIsChecked) {
   for (const auto& [name, ptr] : tensors) {
     g_device = ptr;
     const Status s = check_memory(a, &fake);
+    EXPECT_EQ(s.message().rfind(std::string(name) + ".data points to device memory", 0), 0u) << s.message();
+  }
+}
+
+// KV-cache attention: every view and both int32 arrays, the lengths a GPU kernel reads too.
+TEST(MemoryCheck, EveryKvCacheTensorIsChecked) {
+  char buf[16];
+  KvCacheArgs a;
+  a.q.data = buf, a.k_cache.data = buf + 1, a.v_cache.data = buf + 2, a.o.data = buf + 3;
+  a.cache_seqlens = reinterpret_cast<const std::int32_t*>(buf + 4);
+  g_device = nullptr, g_asked.clear();
+  EXPECT_TRUE(check_memory(a, &fake).ok());
+  EXPECT_EQ(g_asked.size(), 5u);  // absent new tokens, table, seqlens_q, LSE, workspace: not asked
+  a.k_new.data = buf + 5, a.v_new.data = buf + 6, a.lse.data = reinterpret_cast<float*>(buf + 7);
+  a.block_table.data = reinterpret_cast<const std::int32_t*>(buf + 8);
+  a.seqlens_q = reinterpret_cast<const std::int32_t*>(buf + 9);
+  a.workspace = buf + 10;
+  const std::pair<const char*, const void*> tensors[] = {{"q", buf},
+                                                         {"k_cache", buf + 1},
+                                                         {"v_cache", buf + 2},
+                                                         {"o", buf + 3},
+                                                         {"cache_seqlens", buf + 4},
+                                                         {"k_new", buf + 5},
+                                                         {"v_new", buf + 6},
+                                                         {"lse", buf + 7},
+                                                         {"block_table", buf + 8},
+                                                         {"seqlens_q", buf + 9},
+                                                         {"workspace", buf + 10}};
+  for (const auto& [name, ptr] : tensors) {
+    g_device = ptr;
+    const Status s = check_memory(a, &fake);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << name;
     EXPECT_EQ(s.message().rfind(std::string(name) + ".data points to device memory", 0), 0u) << s.message();
   }
 }

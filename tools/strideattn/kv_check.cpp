@@ -21,6 +21,8 @@
 #include "cli_json.hpp"
 #include "common/dtype.hpp"
 #include "harness/compare.hpp"
+#include "harness/device_mirror.hpp"
+#include "harness/runner.hpp"
 #include "problem/kv_cache.hpp"
 
 namespace strideattn::cli {
@@ -184,6 +186,91 @@ Status build(const KvCliCase& c, Buffers* b, KvCacheArgs* a) {
   return Status::Ok();
 }
 
+// Device copies of a case's buffers for a GPU backend: every host buffer the views point into
+// is copied (the caches whole, so bytes outside the appended slots can be compared), the
+// arguments are rebased onto the copies, and after the run O, LSE and the caches come back.
+class KvDeviceCopy {
+ public:
+  KvDeviceCopy() = default;
+  KvDeviceCopy(const KvDeviceCopy&) = delete;
+  KvDeviceCopy& operator=(const KvDeviceCopy&) = delete;
+#ifdef STRIDEATTN_HARNESS_CUDA
+  ~KvDeviceCopy() {
+    for (auto& [host, d] : copies_) (void)cudaFree(d.dev);
+  }
+  Status upload(Buffers& b, KvCacheArgs* a) {
+    for (auto& [name, bytes] : b.named)
+      if (Status s = add(bytes.data(), bytes.size()); !s.ok()) return s;
+    for (std::vector<unsigned char>* v : {&b.q, &b.kn, &b.vn, &b.o})
+      if (Status s = add(v->data(), v->size()); !s.ok()) return s;
+    if (Status s = add(b.lse.data(), b.lse.size() * 4); !s.ok()) return s;
+    for (std::vector<std::int32_t>* v : {&b.table, &b.lens, &b.qlens})
+      if (Status s = add(v->data(), v->size() * 4); !s.ok()) return s;
+    a->q.data = at(a->q.data);
+    a->k_cache.data = at(a->k_cache.data);
+    a->v_cache.data = at(a->v_cache.data);
+    a->k_new.data = at(a->k_new.data);
+    a->v_new.data = at(a->v_new.data);
+    a->o.data = at(a->o.data);
+    a->lse.data = at(a->lse.data);
+    a->block_table.data = at(a->block_table.data);
+    a->cache_seqlens = at(a->cache_seqlens);
+    a->seqlens_q = at(a->seqlens_q);
+    a->memory = Memory::device;
+    return Status::Ok();
+  }
+  // Waits for the device, then copies the written buffers back.
+  Status download(Buffers& b) {
+    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+      return Status(StatusCode::backend_error, harness::internal::cuda_msg("running the case", e));
+    for (auto& [name, bytes] : b.named)
+      if (Status s = back(bytes.data()); !s.ok()) return s;
+    if (Status s = back(b.o.data()); !s.ok()) return s;
+    return back(b.lse.data());
+  }
+
+ private:
+  struct Copy {
+    void* dev;
+    std::size_t bytes;
+  };
+  std::map<const void*, Copy> copies_;
+  Status add(const void* host, std::size_t bytes) {
+    if (bytes == 0 || copies_.count(host)) return Status::Ok();
+    void* dev = nullptr;
+    if (cudaError_t e = cudaMalloc(&dev, bytes); e != cudaSuccess)
+      return Status(StatusCode::backend_error, harness::internal::cuda_msg("allocating a device buffer", e));
+    copies_[host] = {dev, bytes};
+    if (cudaError_t e = cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice); e != cudaSuccess)
+      return Status(StatusCode::backend_error, harness::internal::cuda_msg("copying a buffer to the device", e));
+    return Status::Ok();
+  }
+  Status back(void* host) {
+    const auto it = copies_.find(host);
+    if (it == copies_.end()) return Status::Ok();
+    if (cudaError_t e = cudaMemcpy(host, it->second.dev, it->second.bytes, cudaMemcpyDeviceToHost); e != cudaSuccess)
+      return Status(StatusCode::backend_error, harness::internal::cuda_msg("copying a buffer back", e));
+    return Status::Ok();
+  }
+  // The device address of a host pointer inside one of the copies (null stays null).
+  template <class P>
+  P* at(P* host) const {
+    if (host == nullptr) return nullptr;
+    const auto* h = reinterpret_cast<const unsigned char*>(host);
+    for (const auto& [base, c] : copies_) {
+      const auto* lo = static_cast<const unsigned char*>(base);
+      if (h >= lo && h < lo + c.bytes) return reinterpret_cast<P*>(static_cast<unsigned char*>(c.dev) + (h - lo));
+    }
+    return host;
+  }
+#else
+  Status upload(Buffers&, KvCacheArgs*) {
+    return Status(StatusCode::unsupported, "this build has no CUDA: GPU backends cannot run");
+  }
+  Status download(Buffers&) { return Status::Ok(); }
+#endif
+};
+
 // One backend's run of a case: what the text line and the --json entry are made of.
 struct BackendRow {
   Backend backend = Backend::reference;
@@ -239,11 +326,27 @@ Outcome run_case(const KvCliCase& c, const std::vector<Backend>& backends, bool 
     a.backend = backend;
     BackendRow row;
     row.backend = backend;
+    std::string line = std::string(to_string(backend)) + ": ";
+    // GPU backends (and `auto` with a GPU present) run on device copies of the buffers.
+    KvDeviceCopy device;
+    const bool on_device = harness::internal::on_device(backend);
+    if (on_device) {
+      const std::string why = harness::internal::unavailable_reason(backend);
+      Status up = why.empty() ? device.upload(b, &a) : Status(StatusCode::unsupported, why);
+      if (!up.ok()) {
+        row.status = up.code() == StatusCode::unsupported ? "unsupported" : "error";
+        row.reason = up.message();
+        if (up.code() != StatusCode::unsupported) out.exit = std::max(out.exit, 1);
+        if (!quiet || up.code() != StatusCode::unsupported) out.text += line + row.reason + "\n";
+        out.rows.push_back(std::move(row));
+        continue;
+      }
+    }
     if (backend == Backend::automatic) row.chosen = explain(a).chosen;
     const auto t0 = std::chrono::steady_clock::now();
-    const Status s = forward_with_kvcache(a);
+    Status s = forward_with_kvcache(a);
+    if (s.ok() && on_device) s = device.download(b);
     row.time_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::string line = std::string(to_string(backend)) + ": ";
     if (s.code() == StatusCode::unsupported) {
       row.status = "unsupported";
       row.reason = s.message();
@@ -292,7 +395,7 @@ Outcome run_case(const KvCliCase& c, const std::vector<Backend>& backends, bool 
 
 // A random case for the fuzzer: paged (page sizes 1 .. 256, not only powers of two) or
 // contiguous, lengths 0 .. capacity with appends that cross pages, decode to chunked prefill.
-KvCliCase random_case(std::uint64_t seed) {
+KvCliCase random_case(std::uint64_t seed, bool paged_only) {
   std::mt19937_64 rng(seed);
   auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
   KvCliCase c;
@@ -308,7 +411,7 @@ KvCliCase random_case(std::uint64_t seed) {
   c.s_new = pick(0, 2) == 0 ? 0 : pick(1, 4);
   const i64 b = pick(1, 4);
   const i64 pages[10] = {1, 2, 3, 5, 7, 16, 31, 64, 100, 256};
-  c.page_size = pick(0, 4) == 0 ? 0 : pages[pick(0, 9)];
+  c.page_size = pick(0, 4) == 0 && !paged_only ? 0 : pages[pick(0, 9)];
   const i64 cap_target = pick(c.s_new, c.s_new + 300);
   if (c.page_size) {
     c.max_pages = std::max<i64>(1, (cap_target + c.page_size - 1) / c.page_size);
@@ -438,12 +541,19 @@ int run_kvcache_cli(const std::vector<std::string>& args) {
     if (eq != std::string::npos) value = name.substr(eq + 1), name = name.substr(0, eq);
     if (fuzz && name == "kv-cache" && eq == std::string::npos) continue;
     if (!fuzz && name == "json" && eq == std::string::npos) continue;
-    const bool known = fuzz ? (name == "cases" || name == "seed" || name == "backends")
+    // fuzz flags: --paged (every case paged), --require-gpu (exit 77 without a GPU),
+    // --require-ran (fail when a backend ran no case)
+    if (fuzz && (name == "paged" || name == "require-gpu" || name == "require-ran") && eq == std::string::npos) {
+      v[name] = "1";
+      continue;
+    }
+    const bool known = fuzz ? (name == "cases" || name == "seed" || name == "backends" || name == "min-ran")
                             : std::find(kCheckOptions.begin(), kCheckOptions.end(), name) != kCheckOptions.end();
     if (!known)
-      return fail(
-          2, "unknown option --" + name + " for a KV-cache " + args[0] +
-                 (fuzz ? " (takes --cases, --seed, --backends)" : " (see the KVCACHE options of `strideattn help`)"));
+      return fail(2,
+                  "unknown option --" + name + " for a KV-cache " + args[0] +
+                      (fuzz ? " (takes --cases, --seed, --backends, --min-ran, --paged, --require-gpu, --require-ran)"
+                            : " (see the KVCACHE options of `strideattn help`)"));
     if (eq == std::string::npos) {
       if (i + 1 >= args.size()) return fail(2, "option --" + name + " needs a value");
       value = args[++i];
@@ -471,19 +581,44 @@ int run_kvcache_cli(const std::vector<std::string>& args) {
     if (v.count("cases"))
       if (Status s = parse_int("cases", v["cases"], &cases); !s.ok() || cases < 0)
         return fail(2, "--cases: expected >= 0");
-    i64 mismatches = 0;
-    for (i64 i = 0; i < cases; ++i) {
+    i64 min_ran = 0;
+    if (v.count("min-ran"))
+      if (Status s = parse_int("min-ran", v["min-ran"], &min_ran); !s.ok() || min_ran < 0)
+        return fail(2, "--min-ran: expected >= 0");
+    if (v.count("require-gpu") && !harness::gpu_available()) {
+      std::printf("skipped: no usable CUDA GPU in this process (--require-gpu)\n");
+      return 77;
+    }
+    // --min-ran N: draw cases past --cases until every backend ran N of them (at most 10x as
+    // many cases as asked), so refusals (f32 on a GPU backend, say) do not thin the run.
+    std::vector<i64> ran(backends.size(), 0);
+    auto least_ran = [&] { return ran.empty() ? i64(0) : *std::min_element(ran.begin(), ran.end()); };
+    const i64 limit = std::max(cases, min_ran) * 10;
+    i64 mismatches = 0, drawn = 0;
+    for (i64 i = 0; i < cases || (least_ran() < min_ran && i < limit); ++i, ++drawn) {
       const std::uint64_t case_seed = std::uint64_t(seed) * 1000003u + std::uint64_t(i);
-      const Outcome r = run_case(random_case(case_seed), backends, true);
+      const Outcome r = run_case(random_case(case_seed, v.count("paged") > 0), backends, true);
+      for (std::size_t k = 0; k < r.rows.size() && k < ran.size(); ++k) ran[k] += r.rows[k].ran ? 1 : 0;
       if (r.exit != 0) {
         ++mismatches;
-        std::printf("case %lld (case seed %llu; rerun with --cases %lld --seed %lld):\n%s", static_cast<long long>(i),
+        std::printf("case %lld (case seed %llu; rerun with --cases %lld --seed %lld%s):\n%s", static_cast<long long>(i),
                     static_cast<unsigned long long>(case_seed), static_cast<long long>(i + 1),
-                    static_cast<long long>(seed), r.text.c_str());
+                    static_cast<long long>(seed), v.count("paged") ? " --paged" : "", r.text.c_str());
       }
     }
-    std::printf("fuzz kv cache: %lld cases, %lld mismatches\n", static_cast<long long>(cases),
-                static_cast<long long>(mismatches));
+    std::string counts;
+    bool idle = false;
+    for (std::size_t k = 0; k < backends.size(); ++k) {
+      counts += std::string(k ? ", " : "; ") + std::string(to_string(backends[k])) + " ran " + std::to_string(ran[k]);
+      idle = idle || ran[k] == 0 || ran[k] < min_ran;
+    }
+    std::printf("fuzz kv cache: %lld cases, %lld mismatches%s\n", static_cast<long long>(drawn),
+                static_cast<long long>(mismatches), counts.c_str());
+    if (v.count("require-ran") && idle && drawn > 0) {
+      std::printf("strideattn: a backend ran fewer cases than required (--require-ran, --min-ran %lld)\n",
+                  static_cast<long long>(min_ran));
+      return 1;
+    }
     return mismatches ? 1 : 0;
   }
 

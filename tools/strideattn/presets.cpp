@@ -73,7 +73,8 @@ usage:
                      [--cu-seqlens] [--via-plan] [--features]
   strideattn check   KVCACHE [--backends a,b] [--seed N] [--json]   (default backends reference,cpu)
   strideattn explain KVCACHE [--json]
-  strideattn fuzz    --kv-cache [--cases N] [--seed S] [--backends a,b]
+  strideattn fuzz    --kv-cache [--cases N] [--min-ran M] [--seed S] [--backends a,b] [--paged]
+                     [--require-gpu] [--require-ran]
   strideattn help | --help | --version
 
 PROBLEM:

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/decode/decode_host.hpp"
 #include "backends/cuda/device_caps.hpp"
 #include "backends/cuda/kernel_image.hpp"
 #include "backends/cuda/launch.hpp"
@@ -22,6 +23,7 @@
 #include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/select.hpp"
+#include "problem/kv_cache.hpp"
 
 namespace strideattn::detail {
 
@@ -96,11 +98,22 @@ const std::vector<SupportRule>& rules() {
                       " (PTX entries JIT-compile on newer GPUs)";
              return std::nullopt;
            }},
+          // KV-cache attention (decode/): what the decode kernels need beyond the rules above
+          // (head-dim strides of the new tokens, their shared memory on this device, the grid).
+          {"kv_cache_decode",
+           [](const Problem& p) -> std::optional<std::string> {
+             if (p.kv_cache == nullptr) return std::nullopt;
+             cuda_impl::DeviceCaps caps;
+             if (cuda_impl::current_device_caps(&caps) != 0) return std::nullopt;  // (the gpu rule said why)
+             return cuda_impl::decode_refusal(*p.kv_cache, caps);
+           }},
           // A kernel of this build fits the device for every pass the call runs (the 4-warp dK/dV
           // pass and the dQ pass at d <= 256 need 128.5 / 128 KiB of shared memory per block,
-          // which sm_86 and sm_89 GPUs do not grant): the plan's kernel choice alone.
+          // which sm_86 and sm_89 GPUs do not grant): the plan's kernel choice alone. (A KV-cache
+          // call runs the decode kernels, whose rule is the one above.)
           {"shared_memory",
            [](const Problem& p) -> std::optional<std::string> {
+             if (p.kv_cache != nullptr) return std::nullopt;
              cuda_impl::DeviceCaps caps;
              if (cuda_impl::current_device_caps(&caps) != 0) return std::nullopt;  // (the gpu rule said why)
              return cuda_impl::cuda_plan_refusal(p, caps, cuda_impl::plan_forcing());
@@ -197,6 +210,21 @@ class CudaBackend final : public BackendImpl {
     if (Status s = plan_for(problem, &plan); !s.ok()) return s;
     *out = std::make_unique<CudaCall>(cuda_impl::prepare_launch(std::move(plan), problem));
     return Status::Ok();
+  }
+
+  // KV-cache attention (docs/semantics.md "KV cache"): the append, the split kernel and the
+  // combine of decode/, planned from the problem and the device's cached caps; the lengths and
+  // the block table are read on the device only. Workspace: the caller's, or one on the stream.
+  [[nodiscard]] bool runs_kv_cache() const override { return true; }
+  [[nodiscard]] Status forward_kvcache(const KvCacheProblem& p) override {
+    cuda_impl::DeviceCaps caps;
+    if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
+      return cuda_status(cudaError_t(e), "querying the current device");
+    const cuda_impl::DecodePlan plan = cuda_impl::make_decode_plan(p, caps);
+    const auto stream = static_cast<cudaStream_t>(p.args.stream);
+    Workspace ws;
+    if (Status s = ws.acquire(selection_problem(p), plan.workspace, stream); !s.ok()) return s;
+    return cuda_impl::run_decode(p, plan, caps.device, stream, ws.base());
   }
 
   // A call without a plan of the caller's: prepared, then run once.

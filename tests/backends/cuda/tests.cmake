@@ -16,6 +16,9 @@ if(STRIDEATTN_HAVE_CUDA)
   # holds (no GPU needed).
   strideattn_test(cuda_plan_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_test.cpp)
   target_link_libraries(cuda_plan_test PRIVATE strideattn_gpu CUDA::cudart)  # (launch.hpp: cuda_runtime.h)
+  # The KV-cache path's plan (splits, workspace) and support rule for described GPUs (no GPU).
+  strideattn_test(cuda_decode_plan_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_plan_test.cpp)
+  target_link_libraries(cuda_decode_plan_test PRIVATE strideattn_gpu CUDA::cudart)
   strideattn_test(cuda_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cpp LABELS gpu)
   target_link_libraries(cuda_test PRIVATE strideattn_gpu CUDA::cudart)
   # (as the library: whether the build carries the sm_90a wgmma kernels)
@@ -35,6 +38,9 @@ if(STRIDEATTN_HAVE_CUDA)
   # cu_seqlens arrays in device memory: every mask, plans, broken promises.
   strideattn_test(cuda_cu_seqlens_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cu_seqlens_test.cpp LABELS gpu)
   target_link_libraries(cuda_cu_seqlens_test PRIVATE strideattn_gpu CUDA::cudart)
+  # KV-cache attention (decode kernels): paged and contiguous caches, appends, broken promises.
+  strideattn_test(cuda_kvcache_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_kvcache_test.cpp LABELS gpu)
+  target_link_libraries(cuda_kvcache_test PRIVATE strideattn_gpu CUDA::cudart)
   # The device conversion of cu_seqlens arrays into the kernels' tables, on its own.
   strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp LABELS gpu)
   target_link_libraries(cuda_varlen_tables_test PRIVATE strideattn_gpu CUDA::cudart)

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/decode/decode_tiles.hpp"
 
 namespace {
 
@@ -89,6 +90,30 @@ TEST(CudaTiles, HeadDimBuckets) {
   EXPECT_EQ(head_dim_bucket(72, 8), 128);
   EXPECT_EQ(head_dim_bucket(64, 136), 256);
   EXPECT_EQ(head_dim_bucket(256, 256), 256);
+}
+
+// The KV-cache split kernel (decode/decode_tiles.hpp): the shared memory of its ring and Q
+// tile, at least 3 stages, whole 16-key slabs, and within an 8.0 GPU's 163 KiB.
+static_assert(decode_tile(64).smem_bytes == 67584 && decode_tile(128).smem_bytes == 102400 &&
+              decode_tile(256).smem_bytes == 106496);
+static_assert(decode_tile(64).stages >= 3 && decode_tile(128).stages >= 3 && decode_tile(256).stages >= 3);
+static_assert(decode_tile(128).stage_keys % kDecodeSlab == 0 && decode_tile(256).stage_keys % kDecodeSlab == 0);
+static_assert(decode_tile(256).smem_bytes <= 163 * 1024);
+
+// The split count for an H200 (132 SMs, 2 CTAs each at d 128) on the benchmark's decode rows
+// (GQA 32/8: b x 8 CTAs), and its limits.
+TEST(DecodeTiles, SplitCount) {
+  EXPECT_EQ(decode_splits(1 * 8, 32768, 132, 2), 29);  // 232 CTAs: 88% of one wave
+  EXPECT_EQ(decode_splits(16 * 8, 8192, 132, 2), 2);
+  EXPECT_EQ(decode_splits(8 * 8, 16384, 132, 2), 4);
+  EXPECT_EQ(decode_splits(64 * 8, 4096, 132, 2), 1);  // a full grid: no split
+  // never more than one split per 256 keys of capacity, never more than 256
+  EXPECT_EQ(decode_splits(1, 300, 132, 2), 2);
+  EXPECT_EQ(decode_splits(1, 100, 132, 2), 1);
+  EXPECT_LE(decode_splits(1, 1 << 30, 132, 4), kDecodeMaxSplits);
+  // at least one split per kDecodeWarps x kDecodeWarpKeys keys, even on a full grid
+  EXPECT_EQ(decode_splits(100000, 4 * 32768, 132, 2), 4);
+  EXPECT_EQ(decode_splits(0, 1000, 132, 2), 1);
 }
 
 }  // namespace
