@@ -598,7 +598,7 @@ class DotProductAttention(torch.nn.Module):
         sq, skv, oq, okv = varlen or (None, None, None, None)
         out, _ = attend(
             q, k, v, sq, skv, oq, okv, opts["mask"], win[0], win[1], scale, opts["backend"],
-            bool(opts["deterministic"]), layout, True,
+            bool(opts["deterministic"]), layout, True, False,
         )  # fmt: skip
         return out
 

@@ -174,7 +174,9 @@ def test_the_second_call_runs_the_cached_plan(monkeypatch):
     made = []
     for name in ("forward_planned", "backward_planned"):
         real = getattr(_ext, name)
-        monkeypatch.setattr(_ext, name, lambda *a, _r=real, _n=name, **kw: made.append(_n) or _r(*a, **kw))
+        monkeypatch.setattr(
+            _ext, name, lambda *a, _r=real, _n=name, **kw: made.append(_n) or _r(*a, **kw)
+        )
     for _ in range(3):
         q, k, v = bshd()
         o = sat.attention(q, k, v, backend="cpu")
