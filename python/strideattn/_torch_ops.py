@@ -302,10 +302,12 @@ def attention(
     elif type(scale) is not float:
         scale = _checks.scale(scale)
     det = bool(deterministic)
-    sq, skv = _index(seqlens_q, "seqlens_q"), _index(seqlens_kv, "seqlens_kv")
-    oq, okv = _index(offsets_q, "offsets_q"), _index(offsets_kv, "offsets_kv")
-    if (sq is None) != (skv is None):
-        raise ValueError("varlen needs both seqlens_q and seqlens_kv")
+    sq = skv = oq = okv = None
+    if not (seqlens_q is None and seqlens_kv is None and offsets_q is None and offsets_kv is None):
+        sq, skv = _index(seqlens_q, "seqlens_q"), _index(seqlens_kv, "seqlens_kv")
+        oq, okv = _index(offsets_q, "offsets_q"), _index(offsets_kv, "offsets_kv")
+        if (sq is None) != (skv is None):
+            raise ValueError("varlen needs both seqlens_q and seqlens_kv")
     layout = call.THD if nd == 3 else call.BSHD
     out, lse = attend(
         q, k, v, sq, skv, oq, okv, mask, left, right, scale, backend, det, layout, False, return_lse
