@@ -24,13 +24,14 @@ steadier than the wall time where other processes share the cores).
 
 Writes one data file, RESULTS_DIR/host/<date>-<machine>-<commit>.json (bench/render.py
 renders the newest per machine into bench/README.md), unless --no-write. --profile N prints
-a cProfile of N calls of the first `op` column's fwd+bwd (where the Python time goes);
---trace FILE writes a torch.profiler Chrome trace of a few of those calls.
+a cProfile of N calls of the first `op` column's fwd+bwd (where the Python time goes;
+--profile-column picks another column by name, e.g. "module auto"); --trace FILE writes a
+torch.profiler Chrome trace of a few of those calls.
 
   python3 bench/host_overhead.py [--device cpu|cuda] [--shape B,S,H,D] [--dtype bf16|fp16]
                                  [--mask none|causal] [--backends auto,cuda,cudnn]
                                  [--calls N] [--repeats R] [--results-dir DIR] [--no-write]
-                                 [--profile N] [--trace FILE]
+                                 [--profile N] [--profile-column NAME] [--trace FILE]
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def parse_args(argv=None):
     ap.add_argument("--results-dir", default=os.path.join(BENCH, "results"))
     ap.add_argument("--no-write", action="store_true", help="print only, write no data file")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N calls")
+    ap.add_argument(
+        "--profile-column", metavar="NAME", help="the column to profile (default: first op)"
+    )
     ap.add_argument("--trace", metavar="FILE", help="torch.profiler Chrome trace")
     args = ap.parse_args(argv)
     if args.calls < 1 or args.repeats < 1:
@@ -398,7 +402,13 @@ def main(argv=None) -> int:
         with open(path, "w") as f:
             f.write(render.dumps(data))
         print(f"\nhost_overhead: data file {path}")
-    ops = [c for c in columns if c.layer == "op"]
+    if args.profile_column:
+        ops = [c for c in columns if c.name == args.profile_column]
+        if not ops:
+            names = ", ".join(c.name for c in columns)
+            print(f"host_overhead: no column {args.profile_column!r}; columns: {names}")
+    else:
+        ops = [c for c in columns if c.layer == "op"]
     if (args.profile or args.trace) and ops:
         profile(ops[0], args.profile, args.trace)
     return 0
