@@ -16,6 +16,8 @@ No torch.library or autograd machinery here."""
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -190,7 +192,7 @@ class _Plan:
     tensors' strides). `index`: the CUDA device, -1 for host memory."""
 
     __slots__ = ("plan", "device", "index", "dtype", "o_shape", "o_stride", "l_shape", "l_stride")
-    __slots__ += ("ws", "backwards")
+    __slots__ += ("ws", "backwards", "__weakref__")
 
     def __init__(self, plan, q: Tensor, out: Tensor, lse: Tensor):
         self.plan, self.device, self.dtype = plan, q.device, q.dtype
@@ -199,6 +201,7 @@ class _Plan:
         self.l_shape, self.l_stride = tuple(lse.shape), lse.stride()
         self.ws = plan.workspace_size
         self.backwards: Dict[tuple, "_BackwardPlan"] = {}
+        _LIVE.add(self)
 
 
 class _BackwardPlan:
@@ -213,6 +216,20 @@ class _BackwardPlan:
 def clear_plans() -> None:
     """Drops the eager path's plans (strideattn.clear_plan_cache() calls this)."""
     _PLANS.clear()
+
+
+# Every entry still referenced (by the cache or by an autograd graph's context), so that
+# the extension's plan objects are let go at exit, before the extension's own teardown
+# (which reports, on stderr, any of its objects still alive then).
+_LIVE: "weakref.WeakSet[_Plan]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    _PLANS.clear()
+    for ent in list(_LIVE):
+        ent.plan = None
+        ent.backwards.clear()
 
 
 def _key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat) -> tuple:

@@ -213,3 +213,23 @@ def test_bad_input_gives_the_same_error_with_the_cache_warm(bad):
     with pytest.raises(Exception) as warm:
         call()
     assert type(warm.value) is type(cold.value) and str(warm.value) == str(cold.value)
+
+
+def test_no_leak_report_at_exit():
+    """The cached plans (and those an autograd graph still holds at exit) are let go before
+    the extension's teardown, which would otherwise print nanobind's leak report: the
+    library never prints unless logging is on."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, strideattn.torch as sat\n"
+        "q, k, v = (torch.randn(1, 8, 2, 16).requires_grad_() for _ in range(3))\n"
+        "o = sat.attention(q, k, v, backend='cpu')\n"  # a graph alive at exit
+        "sat.attention(q, k, v, backend='cpu').sum().backward()\n"
+        "m = sat.DotProductAttention(2, 16, qkv_format='bshd', backend='cpu')\n"
+        "m(q, k, v).sum().backward()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and r.stderr == "", r.stderr
