@@ -181,9 +181,10 @@ def _raise(code: str, msg: str, lists, varlen) -> None:
 # extension's forward_planned / backward_planned (the checks and errors of any call), which
 # hand back the plan they ran. Plans assume 16-byte aligned data (what the allocator gives);
 # a call with a less aligned input takes the miss path, which the extension's own cache,
-# keyed by alignment, serves. Bounded: cleared when full (a model has a handful of problems).
+# keyed by alignment, serves. Bounded as the extension's cache is (a model has a handful of
+# problems; varlen lists that change every step make one each): the oldest entry goes first.
 _PLANS: Dict[tuple, "_Plan"] = {}
-_CAPACITY = 256
+_CAPACITY = 128
 _BACKWARDS = 8  # backward plans per forward entry (one per dO stride pattern)
 
 
@@ -358,7 +359,7 @@ def _forward_made(key, q, k, v, lists, varlen, mask, wl, wr, scale, backend, det
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
     if plan is not None and _aligned(*ptrs):
         if len(_PLANS) >= _CAPACITY:
-            _PLANS.clear()
+            del _PLANS[next(iter(_PLANS))]
         ent = _PLANS[key] = _Plan(plan, q, out, lse)
     return out, lse, ent
 

@@ -234,3 +234,17 @@ def test_no_leak_report_at_exit():
     assert r.returncode == 0, r.stderr
     # (stderr may carry the framework's own warnings on some machines; none of ours)
     assert r.stdout == "" and "nanobind" not in r.stderr and "leaked" not in r.stderr, r.stderr
+
+
+def test_the_cache_is_bounded(seed, monkeypatch):
+    """Problems beyond the capacity (varlen lists that change every step) evict the oldest
+    entry; an evicted problem is made again, correctly."""
+    monkeypatch.setattr(_torch_call, "_CAPACITY", 3)
+    torch.manual_seed(seed)
+    t = 2 * S
+    splits = [([n, t - n], [n, t - n]) for n in range(2, 8)]
+    for _ in range(2):
+        for lens_q, lens_kv in splits:
+            q, k, v = (torch.randn(t, H, D).to(torch.bfloat16).requires_grad_() for _ in range(3))
+            check_call(seed, q, k, v, seqlens_q=lens_q, seqlens_kv=lens_kv)
+            assert len(_torch_call._PLANS) <= 3
