@@ -4,14 +4,16 @@ library on the tensors' device and current stream. Both the autograd function's 
 and the registered ops' CPU and CUDA kernels (strideattn/_torch_ops.py) come here, so there
 is one place that knows how the extension is called:
 
-- tensors go to it as DLPack capsules (torch.utils.dlpack.to_dlpack, a C function; the
-  tensors' __dlpack__ method is Python and several times slower);
+- each problem's plans are kept here (see "plans" below) and run with integer addresses;
+  the first call of a problem goes through DLPack capsules (torch.utils.dlpack.to_dlpack,
+  a C function; the tensors' __dlpack__ method is Python and several times slower), with
+  the extension's checks and errors;
 - the stream is the raw current stream of the tensors' device, the device is entered only
   when it is not already the current one;
 - outputs are torch.empty_strided (the library writes every element of every output, padding
-  tokens too: docs/semantics.md, "Which elements are written");
-- varlen lengths go through _varlen(), workspace-free calls let the library allocate its own
-  scratch: the two places where a device cu_seqlens or a caller-provided workspace plug in.
+  tokens too: docs/semantics.md, "Which elements are written"); a device run's workspace is
+  a torch.empty from the caching allocator;
+- varlen lengths go through _varlen(): the place where a device cu_seqlens plugs in.
 No torch.library or autograd machinery here."""
 
 from __future__ import annotations
@@ -367,12 +369,6 @@ def _forward_made(key, q, k, v, lists, varlen, mask, wl, wr, scale, backend, det
 # ----------------------------------------------------------------------------- backward
 
 
-def head_dim_dense(t: Tensor) -> Tensor:
-    # Gradients handed to us by autograd may be expanded (stride 0) or otherwise lack a unit
-    # head-dim stride; the library needs one, so only then make a copy.
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
 def backward(
     dout: Tensor,
     q: Tensor,
@@ -400,7 +396,9 @@ def backward_layout(
     """(dQ, dK, dV) in the caller's coordinates, for forward_layout's O and LSE. plan: the
     forward's cached plans (forward_layout's `keep`), else looked up as the forward did."""
     if dout.stride(-1) != 1 and v.shape[-1] != 1:
-        dout = dout.contiguous()  # the library needs a unit head-dim stride (see head_dim_dense)
+        # Gradients handed to us by autograd may be expanded (stride 0) or otherwise lack a
+        # unit head-dim stride; the library needs one, so only then make a copy.
+        dout = dout.contiguous()
     lists = _lists(varlen)
     if plan is None:
         plan = _PLANS.get(_key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat))
@@ -451,47 +449,15 @@ def backward_layout(
                     _raise(code, msg, lists, varlen)
                 return dq, dk, dv
     return _backward_made(
-        plan,
-        bkey,
-        dout,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        lists,
-        varlen,
-        mask,
-        wl,
-        wr,
-        scale,
-        backend,
-        det,
-        layout,
-        flat,
-    )
+        plan, bkey, dout, q, k, v, out, lse, lists, varlen, mask, wl, wr, scale, backend, det,
+        layout, flat,
+    )  # fmt: skip
 
 
 def _backward_made(
-    plan,
-    bkey,
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    lists,
-    varlen,
-    mask,
-    wl,
-    wr,
-    scale,
-    backend,
-    det,
-    layout,
-    flat,
-):
+    plan, bkey, dout, q, k, v, out, lse, lists, varlen, mask, wl, wr, scale, backend, det,
+    layout, flat,
+):  # fmt: skip
     """backward_layout's miss: as _forward_made, the plan kept under the forward's entry."""
     dq = empty_like_order(q.shape, q)
     dk = empty_like_order(k.shape, k)
