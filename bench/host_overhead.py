@@ -9,8 +9,11 @@ Columns (each with autograd recording, inputs that require grad, as in training)
   op <be>              strideattn.torch.attention(q, k, v, mask=..., backend=be)
   module <be>          strideattn.torch.DotProductAttention (qkv_format bshd) with backend=be
   ext <be>             the extension call alone (strideattn._ext.forward / .backward with the
-                       outputs made beforehand): the floor that the binding and the library
-                       set, without the torch layer
+                       outputs made beforehand): the binding and the library without the
+                       torch layer, tensors through DLPack and options parsed per call
+  plan <be>            the extension's plans (made once) run with integer addresses, outputs
+                       and workspace made beforehand: the floor under the eager path, which
+                       runs cached plans this way (strideattn/_torch_call.py)
 Modes: fwd (one forward call), fwd+bwd (forward, then torch.autograd.grad of the output
 with a fixed upstream gradient; for ext, the forward and backward calls).
 
@@ -24,13 +27,14 @@ steadier than the wall time where other processes share the cores).
 
 Writes one data file, RESULTS_DIR/host/<date>-<machine>-<commit>.json (bench/render.py
 renders the newest per machine into bench/README.md), unless --no-write. --profile N prints
-a cProfile of N calls of the first `op` column's fwd+bwd (where the Python time goes);
---trace FILE writes a torch.profiler Chrome trace of a few of those calls.
+a cProfile of N calls of the first `op` column's fwd+bwd (where the Python time goes;
+--profile-column picks another column by name, e.g. "module auto"); --trace FILE writes a
+torch.profiler Chrome trace of a few of those calls.
 
   python3 bench/host_overhead.py [--device cpu|cuda] [--shape B,S,H,D] [--dtype bf16|fp16]
                                  [--mask none|causal] [--backends auto,cuda,cudnn]
                                  [--calls N] [--repeats R] [--results-dir DIR] [--no-write]
-                                 [--profile N] [--trace FILE]
+                                 [--profile N] [--profile-column NAME] [--trace FILE]
 """
 
 from __future__ import annotations
@@ -68,12 +72,15 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--mask", choices=("none", "causal"), default="none")
     ap.add_argument("--backends", help="strideattn backends (default auto,cuda,cudnn / auto,cpu)")
-    ap.add_argument("--layers", default="ext,op,module", help="strideattn columns to time")
+    ap.add_argument("--layers", default="ext,plan,op,module", help="strideattn columns to time")
     ap.add_argument("--calls", type=int, default=500, help="calls per repeat")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--results-dir", default=os.path.join(BENCH, "results"))
     ap.add_argument("--no-write", action="store_true", help="print only, write no data file")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N calls")
+    ap.add_argument(
+        "--profile-column", metavar="NAME", help="the column to profile (default: first op)"
+    )
     ap.add_argument("--trace", metavar="FILE", help="torch.profiler Chrome trace")
     args = ap.parse_args(argv)
     if args.calls < 1 or args.repeats < 1:
@@ -87,9 +94,9 @@ def parse_args(argv=None):
             ap.error(f"--shape {args.shape!r}: four positive integers B,S,H,D")
         args.shape = shape
     layers = [x.strip() for x in args.layers.split(",") if x.strip()]
-    bad = [x for x in layers if x not in ("ext", "op", "module")]
+    bad = [x for x in layers if x not in ("ext", "plan", "op", "module")]
     if bad:
-        ap.error(f"--layers: unknown {', '.join(bad)}; supported: ext, op, module")
+        ap.error(f"--layers: unknown {', '.join(bad)}; supported: ext, plan, op, module")
     args.layers = layers
     return args
 
@@ -195,6 +202,48 @@ def ext_column(q, k, v, do, mask, backend):
         )  # fmt: skip
 
     return Column(f"ext {backend}", "ext", backend, fwd, fwd_bwd)
+
+
+def plan_column(q, k, v, do, mask, backend):
+    """The extension's plans, made once, run with integer addresses as the eager path runs
+    them: no DLPack, no option parsing, workspace from the caching allocator."""
+    from strideattn import _ext
+
+    qd, kd, vd = (x.detach() for x in (q, k, v))
+    out = torch.empty_like(qd)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+    cap = torch.utils.dlpack.to_dlpack
+    opts = dict(mask=mask, scale=q.shape[-1] ** -0.5, backend=backend)
+    code, msg, fplan = _ext.make_forward_plan(cap(qd), cap(kd), cap(vd), cap(out), cap(lse), **opts)
+    if code != "ok":
+        raise RuntimeError(f"plan {backend}: {msg}")
+    code, msg, bplan = _ext.make_backward_plan(
+        cap(qd), cap(kd), cap(vd), cap(out), cap(do), cap(lse), cap(dq), cap(dk), cap(dv), **opts
+    )
+    if code != "ok":
+        raise RuntimeError(f"plan {backend}: {msg}")
+    fws, bws = fplan.workspace_size, bplan.workspace_size
+    ws = torch.empty(max(fws, bws, 1), dtype=torch.uint8, device=q.device)
+    f_ptrs = [x.data_ptr() for x in (qd, kd, vd, out, lse)]
+    b_ptrs = [x.data_ptr() for x in (qd, kd, vd, out, do, lse, dq, dk, dv)]
+    cuda = q.device.type == "cuda"
+
+    def stream():
+        return torch.cuda.current_stream().cuda_stream if cuda else 0
+
+    def check(result):
+        if result[0] != "ok":
+            raise RuntimeError(f"plan {backend}: {result[1]}")
+
+    def fwd():
+        check(fplan.run_forward(*f_ptrs, stream(), ws.data_ptr(), fws))
+
+    def fwd_bwd():
+        fwd()
+        check(bplan.run_backward(*b_ptrs, stream(), ws.data_ptr(), bws))
+
+    return Column(f"plan {backend}", "plan", backend, fwd, fwd_bwd)
 
 
 # ------------------------------------------------------------------ timing
@@ -352,7 +401,7 @@ def main(argv=None) -> int:
     causal = args.mask == "causal"
     columns = sdpa_columns(q, k, v, do, causal, device)
     peers = [c.name for c in columns]
-    make = {"ext": ext_column, "op": op_column, "module": module_column}
+    make = {"ext": ext_column, "plan": plan_column, "op": op_column, "module": module_column}
     for layer in args.layers:
         for be in backends:
             columns.append(make[layer](q, k, v, do, args.mask, be))
@@ -398,7 +447,13 @@ def main(argv=None) -> int:
         with open(path, "w") as f:
             f.write(render.dumps(data))
         print(f"\nhost_overhead: data file {path}")
-    ops = [c for c in columns if c.layer == "op"]
+    if args.profile_column:
+        ops = [c for c in columns if c.name == args.profile_column]
+        if not ops:
+            names = ", ".join(c.name for c in columns)
+            print(f"host_overhead: no column {args.profile_column!r}; columns: {names}")
+    else:
+        ops = [c for c in columns if c.layer == "op"]
     if (args.profile or args.trace) and ops:
         profile(ops[0], args.profile, args.trace)
     return 0

@@ -261,15 +261,88 @@ PlanCache& plan_cache() {
 }
 
 // A plan as a Python object: made once from tensors (their dtype, shapes, strides, device
-// and pointer alignment; nothing else of them is kept), run with integer addresses.
+// and pointer alignment; nothing else of them is kept), run with integer addresses. `host`
+// and `flops` decide, as for forward() and backward(), whether a run waits interruptibly.
 struct PyPlan {
   bool backward = false;
+  bool host = false;
+  double flops = 0.0;
   ForwardPlan fwd;
   BackwardPlan bwd;
   [[nodiscard]] const PlanInfo& info() const {
     return backward ? static_cast<const PlanInfo&>(bwd) : static_cast<const PlanInfo&>(fwd);
   }
 };
+
+template <class Args>
+void describe_call(const Args& args, PyPlan* plan) {
+  plan->host = args.memory == Memory::host;
+  plan->flops = rough_flops(args);
+}
+
+// The run of a call's own pointers (what PlanCache::forward and ::backward run).
+ForwardRun run_of(const ForwardArgs& a) {
+  ForwardRun r;
+  r.q = a.q.data, r.k = a.k.data, r.v = a.v.data, r.o = a.o.data, r.lse = a.lse.data;
+  r.stream = a.stream, r.workspace = a.workspace, r.workspace_bytes = a.workspace_bytes;
+  r.cu_seqlens_q = a.varlen.cu_seqlens_q, r.cu_seqlens_kv = a.varlen.cu_seqlens_kv;
+  r.seq_offsets_q = a.varlen.seq_offsets_q, r.seq_offsets_kv = a.varlen.seq_offsets_kv;
+  r.bias = a.bias.data, r.alibi_slopes = a.alibi_slopes.data, r.sinks = a.sinks.data;
+  r.max_logit = a.max_logit.data;
+  r.dropout_seed = a.options.dropout.seed, r.dropout_offset = a.options.dropout.offset;
+  r.dropout_seed_ptr = a.options.dropout.seed_ptr, r.dropout_offset_ptr = a.options.dropout.offset_ptr;
+  return r;
+}
+
+BackwardRun run_of(const BackwardArgs& a) {
+  BackwardRun r;
+  r.q = a.q.data, r.k = a.k.data, r.v = a.v.data, r.o = a.o.data, r.d_o = a.d_o.data, r.lse = a.lse.data;
+  r.dq = a.dq.data, r.dk = a.dk.data, r.dv = a.dv.data;
+  r.stream = a.stream, r.workspace = a.workspace, r.workspace_bytes = a.workspace_bytes;
+  r.cu_seqlens_q = a.varlen.cu_seqlens_q, r.cu_seqlens_kv = a.varlen.cu_seqlens_kv;
+  r.seq_offsets_q = a.varlen.seq_offsets_q, r.seq_offsets_kv = a.varlen.seq_offsets_kv;
+  r.bias = a.bias.data, r.alibi_slopes = a.alibi_slopes.data, r.sinks = a.sinks.data;
+  r.dbias = a.dbias.data, r.d_sinks = a.d_sinks.data;
+  r.dropout_seed = a.options.dropout.seed, r.dropout_offset = a.options.dropout.offset;
+  r.dropout_seed_ptr = a.options.dropout.seed_ptr, r.dropout_offset_ptr = a.options.dropout.offset_ptr;
+  return r;
+}
+
+// A plan's run, interruptible where forward() and backward() are.
+template <class Plan, class Run>
+Status run_plan_interruptible(const PyPlan& p, const Plan& plan, Run run) {
+  return run_interruptible_call(p.host, p.flops, [&plan, &run](const std::atomic<bool>* cancel) {
+    if (cancel) run.cancel = cancel;
+    return plan.run(run);
+  });
+}
+
+using PlannedResult = std::tuple<std::string, std::string, std::optional<PyPlan>>;
+
+// forward() / backward() that also hand back the plan they ran (from the extension's cache),
+// so that a framework layer can run it again with integer addresses: the same checks, the
+// same errors, the same single plan per problem. No plan comes back when the call failed.
+PlannedResult planned_result(const Status& s, PyPlan&& plan) {
+  if (!s.ok()) return {std::string(to_string(s.code())), s.message(), std::nullopt};
+  return {"ok", "", std::move(plan)};
+}
+
+PlannedResult run_planned(const ForwardArgs& args) {
+  PyPlan plan;
+  describe_call(args, &plan);
+  Status s = plan_cache().get(args, &plan.fwd);
+  if (s.ok()) s = run_plan_interruptible(plan, plan.fwd, run_of(args));
+  return planned_result(s, std::move(plan));
+}
+
+PlannedResult run_planned(const BackwardArgs& args) {
+  PyPlan plan;
+  plan.backward = true;
+  describe_call(args, &plan);
+  Status s = plan_cache().get(args, &plan.bwd);
+  if (s.ok()) s = run_plan_interruptible(plan, plan.bwd, run_of(args));
+  return planned_result(s, std::move(plan));
+}
 
 // Logging bridge: the library's sink calls the Python forwarder (strideattn/_log.py), taking
 // the GIL, from whichever thread logs: a call made with the GIL released or a thread Python
@@ -379,6 +452,32 @@ NB_MODULE(_ext, m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"),
       nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
 
+  // forward() and backward() that hand back the plan they ran (None when the call failed):
+  // the PyTorch layer keeps it per problem and runs it again with integer addresses.
+  m.def(
+      "forward_planned",
+      [](InArray q, InArray k, InArray v, OutArray o, std::optional<OutArray> lse,
+         STRIDEATTN_OPTION_PARAMS) -> PlannedResult {
+        ForwardArgs args;
+        const CallOptions c = call_options(STRIDEATTN_OPTION_VALUES);
+        if (Status s = build_forward(q, k, v, o, lse, c, &args); !s.ok()) return planned_result(s, PyPlan{});
+        return run_planned(args);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), STRIDEATTN_OPTION_ARGS);
+
+  m.def(
+      "backward_planned",
+      [](InArray q, InArray k, InArray v, InArray o, InArray d_o, InArray lse, OutArray dq, OutArray dk, OutArray dv,
+         STRIDEATTN_OPTION_PARAMS) -> PlannedResult {
+        BackwardArgs args;
+        const CallOptions c = call_options(STRIDEATTN_OPTION_VALUES);
+        if (Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args); !s.ok())
+          return planned_result(s, PyPlan{});
+        return run_planned(args);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), STRIDEATTN_OPTION_ARGS);
+
   // The workspace a call with these arguments needs (bytes), from the same plans: allocate it
   // in the framework (PyTorch's caching allocator) and pass it as workspace=.
   m.def(
@@ -444,8 +543,7 @@ NB_MODULE(_ext, m) {
             r.cu_seqlens_kv = reinterpret_cast<const std::int32_t*>(cu_kv);
             r.seq_offsets_q = reinterpret_cast<const std::int32_t*>(off_q);
             r.seq_offsets_kv = reinterpret_cast<const std::int32_t*>(off_kv);
-            nb::gil_scoped_release release;
-            return result(p.fwd.run(r));
+            return result(run_plan_interruptible(p, p.fwd, r));
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse") = 0, nb::arg("stream") = 0,
           nb::arg("workspace") = 0, nb::arg("workspace_bytes") = 0, nb::arg("cu_seqlens_q") = 0,
@@ -468,8 +566,7 @@ NB_MODULE(_ext, m) {
             r.cu_seqlens_kv = reinterpret_cast<const std::int32_t*>(cu_kv);
             r.seq_offsets_q = reinterpret_cast<const std::int32_t*>(off_q);
             r.seq_offsets_kv = reinterpret_cast<const std::int32_t*>(off_kv);
-            nb::gil_scoped_release release;
-            return result(p.bwd.run(r));
+            return result(run_plan_interruptible(p, p.bwd, r));
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"),
           nb::arg("dk"), nb::arg("dv"), nb::arg("stream") = 0, nb::arg("workspace") = 0, nb::arg("workspace_bytes") = 0,
@@ -484,6 +581,7 @@ NB_MODULE(_ext, m) {
         const CallOptions c = call_options(STRIDEATTN_OPTION_VALUES);
         Status s = build_forward(q, k, v, o, lse, c, &args);
         PyPlan plan;
+        describe_call(args, &plan);
         if (s.ok()) s = make_plan(args, &plan.fwd);
         if (!s.ok()) return {std::string(to_string(s.code())), s.message(), std::nullopt};
         return {"ok", "", std::move(plan)};
@@ -499,6 +597,7 @@ NB_MODULE(_ext, m) {
         Status s = build_backward(q, k, v, o, d_o, lse, dq, dk, dv, c, &args);
         PyPlan plan;
         plan.backward = true;
+        describe_call(args, &plan);
         if (s.ok()) s = make_plan(args, &plan.bwd);
         if (!s.ok()) return {std::string(to_string(s.code())), s.message(), std::nullopt};
         return {"ok", "", std::move(plan)};

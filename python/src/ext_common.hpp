@@ -264,18 +264,19 @@ inline nb::dict explanation_dict(const Explanation& ex) {
   return d;
 }
 
-// Runs call(args) (strideattn::forward, backward or forward_with_kvcache) with the GIL released. A host-memory
-// call long enough to matter runs on a helper thread while this thread waits in 20 ms
-// slices and checks for signals (Python runs its handlers only on the main thread, between
-// bytecodes, so a call made in place would ignore Ctrl-C until it returned). On a pending
-// KeyboardInterrupt (or any handler that raised) the call's cancel flag is set, the call
-// is waited for (host backends stop within milliseconds), and the Python error is raised.
+// Runs call(cancel) (a plan's run, strideattn::forward, backward or forward_with_kvcache) with
+// the GIL released; `cancel` is the flag the call hands the library (null: none). A
+// host-memory call long enough to matter runs on a helper thread while this thread waits in
+// 20 ms slices and checks for signals (Python runs its handlers only on the main thread,
+// between bytecodes, so a call made in place would ignore Ctrl-C until it returned). On a
+// pending KeyboardInterrupt (or any handler that raised) the call's cancel flag is set, the
+// call is waited for (host backends stop within milliseconds), and the Python error is raised.
 // `flops` is the caller's rough estimate: below ~1e7 (well under a millisecond) run in place.
-template <class Args, class Call>
-Status run_interruptible(Args& args, double flops, Call call) {
-  if (args.memory != Memory::host || flops < 1e7) {
+template <class Call>
+Status run_interruptible_call(bool host, double flops, Call call) {
+  if (!host || flops < 1e7) {
     nb::gil_scoped_release release;
-    return call(args);
+    return call(nullptr);
   }
   struct Shared {
     std::mutex mu;
@@ -285,11 +286,10 @@ Status run_interruptible(Args& args, double flops, Call call) {
     std::atomic<bool> cancel{false};
   };
   auto shared = std::make_shared<Shared>();
-  args.options.cancel = &shared->cancel;
   std::thread worker;
   try {
-    worker = std::thread([&args, shared, call] {
-      Status st = call(args);
+    worker = std::thread([shared, &call] {
+      Status st = call(&shared->cancel);
       std::lock_guard<std::mutex> lock(shared->mu);
       shared->status = std::move(st);
       shared->done = true;
@@ -297,7 +297,7 @@ Status run_interruptible(Args& args, double flops, Call call) {
     });
   } catch (const std::system_error&) {
     nb::gil_scoped_release release;  // no thread to spare: run in place, uninterruptible
-    return call(args);
+    return call(nullptr);
   }
   bool interrupted = false;
   for (;;) {
@@ -320,6 +320,16 @@ Status run_interruptible(Args& args, double flops, Call call) {
   worker.join();
   if (interrupted) throw nb::python_error();  // the pending KeyboardInterrupt
   return shared->status;
+}
+
+// run_interruptible_call for a call of arguments (ForwardArgs, BackwardArgs, KvCacheArgs):
+// the cancel flag goes into args.options.
+template <class Args, class Call>
+Status run_interruptible(Args& args, double flops, Call call) {
+  return run_interruptible_call(args.memory == Memory::host, flops, [&args, &call](const std::atomic<bool>* cancel) {
+    if (cancel) args.options.cancel = cancel;
+    return call(args);
+  });
 }
 
 // Rough FLOPs of a forward or backward call, from its views.

@@ -58,6 +58,16 @@ def register_autograd(name: str, wants: Callable[..., bool], fn: Callable[..., A
     _AUTOGRAD[name] = (wants, fn)
 
 
+# Framework layers that keep the extension's plans per problem (strideattn.torch's eager
+# path) register how to drop them here, so that clear_plan_cache() drops those too.
+_PLAN_CACHES: List[Callable[[], None]] = []
+
+
+def register_plan_cache(clear: Callable[[], None]) -> None:
+    """clear_plan_cache() also calls `clear` (a framework layer's own plans)."""
+    _PLAN_CACHES.append(clear)
+
+
 # ----------------------------------------------------------------------------- arguments
 
 
@@ -625,8 +635,11 @@ def plan_cache_info() -> Dict[str, int]:
 
 
 def clear_plan_cache() -> None:
-    """Drops the extension's plans (the next call of each problem makes its plan again)."""
+    """Drops the extension's plans, and those a framework layer keeps (the next call of each
+    problem makes its plan again)."""
     _ext.clear_plan_cache()
+    for clear in _PLAN_CACHES:
+        clear()
 
 
 def version() -> str:

@@ -4,18 +4,22 @@ library on the tensors' device and current stream. Both the autograd function's 
 and the registered ops' CPU and CUDA kernels (strideattn/_torch_ops.py) come here, so there
 is one place that knows how the extension is called:
 
-- tensors go to it as DLPack capsules (torch.utils.dlpack.to_dlpack, a C function; the
-  tensors' __dlpack__ method is Python and several times slower);
+- each problem's plans are kept here (see "plans" below) and run with integer addresses;
+  the first call of a problem goes through DLPack capsules (torch.utils.dlpack.to_dlpack,
+  a C function; the tensors' __dlpack__ method is Python and several times slower), with
+  the extension's checks and errors;
 - the stream is the raw current stream of the tensors' device, the device is entered only
   when it is not already the current one;
 - outputs are torch.empty_strided (the library writes every element of every output, padding
-  tokens too: docs/semantics.md, "Which elements are written");
-- varlen lengths go through _varlen(), workspace-free calls let the library allocate its own
-  scratch: the two places where a device cu_seqlens or a caller-provided workspace plug in.
+  tokens too: docs/semantics.md, "Which elements are written"); a device run's workspace is
+  a torch.empty from the caching allocator;
+- varlen lengths go through _varlen(): the place where a device cu_seqlens plugs in.
 No torch.library or autograd machinery here."""
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -106,9 +110,19 @@ def _varlen(x: Any) -> List[int]:
     return [int(v) for v in x.tolist()]
 
 
+def _lists(varlen) -> Optional[Tuple[Tuple[int, ...], ...]]:
+    """The varlen lengths and offsets as tuples (a plan's key holds them), or None for a
+    dense call."""
+    sq, skv, oq, okv = varlen
+    if sq is None and skv is None and oq is None and okv is None:
+        return None
+    return (tuple(_varlen(sq)), tuple(_varlen(skv)), tuple(_varlen(oq)), tuple(_varlen(okv)))
+
+
 class _Device:
-    """Enters the tensor's CUDA device only when it is not the current one (a context
-    manager for each call costs more than the check)."""
+    """Enters CUDA device `index` only when it is not the current one (a context manager
+    for each call costs more than the check). The tensors' existence means CUDA is
+    initialised, so the raw getter and setter serve."""
 
     __slots__ = ("index", "prev")
 
@@ -116,16 +130,20 @@ class _Device:
         self.index, self.prev = index, -1
 
     def __enter__(self):
-        cur = torch.cuda.current_device()
+        cur = _get_device()
         if cur != self.index:
             self.prev = cur
-            torch.cuda.set_device(self.index)
+            _set_device(self.index)
         return self
 
     def __exit__(self, *exc):
         if self.prev >= 0:
-            torch.cuda.set_device(self.prev)
+            _set_device(self.prev)
         return False
+
+
+_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
+_set_device = getattr(torch._C, "_cuda_setDevice", None) or (lambda i: torch.cuda.set_device(i))
 
 
 def _stream(index: int) -> int:
@@ -134,39 +152,114 @@ def _stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
-def _options(varlen, mask, wl, wr, scale, backend, det, stream) -> dict:
-    sq, skv, oq, okv = varlen
+def _options(lists, mask, wl, wr, scale, backend, det, stream) -> dict:
+    sq, skv, oq, okv = lists or ((), (), (), ())
     return dict(
         mask=mask,
         window_left=wl,
         window_right=wr,
         scale=scale,
         deterministic=det,
-        seqlens_q=_varlen(sq),
-        seqlens_kv=_varlen(skv),
-        offsets_q=_varlen(oq),
-        offsets_kv=_varlen(okv),
+        seqlens_q=list(sq),
+        seqlens_kv=list(skv),
+        offsets_q=list(oq),
+        offsets_kv=list(okv),
         backend=backend,
         stream=stream,
     )
 
 
-def run_forward(q, k, v, out, lse, varlen, mask, wl, wr, scale, backend, det) -> None:
-    """The library's forward into the given O and LSE ([b, s, h, d] and [b, h, s] views)."""
-    if q.is_cuda:
-        index = q.get_device()
-        opts = _options(varlen, mask, wl, wr, scale, backend, det, _stream(index))
-        with _Device(index):
-            code, msg = _ext.forward(
-                _capsule(q), _capsule(k), _capsule(v), _capsule(out), _capsule(lse), **opts
-            )
-    else:
-        opts = _options(varlen, mask, wl, wr, scale, backend, det, 0)
-        code, msg = _ext.forward(
-            _capsule(q), _capsule(k), _capsule(v), _capsule(out), _capsule(lse), **opts
-        )
-    if code != "ok":
-        raise_status(code, msg, opts, varlen[0] is not None)
+def _raise(code: str, msg: str, lists, varlen) -> None:
+    raise_status(code, msg, _options(lists, "", 0, 0, 0.0, "", False, 0), varlen[0] is not None)
+
+
+# ----------------------------------------------------------------------------- plans
+
+# The eager path's per-problem decisions, kept the way a plan cache keeps them: keyed by
+# everything that determines them (each input's shape, strides, dtype and device, the
+# caller's layout, the options and the varlen lists), each entry holds the extension's plan
+# (run with integer addresses: no DLPack import, option parsing or plan lookup in C++), the
+# outputs' shapes and strides, and the workspace size. A miss makes the call through the
+# extension's forward_planned / backward_planned (the checks and errors of any call), which
+# hand back the plan they ran. Plans assume 16-byte aligned data (what the allocator gives);
+# a call with a less aligned input takes the miss path, which the extension's own cache,
+# keyed by alignment, serves. Bounded as the extension's cache is (a model has a handful of
+# problems; varlen lists that change every step make one each): the oldest entry goes first.
+_PLANS: Dict[tuple, "_Plan"] = {}
+_CAPACITY = 128
+_BACKWARDS = 8  # backward plans per forward entry (one per dO stride pattern)
+
+
+class _Plan:
+    """A forward problem's plan and outputs, and its backward plans by (dO strides, saved
+    tensors' strides). `index`: the CUDA device, -1 for host memory."""
+
+    __slots__ = ("plan", "device", "index", "dtype", "o_shape", "o_stride", "l_shape", "l_stride")
+    __slots__ += ("ws", "backwards", "__weakref__")
+
+    def __init__(self, plan, q: Tensor, out: Tensor, lse: Tensor):
+        self.plan, self.device, self.dtype = plan, q.device, q.dtype
+        self.index = q.get_device() if q.is_cuda else -1
+        self.o_shape, self.o_stride = tuple(out.shape), out.stride()
+        self.l_shape, self.l_stride = tuple(lse.shape), lse.stride()
+        self.ws = plan.workspace_size
+        self.backwards: Dict[tuple, "_BackwardPlan"] = {}
+        _LIVE.add(self)
+
+
+class _BackwardPlan:
+    __slots__ = ("plan", "ws", "shapes", "strides")
+
+    def __init__(self, plan, grads: Sequence[Tensor]):
+        self.plan, self.ws = plan, plan.workspace_size
+        self.shapes = tuple(tuple(g.shape) for g in grads)
+        self.strides = tuple(g.stride() for g in grads)
+
+
+def clear_plans() -> None:
+    """Drops the eager path's plans (strideattn.clear_plan_cache() calls this)."""
+    _PLANS.clear()
+
+
+# Every entry still referenced (by the cache or by an autograd graph's context), so that
+# the extension's plan objects are let go at exit, before the extension's own teardown
+# (which reports, on stderr, any of its objects still alive then).
+_LIVE: "weakref.WeakSet[_Plan]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    _PLANS.clear()
+    for ent in list(_LIVE):
+        ent.plan = None
+        ent.backwards.clear()
+
+
+def _key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat) -> tuple:
+    return (
+        q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+        q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+        layout, flat, mask, wl, wr, scale, backend, det, lists,
+    )  # fmt: skip
+
+
+def _aligned(*ptrs: int) -> bool:
+    acc = 0
+    for p in ptrs:
+        acc |= p
+    return not acc & 15
+
+
+def _workspace(nbytes: int, device) -> Tuple[Optional[Tensor], int]:
+    """Scratch for a device run from PyTorch's caching allocator (no cudaMalloc on the call
+    path; stream-ordered reuse after the call)."""
+    if not nbytes:
+        return None, 0
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return ws, ws.data_ptr()
+
+
+# ----------------------------------------------------------------------------- forward
 
 
 def forward(
@@ -182,16 +275,98 @@ def forward(
     det: bool,
 ) -> Tuple[Tensor, Tensor]:
     """(O, LSE) of [b, s, h, d] views (varlen: b = 1, lengths in `varlen`)."""
-    out = empty_like_order(q.shape[:-1] + v.shape[-1:], q)
-    lse = _empty_lse(q)
-    run_forward(q, k, v, out, lse, varlen, mask, wl, wr, scale, backend, det)
+    return _forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, BSHD, False)
+
+
+def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, flat, keep=None):
+    """(O, LSE) for the caller's layout: O in q's coordinates and dimension order, its last
+    two dims merged when flat (allocated that way: the O returned is its own base, and no
+    view of it outlives the call, so autograd's in-place checks stay the usual ones); LSE
+    [b, h, s] ([h, t] for thd). keep: an object (the autograd context) whose `plan`
+    attribute receives the problem's cached plans (None where the call was not cached), for
+    backward_layout."""
+    lists = _lists(varlen)
+    key = _key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat)
+    ent = _PLANS.get(key)
+    if ent is not None:
+        pq, pk, pv = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if not (pq | pk | pv) & 15:  # as the plan assumes
+            if keep is not None:
+                keep.plan = ent
+            dev = ent.device
+            out = torch.empty_strided(ent.o_shape, ent.o_stride, dtype=ent.dtype, device=dev)
+            lse = torch.empty_strided(ent.l_shape, ent.l_stride, dtype=torch.float32, device=dev)
+            index = ent.index
+            if index < 0:
+                code, msg = ent.plan.run_forward(pq, pk, pv, out.data_ptr(), lse.data_ptr())
+            else:
+                ws, wsp = _workspace(ent.ws, dev)
+                prev = _get_device()
+                if prev != index:
+                    _set_device(index)
+                try:
+                    code, msg = ent.plan.run_forward(
+                        pq, pk, pv, out.data_ptr(), lse.data_ptr(), _stream(index), wsp, ent.ws
+                    )
+                finally:
+                    if prev != index:
+                        _set_device(prev)
+            if code != "ok":
+                _raise(code, msg, lists, varlen)
+            return out, lse
+    out, lse, ent = _forward_made(
+        key, q, k, v, lists, varlen, mask, wl, wr, scale, backend, det, layout, flat
+    )
+    if keep is not None:
+        keep.plan = ent
     return out, lse
 
 
-def head_dim_dense(t: Tensor) -> Tensor:
-    # Gradients handed to us by autograd may be expanded (stride 0) or otherwise lack a unit
-    # head-dim stride; the library needs one, so only then make a copy.
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+_forward_layout = forward_layout  # forward()'s own reference (tests count forward_layout calls)
+
+
+def _forward_made(key, q, k, v, lists, varlen, mask, wl, wr, scale, backend, det, layout, flat):
+    """forward_layout's miss: the outputs allocated from the caller's strides, the call made
+    through the extension's checks, and its plan kept when the pointers allow."""
+    shape = q.shape[:-1] + v.shape[-1:]
+    if flat:
+        strides = _strides(shape, q, True)
+        out = q.new_empty_strided(shape[:-2] + (shape[-2] * shape[-1],), strides[:-2] + (1,))
+    else:
+        out = empty_like_order(shape, q)
+    if layout == THD:
+        t, h = q.shape[0], q.shape[1]
+        lse = q.new_empty_strided((h, t), (t, 1), dtype=torch.float32)
+    else:
+        lse = _empty_lse(to_bshd(q, layout))
+    o4, lse4 = views(q, out, lse, layout, flat)
+    caps = (
+        _capsule(to_bshd(q, layout)),
+        _capsule(to_bshd(k, layout)),
+        _capsule(to_bshd(v, layout)),
+        _capsule(o4),
+        _capsule(lse4),
+    )
+    if q.is_cuda:
+        index = q.get_device()
+        opts = _options(lists, mask, wl, wr, scale, backend, det, _stream(index))
+        with _Device(index):
+            code, msg, plan = _ext.forward_planned(*caps, **opts)
+    else:
+        opts = _options(lists, mask, wl, wr, scale, backend, det, 0)
+        code, msg, plan = _ext.forward_planned(*caps, **opts)
+    if code != "ok":
+        raise_status(code, msg, opts, varlen[0] is not None)
+    ent = None
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+    if plan is not None and _aligned(*ptrs):
+        if len(_PLANS) >= _CAPACITY:
+            del _PLANS[next(iter(_PLANS))]
+        ent = _PLANS[key] = _Plan(plan, q, out, lse)
+    return out, lse, ent
+
+
+# ----------------------------------------------------------------------------- backward
 
 
 def backward(
@@ -209,32 +384,113 @@ def backward(
     backend: str,
     det: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dQ, dK, dV), each in the dimension order of its input."""
+    """(dQ, dK, dV) of [b, s, h, d] views, each in the dimension order of its input."""
+    return backward_layout(
+        dout, q, k, v, out, lse, varlen, mask, wl, wr, scale, backend, det, BSHD, False
+    )
+
+
+def backward_layout(
+    dout, q, k, v, out, lse, varlen, mask, wl, wr, scale, backend, det, layout, flat, plan=None
+):
+    """(dQ, dK, dV) in the caller's coordinates, for forward_layout's O and LSE. plan: the
+    forward's cached plans (forward_layout's `keep`), else looked up as the forward did."""
+    if dout.stride(-1) != 1 and v.shape[-1] != 1:
+        # Gradients handed to us by autograd may be expanded (stride 0) or otherwise lack a
+        # unit head-dim stride; the library needs one, so only then make a copy.
+        dout = dout.contiguous()
+    lists = _lists(varlen)
+    if plan is None:
+        plan = _PLANS.get(_key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat))
+    bkey = None
+    if plan is not None:
+        # The saved tensors are the forward's unless saved-tensor hooks gave back others.
+        bkey = (
+            dout.stride(),
+            dout.dtype,
+            q.stride(),
+            k.stride(),
+            v.stride(),
+            out.stride(),
+            lse.stride(),
+        )
+        ent = plan.backwards.get(bkey)
+        if ent is not None:
+            ptrs = pq, pk, pv, po, pd, pl = (
+                q.data_ptr(),
+                k.data_ptr(),
+                v.data_ptr(),
+                out.data_ptr(),
+                dout.data_ptr(),
+                lse.data_ptr(),
+            )
+            if not (pq | pk | pv | po | pd | pl) & 15:  # as the plan assumes
+                dev, (sq_, sk_, sv_), (tq, tk, tv) = plan.device, ent.shapes, ent.strides
+                dq = torch.empty_strided(sq_, tq, dtype=q.dtype, device=dev)
+                dk = torch.empty_strided(sk_, tk, dtype=k.dtype, device=dev)
+                dv = torch.empty_strided(sv_, tv, dtype=v.dtype, device=dev)
+                grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+                index = plan.index
+                if index < 0:
+                    code, msg = ent.plan.run_backward(*ptrs, *grads)
+                else:
+                    ws, wsp = _workspace(ent.ws, dev)
+                    prev = _get_device()
+                    if prev != index:
+                        _set_device(index)
+                    try:
+                        code, msg = ent.plan.run_backward(
+                            *ptrs, *grads, _stream(index), wsp, ent.ws
+                        )
+                    finally:
+                        if prev != index:
+                            _set_device(prev)
+                if code != "ok":
+                    _raise(code, msg, lists, varlen)
+                return dq, dk, dv
+    return _backward_made(
+        plan, bkey, dout, q, k, v, out, lse, lists, varlen, mask, wl, wr, scale, backend, det,
+        layout, flat,
+    )  # fmt: skip
+
+
+def _backward_made(
+    plan, bkey, dout, q, k, v, out, lse, lists, varlen, mask, wl, wr, scale, backend, det,
+    layout, flat,
+):  # fmt: skip
+    """backward_layout's miss: as _forward_made, the plan kept under the forward's entry."""
     dq = empty_like_order(q.shape, q)
     dk = empty_like_order(k.shape, k)
     dv = empty_like_order(v.shape, v)
-    dout = head_dim_dense(dout)
+    d4 = dout.view(*q.shape[:-1], v.shape[-1]) if flat else dout
+    o4, lse4 = views(q, out, lse, layout, flat)
     caps = (
-        _capsule(q),
-        _capsule(k),
-        _capsule(v),
-        _capsule(out),
-        _capsule(dout),
-        _capsule(lse),
-        _capsule(dq),
-        _capsule(dk),
-        _capsule(dv),
+        _capsule(to_bshd(q, layout)),
+        _capsule(to_bshd(k, layout)),
+        _capsule(to_bshd(v, layout)),
+        _capsule(o4),
+        _capsule(to_bshd(d4, layout)),
+        _capsule(lse4),
+        _capsule(to_bshd(dq, layout)),
+        _capsule(to_bshd(dk, layout)),
+        _capsule(to_bshd(dv, layout)),
     )
     if q.is_cuda:
         index = q.get_device()
-        opts = _options(varlen, mask, wl, wr, scale, backend, det, _stream(index))
+        opts = _options(lists, mask, wl, wr, scale, backend, det, _stream(index))
         with _Device(index):
-            code, msg = _ext.backward(*caps, **opts)
+            code, msg, made = _ext.backward_planned(*caps, **opts)
     else:
-        opts = _options(varlen, mask, wl, wr, scale, backend, det, 0)
-        code, msg = _ext.backward(*caps, **opts)
+        opts = _options(lists, mask, wl, wr, scale, backend, det, 0)
+        code, msg, made = _ext.backward_planned(*caps, **opts)
     if code != "ok":
         raise_status(code, msg, opts, varlen[0] is not None)
+    if plan is not None and made is not None:
+        ptrs = (q, k, v, out, dout, lse, dq, dk, dv)
+        if _aligned(*(t.data_ptr() for t in ptrs)):
+            if len(plan.backwards) >= _BACKWARDS:
+                plan.backwards.clear()
+            plan.backwards[bkey] = _BackwardPlan(made, (dq, dk, dv))
     return dq, dk, dv
 
 
@@ -268,62 +524,3 @@ def views(q, out, lse, layout, flat):
     allocates them)."""
     o_nf = out.view(*q.shape[:-1], -1) if flat else out  # (unpacked: faster than a Size)
     return to_bshd(o_nf, layout), lse.unsqueeze(0) if layout == THD else lse
-
-
-def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, flat):
-    """(O, LSE) for the caller's layout: O in q's coordinates and dimension order, its last
-    two dims merged when flat (allocated that way: the O returned is its own base, and no
-    view of it outlives the call, so autograd's in-place checks stay the usual ones); LSE
-    [b, h, s] ([h, t] for thd)."""
-    shape = q.shape[:-1] + v.shape[-1:]
-    if flat:
-        strides = _strides(shape, q, True)
-        out = q.new_empty_strided(shape[:-2] + (shape[-2] * shape[-1],), strides[:-2] + (1,))
-    else:
-        out = empty_like_order(shape, q)
-    if layout == THD:
-        t, h = q.shape[0], q.shape[1]
-        lse = q.new_empty_strided((h, t), (t, 1), dtype=torch.float32)
-    else:
-        lse = _empty_lse(to_bshd(q, layout))
-    o4, lse4 = views(q, out, lse, layout, flat)
-    run_forward(
-        to_bshd(q, layout),
-        to_bshd(k, layout),
-        to_bshd(v, layout),
-        o4,
-        lse4,
-        varlen,
-        mask,
-        wl,
-        wr,
-        scale,
-        backend,
-        det,
-    )
-    return out, lse
-
-
-def backward_layout(
-    dout, q, k, v, out, lse, varlen, mask, wl, wr, scale, backend, det, layout, flat
-):
-    """(dQ, dK, dV) in the caller's coordinates, for forward_layout's O and LSE."""
-    if flat:
-        dout = dout.reshape(*q.shape[:-1], v.shape[-1])
-    o4, lse4 = views(q, out, lse, layout, flat)
-    dq, dk, dv = backward(
-        to_bshd(dout, layout),
-        to_bshd(q, layout),
-        to_bshd(k, layout),
-        to_bshd(v, layout),
-        o4,
-        lse4,
-        varlen,
-        mask,
-        wl,
-        wr,
-        scale,
-        backend,
-        det,
-    )
-    return from_bshd(dq, layout), from_bshd(dk, layout), from_bshd(dv, layout)

@@ -44,6 +44,7 @@ from ._util import (
 )
 
 _FORMATS = ("sbhd", "bshd", "thd")
+_environ = os.environ
 _TE_MASK_TYPES = (
     "no_mask",
     "padding",
@@ -308,6 +309,17 @@ class DotProductAttention(torch.nn.Module):
         )
 
     def _check_shapes(self, q: Tensor, k: Tensor, v: Tensor) -> None:
+        qs, ks, vs = q.shape, k.shape, v.shape
+        h, hg = self.num_heads, self.num_kv_heads
+        if (
+            qs[-2] == h
+            and ks[-2] == hg
+            and vs[-2] == hg
+            and qs[-1] == self.d_qk
+            and ks[-1] == self.d_qk
+            and vs[-1] == self.d_v
+        ):
+            return
         want = (
             (q, self.num_heads, self.d_qk, "query_layer"),
             (k, self.num_kv_heads, self.d_qk, "key_layer"),
@@ -325,7 +337,7 @@ class DotProductAttention(torch.nn.Module):
             return bool(self.deterministic)
         return (
             torch.are_deterministic_algorithms_enabled()
-            or os.getenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
+            or _environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
         )
 
     @staticmethod
@@ -524,9 +536,10 @@ class DotProductAttention(torch.nn.Module):
             # heads happen inside the autograd function, not as autograd nodes around it
             seq = 0 if fmt == "sbhd" else 1
             s_q, s_kv = q.shape[seq], k.shape[seq]
-            self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt, cp_size)
+            if max_seqlen_q is not None or max_seqlen_kv is not None:
+                self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt, cp_size)
             layout = call.SBHD if fmt == "sbhd" else call.BSHD
-            win = window([(s_kv - s_q) * cp_size])
+            win = window([(s_kv - s_q) * cp_size]) if top_left else (left, right)
             return self._attend(q, k, v, None, win, opts, layout, feats)
         if fmt == "sbhd":
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
@@ -598,7 +611,7 @@ class DotProductAttention(torch.nn.Module):
         sq, skv, oq, okv = varlen or (None, None, None, None)
         out, _ = attend(
             q, k, v, sq, skv, oq, okv, opts["mask"], win[0], win[1], scale, opts["backend"],
-            bool(opts["deterministic"]), layout, True,
+            bool(opts["deterministic"]), layout, True, False,
         )  # fmt: skip
         return out
 

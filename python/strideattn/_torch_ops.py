@@ -93,61 +93,86 @@ def _eager(q, k, v) -> bool:
 
 
 class _Attention(torch.autograd.Function):
-    """O, LSE = attention(q, k, v). `args` is (direct, seqlens_q, seqlens_kv, offsets_q,
-    offsets_kv, mask, window_left, window_right, scale, backend, deterministic, layout,
-    flat): one tuple, since every argument of apply() costs host time. direct: the caller
-    checked _eager(), the extension is called here (in the caller's layout, see
+    """O (and LSE) = attention(q, k, v). `args` is (direct, seqlens_q, seqlens_kv, offsets_q,
+    offsets_kv, mask, window_left, window_right, scale, backend, deterministic, layout, flat,
+    with_lse): one tuple, since every argument of apply() costs host time. direct: the
+    caller checked _eager(), the extension is called here (in the caller's layout, see
     _torch_call.forward_layout); else the op runs below autograd ([b, s, h, d], not flat).
-    Saved: q, k, v, O, LSE (as returned: the backward takes its views again)."""
+    with_lse: LSE is an output (non-differentiable) as well as saved; without it O is the
+    only output, so autograd has no LSE gradient to make. Saved: q, k, v, O, LSE (as
+    returned: the backward takes its views again)."""
 
     @staticmethod
     def forward(ctx, q, k, v, args):
-        direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat = args
+        direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat, with_lse = args
         if direct:
             out, lse = call.forward_layout(
-                q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det, layout, flat
+                q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det, layout, flat, ctx
             )
+            # The backward handles an absent dO: autograd need not make zeros for it.
+            ctx.set_materialize_grads(False)
         else:
             with torch._C._AutoDispatchBelowAutograd():
                 out, lse = torch.ops.strideattn.attention_fwd.default(q, k, v, *args[1:11])
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = args
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+        if with_lse:
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+        return out
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat = ctx.args
-        if direct and type(dout) is Tensor and _eager(q, k, v):
-            dq, dk, dv = call.backward_layout(
-                dout, q, k, v, out, lse, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det,
-                layout, flat,
-            )  # fmt: skip
-        else:
-            if flat:
-                dout = dout.reshape(*q.shape[:-1], v.shape[-1])
-            o4, lse4 = call.views(q, out, lse, layout, flat)
-            dq, dk, dv = torch.ops.strideattn.attention_bwd.default(
-                call.to_bshd(dout, layout),
-                call.to_bshd(q, layout),
-                call.to_bshd(k, layout),
-                call.to_bshd(v, layout),
-                o4,
-                lse4,
-                *_as_tensors(sq, skv, oq, okv),
-                mask, wl, wr, scale, backend, det,
-            )  # fmt: skip
-            dq, dk, dv = (call.from_bshd(t, layout) for t in (dq, dk, dv))
-        return dq, dk, dv, None
+    def backward(ctx, dout, *_dlse):
+        if dout is None:  # no gradient reached O (only the direct path lets this through)
+            return None, None, None, None
+        if torch.is_grad_enabled():  # create_graph: the gradients refuse a second backward
+            return _backward_once(ctx, dout)
+        return _backward(ctx, dout)
+
+
+def _backward(ctx, dout):
+    q, k, v, out, lse = ctx.saved_tensors
+    direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat, _ = ctx.args
+    if direct and type(dout) is Tensor and _eager(q, k, v):
+        dq, dk, dv = call.backward_layout(
+            dout, q, k, v, out, lse, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det,
+            layout, flat, ctx.plan,
+        )  # fmt: skip
+    else:
+        if flat:
+            dout = dout.reshape(*q.shape[:-1], v.shape[-1])
+        o4, lse4 = call.views(q, out, lse, layout, flat)
+        dq, dk, dv = torch.ops.strideattn.attention_bwd.default(
+            call.to_bshd(dout, layout),
+            call.to_bshd(q, layout),
+            call.to_bshd(k, layout),
+            call.to_bshd(v, layout),
+            o4,
+            lse4,
+            *_as_tensors(sq, skv, oq, okv),
+            mask, wl, wr, scale, backend, det,
+        )  # fmt: skip
+        dq, dk, dv = (call.from_bshd(t, layout) for t in (dq, dk, dv))
+    return dq, dk, dv, None
+
+
+# With grad mode on in the backward (create_graph=True): run without recording, and mark the
+# results so that differentiating them again raises (double backward is not supported).
+_backward_once = once_differentiable(_backward)
+
+# Function.apply without its Python layer (default-argument binding, functorch dispatch and
+# the unwrapping of a transform's dead wrappers: ~3 µs a call), for the eager path, which
+# runs only with no functorch transform active (_eager) and on tensors with storage (a dead
+# wrapper has none: attend() sends those through Function.apply).
+_apply = torch._C._FunctionBase.__dict__.get("apply")
+_apply = _apply.__get__(None, _Attention) if _apply is not None else _Attention.apply
 
 
 def _fwd_autograd(q, k, v, *rest):
     # The Autograd kernel of attention_fwd: records _Attention when a gradient is wanted,
     # else runs the kernel below it.
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Attention.apply(q, k, v, (False, *rest, call.BSHD, False))
+        return _Attention.apply(q, k, v, (False, *rest, call.BSHD, False, True))
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.strideattn.attention_fwd.default(q, k, v, *rest)
 
@@ -277,26 +302,42 @@ def attention(
     elif type(scale) is not float:
         scale = _checks.scale(scale)
     det = bool(deterministic)
-    sq, skv = _index(seqlens_q, "seqlens_q"), _index(seqlens_kv, "seqlens_kv")
-    oq, okv = _index(offsets_q, "offsets_q"), _index(offsets_kv, "offsets_kv")
-    if (sq is None) != (skv is None):
-        raise ValueError("varlen needs both seqlens_q and seqlens_kv")
+    sq = skv = oq = okv = None
+    if not (seqlens_q is None and seqlens_kv is None and offsets_q is None and offsets_kv is None):
+        sq, skv = _index(seqlens_q, "seqlens_q"), _index(seqlens_kv, "seqlens_kv")
+        oq, okv = _index(offsets_q, "offsets_q"), _index(offsets_kv, "offsets_kv")
+        if (sq is None) != (skv is None):
+            raise ValueError("varlen needs both seqlens_q and seqlens_kv")
     layout = call.THD if nd == 3 else call.BSHD
-    out, lse = attend(q, k, v, sq, skv, oq, okv, mask, left, right, scale, backend, det, layout)
+    out, lse = attend(
+        q, k, v, sq, skv, oq, okv, mask, left, right, scale, backend, det, layout, False, return_lse
+    )
+    if not return_lse:
+        return out
     if sq is not None and nd == 4:
         lse = lse.squeeze(0)  # varlen: [h, tokens]
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
-def attend(q, k, v, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat=False):
+def attend(
+    q, k, v, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat=False, with_lse=True
+):
     """(O, LSE) of checked arguments (canonical mask, window pair, float scale, lengths as
     lists or tensors) in a layout of _torch_call (BSHD, SBHD, THD); flat merges O's heads
-    and head dim (TransformerEngine's output). The eager path calls the extension from
+    and head dim (TransformerEngine's output). with_lse False: the caller has no use for the
+    LSE, which may then come back as None. The eager path calls the extension from
     _Attention (or directly, with no gradient wanted); the rest goes through the op."""
     if _eager(q, k, v):
-        args = (True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _Attention.apply(q, k, v, args)
+            args = (True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat)
+            args += (with_lse,)
+            try:
+                q.data_ptr(), k.data_ptr(), v.data_ptr()
+            except RuntimeError:  # no storage (a dead functorch wrapper): the full apply
+                r = _Attention.apply(q, k, v, args)
+            else:
+                r = _apply(q, k, v, args)
+            return r if with_lse else (r, None)
         return call.forward_layout(
             q, k, v, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det, layout, flat
         )
@@ -321,3 +362,4 @@ def _wants_grad(q, k, v) -> bool:
 
 # strideattn.attention() on tensors that need gradients comes here (it does not import us).
 _core.register_autograd("torch", _wants_grad, attention)
+_core.register_plan_cache(call.clear_plans)

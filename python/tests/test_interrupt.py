@@ -47,3 +47,25 @@ def test_sigint_interrupts_a_long_call(backend):
     small_q = np.ones((1, 3, 1, 8), np.float32)
     o = sa.attention(small_q, small_q, small_q, backend=backend)
     np.testing.assert_allclose(o, small_q, rtol=1e-6)
+
+
+def test_sigint_interrupts_a_long_plan_run():
+    """A plan's run (what the PyTorch eager path calls on a cached problem) waits the same
+    way: SIGINT cancels it."""
+    from strideattn import _ext
+
+    q, k = huge_problem(1 << 40)
+    out = np.empty_like(q)
+    code, msg, plan = _ext.make_forward_plan(q, k, k, out, None, backend="cpu")
+    assert code == "ok", msg
+    addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            plan.run_forward(addr(q), addr(k), addr(k), addr(out))
+    finally:
+        timer.cancel()
+    elapsed = time.monotonic() - start
+    assert elapsed < 5.0, f"KeyboardInterrupt took {elapsed:.1f} s"
