@@ -58,6 +58,23 @@ std::uint32_t alignment_bits(const Problem& p) {
 
 // ---------------------------------------------------------------- parameters
 
+// The training features of a run (KernelParams::f): the values and the views' pointers and
+// strides; a broadcast dimension (extent 1) gets stride 0.
+FeatureParams features_of(const Problem& p) {
+  FeatureParams f;
+  f.softcap = static_cast<float>(p.softcap);
+  if (p.alibi_on) {
+    f.alibi = p.alibi.data;
+    f.alibi_sb = p.alibi.shape[0] == 1 ? 0 : p.alibi.stride[0];
+    f.alibi_sh = p.alibi.stride[1];
+  }
+  if (p.sinks_on) f.sinks = p.sinks.data, f.sinks_sh = p.sinks.stride[1];
+  if (p.max_logit_on && !p.is_backward())
+    f.max_logit = p.max_logit.data, f.max_logit_sb = p.max_logit.stride[0], f.max_logit_sh = p.max_logit.stride[1];
+  if (p.d_sinks_on && p.is_backward()) f.d_sinks = p.d_sinks.data, f.d_sinks_sh = p.d_sinks.stride[1];
+  return f;
+}
+
 // What a run fills in the plan's parameters: its tensors and their alignment, and the
 // workspace pieces the plan laid out.
 KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* ws) {
@@ -68,6 +85,7 @@ KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* w
   a.q = p.q.data, a.k = p.k.data, a.v = p.v.data, a.o = p.o.data, a.lse = p.lse.data;
   a.d_o = p.d_o.data, a.dq = p.dq.data, a.dk = p.dk.data, a.dv = p.dv.data;
   kp.aligned = alignment_bits(p);
+  kp.f = features_of(p);
   if (p.varlen) {
     const std::size_t n = std::size_t(p.batch);
     auto* tables = reinterpret_cast<std::int64_t*>(ws + w.tables);
@@ -93,8 +111,9 @@ KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* w
 constexpr int kMaxCachedDevices = 64;
 std::atomic<std::uint64_t>* smem_granted(const KernelLaunch& l) {
   static const std::span<const KernelEntry> table = kernel_table();
-  static const std::unique_ptr<std::atomic<std::uint64_t>[]> bits(new std::atomic<std::uint64_t>[table.size() * 3]());
-  return &bits[std::size_t(l.entry - table.data()) * 3 + std::size_t(l.variant)];
+  static const std::unique_ptr<std::atomic<std::uint64_t>[]> bits(
+      new std::atomic<std::uint64_t>[table.size() * kVariantCount]());
+  return &bits[std::size_t(l.entry - table.data()) * kVariantCount + std::size_t(l.variant)];
 }
 
 // Launches `l` with `kp` (nothing to launch when its grid is empty), after granting the
@@ -130,6 +149,7 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
   for (auto [n, b] : names) s += (bits & b) ? n : "";
   if (plan.backward) s += (bits & kVecDO) ? " do" : "";
   s += " (others take the element-wise path)";
+  if (plan.main.variant == Variant::mods) s += "; the training features' kernel variant";
   if (!plan.backward) {
     s += std::string("; forward: ") + plan.main.entry->name;
     if (plan.outer_count > 0) s += " (folding every " + std::to_string(kFoldKeys) + " keys)";
@@ -225,11 +245,14 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
       return cuda_status(e, "zeroing padding tokens");
 
   if (!plan.backward) {
+    if (cudaError_t e = launch_init_max_logit(kp, stream); e != cudaSuccess)
+      return cuda_status(e, "max-logit initialisation launch");
     if (cudaError_t e = launch_kernel(plan.main, kp, device, stream); e != cudaSuccess)
       return cuda_status(e, "forward kernel launch");
     return Status::Ok();
   }
   if (cudaError_t e = launch_delta(t, kp, stream); e != cudaSuccess) return cuda_status(e, "delta pre-pass launch");
+  if (cudaError_t e = launch_d_sinks(kp, stream); e != cudaSuccess) return cuda_status(e, "d_sinks launch");
   // Single pass: the dK/dV pass adds dS K into the zeroed fp32 accumulator; the folds add
   // into theirs (the dQ pass into dq_accum, the dK/dV pass into its partial planes).
   if (kp.dq_accum != nullptr)

@@ -131,7 +131,8 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
     // More keys than one register accumulator sums well (common/outer_accumulator.cuh): the
     // fold instantiation, with a slot pool sized for every warp that can be resident.
     if (p.s_kv > kFoldKeys) plan.outer_count = resident_warps(*e, caps);
-    plan.main.variant = plan.outer_count > 0                                       ? Variant::fold
+    plan.main.variant = p.any_feature()                                            ? Variant::mods
+                        : plan.outer_count > 0                                     ? Variant::fold
                         : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
                                                                                    : Variant::guarded;
     plan.main.grid = grid_of(*e, p, 1);
@@ -165,6 +166,9 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   // (the folding instantiations: the others keep their registers free of the fold's code)
   if (plan.kv_fold_blocks > 0) plan.main.variant = Variant::fold;
   if (plan.q_fold_blocks > 0) plan.dq.variant = Variant::fold;
+  // The training features: their variant of each pass, which folds where the fold counts
+  // above say so (the plain kernels stay free of the features' code).
+  if (p.any_feature()) plan.main.variant = plan.dq.variant = Variant::mods;
   if (plan.group_splits > 1 || plan.kv_fold_blocks > 0)
     plan.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
   plan.partial_bytes = std::size_t(plan.partial_rows > 0 ? plan.group_splits : 0) * std::size_t(plan.partial_rows) *

@@ -31,6 +31,22 @@ enum AlignBits : std::uint32_t {
   kPairDV = 1u << 11,
 };
 
+// The training features the kernels apply (docs/semantics.md "Training features"): data of
+// the call, read only by the kernels' feature variant (Variant::mods) and the helpers around
+// it; the plain kernels never look at them. Strides are elements; a broadcast dimension has
+// stride 0.
+struct FeatureParams {
+  float softcap = 0.f;           // c > 0: L = c tanh(T / c); 0: off
+  const float* alibi = nullptr;  // ALiBi slopes [1 or b, h] (slope(b, h) = alibi[b sb + h sh]); null: off
+  std::int64_t alibi_sb = 0, alibi_sh = 0;
+  const float* sinks = nullptr;  // sink logit of each query head (sinks[h sh]); null: off
+  std::int64_t sinks_sh = 0;
+  float* max_logit = nullptr;  // forward: max L per (sequence, query head); null: not asked
+  std::int64_t max_logit_sb = 0, max_logit_sh = 0;
+  float* d_sinks = nullptr;  // backward: d_sink per query head; null: not asked
+  std::int64_t d_sinks_sh = 0;
+};
+
 struct KernelParams {
   kernel::AttentionParams p;  // tensors, strides, sizes, mask; seq tables in device memory
   float* delta = nullptr;     // backward: rowsum(dO * O), [q batch extent][heads][q tokens]
@@ -66,6 +82,7 @@ struct KernelParams {
   // results (a blocked sum, not one running sum over millions of terms). 0: no fold.
   int kv_fold_blocks = 0;
   int q_fold_blocks = 0;
+  FeatureParams f;  // the training features (the feature variant's)
 };
 
 // Keys a forward warp accumulates in registers before folding them into its outer slot.
