@@ -134,7 +134,8 @@ SupportRule work_rule(double max_flops, double typical_rate) {
 // The training features the `cuda` backend's kernels run (the feature variant,
 // src/backends/cuda/common/score_mod.cuh); `reference` and `cpu` run all of them.
 bool cuda_runs(std::string_view feature) {
-  return feature == "softcap" || feature == "alibi" || feature == "sinks" || feature == "max_logit";
+  return feature == "softcap" || feature == "bias" || feature == "alibi" || feature == "sinks" ||
+         feature == "max_logit";
 }
 
 std::vector<SupportRule> feature_rules(Backend backend) {

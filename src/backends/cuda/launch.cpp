@@ -72,6 +72,21 @@ FeatureParams features_of(const Problem& p) {
   if (p.max_logit_on && !p.is_backward())
     f.max_logit = p.max_logit.data, f.max_logit_sb = p.max_logit.stride[0], f.max_logit_sh = p.max_logit.stride[1];
   if (p.d_sinks_on && p.is_backward()) f.d_sinks = p.d_sinks.data, f.d_sinks_sh = p.d_sinks.stride[1];
+  if (p.bias_on()) {
+    f.bias = p.bias.data, f.bias_kind = int(p.bias_type), f.bias_dtype = int(p.bias.dtype);
+    for (int d = 0; d < 4; ++d) f.bias_st[d] = p.bias.shape[std::size_t(d)] == 1 ? 0 : p.bias.stride[std::size_t(d)];
+  }
+  if (p.dbias_on && p.is_backward()) {
+    f.dbias = p.dbias.data, f.dbias_dtype = int(p.dbias.dtype);
+    std::int64_t dense = 1;
+    for (int d = 3; d >= 0; --d) {
+      const std::int64_t n = p.dbias.shape[std::size_t(d)];
+      f.dbias_shape[d] = n;
+      f.dbias_st[d] = n == 1 ? 0 : p.dbias.stride[std::size_t(d)];
+      f.dbias_accum_st[d] = n == 1 ? 0 : dense;
+      dense *= n;
+    }
+  }
   return f;
 }
 
@@ -97,6 +112,7 @@ KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* w
   if (plan.backward) kp.delta = reinterpret_cast<float*>(ws + w.delta);
   if (plan.partial_rows > 0) kp.dkv_partial = reinterpret_cast<float*>(ws + w.partial);
   if (plan.dq_accum_bytes > 0) kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  if (plan.dbias_accum_bytes > 0) kp.f.dbias_accum = reinterpret_cast<float*>(ws + w.dbias_accum);
   if (plan.outer_count > 0) {
     kp.outer_slots = reinterpret_cast<float*>(ws + w.outer_slots);
     kp.outer_flags = reinterpret_cast<int*>(ws + w.outer_flags);
@@ -261,6 +277,11 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
   if (plan.kv_fold_blocks > 0)
     if (cudaError_t e = cudaMemsetAsync(kp.dkv_partial, 0, plan.partial_bytes, stream); e != cudaSuccess)
       return cuda_status(e, "zeroing the dK/dV fold's partial planes");
+  // dBias: the view zeroed for the pass's stores, or the accumulator for its atomics.
+  if (cudaError_t e = launch_zero_dbias(kp, stream); e != cudaSuccess) return cuda_status(e, "dBias zeroing launch");
+  if (plan.dbias_accum_bytes > 0)
+    if (cudaError_t e = cudaMemsetAsync(kp.f.dbias_accum, 0, plan.dbias_accum_bytes, stream); e != cudaSuccess)
+      return cuda_status(e, "zeroing the dBias accumulator");
   // (the two-pass dK/dV pass must not add dQ: its dQ pass owns dq_accum when it folds)
   KernelParams main_kp = kp;
   if (!plan.single_pass) main_kp.dq_accum = nullptr;
@@ -272,6 +293,8 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
   if (cudaError_t e = launch_reduce_dkv(t, kp, stream); e != cudaSuccess)
     return cuda_status(e, "dK/dV reduction launch");
   if (cudaError_t e = launch_convert_dq(t, kp, stream); e != cudaSuccess) return cuda_status(e, "dQ conversion launch");
+  if (cudaError_t e = launch_convert_dbias(kp, stream); e != cudaSuccess)
+    return cuda_status(e, "dBias conversion launch");
   return Status::Ok();
 }
 

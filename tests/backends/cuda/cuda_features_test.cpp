@@ -1,12 +1,15 @@
 // The `cuda` backend's training features (docs/semantics.md "Training features": softcap,
-// ALiBi, attention sinks, the max logit) against the fp64 reference under the correctness
+// post- and pre-scale bias with dBias, ALiBi, attention sinks, the max logit) against the
+// fp64 reference under the correctness
 // rule, through the harness runner (device buffers, fresh random inputs, NaN-poisoned
 // outputs, guard bands, written checks), forward and backward: each feature alone and all
 // together, every mask and windows, GQA/MQA, varlen with gaps between sequences, head dims
 // 64, 128, 256 and 192/128, f16 and bf16, strided feature views, every dK/dV kernel and both
 // backward forms (the plan's test hook), long key ranges (the forward's fold) and planted
-// errors that the checks must catch. The features cuda does not run yet (bias, dropout) are
-// refused by name. Skips when no GPU is present.
+// errors that the checks must catch; bias views of every broadcast shape, f32/f16/bf16, with
+// stride 0 and transposed strides, dBias stored or summed over broadcasts. What cuda does not
+// run (dropout; a broadcast dBias in deterministic mode) is refused by name. Skips when no
+// GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@ namespace {
 
 using strideattn::Backend;
 using strideattn::BiasType;
+using strideattn::Dims4;
 using strideattn::DType;
 using strideattn::MaskKind;
 using strideattn::cuda_impl::Arch;
@@ -61,12 +65,32 @@ CaseSpec with(CaseSpec s, const Feat& f) {
   return s;
 }
 
-// The outputs a case checks: O and LSE, max_logit; with grad dQ, dK, dV, d_sinks.
+// A bias of logical shape `shape` in a buffer of its own, contiguous in the dimension order
+// `order` (slowest first); stride0_batch: the batch dimension a stride-0 view of one slab.
+CaseSpec with_bias(CaseSpec s, BiasType type, Dims4 shape, std::array<int, 4> order = {0, 1, 2, 3},
+                   DType dtype = DType::f32, bool stride0_batch = false) {
+  ViewSpec v{"bias", 0, shape, {0, 0, 0, 0}};
+  std::int64_t step = 1;
+  for (int k = 3; k >= 0; --k) {
+    const int d = order[std::size_t(k)];
+    v.stride[std::size_t(d)] = step;
+    if (!(stride0_batch && d == 0)) step *= shape[std::size_t(d)];
+  }
+  if (stride0_batch) v.stride[0] = 0;
+  s.options.bias_type = type;
+  s.features.bias = v;
+  s.features.bias_dtype = dtype;
+  s.input_scale = 1.5;
+  return s;
+}
+
+// The outputs a case checks: O and LSE, max_logit; with grad dQ, dK, dV, dBias, d_sinks.
 std::vector<std::string> expected_checks(const CaseSpec& s) {
   std::vector<std::string> names{"o", "lse"};
   if (s.features.max_logit) names.push_back("max_logit");
   if (s.grad) {
     names.insert(names.end(), {"dq", "dk", "dv"});
+    if (s.features.bias) names.push_back("dbias");
     if (s.features.sinks) names.push_back("d_sinks");
   }
   return names;
@@ -225,14 +249,16 @@ TEST(CudaFeatures, LongKeyRangesFold) {
 // element left unwritten must fail the case: the comparison is not vacuous.
 TEST(CudaFeatures, PlantedErrorsAreCaught) {
   SKIP_WITHOUT_GPU();
-  const CaseSpec base = with(dense(DType::bf16, 2, 100, 120, 4, 2, 64, 64, MaskKind::causal), kAll);
+  const CaseSpec base = with_bias(with(dense(DType::bf16, 2, 100, 120, 4, 2, 64, 64, MaskKind::causal), kAll),
+                                  BiasType::post_scale, {1, 4, 100, 120});
   struct P {
     const char* kind;
     const char* tensor;
     double delta;
   };
   const P plants[] = {{"value", "max_logit", 2.0}, {"value", "d_sinks", 5.0}, {"unwritten", "max_logit", 0},
-                      {"unwritten", "d_sinks", 0}, {"value", "o", 0.5},       {"value", "dq", 1.0}};
+                      {"unwritten", "d_sinks", 0}, {"value", "o", 0.5},       {"value", "dq", 1.0},
+                      {"value", "dbias", 1.0},     {"unwritten", "dbias", 0}};
   for (const P& p : plants) {
     SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor);
     CaseSpec c = base;
@@ -245,11 +271,91 @@ TEST(CudaFeatures, PlantedErrorsAreCaught) {
   }
 }
 
+// ------------------------------------------------------------------ bias and dBias
+
+// Every broadcast shape (each dimension full or 1), post- and pre-scale, f32/f16/bf16 bias
+// (the harness asks dBias of the bias's dtype with every backward): full shapes store dBias
+// in the pass, broadcast ones sum it by atomics; stride-0 and transposed views.
+TEST(CudaFeatures, BiasOfEveryBroadcastShapeAndStrideOrder) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t b = 2, h = 4, sq = 130, skv = 170;
+  struct Shape {
+    Dims4 shape;
+    std::array<int, 4> order;
+    bool stride0;
+    BiasType type;
+    DType dtype;
+  };
+  const Shape shapes[] = {
+      {{b, h, sq, skv}, {0, 1, 2, 3}, false, BiasType::post_scale, DType::f32},
+      {{b, h, sq, skv}, {3, 2, 1, 0}, false, BiasType::pre_scale, DType::bf16},  // transposed strides
+      {{b, h, sq, skv}, {1, 3, 0, 2}, true, BiasType::post_scale, DType::f16},   // stride-0 batch
+      {{1, h, sq, skv}, {0, 1, 2, 3}, false, BiasType::post_scale, DType::bf16},
+      {{b, 1, 1, skv}, {0, 1, 2, 3}, false, BiasType::pre_scale, DType::f32},
+      {{1, 1, 1, skv}, {0, 1, 2, 3}, false, BiasType::post_scale, DType::f16},  // TE's [1, 1, 1, s_kv]
+      {{1, 1, sq, 1}, {0, 1, 2, 3}, false, BiasType::pre_scale, DType::f32},
+      {{b, h, 1, skv}, {2, 3, 0, 1}, false, BiasType::post_scale, DType::f32},
+  };
+  int n = 0;
+  for (const Shape& s : shapes)
+    for (DType t : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(::testing::Message() << "bias shape " << n << " " << strideattn::to_string(t));
+      expect_cuda_ok(with_bias(dense(t, b, sq, skv, h, 2, 64, 64, MaskKind::causal_bottom_right), s.type, s.shape,
+                               s.order, s.dtype, s.stride0));
+      ++n;
+    }
+}
+
+// The bias with every other feature, masks and windows, GQA, each head-dim bucket, every
+// backward kernel and form (dBias is written by each dK/dV pass), and varlen (the bias
+// longer than the sequences: each reads its rows and keys from the top-left corner).
+TEST(CudaFeatures, BiasWithEveryFeatureKernelAndLayout) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    expect_cuda_ok(with_bias(with(dense(DType::bf16, 2, 150, 170, 8, 2, d, d, MaskKind::causal, 40, 10), kAll),
+                             BiasType::post_scale, {2, 8, 150, 170}));
+    expect_cuda_ok(with_bias(with(dense(DType::f16, 2, 170, 150, 4, 1, d, d, MaskKind::none), kAll),
+                             BiasType::pre_scale, {1, 4, 1, 150}, {0, 1, 2, 3}, DType::bf16));
+  }
+  const CaseSpec full = with_bias(with(dense(DType::bf16, 2, 140, 160, 8, 2, 128, 128, MaskKind::causal), kAll),
+                                  BiasType::pre_scale, {2, 8, 140, 160}, {3, 2, 1, 0}, DType::f16);
+  const CaseSpec bcast = with_bias(with(dense(DType::bf16, 2, 140, 160, 8, 2, 64, 64, MaskKind::causal), kAll),
+                                   BiasType::post_scale, {1, 8, 140, 1});
+  for (std::optional<Arch> arch : {std::optional<Arch>{}, std::optional<Arch>{Arch::sm80}})
+    for (bool single : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << (arch ? "sm80" : "default") << (single ? " single" : " two-pass"));
+      const ScopedCudaPlanForcing forced(PlanForcing{.arch = arch, .group_splits = 2, .single_pass = single});
+      expect_cuda_ok(full);
+      expect_cuda_ok(bcast);
+    }
+  {  // the 4-warp pass at d 128 and d 256 (head-dim splits: dBias written once)
+    const ScopedCudaPlanForcing forced(PlanForcing{.arch = Arch::sm80, .smem_optin = 99 * 1024});
+    expect_cuda_ok(full);
+    expect_cuda_ok(with_bias(with(dense(DType::f16, 1, 100, 120, 2, 1, 256, 256, MaskKind::none), kAll),
+                             BiasType::post_scale, {1, 2, 1, 120}));
+  }
+  for (MaskKind m : {MaskKind::none, MaskKind::causal_bottom_right}) {
+    SCOPED_TRACE(::testing::Message() << "varlen mask " << int(m));
+    Feat f = kAll;
+    f.alibi_rows = -1;
+    expect_cuda_ok(with_bias(with(varlen(DType::bf16, {40, 0, 75}, {50, 9, 70}, {0, 45, 50}, {0, 55, 70}, m), f),
+                             BiasType::post_scale, {3, 4, 80, 72}, {0, 1, 2, 3}, DType::f32));
+    expect_cuda_ok(with_bias(with(varlen(DType::f16, {40, 0, 75}, {50, 9, 70}, {0, 45, 50}, {0, 55, 70}, m), f),
+                             BiasType::pre_scale, {1, 1, 75, 70}, {0, 1, 2, 3}, DType::bf16));
+  }
+  // Deterministic with a full-shape dBias: stored by the pass, no atomics.
+  CaseSpec det = full;
+  det.options.deterministic = true;
+  expect_cuda_ok(det);
+}
+
 // ------------------------------------------------------------------ what cuda refuses
 
-// A bias and dropout are not in the kernels yet: the cuda backend refuses each by its rule
-// (a GPU is needed: the device mirror).
-TEST(CudaFeatures, BiasAndDropoutAreRefusedByName) {
+// Dropout is not in the kernels yet, and a dBias summed over a broadcast dimension (fp32
+// atomics) is not bitwise reproducible: the cuda backend refuses each by its rule in
+// deterministic mode (a GPU is needed: the device mirror).
+TEST(CudaFeatures, DropoutAndDeterministicBroadcastDbiasAreRefusedByName) {
   SKIP_WITHOUT_GPU();
   CaseSpec c = dense(DType::bf16, 1, 64, 64, 2, 1, 64, 64, MaskKind::none);
   c.options.dropout.p = 0.1;
@@ -258,13 +364,13 @@ TEST(CudaFeatures, BiasAndDropoutAreRefusedByName) {
   EXPECT_EQ(report.backends.at(0).status, "unsupported");
   EXPECT_NE(report.backends.at(0).reason.find("dropout"), std::string::npos) << report.backends.at(0).reason;
 
-  c = dense(DType::bf16, 1, 64, 64, 2, 1, 64, 64, MaskKind::none);
-  c.options.bias_type = BiasType::post_scale;
-  c.features.bias = ViewSpec{"bias", 0, {1, 2, 64, 64}, {0, 64 * 64, 64, 1}};
+  c = with_bias(dense(DType::bf16, 2, 64, 64, 2, 1, 64, 64, MaskKind::none), BiasType::post_scale, {1, 2, 64, 64});
+  c.options.deterministic = true;
   report = {};
   ASSERT_TRUE(strideattn::harness::run_case(c, {Backend::cuda}, &report).ok());
   EXPECT_EQ(report.backends.at(0).status, "unsupported");
-  EXPECT_NE(report.backends.at(0).reason.find("bias"), std::string::npos) << report.backends.at(0).reason;
+  EXPECT_NE(report.backends.at(0).reason.find("dbias_deterministic"), std::string::npos)
+      << report.backends.at(0).reason;
 }
 
 }  // namespace

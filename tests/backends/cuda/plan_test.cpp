@@ -398,7 +398,8 @@ TEST(CudaPlan, TrainingFeaturesRunTheFeatureVariant) {
       for (bool deterministic : {false, true}) {
         const Problem plain = bwd(DType::bf16, 2, 500, 4, 2, d, deterministic);
         const CudaPlan b = make_cuda_plan(with_softcap(plain), caps), ref = make_cuda_plan(plain, caps);
-        ASSERT_TRUE(b.ok()) << b.error;
+        EXPECT_EQ(b.ok(), ref.ok()) << b.error;  // (sm_86 has no d <= 256 backward)
+        if (!ref.ok()) continue;
         EXPECT_EQ(b.main.variant, Variant::mods);
         EXPECT_NE(ref.main.variant, Variant::mods);
         EXPECT_EQ(b.single_pass, ref.single_pass);

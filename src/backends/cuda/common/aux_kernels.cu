@@ -8,6 +8,7 @@
 
 #include "backends/cuda/common/aux_kernels.hpp"
 #include "backends/cuda/common/element.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/tensor_ref.hpp"
 
 namespace strideattn::cuda_impl {
@@ -161,7 +162,35 @@ __global__ void __launch_bounds__(kAuxThreads) d_sinks_kernel(const KernelParams
   if (threadIdx.x == 0) kp.f.d_sinks[head * kp.f.d_sinks_sh] = part[0];
 }
 
+// Element n (row-major over the dBias view's logical shape) of the view: 0, or the
+// accumulator's sum, stored in the view's dtype through its strides.
+__global__ void __launch_bounds__(kAuxThreads) dbias_kernel(const KernelParams kp, int64_t count, bool from_accum) {
+  const FeatureParams& f = kp.f;
+  for (int64_t n = int64_t(blockIdx.x) * kAuxThreads + threadIdx.x; n < count; n += int64_t(gridDim.x) * kAuxThreads) {
+    int64_t rest = n, off = 0, acc = 0;
+    for (int d = 3; d >= 0; --d) {
+      const int64_t idx = rest % f.dbias_shape[d];
+      rest /= f.dbias_shape[d];
+      off += idx * f.dbias_st[d];
+      acc += idx * f.dbias_accum_st[d];
+    }
+    store_element(f.dbias, off, f.dbias_dtype, from_accum ? f.dbias_accum[acc] : 0.f);
+  }
+}
+
+cudaError_t launch_dbias(const KernelParams& kp, bool from_accum, cudaStream_t stream) {
+  const FeatureParams& f = kp.f;
+  const int64_t count = f.dbias_shape[0] * f.dbias_shape[1] * f.dbias_shape[2] * f.dbias_shape[3];
+  if (f.dbias == nullptr || count == 0 || (f.dbias_accum != nullptr) != from_accum) return cudaSuccess;
+  const int64_t blocks = kernel::min64(kernel::ceil_div(count, kAuxThreads), 65536);
+  dbias_kernel<<<unsigned(blocks), kAuxThreads, 0, stream>>>(kp, count, from_accum);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t launch_zero_dbias(const KernelParams& kp, cudaStream_t stream) { return launch_dbias(kp, false, stream); }
+cudaError_t launch_convert_dbias(const KernelParams& kp, cudaStream_t stream) { return launch_dbias(kp, true, stream); }
 
 cudaError_t launch_init_max_logit(const KernelParams& kp, cudaStream_t stream) {
   const int64_t n = kp.p.batch * kp.p.heads;

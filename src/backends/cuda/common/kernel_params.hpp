@@ -45,6 +45,22 @@ struct FeatureParams {
   std::int64_t max_logit_sb = 0, max_logit_sh = 0;
   float* d_sinks = nullptr;  // backward: d_sink per query head; null: not asked
   std::int64_t d_sinks_sh = 0;
+  // Additive bias [B, H, SQ, SKV]: element (b, h, i, j) at bias[b st0 + h st1 + i st2 + j st3];
+  // bias_kind is the BiasType's value (0 none, 1 post_scale, 2 pre_scale), dtypes DType's.
+  const void* bias = nullptr;
+  int bias_kind = 0, bias_dtype = 0;
+  std::int64_t bias_st[4] = {0, 0, 0, 0};
+  // dBias (backward; the bias's logical shape dbias_shape, its own strides and dtype). Where
+  // no dimension of extent 1 stands for more than one index of the problem (dbias_direct,
+  // plan.hpp) the dK/dV pass stores each pair's value itself (every element written once,
+  // launch_zero_dbias zeroes it first); otherwise it adds them by fp32 atomics into
+  // dbias_accum, dense over dbias_shape with strides dbias_accum_st (0 on extent-1
+  // dimensions), which launch_convert_dbias stores.
+  void* dbias = nullptr;
+  int dbias_dtype = 0;
+  std::int64_t dbias_shape[4] = {0, 0, 0, 0}, dbias_st[4] = {0, 0, 0, 0};
+  float* dbias_accum = nullptr;
+  std::int64_t dbias_accum_st[4] = {0, 0, 0, 0};
 };
 
 struct KernelParams {

@@ -97,6 +97,7 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     ScoreMod mod;
     if constexpr (Mods) {
       mod = ScoreMod::of(kp, w.mask, w.batch, w.head(it / w.n_qblocks));
+      if (w.dim_split != 0) mod.dbias = nullptr, mod.dbias_acc = nullptr;  // (the first head-dim split's)
       score_mod<MT, Br>(st, mod, w.c0 + warp_row0, r0, false);
     }
     recompute_p_cols(st, sLse + buf * Br, Mods ? 1.f : kp.p.scale);
@@ -115,7 +116,7 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
     ds_cols(dpt, st, sDelta + buf * Br);
     if constexpr (Mods)
-      if (mod.cap > 0.f) softcap_grad_cols(dpt, st, sLse + buf * Br, mod, w.c0 + warp_row0, r0);
+      if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, sLse + buf * Br, mod, w.c0 + warp_row0, r0);
     // dK += dS^T Q
     {
       uint32_t ds_frag[MT][Br / 16][4];

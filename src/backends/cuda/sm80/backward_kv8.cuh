@@ -175,7 +175,7 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(dpt, sV, key0, sDO(buf), q0, d_v);
     ds_cols(dpt, st, delta);
     if constexpr (Mods)
-      if (mod.cap > 0.f) softcap_grad_cols(dpt, st, lse, mod, c0 + key0, r0 + q0);
+      if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, lse, mod, c0 + key0, r0 + q0);
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
     __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
 

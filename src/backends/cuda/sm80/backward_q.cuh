@@ -73,8 +73,6 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
 
   float dq[MT][D / 8][4];
   zero<MT, D>(dq);
-  ScoreMod mod;
-  if constexpr (Mods) mod = ScoreMod::of(kp, mask, batch, head);
 
   if (n_blocks > 0) {
     const int rows = int(r1 - r0);
@@ -101,7 +99,12 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     float s[MT][Bc / 8][4];
     zero<MT, Bc>(s);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(s, sQ, warp_row0, sK(buf), 0, d_qk);
-    if constexpr (Mods) score_mod<MT, Bc>(s, mod, r0 + warp_row0, c0, true);
+    // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
+    ScoreMod mod;
+    if constexpr (Mods) {
+      mod = ScoreMod::of(kp, mask, batch, head);
+      score_mod<MT, Bc>(s, mod, r0 + warp_row0, c0, true);
+    }
     recompute_p_rows(s, row_lse, Mods ? 1.f : kp.p.scale);
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, kMaskedP);
@@ -112,7 +115,7 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(dp, sDO, warp_row0, sV(buf), 0, d_v);
     ds_rows(dp, s, row_delta);
     if constexpr (Mods)
-      if (mod.cap > 0.f) softcap_grad_rows(dp, s, row_lse, mod, r0 + warp_row0, c0);
+      if (mod.cap > 0.f) score_grad_rows(dp, s, row_lse, mod, r0 + warp_row0, c0);
     // dQ += dS K
     uint32_t ds_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(ds_frag, dp);

@@ -69,8 +69,6 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the tile
   // the softmax's exponent scale: L is already scaled in the feature variant
   const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
-  ScoreMod mod;
-  if constexpr (Mods) mod = ScoreMod::of(kp, mask, batch, head);
 
   // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
@@ -126,7 +124,9 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
       zero<MT, Bc>(s);
       gemm_nt<T, MT, Bc, D>(s, sQ, warp_row0, sKb, 0, d_qk);
 
-      if constexpr (Mods) score_mod<MT, Bc>(s, mod, r0 + warp_row0, c0, true);
+      // (the modifiers made per block from the parameters: held across the loop, their
+      // fields took registers the loop needs)
+      if constexpr (Mods) score_mod<MT, Bc>(s, ScoreMod::of(kp, mask, batch, head), r0 + warp_row0, c0, true);
       // masked entries of S -> -inf (the scale is applied inside the exponent below; the
       // validation guarantees scale > 0, so the max of S is the max of scale * S)
       if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))

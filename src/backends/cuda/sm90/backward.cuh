@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     fence_operands(dpt[0]);
     ds_cols(dpt, st, delta);
     if constexpr (Mods)
-      if (mod.cap > 0.f) softcap_grad_cols(dpt, st, lse, mod, w.c0 + key0, r0 + g_q0);
+      if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, lse, mod, w.c0 + key0, r0 + g_q0);
     store_accum<T, 1, GQ>(sDS, key0, g_q0, dpt);
     fence_async_shared();
     __syncthreads();  // P^T and dS^T of the whole block are in shared memory

@@ -59,8 +59,6 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   const int warp_row0 = wg * 64 + (warp & 3) * 16;  // first row of this warp inside the block
   // the softmax's exponent scale: L is already scaled in the feature variant
   const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
-  ScoreMod mod;
-  if constexpr (Mods) mod = ScoreMod::of(kp, mask, batch, head);
 
   // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
@@ -112,7 +110,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     wgmma_wait<0>();
     fence_operands(s[0]);
 
-    if constexpr (Mods) score_mod<1, Bc>(s, mod, r0 + warp_row0, c0, true);
+    // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
+    if constexpr (Mods) score_mod<1, Bc>(s, ScoreMod::of(kp, mask, batch, head), r0 + warp_row0, c0, true);
     // masked entries -> -inf (keys past s_kv too: the rule ends every row at s_kv)
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<1, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
