@@ -124,8 +124,7 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
       zero<MT, Bc>(s);
       gemm_nt<T, MT, Bc, D>(s, sQ, warp_row0, sKb, 0, d_qk);
 
-      // (the modifiers made per block from the parameters: held across the loop, their
-      // fields took registers the loop needs)
+      // (the modifiers made per block from the parameters rather than held across the loop)
       if constexpr (Mods) score_mod<MT, Bc>(s, ScoreMod::of(kp, mask, batch, head), r0 + warp_row0, c0, true);
       // masked entries of S -> -inf (the scale is applied inside the exponent below; the
       // validation guarantees scale > 0, so the max of S is the max of scale * S)
