@@ -422,6 +422,35 @@ TEST(CudaPlan, TrainingFeaturesRunTheFeatureVariant) {
   EXPECT_GT(long_k.dq_accum_bytes, 0u);
 }
 
+// dBias: stored by the dK/dV pass where no extent-1 dimension stands for more than one index
+// of the problem (no workspace), otherwise an fp32 accumulator over its elements.
+TEST(CudaPlan, DbiasAccumulatorOnlyWhereItBroadcasts) {
+  Problem p = bwd(DType::bf16, 2, 300, 4, 2, 64);
+  p.bias_type = strideattn::BiasType::post_scale;
+  p.dbias_on = true;
+  const CudaPlan plain = make_cuda_plan(bwd(DType::bf16, 2, 300, 4, 2, 64), kH200);
+  for (const strideattn::Dims4& shape : {strideattn::Dims4{2, 4, 300, 300}, strideattn::Dims4{1, 4, 300, 300},
+                                         strideattn::Dims4{1, 1, 1, 300}, strideattn::Dims4{2, 4, 300, 1}}) {
+    p.bias.shape = p.dbias.shape = shape;
+    const bool direct = shape[0] == 2 && shape[1] == 4 && shape[2] == 300 && shape[3] == 300;
+    EXPECT_EQ(dbias_direct(p), direct);
+    const CudaPlan plan = make_cuda_plan(p, kH200);
+    ASSERT_TRUE(plan.ok()) << plan.error;
+    EXPECT_EQ(plan.main.variant, Variant::mods);
+    const std::size_t elems = std::size_t(shape[0] * shape[1] * shape[2] * shape[3]);
+    EXPECT_EQ(plan.dbias_accum_bytes, direct ? 0 : elems * 4);
+    EXPECT_EQ(plan.workspace.total - plan.workspace.dbias_accum,
+              (plan.dbias_accum_bytes + kWorkspacePieceAlign - 1) / kWorkspacePieceAlign * kWorkspacePieceAlign);
+    EXPECT_EQ(plan.workspace.dbias_accum, plain.workspace.total);
+  }
+  // A problem extent of 1 is no broadcast: one batch, one head.
+  Problem one = bwd(DType::bf16, 1, 300, 1, 1, 64);
+  one.bias_type = strideattn::BiasType::pre_scale;
+  one.dbias_on = true;
+  one.bias.shape = one.dbias.shape = {1, 1, 300, 300};
+  EXPECT_TRUE(dbias_direct(one));
+}
+
 TEST(CudaPlan, RefusalCheckAgreesWithThePlan) {
   const PlanForcing forcings[] = {{},
                                   {.arch = Arch::sm80},
