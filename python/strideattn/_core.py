@@ -253,9 +253,10 @@ def attention(
     least workspace_size() bytes on the tensors' device); without it the library allocates.
 
     Training features (docs/semantics.md "Training features"; the reference and cpu backends
-    run them, cuda/cudnn refuse each with a named rule): softcap > 0 caps the scaled logits
-    (c * tanh(x / c)); bias is an additive bias of logical shape [b or 1, h or 1, s_q, s_kv]
-    (each extent full or 1; any strides, stride 0 broadcasts; float32/float16/bfloat16),
+    run them, cuda all but dropout, cudnn refuses each with a named rule): softcap > 0 caps
+    the scaled logits (c * tanh(x / c)); bias is an additive bias of logical shape
+    [b or 1, h or 1, s_q, s_kv] (each extent full or 1; any strides, stride 0 broadcasts;
+    float32/float16/bfloat16),
     added after the scale and softcap (bias_type="post_scale") or to Q K^T before the scale
     ("pre_scale"); alibi_slopes ([h] or [b, h] float32) subtracts slope * |i + s_kv - s_q - j|;
     sinks ([h] float32) joins every row's softmax denominator as exp(sink); dropout_p drops

@@ -4,6 +4,7 @@
 #include "dispatch/select.hpp"
 
 #include <cstdlib>
+#include <algorithm>
 #include <iterator>
 #include <sstream>
 #include <string_view>
@@ -130,9 +131,17 @@ SupportRule work_rule(double max_flops, double typical_rate) {
           }};
 }
 
+// The training features the `cuda` backend's kernels run (the feature variant,
+// src/backends/cuda/common/score_mod.cuh); `reference` and `cpu` run all of them.
+bool cuda_runs(std::string_view feature) {
+  return feature == "softcap" || feature == "bias" || feature == "alibi" || feature == "sinks" ||
+         feature == "max_logit";
+}
+
 std::vector<SupportRule> feature_rules(Backend backend) {
-  const std::string where =
-      "; supported on the reference and cpu backends (host memory), not yet on " + std::string(to_string(backend));
+  const std::string not_yet = ", not yet on " + std::string(to_string(backend));
+  const std::string host_only = "; supported on the reference and cpu backends (host memory)" + not_yet;
+  const std::string with_cuda = "; supported on the reference and cpu backends (host memory) and cuda" + not_yet;
   auto num = [](double x) {
     std::ostringstream os;
     os << x;
@@ -142,41 +151,56 @@ std::vector<SupportRule> feature_rules(Backend backend) {
     return "[" + std::to_string(v.shape[0]) + ", " + std::to_string(v.shape[1]) + ", " + std::to_string(v.shape[2]) +
            ", " + std::to_string(v.shape[3]) + "]";
   };
-  return {
+  auto where = [=](std::string_view feature) { return cuda_runs(feature) ? with_cuda : host_only; };
+  std::vector<SupportRule> rules = {
       {"softcap",
        [=](const Problem& p) -> std::optional<std::string> {
          if (!p.softcap_on()) return std::nullopt;
-         return "softcap " + num(p.softcap) + " asked" + where;
+         return "softcap " + num(p.softcap) + " asked" + where("softcap");
        }},
       {"dropout",
        [=](const Problem& p) -> std::optional<std::string> {
          if (!p.dropout_on()) return std::nullopt;
-         return "dropout p = " + num(p.dropout_p) + " asked" + where;
+         return "dropout p = " + num(p.dropout_p) + " asked" + where("dropout");
        }},
       {"bias",
        [=](const Problem& p) -> std::optional<std::string> {
          if (!p.bias_on()) return std::nullopt;
          return std::string(to_string(p.bias_type)) + " bias " + shape4(p.bias) + " (" +
-                std::string(to_string(p.bias.dtype)) + (p.dbias_on ? ", with dbias" : "") + ") asked" + where;
+                std::string(to_string(p.bias.dtype)) + (p.dbias_on ? ", with dbias" : "") + ") asked" + where("bias");
        }},
       {"alibi",
        [=](const Problem& p) -> std::optional<std::string> {
          if (!p.alibi_on) return std::nullopt;
          return "ALiBi slopes [" + std::to_string(p.alibi.shape[0]) + ", " + std::to_string(p.alibi.shape[1]) +
-                "] asked" + where;
+                "] asked" + where("alibi");
        }},
       {"sinks",
        [=](const Problem& p) -> std::optional<std::string> {
          if (!p.sinks_on) return std::nullopt;
          return std::string("attention sinks [1, ") + std::to_string(p.sinks.shape[1]) + "]" +
-                (p.d_sinks_on ? " with d_sinks" : "") + " asked" + where;
+                (p.d_sinks_on ? " with d_sinks" : "") + " asked" + where("sinks");
        }},
       {"max_logit",
        [=](const Problem& p) -> std::optional<std::string> {
          if (!p.max_logit_on) return std::nullopt;
-         return "the max-logit output asked" + where;
+         return "the max-logit output asked" + where("max_logit");
        }},
   };
+  // cuda: no rule for what its kernels run
+  if (backend == Backend::cuda) std::erase_if(rules, [](const SupportRule& r) { return cuda_runs(r.name); });
+  return rules;
+}
+
+bool runs_feature(Backend backend, std::string_view feature) {
+  switch (backend) {
+    case Backend::cuda:
+      return cuda_runs(feature);
+    case Backend::cudnn:
+      return false;
+    default:
+      return true;
+  }
 }
 
 std::vector<SupportRule> with_feature_rules(Backend backend, std::vector<SupportRule> rules) {

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dispatch/backend.hpp"
@@ -58,6 +59,10 @@ void explain_selection(const Problem& problem, Explanation* ex);
 // one named rule each: softcap, dropout, bias (and dbias), alibi, sinks (and d_sinks),
 // max_logit. Each reason says what was asked and which backends run it.
 [[nodiscard]] std::vector<SupportRule> feature_rules(Backend backend);
+// Whether `backend` runs the training feature named as its rule is (softcap, dropout, bias,
+// alibi, sinks, max_logit): reference and cpu run every one, cuda those its kernels have,
+// cudnn none yet; auto any (it picks among them). The fuzzer draws from these.
+[[nodiscard]] bool runs_feature(Backend backend, std::string_view feature);
 // `rules` with feature_rules(backend) in front.
 [[nodiscard]] std::vector<SupportRule> with_feature_rules(Backend backend, std::vector<SupportRule> rules);
 

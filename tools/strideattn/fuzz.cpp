@@ -9,6 +9,8 @@
 
 #include "progress.hpp"
 
+#include "dispatch/select.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -261,8 +263,10 @@ ViewSpec random_bias_view(Rng& r, const std::string& buffer, const Dims4& shape,
 // softcap, dropout (p up to 0.9, any seed and offset), a post- or pre-scale bias of any
 // broadcast shape, strides and dtype (and a strided dBias), ALiBi slopes of one row or one per
 // batch, sinks, the max logit; at least one of them. From a stream of their own: the rest of
-// the case is the one drawn without --features.
-void draw_features(std::uint64_t seed, std::int64_t index, CaseSpec* spec) {
+// the case is the one drawn without --features. Then the features some backend of
+// `backends` does not run are dropped (their draws still made: the others stay the same),
+// and a case left with none asks for the max logit where every backend runs it.
+void draw_features(std::uint64_t seed, std::int64_t index, const std::vector<Backend>& backends, CaseSpec* spec) {
   Rng r{std::mt19937_64(seed * 0xd1b54a32d192ed03ull + std::uint64_t(index) * 0x94d049bb133111ebull + 7)};
   AttentionOptions& o = spec->options;
   CaseSpec::Features& f = spec->features;
@@ -299,11 +303,25 @@ void draw_features(std::uint64_t seed, std::int64_t index, CaseSpec* spec) {
   }
   if (r.chance(0.3)) f.sinks = any = true;
   if (r.chance(0.35) || !any) f.max_logit = true;
+
+  auto runs = [&](std::string_view feature) {
+    for (Backend b : backends)
+      if (!detail::runs_feature(b, feature)) return false;
+    return true;
+  };
+  if (!runs("softcap")) o.softcap = 0;
+  if (!runs("dropout")) o.dropout = {};
+  if (!runs("bias")) o.bias_type = BiasType::none, f.bias.reset(), f.dbias.reset();
+  if (!runs("alibi")) f.alibi_rows = 0;
+  if (!runs("sinks")) f.sinks = false;
+  if (!runs("max_logit")) f.max_logit = false;
+  if (!spec->any_feature() && runs("max_logit")) f.max_logit = true;
 }
 
 }  // namespace
 
-CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool plant_non_finite, bool features) {
+CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool plant_non_finite, bool features,
+                     const std::vector<Backend>& backends) {
   Rng r{std::mt19937_64(seed * 0x9e3779b97f4a7c15ull + std::uint64_t(index) * 0xbf58476d1ce4e5b9ull + 1)};
   CaseSpec spec;
   spec.grad = grad;
@@ -355,7 +373,7 @@ CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad, bool pla
   }
   draw_numerical_edges(r, plant_non_finite, &spec);
   if (features) {
-    draw_features(seed, index, &spec);
+    draw_features(seed, index, backends, &spec);
     // Scores that overflow fp32 have no defined finite answer once a softcap or a sink bounds
     // the result (a backend's fp32 sum may reach either infinity), and the conditioning
     // allowances model the plain scores only, so the tolerance alone must hold: cases with a
@@ -402,7 +420,7 @@ int run_fuzz(const Invocation& inv, const std::vector<Backend>& backends) {
     line.show("fuzz: case " + std::to_string(i + 1) +
               (i < inv.cases ? "/" + std::to_string(inv.cases) : " (for --min-ran)") + ", " + std::to_string(failed) +
               " failed");
-    CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs, inv.features);
+    CaseSpec spec = random_case(inv.seed, i, inv.grad, !inv.finite_inputs, inv.features, backends);
     cap_logits(inv.logit_limit, &spec);
     spec.cu_seqlens = inv.cu_seqlens && spec.sizes.varlen();
     spec.via_plan = inv.via_plan;

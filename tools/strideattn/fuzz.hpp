@@ -13,9 +13,12 @@ namespace strideattn::cli {
 // Case `index` of the stream drawn from `seed` (deterministic).
 // `plant_non_finite`: some cases get NaN/Inf planted in their inputs (fuzz --finite-inputs: none).
 // `features` (fuzz --features): the training features are drawn too, from a stream of their
-// own, so the rest of the case is the one drawn without them.
+// own, so the rest of the case is the one drawn without them; of those only the ones every
+// backend of `backends` runs (detail::runs_feature; all when it is empty), so a GPU fuzz
+// spends its cases on what the backend runs.
 [[nodiscard]] harness::CaseSpec random_case(std::uint64_t seed, std::int64_t index, bool grad,
-                                            bool plant_non_finite = true, bool features = false);
+                                            bool plant_non_finite = true, bool features = false,
+                                            const std::vector<Backend>& backends = {});
 
 // Caps the case's numerical-edge draw at `logit_limit` (fuzz --logit-limit): a typical scaled
 // logit, input_scale^2 * scale * sqrt(d_qk) for the standard-normal draw, stays at most

@@ -103,8 +103,8 @@ PROBLEM:
   --plant-input T:I:V,...        set logical element I of input T (q, k, v, do) to V (nan, inf,
                                  -inf) after the draw; non-finite inputs propagate as
                                  docs/semantics.md says
-Training features (docs/semantics.md "Training features"; cuda and cudnn report each as
-  unsupported with its rule):
+Training features (docs/semantics.md "Training features"; cuda runs all but dropout, cudnn
+  none: each refusal is reported as unsupported with its rule):
   --softcap C                    logits become C * tanh(logit / C) (0: off)
   --dropout P [--rng-seed S] [--rng-offset O]   dropout on P, Philox of (S, O), default 0, 0
   --bias BUF+OFFSET:SHAPE:STRIDES   an additive bias of logical shape b,h,s_q,s_kv, each extent
@@ -145,7 +145,8 @@ KVCACHE (attention over a KV cache, docs/semantics.md "KV cache"; any of the fir
 --via-plan: run each backend through plans made without pointers (make_plan, then run).
 --features (fuzz): also draw the training features (softcap, dropout, post/pre-scale bias of
   any broadcast shape, strides and dtype with a strided dBias, ALiBi, sinks, max logit), at
-  least one per case; cases whose features change the logits keep typical logits <= 10.
+  least one per case, of those every backend of --backends runs; cases whose features change
+  the logits keep typical logits <= 10.
 Inputs are fresh random values (normal(0,1), from --seed); outputs are poisoned with NaN before
 each run; every output element must be written and nothing outside the output views may change.
 

@@ -52,6 +52,16 @@ const std::vector<SupportRule>& rules() {
   static const std::vector<SupportRule> list = with_feature_rules(
       Backend::cuda,
       {
+          // A dBias that broadcasts over the problem sums by fp32 atomics (plan.hpp, dbias_direct).
+          {"dbias_deterministic",
+           [](const Problem& p) -> std::optional<std::string> {
+             if (!p.is_backward() || !p.dbias_on || !p.deterministic || cuda_impl::dbias_direct(p)) return std::nullopt;
+             return "dBias [" + std::to_string(p.dbias.shape[0]) + ", " + std::to_string(p.dbias.shape[1]) + ", " +
+                    std::to_string(p.dbias.shape[2]) + ", " + std::to_string(p.dbias.shape[3]) +
+                    "] sums over a broadcast dimension by fp32 atomics, which is not bitwise reproducible, and "
+                    "deterministic = true; supported: deterministic = false, a dBias of the full shape [b, h, s_q, "
+                    "s_kv], or the reference and cpu backends";
+           }},
           memory_rule(Memory::device),
           {"dtype",
            [](const Problem& p) -> std::optional<std::string> {

@@ -31,7 +31,10 @@ enum class Variant : int {
   full_d = 1,   // d_qk == d_v == bucket, known at compile time (no guards)
   fold = 2,     // forward over more than kFoldKeys keys (common/outer_accumulator.cuh), a
                 // backward pass over more than kFoldRows rows (kernel_params.hpp)
+  mods = 3,     // the training features (common/score_mod.cuh; KernelParams::f), any head
+                // dims of the bucket, folding where the plan says so
 };
+inline constexpr int kVariantCount = 4;
 
 // How a pass's grid is laid out (x, y, z).
 enum class GridShape : int {
@@ -63,8 +66,9 @@ struct KernelEntry {
   const void* guarded = nullptr;
   const void* full_d = nullptr;
   const void* fold = nullptr;
+  const void* mods = nullptr;
   [[nodiscard]] const void* kernel(Variant v) const {
-    return v == Variant::full_d ? full_d : v == Variant::fold ? fold : guarded;
+    return v == Variant::full_d ? full_d : v == Variant::fold ? fold : v == Variant::mods ? mods : guarded;
   }
 };
 

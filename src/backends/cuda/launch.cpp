@@ -58,6 +58,38 @@ std::uint32_t alignment_bits(const Problem& p) {
 
 // ---------------------------------------------------------------- parameters
 
+// The training features of a run (KernelParams::f): the values and the views' pointers and
+// strides; a broadcast dimension (extent 1) gets stride 0.
+FeatureParams features_of(const Problem& p) {
+  FeatureParams f;
+  f.softcap = static_cast<float>(p.softcap);
+  if (p.alibi_on) {
+    f.alibi = p.alibi.data;
+    f.alibi_sb = p.alibi.shape[0] == 1 ? 0 : p.alibi.stride[0];
+    f.alibi_sh = p.alibi.stride[1];
+  }
+  if (p.sinks_on) f.sinks = p.sinks.data, f.sinks_sh = p.sinks.stride[1];
+  if (p.max_logit_on && !p.is_backward())
+    f.max_logit = p.max_logit.data, f.max_logit_sb = p.max_logit.stride[0], f.max_logit_sh = p.max_logit.stride[1];
+  if (p.d_sinks_on && p.is_backward()) f.d_sinks = p.d_sinks.data, f.d_sinks_sh = p.d_sinks.stride[1];
+  if (p.bias_on()) {
+    f.bias = p.bias.data, f.bias_kind = int(p.bias_type), f.bias_dtype = int(p.bias.dtype);
+    for (int d = 0; d < 4; ++d) f.bias_st[d] = p.bias.shape[std::size_t(d)] == 1 ? 0 : p.bias.stride[std::size_t(d)];
+  }
+  if (p.dbias_on && p.is_backward()) {
+    f.dbias = p.dbias.data, f.dbias_dtype = int(p.dbias.dtype);
+    std::int64_t dense = 1;
+    for (int d = 3; d >= 0; --d) {
+      const std::int64_t n = p.dbias.shape[std::size_t(d)];
+      f.dbias_shape[d] = n;
+      f.dbias_st[d] = n == 1 ? 0 : p.dbias.stride[std::size_t(d)];
+      f.dbias_accum_st[d] = n == 1 ? 0 : dense;
+      dense *= n;
+    }
+  }
+  return f;
+}
+
 // What a run fills in the plan's parameters: its tensors and their alignment, and the
 // workspace pieces the plan laid out.
 KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* ws) {
@@ -68,6 +100,7 @@ KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* w
   a.q = p.q.data, a.k = p.k.data, a.v = p.v.data, a.o = p.o.data, a.lse = p.lse.data;
   a.d_o = p.d_o.data, a.dq = p.dq.data, a.dk = p.dk.data, a.dv = p.dv.data;
   kp.aligned = alignment_bits(p);
+  kp.f = features_of(p);
   if (p.varlen) {
     const std::size_t n = std::size_t(p.batch);
     auto* tables = reinterpret_cast<std::int64_t*>(ws + w.tables);
@@ -79,6 +112,7 @@ KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* w
   if (plan.backward) kp.delta = reinterpret_cast<float*>(ws + w.delta);
   if (plan.partial_rows > 0) kp.dkv_partial = reinterpret_cast<float*>(ws + w.partial);
   if (plan.dq_accum_bytes > 0) kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  if (plan.dbias_accum_bytes > 0) kp.f.dbias_accum = reinterpret_cast<float*>(ws + w.dbias_accum);
   if (plan.outer_count > 0) {
     kp.outer_slots = reinterpret_cast<float*>(ws + w.outer_slots);
     kp.outer_flags = reinterpret_cast<int*>(ws + w.outer_flags);
@@ -93,8 +127,9 @@ KernelParams bind(const PreparedLaunch& prep, const Problem& p, unsigned char* w
 constexpr int kMaxCachedDevices = 64;
 std::atomic<std::uint64_t>* smem_granted(const KernelLaunch& l) {
   static const std::span<const KernelEntry> table = kernel_table();
-  static const std::unique_ptr<std::atomic<std::uint64_t>[]> bits(new std::atomic<std::uint64_t>[table.size() * 3]());
-  return &bits[std::size_t(l.entry - table.data()) * 3 + std::size_t(l.variant)];
+  static const std::unique_ptr<std::atomic<std::uint64_t>[]> bits(
+      new std::atomic<std::uint64_t>[table.size() * kVariantCount]());
+  return &bits[std::size_t(l.entry - table.data()) * kVariantCount + std::size_t(l.variant)];
 }
 
 // Launches `l` with `kp` (nothing to launch when its grid is empty), after granting the
@@ -130,6 +165,7 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
   for (auto [n, b] : names) s += (bits & b) ? n : "";
   if (plan.backward) s += (bits & kVecDO) ? " do" : "";
   s += " (others take the element-wise path)";
+  if (plan.main.variant == Variant::mods) s += "; the training features' kernel variant";
   if (!plan.backward) {
     s += std::string("; forward: ") + plan.main.entry->name;
     if (plan.outer_count > 0) s += " (folding every " + std::to_string(kFoldKeys) + " keys)";
@@ -225,11 +261,14 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
       return cuda_status(e, "zeroing padding tokens");
 
   if (!plan.backward) {
+    if (cudaError_t e = launch_init_max_logit(kp, stream); e != cudaSuccess)
+      return cuda_status(e, "max-logit initialisation launch");
     if (cudaError_t e = launch_kernel(plan.main, kp, device, stream); e != cudaSuccess)
       return cuda_status(e, "forward kernel launch");
     return Status::Ok();
   }
   if (cudaError_t e = launch_delta(t, kp, stream); e != cudaSuccess) return cuda_status(e, "delta pre-pass launch");
+  if (cudaError_t e = launch_d_sinks(kp, stream); e != cudaSuccess) return cuda_status(e, "d_sinks launch");
   // Single pass: the dK/dV pass adds dS K into the zeroed fp32 accumulator; the folds add
   // into theirs (the dQ pass into dq_accum, the dK/dV pass into its partial planes).
   if (kp.dq_accum != nullptr)
@@ -238,6 +277,11 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
   if (plan.kv_fold_blocks > 0)
     if (cudaError_t e = cudaMemsetAsync(kp.dkv_partial, 0, plan.partial_bytes, stream); e != cudaSuccess)
       return cuda_status(e, "zeroing the dK/dV fold's partial planes");
+  // dBias: the view zeroed for the pass's stores, or the accumulator for its atomics.
+  if (cudaError_t e = launch_zero_dbias(kp, stream); e != cudaSuccess) return cuda_status(e, "dBias zeroing launch");
+  if (plan.dbias_accum_bytes > 0)
+    if (cudaError_t e = cudaMemsetAsync(kp.f.dbias_accum, 0, plan.dbias_accum_bytes, stream); e != cudaSuccess)
+      return cuda_status(e, "zeroing the dBias accumulator");
   // (the two-pass dK/dV pass must not add dQ: its dQ pass owns dq_accum when it folds)
   KernelParams main_kp = kp;
   if (!plan.single_pass) main_kp.dq_accum = nullptr;
@@ -249,6 +293,8 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
   if (cudaError_t e = launch_reduce_dkv(t, kp, stream); e != cudaSuccess)
     return cuda_status(e, "dK/dV reduction launch");
   if (cudaError_t e = launch_convert_dq(t, kp, stream); e != cudaSuccess) return cuda_status(e, "dQ conversion launch");
+  if (cudaError_t e = launch_convert_dbias(kp, stream); e != cudaSuccess)
+    return cuda_status(e, "dBias conversion launch");
   return Status::Ok();
 }
 

@@ -107,6 +107,13 @@ bool choose_kernels(const Problem& p, const DeviceCaps& caps, const PlanForcing&
 
 }  // namespace
 
+bool dbias_direct(const Problem& p) {
+  const std::int64_t full[4] = {p.batch, p.heads, p.s_q, p.s_kv};
+  for (int d = 0; d < 4; ++d)
+    if (p.dbias.shape[std::size_t(d)] == 1 && full[d] > 1) return false;
+  return true;
+}
+
 std::optional<std::string> cuda_plan_refusal(const Problem& p, const DeviceCaps& caps, const PlanForcing& forcing) {
   CudaPlan plan;
   if (choose_kernels(p, caps, forcing, &plan)) return std::nullopt;
@@ -131,7 +138,8 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
     // More keys than one register accumulator sums well (common/outer_accumulator.cuh): the
     // fold instantiation, with a slot pool sized for every warp that can be resident.
     if (p.s_kv > kFoldKeys) plan.outer_count = resident_warps(*e, caps);
-    plan.main.variant = plan.outer_count > 0                                       ? Variant::fold
+    plan.main.variant = p.any_feature()                                            ? Variant::mods
+                        : plan.outer_count > 0                                     ? Variant::fold
                         : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
                                                                                    : Variant::guarded;
     plan.main.grid = grid_of(*e, p, 1);
@@ -139,6 +147,7 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
     ws.delta = ws.partial = ws.dq_accum = end;
     ws.outer_slots = piece(std::size_t(plan.outer_count) * plan.outer_slot_floats * sizeof(float));
     ws.outer_flags = piece(std::size_t(plan.outer_count) * sizeof(int));
+    ws.dbias_accum = end;
     ws.total = end;
     return plan;
   }
@@ -165,6 +174,9 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   // (the folding instantiations: the others keep their registers free of the fold's code)
   if (plan.kv_fold_blocks > 0) plan.main.variant = Variant::fold;
   if (plan.q_fold_blocks > 0) plan.dq.variant = Variant::fold;
+  // The training features: their variant of each pass, which folds where the fold counts
+  // above say so (the plain kernels stay free of the features' code).
+  if (p.any_feature()) plan.main.variant = plan.dq.variant = Variant::mods;
   if (plan.group_splits > 1 || plan.kv_fold_blocks > 0)
     plan.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
   plan.partial_bytes = std::size_t(plan.partial_rows > 0 ? plan.group_splits : 0) * std::size_t(plan.partial_rows) *
@@ -173,6 +185,12 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   if (plan.single_pass || plan.q_fold_blocks > 0) plan.dq_accum_bytes = q_rows * std::size_t(p.d_qk) * sizeof(float);
   ws.dq_accum = piece(plan.dq_accum_bytes);
   ws.outer_slots = ws.outer_flags = end;
+  if (p.dbias_on && !dbias_direct(p)) {
+    std::size_t n = sizeof(float);
+    for (std::int64_t e : p.dbias.shape) n *= std::size_t(e);
+    plan.dbias_accum_bytes = n;
+  }
+  ws.dbias_accum = piece(plan.dbias_accum_bytes);
   ws.total = end;
   return plan;
 }

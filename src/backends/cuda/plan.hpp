@@ -54,6 +54,7 @@ struct WorkspaceLayout {
   std::size_t dq_accum = 0;     // single pass or dQ fold: fp32 [q batch extent][heads][q tokens][d_qk]
   std::size_t outer_slots = 0;  // forward fold: the outer accumulator's slots, then
   std::size_t outer_flags = 0;  //   one int flag per slot
+  std::size_t dbias_accum = 0;  // backward, dBias summed over a broadcast: fp32, dense over its shape
   std::size_t total = 0;
 };
 inline constexpr std::size_t kWorkspacePieceAlign = 256;
@@ -76,10 +77,18 @@ struct CudaPlan {
   int q_fold_blocks = 0;   // the two-pass backward's dQ pass (into dq_accum)
   int outer_count = 0;     // forward fold: slots of the outer accumulator (0: no fold)
   std::size_t outer_slot_floats = 0;
-  std::size_t dq_accum_bytes = 0;  // (unrounded, for the memset)
+  std::size_t dq_accum_bytes = 0;     // (unrounded, for the memset)
+  std::size_t dbias_accum_bytes = 0;  // (unrounded, for the memset)
   WorkspaceLayout workspace;
   [[nodiscard]] bool ok() const { return error.empty(); }
 };
+
+// Whether the dK/dV pass stores dBias itself (KernelParams::f): no dimension of extent 1 of
+// the dBias view stands for more than one index of the problem (batch, heads, s_q, s_kv), so
+// every element gets the value of one pair (or none: 0). Otherwise the pairs' values are
+// summed by fp32 atomics in the workspace (not bitwise reproducible: the `dbias_deterministic`
+// rule refuses that with deterministic = true).
+[[nodiscard]] bool dbias_direct(const detail::Problem& problem);
 
 [[nodiscard]] CudaPlan make_cuda_plan(const detail::Problem& problem, const DeviceCaps& caps,
                                       const PlanForcing& forcing = {});

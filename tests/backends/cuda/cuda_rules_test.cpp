@@ -1,5 +1,6 @@
-// Support rules of the `cuda` backend (no GPU needed): host memory, f32, head dims that are
-// not multiples of 8 or exceed 256, and a head-dim stride other than 1 are refused with the
+// Support rules of the `cuda` backend (no GPU needed): a deterministic dBias that sums over a
+// broadcast dimension, host memory, f32, head dims that are not multiples of 8 or exceed 256,
+// and a head-dim stride other than 1 are refused with the
 // rule's name, the value found and what is supported; cu_seqlens problems reach its rules
 // (it reads the arrays), with every mask.
 #include <gtest/gtest.h>
@@ -31,6 +32,27 @@ void expect_refused(const Problem& p, const std::string& rule, const std::string
   EXPECT_FALSE(v.supported);
   EXPECT_EQ(v.rule, rule) << v.reason;
   EXPECT_NE(v.reason.find(needle), std::string::npos) << v.reason;
+}
+
+// A dBias summed over a broadcast dimension (fp32 atomics) with deterministic = true; a
+// full-shape dBias (stored pair by pair), or the same sum without determinism, passes the rule.
+TEST(CudaBackendRules, RefusesDeterministicBroadcastDbias) {
+  Problem p = supported_problem();
+  p.direction = strideattn::detail::Direction::backward;
+  p.batch = 2, p.heads = 2;
+  p.bias_type = strideattn::BiasType::post_scale;
+  p.dbias_on = true;
+  p.bias.shape = p.dbias.shape = {1, 2, 16, 16};
+  p.deterministic = true;
+  expect_refused(p, "dbias_deterministic", "[1, 2, 16, 16]");
+  const strideattn::Verdict full = [&] {
+    Problem q = p;
+    q.bias.shape = q.dbias.shape = {2, 2, 16, 16};
+    return strideattn::detail::cuda_backend()->supports(q);
+  }();
+  EXPECT_NE(full.rule, "dbias_deterministic") << full.reason;
+  p.deterministic = false;
+  EXPECT_NE(strideattn::detail::cuda_backend()->supports(p).rule, "dbias_deterministic");
 }
 
 TEST(CudaBackendRules, RefusesHostMemory) {

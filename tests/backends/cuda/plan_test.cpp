@@ -96,13 +96,14 @@ TEST(CudaKernelTable, CoversEveryDtypeBucketPassAndArchitecture) {
             ++entries;
             EXPECT_NE(e.guarded, nullptr) << e.name;
             EXPECT_NE(e.fold, nullptr) << e.name << ": every pass has its folding instantiation";
+            EXPECT_NE(e.mods, nullptr) << e.name << ": every pass has its training-feature instantiation";
             if (e.full_d != nullptr) EXPECT_TRUE(unguarded_full_d(a, d)) << e.name << ": a FullD duplicate";
             EXPECT_TRUE(e.threads == kThreads || e.threads == kKvThreads) << e.name;
             EXPECT_GT(e.block_rows, 0) << e.name;
             EXPECT_LE(e.smem_bytes, a == Arch::sm90a ? kSm90SmemOptin : 163 * 1024) << e.name;
             EXPECT_EQ(e.grid == GridShape::key_blocks, pass == Pass::dkdv) << e.name;
             if (pass == Pass::dkdv) EXPECT_GT(e.split_target, 0) << e.name;
-            for (const void* k : {e.guarded, e.full_d, e.fold})
+            for (const void* k : {e.guarded, e.full_d, e.fold, e.mods})
               if (k != nullptr) EXPECT_TRUE(kernels.insert(k).second) << e.name << ": a kernel in two entries";
           }
           // One kernel per (bucket, pass, architecture), but for the sm80 dK/dV pass at
@@ -379,6 +380,77 @@ TEST(CudaPlan, LongRangesFoldTheBackward) {
 
 // The support rule `shared_memory` runs the plan's kernel choice alone: it refuses exactly
 // the problems make_cuda_plan refuses, with the same message.
+// The training features run each pass's feature variant (Variant::mods), on every device
+// and in both backward forms; the folds and group splits are counted as without them (the
+// variant folds where they say so), and a problem without features never runs it.
+TEST(CudaPlan, TrainingFeaturesRunTheFeatureVariant) {
+  auto with_softcap = [](Problem p) {
+    p.softcap = 30;
+    return p;
+  };
+  for (const DeviceCaps& caps : {kA100, kSm86, kH200})
+    for (int d : {64, 128, 256}) {
+      SCOPED_TRACE(::testing::Message() << "sm " << caps.major << caps.minor << " d " << d);
+      const CudaPlan f = make_cuda_plan(with_softcap(fwd(DType::bf16, 2, 500, 4, 2, d)), caps);
+      ASSERT_TRUE(f.ok()) << f.error;
+      EXPECT_EQ(f.main.variant, Variant::mods);
+      EXPECT_NE(f.main.kernel(), nullptr);
+      for (bool deterministic : {false, true}) {
+        const Problem plain = bwd(DType::bf16, 2, 500, 4, 2, d, deterministic);
+        const CudaPlan b = make_cuda_plan(with_softcap(plain), caps), ref = make_cuda_plan(plain, caps);
+        EXPECT_EQ(b.ok(), ref.ok()) << b.error;  // (sm_86 has no d <= 256 backward)
+        if (!ref.ok()) continue;
+        EXPECT_EQ(b.main.variant, Variant::mods);
+        EXPECT_NE(ref.main.variant, Variant::mods);
+        EXPECT_EQ(b.single_pass, ref.single_pass);
+        EXPECT_EQ(b.group_splits, ref.group_splits);
+        EXPECT_EQ(b.workspace.total, ref.workspace.total);
+        if (!b.single_pass) {
+          EXPECT_EQ(b.dq.variant, Variant::mods);
+          EXPECT_NE(b.dq.kernel(), nullptr);
+        }
+      }
+    }
+  // Long key ranges: the forward's fold (its slots) and the dQ pass's fold stay planned.
+  const CudaPlan long_f = make_cuda_plan(with_softcap(fwd(DType::f16, 1, 20000, 2, 1, 128)), kH200);
+  EXPECT_EQ(long_f.main.variant, Variant::mods);
+  EXPECT_GT(long_f.outer_count, 0);
+  const CudaPlan long_k =
+      make_cuda_plan(with_softcap(problem(Direction::backward, DType::bf16, 1, 256, 1 << 20, 4, 4, 128, 128)), kH200);
+  EXPECT_EQ(long_k.dq.variant, Variant::mods);
+  EXPECT_GT(long_k.q_fold_blocks, 0);
+  EXPECT_GT(long_k.dq_accum_bytes, 0u);
+}
+
+// dBias: stored by the dK/dV pass where no extent-1 dimension stands for more than one index
+// of the problem (no workspace), otherwise an fp32 accumulator over its elements.
+TEST(CudaPlan, DbiasAccumulatorOnlyWhereItBroadcasts) {
+  Problem p = bwd(DType::bf16, 2, 300, 4, 2, 64);
+  p.bias_type = strideattn::BiasType::post_scale;
+  p.dbias_on = true;
+  const CudaPlan plain = make_cuda_plan(bwd(DType::bf16, 2, 300, 4, 2, 64), kH200);
+  for (const strideattn::Dims4& shape : {strideattn::Dims4{2, 4, 300, 300}, strideattn::Dims4{1, 4, 300, 300},
+                                         strideattn::Dims4{1, 1, 1, 300}, strideattn::Dims4{2, 4, 300, 1}}) {
+    p.bias.shape = p.dbias.shape = shape;
+    const bool direct = shape[0] == 2 && shape[1] == 4 && shape[2] == 300 && shape[3] == 300;
+    EXPECT_EQ(dbias_direct(p), direct);
+    const CudaPlan plan = make_cuda_plan(p, kH200);
+    ASSERT_TRUE(plan.ok()) << plan.error;
+    EXPECT_EQ(plan.main.variant, Variant::mods);
+    const std::size_t elems = std::size_t(shape[0] * shape[1] * shape[2] * shape[3]);
+    EXPECT_EQ(plan.dbias_accum_bytes, direct ? 0 : elems * 4);
+    EXPECT_EQ(plan.workspace.total - plan.workspace.dbias_accum,
+              (plan.dbias_accum_bytes + kWorkspacePieceAlign - 1) / kWorkspacePieceAlign * kWorkspacePieceAlign);
+    EXPECT_EQ(plan.workspace.dbias_accum, plain.workspace.total);
+  }
+  // A problem extent of 1 is no broadcast: one batch, one head.
+  Problem one = bwd(DType::bf16, 1, 300, 1, 1, 64);
+  one.bias_type = strideattn::BiasType::pre_scale;
+  one.dbias_on = true;
+  one.bias.shape = one.dbias.shape = {1, 1, 300, 300};
+  EXPECT_TRUE(dbias_direct(one));
+}
+
 TEST(CudaPlan, RefusalCheckAgreesWithThePlan) {
   const PlanForcing forcings[] = {{},
                                   {.arch = Arch::sm80},

@@ -2,11 +2,13 @@
 // delta = rowsum(dO * O), the sum of split dK/dV partials (GQA/MQA), the conversion of the
 // single-pass backward's fp32 dQ accumulator into dQ, and, for varlen
 // problems, zeroing the output tokens that belong to no sequence (padding) so every element
-// of an output view is written.
+// of an output view is written; for the training features, the max logit's -inf start and
+// the sinks' gradient.
 #include <cmath>
 
 #include "backends/cuda/common/aux_kernels.hpp"
 #include "backends/cuda/common/element.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/tensor_ref.hpp"
 
 namespace strideattn::cuda_impl {
@@ -126,7 +128,82 @@ cudaError_t zero_padding(void* base, const kernel::Strides& st, const kernel::Se
   return cudaGetLastError();
 }
 
+// max_logit[b, h] = -inf for every (sequence, head), through its strides.
+__global__ void __launch_bounds__(kAuxThreads) init_max_logit_kernel(const KernelParams kp) {
+  const int64_t i = int64_t(blockIdx.x) * kAuxThreads + threadIdx.x;
+  if (i >= kp.p.batch * kp.p.heads) return;
+  const int64_t b = i / kp.p.heads, h = i % kp.p.heads;
+  kp.f.max_logit[b * kp.f.max_logit_sb + h * kp.f.max_logit_sh] = -INFINITY;
+}
+
+// One block per query head: each thread sums -exp(sink - LSE) delta over its rows (rows
+// threadIdx.x, + kAuxThreads, ... of each sequence in order), then a tree over the block in
+// a fixed order. Rows the mask leaves no key, or with LSE = -inf, add nothing.
+__global__ void __launch_bounds__(kAuxThreads) d_sinks_kernel(const KernelParams kp) {
+  const kernel::AttentionParams& p = kp.p;
+  const int64_t head = blockIdx.x;
+  const float sink = kp.f.sinks[head * kp.f.sinks_sh];
+  float sum = 0.f;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const kernel::MaskRule m = p.mask(b);
+    for (int64_t i = threadIdx.x; i < m.s_q; i += kAuxThreads) {
+      const float lse = p.lse[kernel::lse_offset(p.q_seq, p.lse_st, b, head, i)];
+      if (lse == -INFINITY || m.key_end(i) <= m.key_begin(i)) continue;
+      sum -= expf(sink - lse) * kp.delta[delta_index(kp, b, head, i)];
+    }
+  }
+  __shared__ float part[kAuxThreads];
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int n = kAuxThreads / 2; n > 0; n >>= 1) {
+    if (int(threadIdx.x) < n) part[threadIdx.x] += part[threadIdx.x + n];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) kp.f.d_sinks[head * kp.f.d_sinks_sh] = part[0];
+}
+
+// Element n (row-major over the dBias view's logical shape) of the view: 0, or the
+// accumulator's sum, stored in the view's dtype through its strides.
+__global__ void __launch_bounds__(kAuxThreads) dbias_kernel(const KernelParams kp, int64_t count, bool from_accum) {
+  const FeatureParams& f = kp.f;
+  for (int64_t n = int64_t(blockIdx.x) * kAuxThreads + threadIdx.x; n < count; n += int64_t(gridDim.x) * kAuxThreads) {
+    int64_t rest = n, off = 0, acc = 0;
+    for (int d = 3; d >= 0; --d) {
+      const int64_t idx = rest % f.dbias_shape[d];
+      rest /= f.dbias_shape[d];
+      off += idx * f.dbias_st[d];
+      acc += idx * f.dbias_accum_st[d];
+    }
+    store_element(f.dbias, off, f.dbias_dtype, from_accum ? f.dbias_accum[acc] : 0.f);
+  }
+}
+
+cudaError_t launch_dbias(const KernelParams& kp, bool from_accum, cudaStream_t stream) {
+  const FeatureParams& f = kp.f;
+  const int64_t count = f.dbias_shape[0] * f.dbias_shape[1] * f.dbias_shape[2] * f.dbias_shape[3];
+  if (f.dbias == nullptr || count == 0 || (f.dbias_accum != nullptr) != from_accum) return cudaSuccess;
+  const int64_t blocks = kernel::min64(kernel::ceil_div(count, kAuxThreads), 65536);
+  dbias_kernel<<<unsigned(blocks), kAuxThreads, 0, stream>>>(kp, count, from_accum);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t launch_zero_dbias(const KernelParams& kp, cudaStream_t stream) { return launch_dbias(kp, false, stream); }
+cudaError_t launch_convert_dbias(const KernelParams& kp, cudaStream_t stream) { return launch_dbias(kp, true, stream); }
+
+cudaError_t launch_init_max_logit(const KernelParams& kp, cudaStream_t stream) {
+  const int64_t n = kp.p.batch * kp.p.heads;
+  if (kp.f.max_logit == nullptr || n == 0) return cudaSuccess;
+  init_max_logit_kernel<<<unsigned(kernel::ceil_div(n, kAuxThreads)), kAuxThreads, 0, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_d_sinks(const KernelParams& kp, cudaStream_t stream) {
+  if (kp.f.d_sinks == nullptr || kp.p.heads == 0) return cudaSuccess;
+  d_sinks_kernel<<<unsigned(kp.p.heads), kAuxThreads, 0, stream>>>(kp);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_delta(DType t, const KernelParams& kp, cudaStream_t stream) {
   const dim3 grid(unsigned(kernel::ceil_div(kp.p.q_seq.max_len, kDeltaRows)), unsigned(kp.p.heads),

@@ -19,7 +19,8 @@ namespace strideattn::cuda_impl {
 // row with l = 1 stores exactly its max score and the backward's P of it is exp(0) = 1. Rows
 // whose mask leaves no key visible get O = 0, LSE = -inf; a row that sees keys but has no
 // positive l (NaN scores, or every score -inf) gets NaN, as the definition does (0 / 0).
-template <class T, int MT, int D>
+// Mods: the feature variant's row_max is a logit L, already scaled (score_mod.cuh).
+template <class T, int MT, int D, bool Mods = false>
 __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
                                             int64_t r1, int d_v, const TensorRef<uint16_t>& o,
                                             const float (&o_acc)[MT][D / 8][4], const float (&row_max)[MT][2],
@@ -54,7 +55,7 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
         p.lse[kernel::lse_offset(p.q_seq, p.lse_st, batch, head, row)] =
             no_key     ? -INFINITY
             : l == 0.f ? NAN
-                       : lse_of_row(row_max[mt][h], log2f(l), p.scale);
+                       : lse_of_row(row_max[mt][h], log2f(l), Mods ? 1.f : p.scale);
     }
 }
 

@@ -31,6 +31,38 @@ enum AlignBits : std::uint32_t {
   kPairDV = 1u << 11,
 };
 
+// The training features the kernels apply (docs/semantics.md "Training features"): data of
+// the call, read only by the kernels' feature variant (Variant::mods) and the helpers around
+// it; the plain kernels never look at them. Strides are elements; a broadcast dimension has
+// stride 0.
+struct FeatureParams {
+  float softcap = 0.f;           // c > 0: L = c tanh(T / c); 0: off
+  const float* alibi = nullptr;  // ALiBi slopes [1 or b, h] (slope(b, h) = alibi[b sb + h sh]); null: off
+  std::int64_t alibi_sb = 0, alibi_sh = 0;
+  const float* sinks = nullptr;  // sink logit of each query head (sinks[h sh]); null: off
+  std::int64_t sinks_sh = 0;
+  float* max_logit = nullptr;  // forward: max L per (sequence, query head); null: not asked
+  std::int64_t max_logit_sb = 0, max_logit_sh = 0;
+  float* d_sinks = nullptr;  // backward: d_sink per query head; null: not asked
+  std::int64_t d_sinks_sh = 0;
+  // Additive bias [B, H, SQ, SKV]: element (b, h, i, j) at bias[b st0 + h st1 + i st2 + j st3];
+  // bias_kind is the BiasType's value (0 none, 1 post_scale, 2 pre_scale), dtypes DType's.
+  const void* bias = nullptr;
+  int bias_kind = 0, bias_dtype = 0;
+  std::int64_t bias_st[4] = {0, 0, 0, 0};
+  // dBias (backward; the bias's logical shape dbias_shape, its own strides and dtype). Where
+  // no dimension of extent 1 stands for more than one index of the problem (dbias_direct,
+  // plan.hpp) the dK/dV pass stores each pair's value itself (every element written once,
+  // launch_zero_dbias zeroes it first); otherwise it adds them by fp32 atomics into
+  // dbias_accum, dense over dbias_shape with strides dbias_accum_st (0 on extent-1
+  // dimensions), which launch_convert_dbias stores.
+  void* dbias = nullptr;
+  int dbias_dtype = 0;
+  std::int64_t dbias_shape[4] = {0, 0, 0, 0}, dbias_st[4] = {0, 0, 0, 0};
+  float* dbias_accum = nullptr;
+  std::int64_t dbias_accum_st[4] = {0, 0, 0, 0};
+};
+
 struct KernelParams {
   kernel::AttentionParams p;  // tensors, strides, sizes, mask; seq tables in device memory
   float* delta = nullptr;     // backward: rowsum(dO * O), [q batch extent][heads][q tokens]
@@ -66,6 +98,7 @@ struct KernelParams {
   // results (a blocked sum, not one running sum over millions of terms). 0: no fold.
   int kv_fold_blocks = 0;
   int q_fold_blocks = 0;
+  FeatureParams f;  // the training features (the feature variant's)
 };
 
 // Keys a forward warp accumulates in registers before folding them into its outer slot.

@@ -11,12 +11,15 @@
 //     S^T = K Q^T, P^T = exp(round(S^T * scale) - LSE) (masked -> -0)
 //     dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
 // Deterministic: every sum runs in a fixed order in one thread's registers.
+// Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
+// recomputed (with scale 1), and dS^T is scaled by the softcap's derivative.
 #pragma once
 
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -24,7 +27,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <Arch A, class T, int D, bool Fold>
+template <Arch A, class T, int D, bool Fold, bool Mods>
 __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
   constexpr KvPassTile kTile = kv_tile(A, D);
   constexpr int MT = kTile.mt, Bc = kTile.bc, Br = kTile.br, DAcc = kTile.d_acc;
@@ -91,7 +94,13 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     float st[MT][Br / 8][4];
     zero<MT, Br>(st);
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(st, sK, warp_row0, sQ(buf), 0, d_qk);
-    recompute_p_cols(st, sLse + buf * Br, kp.p.scale);
+    ScoreMod mod;
+    if constexpr (Mods) {
+      mod = ScoreMod::of(kp, w.mask, w.batch, w.head(it / w.n_qblocks));
+      if (w.dim_split != 0) mod.dbias = nullptr, mod.dbias_acc = nullptr;  // (the first head-dim split's)
+      score_mod<MT, Br>(st, mod, w.c0 + warp_row0, r0, false);
+    }
+    recompute_p_cols(st, sLse + buf * Br, Mods ? 1.f : kp.p.scale);
     if (r0 < w.unmasked.begin || r1 > w.unmasked.end)
       apply_mask<MT, Br>(st, w.mask, w.c0 + warp_row0, r0, false, kMaskedP);
 
@@ -106,6 +115,8 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     zero<MT, Br>(dpt);
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
     ds_cols(dpt, st, sDelta + buf * Br);
+    if constexpr (Mods)
+      if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, sLse + buf * Br, mod, w.c0 + warp_row0, r0);
     // dK += dS^T Q
     {
       uint32_t ds_frag[MT][Br / 16][4];
@@ -120,13 +131,17 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     __syncthreads();  // buffers of this iteration may be refilled
   }
 
-  // epilogue: this warp's rows of the CTA's valid keys
-  store_dk_dv<T, MT, DAcc, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
+  // epilogue: this warp's rows of the CTA's valid keys (the feature variant folds only where
+  // the plan says so)
+  if (!Mods || kp.kv_fold_blocks > 0)
+    store_dk_dv<T, MT, DAcc, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
+  else
+    store_dk_dv<T, MT, DAcc, false>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + warp_row0, w.c1, col0, dk, dv);
 }
 
-template <Arch A, class T, int D, bool Fold>
+template <Arch A, class T, int D, bool Fold, bool Mods = false>
 __global__ void __launch_bounds__(kThreads) backward_kv_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) kv_pass_mainloop<A, T, D, Fold>(kp);
+  if constexpr (builds_body<A>) kv_pass_mainloop<A, T, D, Fold, Mods>(kp);
 }
 
 // The kernel table's entry of this pass for (A, T, D) (dispatch.hpp).
@@ -142,6 +157,7 @@ KernelEntry kv_entry() {
   e.split_target = kTile.split_target;
   e.guarded = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D, false>);
   e.fold = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D, true>);
+  e.mods = reinterpret_cast<const void*>(&backward_kv_kernel<A, T, D, true, true>);
   return e;
 }
 

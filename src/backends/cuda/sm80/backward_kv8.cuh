@@ -25,11 +25,14 @@
 // two give the same bits (the GPU test checks it).
 // FullD: d_qk == d_v == D, known at compile time, so no GEMM carries the runtime guards that
 // skip a smaller head dim's zero padding (sm80/forward.cuh says why that matters).
+// Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
+// recomputed (with scale 1), and dS^T is scaled by the softcap's derivative.
 #pragma once
 
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -74,7 +77,7 @@ __device__ __forceinline__ void accumulate_dq(const KernelParams& kp, const DsTi
     }
 }
 
-template <Arch A, class T, int D, bool FullD, bool Fold>
+template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods>
 __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
   static_assert(has_kv8_pass(D), "the 8-warp pass serves the d <= 64 and d <= 128 buckets");
   constexpr Kv8Tile kTile = kv8_tile(A, D);
@@ -155,7 +158,12 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     float st[MT][WQ / 8][4];
     zero<MT, WQ>(st);
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(st, sK, key0, sQ(buf), q0, d_qk);
-    recompute_p_cols(st, lse, kp.p.scale);
+    ScoreMod mod;
+    if constexpr (Mods) {
+      mod = ScoreMod::of(kp, mask, batch, w.head(h));
+      score_mod<MT, WQ>(st, mod, c0 + key0, r0 + q0, false);
+    }
+    recompute_p_cols(st, lse, Mods ? 1.f : kp.p.scale);
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
     if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, kMaskedP);
@@ -166,6 +174,8 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     zero<MT, WQ>(dpt);
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(dpt, sV, key0, sDO(buf), q0, d_v);
     ds_cols(dpt, st, delta);
+    if constexpr (Mods)
+      if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, lse, mod, c0 + key0, r0 + q0);
     store_accum<T, MT, WQ>(sDS, key0, q0, dpt);
     __syncthreads();  // P^T and dS^T of all 64 queries are in shared memory
 
@@ -190,13 +200,17 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
       }
     h = next_h, b = next_b;
   }
-  // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim
-  store_dk_dv<T, MT, WD, Fold>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
+  // epilogue: this warp's rows of the CTA's valid keys, its half of the head dim (the
+  // feature variant folds only where the plan says so)
+  if (!Mods || kp.kv_fold_blocks > 0)
+    store_dk_dv<T, MT, WD, Fold>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
+  else
+    store_dk_dv<T, MT, WD, false>(kp, batch, kv_head, w.gsplit, c0 + key0, c1, d0, dk, dv);
 }
 
-template <Arch A, class T, int D, bool FullD, bool Fold>
+template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods = false>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_kv8_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) kv8_mainloop<A, T, D, FullD, Fold>(kp);
+  if constexpr (builds_body<A>) kv8_mainloop<A, T, D, FullD, Fold, Mods>(kp);
 }
 
 // The kernel table's entry of this pass for (A, T, D) (dispatch.hpp). Where unguarded_full_d
@@ -215,6 +229,7 @@ KernelEntry kv8_entry() {
   if constexpr (unguarded_full_d(A, D))
     e.full_d = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, true, false>);
   e.fold = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, false, true>);
+  e.mods = reinterpret_cast<const void*>(&backward_kv8_kernel<A, T, D, false, true, true>);
   return e;
 }
 

@@ -5,12 +5,15 @@
 // Over long key ranges (kp.q_fold_blocks) dQ folds into fp32 dq_accum rows every that many
 // key blocks (kernel_params.hpp), and launch_convert_dq stores it.
 // (sm80/backward_kv.cuh has the two-pass form's dK/dV pass.)
+// Mods: the feature variant (common/score_mod.cuh): S becomes the logit L before P is
+// recomputed (with scale 1), and dS is scaled by the softcap's derivative.
 #pragma once
 
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/query_block.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -18,7 +21,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <Arch A, class T, int D, bool Fold>
+template <Arch A, class T, int D, bool Fold, bool Mods>
 __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
   constexpr QPassTile kTile = q_tile(A, D);
   constexpr int MT = kTile.mt, Br = kTile.br, Bc = kTile.bc;
@@ -96,7 +99,13 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     float s[MT][Bc / 8][4];
     zero<MT, Bc>(s);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(s, sQ, warp_row0, sK(buf), 0, d_qk);
-    recompute_p_rows(s, row_lse, kp.p.scale);
+    // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
+    ScoreMod mod;
+    if constexpr (Mods) {
+      mod = ScoreMod::of(kp, mask, batch, head);
+      score_mod<MT, Bc>(s, mod, r0 + warp_row0, c0, true);
+    }
+    recompute_p_rows(s, row_lse, Mods ? 1.f : kp.p.scale);
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, kMaskedP);
 
@@ -105,6 +114,8 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     zero<MT, Bc>(dp);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(dp, sDO, warp_row0, sV(buf), 0, d_v);
     ds_rows(dp, s, row_delta);
+    if constexpr (Mods)
+      if (mod.cap > 0.f) score_grad_rows(dp, s, row_lse, mod, r0 + warp_row0, c0);
     // dQ += dS K
     uint32_t ds_frag[MT][Bc / 16][4];
     accum_to_a<T, MT, Bc>(ds_frag, dp);
@@ -118,16 +129,16 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
   }
 
   // epilogue: dQ = scale * dq, or with the fold on its last blocks into dq_accum (which
-  // launch_convert_dq stores)
-  if constexpr (Fold)
+  // launch_convert_dq stores); the feature variant folds only where the plan says so
+  if (Fold && (!Mods || kp.q_fold_blocks > 0))
     fold_dq<MT, D>(kp, batch, head, r0 + warp_row0, r1, dq);
   else
     store_dq<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, dq);
 }
 
-template <Arch A, class T, int D, bool Fold>
+template <Arch A, class T, int D, bool Fold, bool Mods = false>
 __global__ void __launch_bounds__(kThreads) backward_q_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) q_pass_mainloop<A, T, D, Fold>(kp);
+  if constexpr (builds_body<A>) q_pass_mainloop<A, T, D, Fold, Mods>(kp);
 }
 
 // The kernel table's entry of this pass for (A, T, D) (dispatch.hpp).
@@ -141,6 +152,7 @@ KernelEntry q_entry() {
   e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.loop_rows = kTile.bc;
   e.guarded = reinterpret_cast<const void*>(&backward_q_kernel<A, T, D, false>);
   e.fold = reinterpret_cast<const void*>(&backward_q_kernel<A, T, D, true>);
+  e.mods = reinterpret_cast<const void*>(&backward_q_kernel<A, T, D, true, true>);
   return e;
 }
 

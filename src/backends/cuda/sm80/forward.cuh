@@ -14,6 +14,9 @@
 // run every k-step and column tile without the runtime guards that skip a smaller head dim's
 // zero padding; those guards are branches between k-steps, across which ptxas does not move
 // the next step's ldmatrix above this step's MMAs (bench/cuda-notes.md, step 13).
+// Mods: the feature variant (common/score_mod.cuh): S becomes the logit L before the mask,
+// the softmax runs on L with scale 1, the sink joins each row's sum at the end and the max
+// logit is recorded; each feature a runtime switch of kp.f.
 #pragma once
 
 #include <cmath>
@@ -23,6 +26,7 @@
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/outer_accumulator.cuh"
 #include "backends/cuda/common/query_block.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -30,7 +34,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <Arch A, class T, int D, bool FullD, bool Fold>
+template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods>
 __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   constexpr ForwardTile kTile = forward_tile(A, D);
   constexpr int MT = kTile.mt, Br = kTile.br, Bc = kTile.bc, Stage = kTile.stage;
@@ -63,6 +67,8 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
 
   const int warp = threadIdx.x >> 5;
   const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the tile
+  // the softmax's exponent scale: L is already scaled in the feature variant
+  const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
 
   // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
@@ -118,31 +124,36 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
       zero<MT, Bc>(s);
       gemm_nt<T, MT, Bc, D>(s, sQ, warp_row0, sKb, 0, d_qk);
 
+      // (the modifiers made per block from the parameters rather than held across the loop)
+      if constexpr (Mods) score_mod<MT, Bc>(s, ScoreMod::of(kp, mask, batch, head), r0 + warp_row0, c0, true);
       // masked entries of S -> -inf (the scale is applied inside the exponent below; the
       // validation guarantees scale > 0, so the max of S is the max of scale * S)
       if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
         apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
 
-      online_softmax_step<MT, Bc, D>(s, o_acc, row_max, row_sum, kp.scale_log2);
+      online_softmax_step<MT, Bc, D>(s, o_acc, row_max, row_sum, scale_log2);
 
       // O += P V
       uint32_t p_frag[MT][Bc / 16][4];
       accum_to_a<T, MT, Bc>(p_frag, s);
       gemm_rn<T, MT, Bc, D, kTile.prefetch_pv>(o_acc, p_frag, sVb, 0, d_v);
       if constexpr (Fold)
-        if (outer.slot != nullptr && ++blocks_done % kFoldBlocks == 0)
-          outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
+        if (outer.slot != nullptr && ++blocks_done % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, scale_log2);
     }
   }
-  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
+  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, scale_log2);
 
+  if constexpr (Mods) {
+    if (kp.f.max_logit != nullptr) record_max_logit<MT>(kp, batch, head, r0 + warp_row0, r1, row_max);
+    if (kp.f.sinks != nullptr) join_sink<MT, D>(kp, mask, head, r0 + warp_row0, o_acc, row_max, row_sum);
+  }
   // epilogue: O /= l; LSE
-  store_o_lse<T, MT, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
+  store_o_lse<T, MT, D, Mods>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 }
 
-template <Arch A, class T, int D, bool FullD, bool Fold>
+template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods = false>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) forward_mainloop<A, T, D, FullD, Fold>(kp);
+  if constexpr (builds_body<A>) forward_mainloop<A, T, D, FullD, Fold, Mods>(kp);
 }
 
 // The kernel table's entry of this forward for (A, T, D) (dispatch.hpp). Long key ranges run
@@ -160,6 +171,8 @@ KernelEntry forward_entry() {
   e.guarded = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, false>);
   if constexpr (unguarded_full_d(A, D)) e.full_d = reinterpret_cast<const void*>(&forward_kernel<A, T, D, true, false>);
   e.fold = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, true>);
+  // the feature variant: guarded, with the fold (which runs only where the plan gives slots)
+  e.mods = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, true, true>);
   return e;
 }
 

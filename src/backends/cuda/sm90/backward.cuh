@@ -20,19 +20,22 @@
 // mma.sync kernels' (both pass the fp64 reference; the GPU tests run both).
 // Shared-memory operands written by cp.async or st.shared are made visible to the wgmma
 // (async proxy) by fence.proxy.async before the barrier that publishes them.
+// Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
+// recomputed (with scale 1), and dS^T is scaled by the softcap's derivative.
 #pragma once
 
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/dispatch.hpp"
 #include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D, bool Fold>
+template <class T, int D, bool Fold, bool Mods = false>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
@@ -123,7 +126,12 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     fence_operands(st[0]);
     const float* lse = sLse + buf * Br + g_q0;
     const float* delta = sDelta + buf * Br + g_q0;
-    recompute_p_cols(st, lse, kp.p.scale);
+    ScoreMod mod;
+    if constexpr (Mods) {
+      mod = ScoreMod::of(kp, w.mask, w.batch, w.head(h));
+      score_mod<1, GQ>(st, mod, w.c0 + key0, r0 + g_q0, false);
+    }
+    recompute_p_cols(st, lse, Mods ? 1.f : kp.p.scale);
     // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
     // dS by those zero rows, so P^T must be 0)
     if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0 + g_q0);
@@ -133,6 +141,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     wgmma_wait<0>();
     fence_operands(dpt[0]);
     ds_cols(dpt, st, delta);
+    if constexpr (Mods)
+      if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, lse, mod, w.c0 + key0, r0 + g_q0);
     store_accum<T, 1, GQ>(sDS, key0, g_q0, dpt);
     fence_async_shared();
     __syncthreads();  // P^T and dS^T of the whole block are in shared memory
@@ -187,8 +197,12 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     h = next_h, b = next_b;
   }
 
-  // epilogue: this warp's 16 keys (those below c1), the group's GD columns
-  store_dk_dv<T, 1, GD, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
+  // epilogue: this warp's 16 keys (those below c1), the group's GD columns (the feature
+  // variant folds only where the plan says so)
+  if (!Mods || kp.kv_fold_blocks > 0)
+    store_dk_dv<T, 1, GD, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
+  else
+    store_dk_dv<T, 1, GD, false>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
 #endif
 }
 
@@ -204,6 +218,7 @@ KernelEntry kv_wgmma_entry() {
   e.adds_dq = true, e.split_target = kTile.split_target;
   e.guarded = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, false>);
   e.fold = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true>);
+  e.mods = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true, true>);
   return e;
 }
 

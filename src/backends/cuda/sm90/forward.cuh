@@ -10,6 +10,7 @@
 //   masked -> -inf; online softmax step: S -> P, l, and O rescaled where m is raised
 //   O += P V             (A = P from registers, rounded to T; B = V from shared memory)
 // Tile shapes and their reasons: common/tiles.hpp, forward_wgmma_tile.
+// Mods: the feature variant, as sm80/forward.cuh's (common/score_mod.cuh).
 #pragma once
 
 #include "backends/cuda/common/epilogue.cuh"
@@ -17,6 +18,7 @@
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/outer_accumulator.cuh"
 #include "backends/cuda/common/query_block.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -24,7 +26,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D, bool Fold>
+template <class T, int D, bool Fold, bool Mods = false>
 __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   constexpr ForwardWgmmaTile kTile = forward_wgmma_tile(D);
@@ -55,6 +57,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   const int warp_row0 = wg * 64 + (warp & 3) * 16;  // first row of this warp inside the block
+  // the softmax's exponent scale: L is already scaled in the feature variant
+  const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
 
   // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed).
   auto load_stage = [&](int64_t c0, int buf) {
@@ -106,10 +110,12 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     wgmma_wait<0>();
     fence_operands(s[0]);
 
+    // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
+    if constexpr (Mods) score_mod<1, Bc>(s, ScoreMod::of(kp, mask, batch, head), r0 + warp_row0, c0, true);
     // masked entries -> -inf (keys past s_kv too: the rule ends every row at s_kv)
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<1, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
-    online_softmax_step<1, Bc, D>(s, o_acc, row_max, row_sum, kp.scale_log2);
+    online_softmax_step<1, Bc, D>(s, o_acc, row_max, row_sum, scale_log2);
 
     // O += P V (P rounded to T, in registers: the accumulator layout is the A layout), in
     // m64n128 column slices of O
@@ -127,11 +133,15 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     wgmma_wait<0>();
     fence_operands(o_acc[0]);
     if constexpr (Fold)
-      if (outer.slot != nullptr && (it + 1) % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
+      if (outer.slot != nullptr && (it + 1) % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, scale_log2);
   }
-  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
+  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, scale_log2);
 
-  store_o_lse<T, 1, D>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
+  if constexpr (Mods) {
+    if (kp.f.max_logit != nullptr) record_max_logit<1>(kp, batch, head, r0 + warp_row0, r1, row_max);
+    if (kp.f.sinks != nullptr) join_sink<1, D>(kp, mask, head, r0 + warp_row0, o_acc, row_max, row_sum);
+  }
+  store_o_lse<T, 1, D, Mods>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 #endif
 }
 
@@ -146,6 +156,7 @@ KernelEntry forward_wgmma_entry() {
   e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16;
   e.guarded = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false>);
   e.fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true>);
+  e.mods = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, true>);
   return e;
 }
 
