@@ -96,15 +96,21 @@ std::vector<std::string> expected_checks(const CaseSpec& s) {
   return names;
 }
 
+// Runs `spec` on cuda into `report`, its views first built from spec.layout_name when that
+// is set (a case without views is refused before any backend runs).
+strideattn::Status run_on_cuda(CaseSpec spec, CaseReport* report) {
+  if (!spec.layout_name.empty())
+    if (strideattn::Status s = strideattn::harness::make_layout_views(spec.layout_name, spec.sizes, &spec.views);
+        !s.ok())
+      return s;
+  return strideattn::harness::run_case(spec, {Backend::cuda}, report);
+}
+
 // cuda runs `spec` and passes: status ok, every output written, guards intact, and each
 // expected output checked (never vacuously: the list of checks is the one expected).
 void expect_cuda_ok(CaseSpec spec) {
-  if (!spec.layout_name.empty()) {
-    const strideattn::Status s = strideattn::harness::make_layout_views(spec.layout_name, spec.sizes, &spec.views);
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
   CaseReport report;
-  const strideattn::Status s = strideattn::harness::run_case(spec, {Backend::cuda}, &report);
+  const strideattn::Status s = run_on_cuda(spec, &report);
   const std::string repro = strideattn::harness::reproducer(spec, {Backend::cuda});
   ASSERT_TRUE(s.ok()) << s.message() << "\n  " << repro;
   ASSERT_EQ(report.backends.size(), 1u);
@@ -267,7 +273,10 @@ TEST(CudaFeatures, PlantedErrorsAreCaught) {
     CaseSpec c = base;
     c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
     CaseReport report;
-    ASSERT_TRUE(strideattn::harness::run_case(c, {Backend::cuda}, &report).ok());
+    {
+      const strideattn::Status st = run_on_cuda(c, &report);
+      ASSERT_TRUE(st.ok()) << st.message();
+    }
     ASSERT_EQ(report.backends.size(), 1u);
     const auto& r = report.backends[0];
     EXPECT_TRUE(r.status == "mismatch" || !r.written_ok) << r.status << ": " << r.reason;
@@ -369,14 +378,20 @@ TEST(CudaFeatures, DropoutAndDeterministicBroadcastDbiasAreRefusedByName) {
   CaseSpec c = dense(DType::bf16, 1, 64, 64, 2, 1, 64, 64, MaskKind::none);
   c.options.dropout.p = 0.1;
   CaseReport report;
-  ASSERT_TRUE(strideattn::harness::run_case(c, {Backend::cuda}, &report).ok());
+  {
+    const strideattn::Status st = run_on_cuda(c, &report);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
   EXPECT_EQ(report.backends.at(0).status, "unsupported");
   EXPECT_NE(report.backends.at(0).reason.find("dropout"), std::string::npos) << report.backends.at(0).reason;
 
   c = with_bias(dense(DType::bf16, 2, 64, 64, 2, 1, 64, 64, MaskKind::none), BiasType::post_scale, {1, 2, 64, 64});
   c.options.deterministic = true;
   report = {};
-  ASSERT_TRUE(strideattn::harness::run_case(c, {Backend::cuda}, &report).ok());
+  {
+    const strideattn::Status st = run_on_cuda(c, &report);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
   EXPECT_EQ(report.backends.at(0).status, "unsupported");
   EXPECT_NE(report.backends.at(0).reason.find("dbias_deterministic"), std::string::npos)
       << report.backends.at(0).reason;
