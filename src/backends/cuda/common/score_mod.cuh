@@ -233,6 +233,10 @@ __device__ __forceinline__ void put_dbias(const float (&ds)[MT][N / 8][4], float
   }
 }
 
+// |tanh| this close to 1 counts as saturated in softcap_grad: the taken-back tanh errs by a
+// few 1e-5 / c there, so 1 - tanh^2 (below 3e-5) is noise, far below dS's rounding to T.
+inline constexpr float kSaturated = 0x1p-16f;
+
 // dL -> dT with a softcap: ds *= 1 - tanh^2 where P > 0 (entries with P = 0 have dS = 0, or
 // NaN from dP, and stay so), tanh taken back from P and the row's LSE (lse_of(slot, col):
 // its lse_for_p value): L = LSE + ln P, U = L - Bpost + slope |...| (the terms after the
@@ -255,8 +259,11 @@ __device__ __forceinline__ void softcap_grad(float (&ds)[MT][N / 8][4], float (&
       for (int e = 0; e < 4; ++e) {
         const float u = p[mt][n][e];
         if (u > -INFINITY && u < INFINITY) {
+          // Within kSaturated of +-1 the taken-back tanh is its own rounding noise and the
+          // true factor is below 2 kSaturated: 0, as it is exactly where the score is
+          // infinite (the definition's 0 * K = NaN for an infinite key, not +-inf).
           const float th = fminf(fmaxf(u * m.inv_cap, -1.f), 1.f);
-          ds[mt][n][e] *= 1.f - th * th;
+          ds[mt][n][e] *= fabsf(th) > 1.f - kSaturated ? 0.f : 1.f - th * th;
         }
       }
 }
