@@ -12,7 +12,9 @@ One run measures, on the same GPU in one process (issue 20's targets):
   - prefill rows: s_q = 512, b = 4, s_kv = 4096 (the cache already holds all 4096 keys; the
     512 queries are its last 512 tokens, causal bottom-right), paged (16, 64) vs contiguous.
 Bandwidth counts the K and V bytes read once: b * s_kv * hg * d * 2 tensors * 2 bytes, over the
-median time of >= 20 runs timed with CUDA events after a warm-up. Prints a markdown table and
+median time of >= 20 runs timed with CUDA events after a warm-up: of one call inside a CUDA
+graph of 10 (the kernels' speed; serving loops capture their decode step), and "eager", one
+call and a synchronise (the host's per-call work included), both for ours and for SDPA. Prints a markdown table and
 writes RESULTS_DIR/<date>-<gpu>-<commit>.json.
 
   python3 bench/decode.py [--lib build-gpu/src/libstrideattn_c.so] [--results-dir DIR]
@@ -85,8 +87,12 @@ def render_table(copy_gbps: float | None, rows: list[dict]) -> str:
     out = [
         f"device-to-device copy: {fmt(copy_gbps)} GB/s",
         "",
-        "| case | b | s_q | s_kv | h/hg | layout | ours ms | ours GB/s | % of copy | SDPA flash GB/s | ours / SDPA |",
-        "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "Graph columns: one call inside a CUDA graph (the kernels alone); eager: one call, then a",
+        "synchronise (the host's per-call work included).",
+        "",
+        "| case | b | s_q | s_kv | h/hg | layout | ours ms | ours GB/s | % of copy | SDPA flash GB/s"
+        " | ours / SDPA | eager GB/s | SDPA eager GB/s |",
+        "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         pct = None if r["gbps"] is None or not copy_gbps else 100.0 * r["gbps"] / copy_gbps
@@ -98,7 +104,8 @@ def render_table(copy_gbps: float | None, rows: list[dict]) -> str:
         out.append(
             f"| {r['case']} | {r['b']} | {r['s_q']} | {r['s_kv']} | {r['h']}/{r['hg']} | "
             f"{r['layout']} | {fmt(r['ms'], 3)} | {fmt(r['gbps'])} | {fmt(pct, 1)} | "
-            f"{fmt(r.get('sdpa_gbps'))} | {fmt(ratio, 2)} |"
+            f"{fmt(r.get('sdpa_gbps'))} | {fmt(ratio, 2)} | {fmt(r.get('eager_gbps'))} | "
+            f"{fmt(r.get('sdpa_eager_gbps'))} |"
         )
     return "\n".join(out)
 
@@ -117,6 +124,32 @@ def time_ms(fn, runs: int, warmup: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def graph_ms(fn, runs: int, warmup: int, reps: int = 10) -> float | None:
+    """Median time of one call inside a CUDA graph of `reps` calls, replayed with CUDA events:
+    the kernels' time without the host's per-call work (a serving loop captures its decode
+    step in a graph). None when the call cannot be captured."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            fn()  # (a warm-up on the capture stream, as torch's graph docs ask)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+    except RuntimeError as e:
+        print(f"decode: graph capture failed: {e}", file=sys.stderr)
+        return None
+    g.replay()
+    torch.cuda.synchronize()
+    return time_ms(g.replay, runs, warmup) / reps
 
 
 def copy_bandwidth(runs: int, warmup: int) -> float | None:
@@ -156,10 +189,10 @@ class KvCall:
         a.options.mask = sa_abi.SA_MASK_CAUSAL_BOTTOM_RIGHT if causal else sa_abi.SA_MASK_NONE
         a.backend = sa_abi.SA_BACKEND_CUDA
         a.memory = sa_abi.SA_MEMORY_DEVICE
-        a.stream = torch.cuda.current_stream().cuda_stream
         self.args = a
 
     def __call__(self):
+        self.args.stream = torch.cuda.current_stream().cuda_stream  # (a graph captures on its own)
         rc = self.lib.sa_forward_with_kvcache(ctypes.byref(self.args), self.msg, len(self.msg))
         if rc != sa_abi.SA_OK:
             raise RuntimeError(self.msg.value.decode(errors="replace"))
@@ -208,23 +241,34 @@ def measure(lib, b, s_q, s_kv, h, hg, runs, warmup, case: str, causal: bool) -> 
     lens = torch.full((b,), s_kv, dtype=torch.int32, device=dev)
     nbytes = kv_bytes(b, s_kv, hg)
     rows = []
-    sdpa = None
+    sdpa = sdpa_eager = None
     if s_q == 1:  # (the prefill row compares paged with contiguous only)
         try:
-            sdpa = gbps(nbytes, time_ms(sdpa_flash(q, k, v, h, hg, False), runs, warmup))
+            fn = sdpa_flash(q, k, v, h, hg, False)
+            sdpa = gbps(nbytes, graph_ms(fn, runs, warmup))
+            sdpa_eager = gbps(nbytes, time_ms(fn, runs, warmup))
         except RuntimeError as e:
             print(f"decode: SDPA flash on {case} b={b} s_kv={s_kv}: {e}", file=sys.stderr)
     base = {"case": case, "b": b, "s_q": s_q, "s_kv": s_kv, "h": h, "hg": hg, "bytes": nbytes}
     call = KvCall(lib, q, k, v, o, lens, causal=causal)
-    ms = time_ms(call, runs, warmup)
+    ms, eager = graph_ms(call, runs, warmup), time_ms(call, runs, warmup)
     rows.append(
-        {**base, "layout": "contiguous", "ms": ms, "gbps": gbps(nbytes, ms), "sdpa_gbps": sdpa}
+        {
+            **base,
+            "layout": "contiguous",
+            "ms": ms,
+            "gbps": gbps(nbytes, ms),
+            "sdpa_gbps": sdpa,
+            "eager_ms": eager,
+            "eager_gbps": gbps(nbytes, eager),
+            "sdpa_eager_gbps": sdpa_eager,
+        }
     )
     want = o.clone()
     for page in PAGES:
         kp, vp, table = paged_copy(k, v, page)
         call = KvCall(lib, q, kp, vp, o, lens, table, causal=causal)
-        ms = time_ms(call, runs, warmup)
+        ms, eager = graph_ms(call, runs, warmup), time_ms(call, runs, warmup)
         same = bool(torch.equal(o, want))  # the same tokens: the same bytes out
         rows.append(
             {
@@ -233,6 +277,9 @@ def measure(lib, b, s_q, s_kv, h, hg, runs, warmup, case: str, causal: bool) -> 
                 "ms": ms,
                 "gbps": gbps(nbytes, ms),
                 "sdpa_gbps": sdpa,
+                "eager_ms": eager,
+                "eager_gbps": gbps(nbytes, eager),
+                "sdpa_eager_gbps": sdpa_eager,
                 "equals_contiguous": same,
             }
         )
@@ -282,7 +329,8 @@ def main(argv=None) -> int:
         "protocol": {
             "runs": args.runs,
             "warmup": args.warmup,
-            "timer": "CUDA events, median",
+            "timer": "CUDA events, median; ms / gbps: one call inside a CUDA graph of 10 (the"
+            " kernels alone), eager_*: one call then a synchronise (with the host's per-call work)",
             "bandwidth": "K and V bytes read once (b * s_kv * hg * d * 2 * 2) / time; copy: read + write",
             "sdpa": "flash backend on the contiguous tensors; prefill row without a mask",
         },

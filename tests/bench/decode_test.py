@@ -34,18 +34,27 @@ class DecodeBenchTest(unittest.TestCase):
         self.assertIsNone(decode.gbps(1.0, None))
         base = {"case": "decode", "b": 1, "s_q": 1, "s_kv": 32768, "h": 32, "hg": 8}
         rows = [
-            {**base, "layout": "contiguous", "ms": 0.1, "gbps": 2400.0, "sdpa_gbps": 2000.0},
+            {
+                **base,
+                "layout": "contiguous",
+                "ms": 0.1,
+                "gbps": 2400.0,
+                "sdpa_gbps": 2000.0,
+                "eager_gbps": 900.0,
+                "sdpa_eager_gbps": 1500.0,
+            },
             {**base, "layout": "paged 16", "ms": 0.1, "gbps": 2400.0, "sdpa_gbps": None},
         ]
         text = decode.render_table(4800.0, rows)
         self.assertIn("device-to-device copy: 4,800 GB/s", text)
         lines = text.splitlines()
-        self.assertEqual(len(lines), 6)
+        self.assertEqual(len(lines), 9)
         self.assertIn(
-            "| decode | 1 | 1 | 32768 | 32/8 | contiguous | 0.100 | 2,400 | 50.0 | 2,000 | 1.20 |",
-            lines[4],
+            "| decode | 1 | 1 | 32768 | 32/8 | contiguous | 0.100 | 2,400 | 50.0 | 2,000 | 1.20"
+            " | 900 | 1,500 |",
+            lines[7],
         )
-        self.assertTrue(lines[5].endswith("| - | - |"))
+        self.assertTrue(lines[8].endswith("| - | - | - | - |"))
 
 
 if __name__ == "__main__":
