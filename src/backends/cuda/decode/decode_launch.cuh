@@ -18,14 +18,14 @@ inline constexpr unsigned kDecodeAuxBlocks = 4096;
 
 // The split kernel of bucket D with its dynamic shared memory granted once per device
 // (cudaFuncSetAttribute is a driver call every launch would otherwise repeat).
-template <class T, int D>
-cudaError_t launch_split(const DecodeParams& p, int device, cudaStream_t stream) {
+template <class T, int D, bool Vec, bool Paged>
+cudaError_t launch_split_as(const DecodeParams& p, int device, cudaStream_t stream) {
   static std::atomic<std::uint64_t> granted{0};
   constexpr DecodeTile kTile = decode_tile(D);
   const std::uint64_t bit = device >= 0 && device < 64 ? std::uint64_t(1) << device : 0;
   if (bit == 0 || (granted.load(std::memory_order_acquire) & bit) == 0) {
-    if (cudaError_t e = cudaFuncSetAttribute(&decode_split_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             kTile.smem_bytes);
+    if (cudaError_t e = cudaFuncSetAttribute(&decode_split_kernel<T, D, Vec, Paged>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kTile.smem_bytes);
         e != cudaSuccess) {
       (void)cudaGetLastError();
       return e;
@@ -34,8 +34,22 @@ cudaError_t launch_split(const DecodeParams& p, int device, cudaStream_t stream)
   }
   const std::int64_t x = p.kv_heads * p.row_tiles * p.splits;
   if (x == 0 || p.batch == 0) return cudaSuccess;
-  decode_split_kernel<T, D><<<dim3(unsigned(x), unsigned(p.batch)), kDecodeThreads, kTile.smem_bytes, stream>>>(p);
+  decode_split_kernel<T, D, Vec, Paged>
+      <<<dim3(unsigned(x), unsigned(p.batch)), kDecodeThreads, kTile.smem_bytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The instantiation for the caches: K and V both 16-byte loadable (cp.async) or not (element
+// loads), contiguous or paged.
+template <class T, int D>
+cudaError_t launch_split(const DecodeParams& p, int device, cudaStream_t stream) {
+  constexpr std::uint32_t kVecKv = kVecK | kVecV;
+  const bool vec = (p.aligned & kVecKv) == kVecKv, paged = p.block_table != nullptr;
+  if (paged)
+    return vec ? launch_split_as<T, D, true, true>(p, device, stream)
+               : launch_split_as<T, D, false, true>(p, device, stream);
+  return vec ? launch_split_as<T, D, true, false>(p, device, stream)
+             : launch_split_as<T, D, false, false>(p, device, stream);
 }
 
 template <class T>

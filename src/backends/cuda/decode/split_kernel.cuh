@@ -29,12 +29,13 @@
 namespace strideattn::cuda_impl {
 
 // 8 elements of a row into a 16-byte shared-memory chunk: cp.async when the source is 16-byte
-// aligned (`vec`), element loads otherwise; zeros where there is no source (rows past the
+// aligned (Vec), element loads otherwise; zeros where there is no source (!have: rows past the
 // keys, columns past the head dim, rows of an invalid page).
-__device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src, bool vec) {
-  if (src == nullptr) {
+template <bool Vec>
+__device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src, bool have) {
+  if (!have) {
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  } else if (vec) {
+  } else if constexpr (Vec) {
     cp_async_16(smem_addr(dst), src);
   } else {
     uint32_t w[4];
@@ -44,7 +45,7 @@ __device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src, b
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool Vec, bool Paged>
 __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   constexpr DecodeTile kTile = decode_tile(D);
   constexpr int Stage = kTile.stage_keys, Stages = kTile.stages, Slabs = Stage / kDecodeSlab;
@@ -121,14 +122,34 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   }
 
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
-  const bool vec_q = (p.aligned & kVecQ) != 0, vec_k = (p.aligned & kVecK) != 0, vec_v = (p.aligned & kVecV) != 0;
+  const bool vec_q = (p.aligned & kVecQ) != 0;
   const int col = (threadIdx.x % kCpr) * 8, pass_row = threadIdx.x / kCpr;
-  const uint16_t* const k_head = static_cast<const uint16_t*>(p.k) + kv_head * p.k_st.h;
-  const uint16_t* const v_head = static_cast<const uint16_t*>(p.v) + kv_head * p.v_st.h;
+  const bool k_col = col < d_qk, v_col = col < d_v;
+  const uint16_t* const k_head = static_cast<const uint16_t*>(p.k) + kv_head * p.k_st.h + col;
+  const uint16_t* const v_head = static_cast<const uint16_t*>(p.v) + kv_head * p.v_st.h + col;
 
-  // Keys [c0, c0 + Stage) of the share into ring buffer `buf`, row by row through the block
-  // table; rows past ke and rows of an invalid page are zero-filled (the latter flagged in
-  // this thread's bad_page, which the CTA ORs at the end).
+  // This thread's rows of the stages: tokens kb + pass_row, then every kRpp-th. Stages are
+  // loaded in order, each exactly once, so a cursor walks the tokens: the next row's address
+  // is an increment within a sequence or a page, and a paged cache's page and slot are carried
+  // along (one division in all, one block-table read per page), not recomputed per row.
+  constexpr bool paged = Paged;
+  const std::uint32_t page_size = std::uint32_t(paged ? p.page_size : 1);
+  const int64_t k_step = int64_t(kRpp) * p.k_st.s, v_step = int64_t(kRpp) * p.v_st.s;
+  std::uint32_t page_no = 0, slot = 0;  // paged: the cursor's block-table column and slot
+  bool page_read = !paged, page_ok = !paged;
+  const uint16_t *kp = nullptr, *vp = nullptr;
+  if (!paged) {
+    kp = k_head + n * p.k_st.b + (kb + pass_row) * p.k_st.s;
+    vp = v_head + n * p.v_st.b + (kb + pass_row) * p.v_st.s;
+  } else {
+    const std::uint32_t tok = std::uint32_t(kb + pass_row);
+    page_no = tok / page_size;
+    slot = tok - page_no * page_size;
+  }
+
+  // Keys [c0, c0 + Stage) of the share into ring buffer `buf`; rows past ke and rows of an
+  // invalid page are zero-filled (the latter flagged in this thread's bad_page, which the CTA
+  // ORs at the end). A page's entry is read only for a row the share covers.
   bool bad_page = false;
   auto load_stage = [&](int stage, int buf) {
     const int64_t c0 = kb + int64_t(stage) * Stage;
@@ -136,16 +157,31 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
 #pragma unroll
     for (int pass = 0; pass < Stage / kRpp; ++pass) {
       const int row = pass * kRpp + pass_row;
-      CacheSlot at;
-      if (row < valid) {
-        at = cache_slot(p, n, c0 + row);
-        bad_page |= at.row < 0;
+      const bool in = row < valid;
+      if (paged && in && !page_read) {  // (constexpr paged: a contiguous cache has none of this)
+        const int64_t page = p.block_table[n * p.bt_b + int64_t(page_no) * p.bt_p];
+        page_read = true;
+        page_ok = page >= 0 && page < p.num_pages;
+        bad_page |= !page_ok;
+        kp = k_head + page * p.k_st.b + int64_t(slot) * p.k_st.s;
+        vp = v_head + page * p.v_st.b + int64_t(slot) * p.v_st.s;
       }
-      const bool have = at.row >= 0;
-      load_chunk(sK(buf).chunk(row, col),
-                 have && col < d_qk ? k_head + at.row * p.k_st.b + at.slot * p.k_st.s + col : nullptr, vec_k);
-      load_chunk(sV(buf).chunk(row, col),
-                 have && col < d_v ? v_head + at.row * p.v_st.b + at.slot * p.v_st.s + col : nullptr, vec_v);
+      const bool have = in && page_ok;
+      load_chunk<Vec>(sK(buf).chunk(row, col), kp, have && k_col);
+      load_chunk<Vec>(sV(buf).chunk(row, col), vp, have && v_col);
+      if (paged) {
+        slot += kRpp;
+        if (slot >= page_size) {
+          do {
+            slot -= page_size;
+            ++page_no;
+          } while (slot >= page_size);
+          page_read = page_ok = false;
+          continue;
+        }
+      }
+      kp += k_step;
+      vp += v_step;
     }
   };
 
@@ -155,7 +191,11 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
     for (int pass = 0; pass < kDecodeRows / kRpp; ++pass) {
       const int r = pass * kRpp + pass_row;
       const bool have = r0 + r < rows && row_query(r) < len.q_rows && col < d_qk;
-      load_chunk(sQ.chunk(r, col), have ? q + row_query(r) * p.q_st.s + row_head(r) * p.q_st.h + col : nullptr, vec_q);
+      const uint16_t* src = have ? q + row_query(r) * p.q_st.s + row_head(r) * p.q_st.h + col : nullptr;
+      if (vec_q)
+        load_chunk<true>(sQ.chunk(r, col), src, have);
+      else
+        load_chunk<false>(sQ.chunk(r, col), src, have);
     }
   }
 #pragma unroll
@@ -273,9 +313,11 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   }
 }
 
-template <class T, int D>
+// Vec: K and V are both 16-byte loadable (kVecK and kVecV), the cp.async path without a
+// per-row test; otherwise element loads. Paged: the caches are paged (p.block_table set).
+template <class T, int D, bool Vec, bool Paged>
 __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const DecodeParams p) {
-  decode_split_body<T, D>(p);
+  decode_split_body<T, D, Vec, Paged>(p);
 }
 
 }  // namespace strideattn::cuda_impl
