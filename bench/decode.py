@@ -26,7 +26,6 @@ import ctypes
 import datetime
 import json
 import os
-import statistics
 import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -34,6 +33,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
+from timing import time_ms  # noqa: E402  (bench/timing.py: CUDA events, median)
 
 torch = None  # imported by main(): --help and the CPU test work without torch
 
@@ -101,22 +101,6 @@ def render_table(copy_gbps: float | None, rows: list[dict]) -> str:
             f"{fmt(r.get('sdpa_gbps'))} | {fmt(ratio, 2)} |"
         )
     return "\n".join(out)
-
-
-def time_ms(fn, runs: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def copy_bandwidth(runs: int, warmup: int) -> float | None:
