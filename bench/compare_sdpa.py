@@ -33,7 +33,6 @@ import ctypes
 import datetime
 import os
 import re
-import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the table, the data file format)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
+from timing import time_ms  # noqa: E402  (bench/timing.py: CUDA events, median)
 
 torch = F = SDPBackend = sdpa_kernel = None  # imported by main(): --help works without torch
 
@@ -215,25 +215,6 @@ def make_inputs(sh: Shape):
     k = torch.randn(sh.b, sh.s, sh.hg, sh.d, device=dev, dtype=dt)
     v = torch.randn(sh.b, sh.s, sh.hg, sh.d, device=dev, dtype=dt)
     return q, k, v
-
-
-# ------------------------------------------------------------------ timing
-
-
-def time_ms(fn, runs: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def sdpa_fns(sh: Shape, q, k, v, backend):

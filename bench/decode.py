@@ -28,7 +28,6 @@ import ctypes
 import datetime
 import json
 import os
-import statistics
 import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -36,6 +35,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
+from timing import graph_ms, time_ms  # noqa: E402  (bench/timing.py: CUDA events, median)
 
 torch = None  # imported by main(): --help and the CPU test work without torch
 
@@ -108,48 +108,6 @@ def render_table(copy_gbps: float | None, rows: list[dict]) -> str:
             f"{fmt(r.get('sdpa_eager_gbps'))} |"
         )
     return "\n".join(out)
-
-
-def time_ms(fn, runs: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def graph_ms(fn, runs: int, warmup: int, reps: int = 10) -> float | None:
-    """Median time of one call inside a CUDA graph of `reps` calls, replayed with CUDA events:
-    the kernels' time without the host's per-call work (a serving loop captures its decode
-    step in a graph). None when the call cannot be captured."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(side):
-            fn()  # (a warm-up on the capture stream, as torch's graph docs ask)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-    except RuntimeError as e:
-        print(f"decode: graph capture failed: {e}", file=sys.stderr)
-        return None
-    g.replay()
-    torch.cuda.synchronize()
-    return time_ms(g.replay, runs, warmup) / reps
 
 
 def copy_bandwidth(runs: int, warmup: int) -> float | None:

@@ -26,6 +26,16 @@ repeats, timer, threads), metrics (the two timings of the device, e.g. enqueue_u
 synced_us), peers (the SDPA columns) and rows: column, layer, backend, mode, each metric,
 ratios {"metric/peer": over the peer's}, error. The newest file of
 each machine is rendered between `<!-- host:begin -->` and `<!-- host:end -->`.
+
+Training-features data (bench/features.py, format "strideattn-features/1", in
+results/features/): date, commit, gpu, command, versions, protocol (runs, rounds, warmup,
+timer), shape (b, h, hg, s, d, dtype, mask), options, backends (ours), features (plain
+first), targets (backend, mode, max_cost {feature: limit}, min_speed [[feature, peer,
+speed]], like_plain [[feature, peer]]) and rows: column (a backend of ours or sdpa-flash,
+sdpa-efficient, sdpa-cudnn), feature, mode, ms (median; null unless status is "ok"), runs,
+status ("ok", "refused", "error"), optional reason, note, check. Costs and speeds are computed
+here from the times. The newest file of each GPU is rendered between
+`<!-- features:begin -->` and `<!-- features:end -->`.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HOST_BEGIN, HOST_END = "<!-- host:begin -->", "<!-- host:end -->"
 FORMAT = "strideattn-bench/1"
 HOST_FORMAT = "strideattn-host/1"
+FEATURES_BEGIN, FEATURES_END = "<!-- features:begin -->", "<!-- features:end -->"
+FEATURES_FORMAT = "strideattn-features/1"
 PEERS = ["sdpa-flash", "sdpa-cudnn"]
 
 
@@ -307,6 +319,181 @@ def host_summary(results_dir: str) -> str:
     return "\n".join(parts).rstrip("\n")
 
 
+# ----------------------------------------------------------------------- training features
+
+FEATURE_SDPA = {
+    "sdpa-flash": "SDPA flash",
+    "sdpa-efficient": "SDPA efficient",
+    "sdpa-cudnn": "SDPA cuDNN",
+}
+FEATURE_MODES = ["fwd", "fwd+bwd"]
+
+
+def feature_row(data: dict, column: str, feature: str, mode: str) -> dict | None:
+    for r in data["rows"]:
+        if (r["column"], r["feature"], r["mode"]) == (column, feature, mode):
+            return r
+    return None
+
+
+def feature_ms(data: dict, column: str, feature: str, mode: str) -> float | None:
+    """The measured time, or None where the column refused, failed or was not asked."""
+    r = feature_row(data, column, feature, mode)
+    return r["ms"] if r and r.get("status") == "ok" and r.get("ms") else None
+
+
+def feature_cost(data: dict, column: str, feature: str, mode: str) -> float | None:
+    """time(feature) / time(plain) - 1 on the same column and mode."""
+    t, plain = feature_ms(data, column, feature, mode), feature_ms(data, column, "plain", mode)
+    return None if t is None or plain is None else t / plain - 1.0
+
+
+def feature_speed(data: dict, column: str, feature: str, peer: str, mode: str) -> float | None:
+    """The peer's time over ours (> 1: ours is faster), both with `feature`."""
+    t, p = feature_ms(data, column, feature, mode), feature_ms(data, peer, feature, mode)
+    return None if t is None or p is None else p / t
+
+
+def features_header(data: dict) -> str:
+    v, p, sh, o = data["versions"], data["protocol"], data["shape"], data.get("options", {})
+    opts = "; ".join(f"{k} {val}" for k, val in o.items())
+    return (
+        f"GPU {data['gpu']}, torch {v.get('torch')}, cuDNN {v.get('cudnn')}, strideattn "
+        f"{v.get('strideattn')}; b {sh['b']}, h {sh['h']}, s {sh['s']}, d {sh['d']}, "
+        f"{sh['dtype']}, {sh['mask']}; ms: median of {p.get('runs')} runs in {p.get('rounds')} "
+        f"interleaved rounds after {p.get('warmup')} warm-ups each ({p.get('timer')}); "
+        f"cost = time(feature) / time(plain) - 1, same backend and mode; options: {opts}"
+    )
+
+
+def _ms_cell(r: dict | None) -> str:
+    if r is None:
+        return "—"
+    if r.get("status") != "ok":
+        return r.get("status", "—")
+    return "—" if r.get("ms") is None else f"{r['ms']:.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:+.1f}%"
+
+
+def _met(ok: bool | None) -> str:
+    return "—" if ok is None else ("yes" if ok else "NO")
+
+
+def features_targets(data: dict) -> str:
+    """Issue 19's targets as the data file states them, each against this run's numbers."""
+    tg = data["targets"]
+    be, mode, feats = tg["backend"], tg["mode"], data["features"]
+    head = f"| target ({be}, {mode}) | measured | needed | met |"
+    lines = [head, "| --- | --- | --- | --- |"]
+    for feature, limit in tg["max_cost"].items():
+        if feature in feats:
+            c = feature_cost(data, be, feature, mode)
+            ok = None if c is None else c <= limit
+            lines.append(f"| {feature}: cost | {_pct(c)} | <= {_pct(limit)} | {_met(ok)} |")
+    for feature, peer, need in tg["min_speed"]:
+        if feature in feats:
+            x = feature_speed(data, be, feature, peer, mode)
+            ok = None if x is None else x >= need
+            got = "—" if x is None else f"{x:.2f}x"
+            lines.append(
+                f"| {feature}: speed over {FEATURE_SDPA[peer]} with it | {got} | "
+                f">= {need:.2f}x | {_met(ok)} |"
+            )
+    for feature, peer in tg["like_plain"]:
+        if feature in feats:
+            x = feature_speed(data, be, feature, peer, mode)
+            plain = feature_speed(data, be, "plain", peer, mode)
+            ok = None if x is None or plain is None else x >= plain
+            got = "—" if x is None else f"{x:.2f}x"
+            need = "—" if plain is None else f">= {plain:.2f}x (plain's)"
+            lines.append(
+                f"| {feature}: speed over {FEATURE_SDPA[peer]} with it | {got} | {need} | "
+                f"{_met(ok)} |"
+            )
+    return "\n".join(lines)
+
+
+def features_table(data: dict) -> str:
+    """The tables bench/features.py prints: time and cost of each feature per backend and
+    the SDPA columns; the targets; then what was refused, folded or failed its check."""
+    backends = data["backends"]
+    peers = [c for c in FEATURE_SDPA if any(r["column"] == c for r in data["rows"])]
+    head = ["feature", "mode"]
+    for be in backends:
+        head += [f"{be} ms", f"{be} cost"]
+    head += [f"{FEATURE_SDPA[c]} ms" for c in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for feature in data["features"]:
+        for mode in FEATURE_MODES:
+            cells = [feature, mode]
+            for be in backends:
+                r = feature_row(data, be, feature, mode)
+                cost = "—" if feature == "plain" else _pct(feature_cost(data, be, feature, mode))
+                cells += [_ms_cell(r), cost]
+            cells += [_ms_cell(feature_row(data, c, feature, mode)) for c in peers]
+            lines.append("| " + " | ".join(cells) + " |")
+    out = "\n".join(lines) + "\n\n" + features_targets(data)
+    notes: dict[tuple, list[str]] = {}
+    for r in data["rows"]:
+        said = []
+        if r.get("status") != "ok":
+            said.append(f"{r.get('status')}: {r.get('reason', '')}".rstrip(": "))
+        if r.get("check") not in (None, "ok"):
+            said.append(f"check failed: {r['check']}")
+        if r.get("note"):
+            said.append(r["note"])
+        for text in said:
+            notes.setdefault((r["column"], r["feature"], text), []).append(r["mode"])
+    if notes:
+        out += "\n\nNotes:\n" + "\n".join(
+            f"- {col} {feat} ({', '.join(modes)}): {text}"
+            for (col, feat, text), modes in sorted(notes.items())
+        )
+    return out
+
+
+def features_files(results_dir: str) -> list[tuple[str, dict]]:
+    """Every training-features data file in results_dir/features, oldest first."""
+    files = []
+    for p in glob.glob(os.path.join(results_dir, "features", "*.json")):
+        with open(p) as f:
+            data = json.load(f)
+        if data.get("format") != FEATURES_FORMAT:
+            raise ValueError(f"{p}: format {data.get('format')!r}, expected {FEATURES_FORMAT!r}")
+        keys = ("date", "commit", "gpu", "command", "versions", "protocol", "shape", "backends")
+        for key in keys + ("features", "targets", "rows"):
+            if key not in data:
+                raise ValueError(f"{p}: no {key!r}")
+        files.append((p, data))
+    return sorted(files, key=lambda f: (f[1]["date"], os.path.basename(f[0])))
+
+
+def features_summary(results_dir: str) -> str:
+    """The newest training-features run of each GPU."""
+    newest: dict[str, tuple[str, dict]] = {}
+    for path, data in features_files(results_dir):
+        newest[data["gpu"]] = (path, data)
+    if not newest:
+        return "No training-features data in bench/results/features/ yet."
+    parts = []
+    for gpu in sorted(newest):
+        path, data = newest[gpu]
+        parts += [
+            f"### {gpu}",
+            f"- `{os.path.basename(path)}`: {data['date']}, commit {data['commit']}, "
+            f"`{data['command']}`",
+            "",
+            features_header(data),
+            "",
+            features_table(data),
+            "",
+        ]
+    return "\n".join(parts).rstrip("\n")
+
+
 def _replace(text: str, begin: str, end: str, body: str) -> str:
     b, e = text.find(begin), text.find(end)
     if b < 0 or e < b:
@@ -316,10 +503,12 @@ def _replace(text: str, begin: str, end: str, body: str) -> str:
 
 def render_readme(readme_text: str, results_dir: str) -> str:
     """readme_text with the sections between the markers replaced by the summaries (the
-    host-time section only where the README has its markers)."""
+    host-time and training-features sections only where the README has their markers)."""
     text = _replace(readme_text, BEGIN, END, summary(results_dir))
     if HOST_BEGIN in text or HOST_END in text:
         text = _replace(text, HOST_BEGIN, HOST_END, host_summary(results_dir))
+    if FEATURES_BEGIN in text or FEATURES_END in text:
+        text = _replace(text, FEATURES_BEGIN, FEATURES_END, features_summary(results_dir))
     return text
 
 
