@@ -29,6 +29,28 @@ constexpr const char* kAmpereSource =
 // head dim, or of 64 in length) keeps the fixed order: the measurements say nothing about it.
 constexpr double kFarFromEveryRow = 6.0;
 
+// Host-bound problems: below this much work (dense bound, backward counted 2.5x) a call's GPU
+// time is a few microseconds at either backend's speed (2 GFLOP: 5-7 us at the 300-600
+// TFLOP/s of bench/README.md), under the difference of their per-call host cost, so the
+// backend with the cheaper host path finishes first. Measured (bench/results/host/
+// 2026-12-03-nvidia-h200-af4bc7d.json, a plan run of [1, 128, 4, 64] bf16 on an H200): cuda
+// 15.0 us forward and 44.8 us forward+backward, cudnn 27.0 and 78.7.
+constexpr double kHostBoundFlops = 2e9;
+constexpr const char* kHostSource =
+    "host-bound: per-call host cost of a plan run on an H200, cuda 15.0 us fwd / 44.8 us fwd+bwd vs cudnn 27.0 / "
+    "78.7 (bench/results/host/2026-12-03-nvidia-h200-af4bc7d.json)";
+
+// The work of a problem, dense bound (every query against every key of its sequence): cheap,
+// and no loop over (possibly 2^62) rows.
+double work_flops(const Problem& p) {
+  double pairs = 0;
+  const bool lists = p.varlen && p.lengths_known();  // else every sequence at its bounds
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    pairs +=
+        double(lists ? p.seqlens_q[std::size_t(b)] : p.s_q) * double(lists ? p.seqlens_kv[std::size_t(b)] : p.s_kv);
+  return 2.0 * pairs * double(p.heads) * double(p.d_qk + p.d_v) * (p.is_backward() ? 2.5 : 1.0);
+}
+
 std::string order_text(const std::vector<Backend>& order) {
   std::string s;
   for (Backend b : order) {
@@ -89,6 +111,12 @@ SpeedClass speed_class(const Problem& problem) {
     const std::string name = "sm" + std::to_string(plat.sm) + " device";
     if (const char* env = std::getenv("STRIDEATTN_AUTO"); env && std::string_view(env) == "fixed")
       return {name, gpu_first, std::string(kHopperSource) + " (STRIDEATTN_AUTO=fixed: the measured rows are not read)"};
+    if (problem.kv_cache == nullptr && work_flops(problem) < kHostBoundFlops) {
+      std::ostringstream os;
+      os.precision(3);
+      os << kHostSource << "; this problem needs " << work_flops(problem) << " FLOP, under " << kHostBoundFlops;
+      return {name + ", host-bound", {Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference}, os.str()};
+    }
     const SpeedRow* row = nearest_speed_row(problem);
     if (!row || speed_row_distance(*row, problem) > kFarFromEveryRow)
       return {name, gpu_first,
@@ -114,12 +142,7 @@ SupportRule memory_rule(Memory required) {
 
 SupportRule work_rule(double max_flops, double typical_rate) {
   return {"work", [max_flops, typical_rate](const Problem& p) -> std::optional<std::string> {
-            double pairs = 0;  // dense bound: cheap, and no loop over (possibly 2^62) rows
-            const bool lists = p.varlen && p.lengths_known();  // else every sequence at its bounds
-            for (std::int64_t b = 0; b < p.batch; ++b)
-              pairs += double(lists ? p.seqlens_q[std::size_t(b)] : p.s_q) *
-                       double(lists ? p.seqlens_kv[std::size_t(b)] : p.s_kv);
-            const double flops = 2.0 * pairs * double(p.heads) * double(p.d_qk + p.d_v) * (p.is_backward() ? 2.5 : 1.0);
+            const double flops = work_flops(p);
             if (flops <= max_flops) return std::nullopt;
             std::ostringstream os;
             os.precision(3);

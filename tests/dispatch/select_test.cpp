@@ -52,12 +52,14 @@ class FakeBackend final : public BackendImpl {
 std::vector<std::string> g_lines;
 void capture(std::string_view line) { g_lines.emplace_back(line); }
 
-// Real host buffers for a small problem (validation reads shapes and pointers only).
+// Real host buffers for a problem of few elements (validation reads shapes and pointers only).
 struct SmallProblem {
   std::vector<std::uint16_t> q, k, v, o;
   ForwardArgs args;
   explicit SmallProblem(Memory memory) {
-    const std::int64_t b = 1, s = 4, h = 2, d = 8;
+    // 8k tokens: 4.3 GFLOP forward, above the host-bound class's 2 GFLOP (select.cpp), so
+    // that `auto` orders it as a GPU-speed problem; head dim 8, far from every measured row.
+    const std::int64_t b = 1, s = 8192, h = 2, d = 8;
     q.assign(b * s * h * d, 0x3c00);  // 1.0 in f16
     k = v = o = q;
     auto view = [&](std::vector<std::uint16_t>& buf) {
@@ -365,8 +367,10 @@ TEST(SpeedTable, WindowsFollowTheWindowRows) {
 TEST(SpeedTable, FarProblemsAndStrideattnAutoFixedKeepTheFixedOrder) {
   ScopedBackendOverride o({}, Platform{true, 90, "Fake H200"});
   const std::vector<Backend> fixed{Backend::cudnn, Backend::cuda, Backend::cpu, Backend::reference};
-  Problem tiny = bench_problem(Direction::forward, 4, 8, 2, 2, false, -1);
-  SpeedClass cls = speed_class(tiny);
+  // head dim 8 and 4M tokens: a factor of 8 and of 64 or more from every row, and far from
+  // host-bound
+  Problem far = bench_problem(Direction::forward, std::int64_t(1) << 22, 8, 2, 2, false, -1);
+  SpeedClass cls = speed_class(far);
   EXPECT_EQ(cls.order, fixed);
   EXPECT_NE(cls.source.find("no measured row near this problem"), std::string::npos) << cls.source;
   // A problem some row favours cuda for, when one exists, with the measurements turned off.
@@ -382,6 +386,29 @@ TEST(SpeedTable, FarProblemsAndStrideattnAutoFixedKeepTheFixedOrder) {
     EXPECT_NE(cls.source.find("STRIDEATTN_AUTO=fixed"), std::string::npos) << cls.source;
     break;
   }
+}
+
+TEST(SpeedTable, HostBoundProblemsTakeTheCheaperHostPath) {
+  ScopedBackendOverride o({}, Platform{true, 90, "Fake H200"});
+  const std::vector<Backend> cuda_first{Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference};
+  // [1, 128, 4, 64] bf16 (host_overhead.py's problem): 16.8 MFLOP forward
+  Problem tiny = bench_problem(Direction::forward, 128, 64, 4, 4, false, -1);
+  tiny.batch = 1;
+  SpeedClass cls = speed_class(tiny);
+  EXPECT_EQ(cls.order, cuda_first);
+  EXPECT_NE(cls.name.find("host-bound"), std::string::npos) << cls.name;
+  EXPECT_NE(cls.source.find("bench/results/host/"), std::string::npos) << cls.source;
+  tiny.direction = Direction::backward;
+  EXPECT_EQ(speed_class(tiny).order, cuda_first);
+  // Just above the bound (2 GFLOP): b 2, h 16, s 1024, d 64 is 8.6 GFLOP forward; the table
+  // decides, not the host rule.
+  const Problem big = bench_problem(Direction::forward, 1024, 64, 16, 16, false, -1);
+  EXPECT_EQ(speed_class(big).name.find("host-bound"), std::string::npos) << speed_class(big).name;
+  // STRIDEATTN_AUTO=fixed turns the rule off as it does the table.
+  ::setenv("STRIDEATTN_AUTO", "fixed", 1);
+  cls = speed_class(tiny);
+  ::unsetenv("STRIDEATTN_AUTO");
+  EXPECT_EQ(cls.order[0], Backend::cudnn);
 }
 
 }  // namespace
