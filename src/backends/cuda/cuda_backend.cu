@@ -18,6 +18,7 @@
 #include "backends/cuda/device_caps.hpp"
 #include "backends/cuda/kernel_image.hpp"
 #include "backends/cuda/launch.hpp"
+#include "backends/stream_workspace.hpp"
 #include "backends/cuda/plan.hpp"
 #include "backends/cuda/test_hook.hpp"
 #include "common/memory_check.hpp"
@@ -132,7 +133,8 @@ const std::vector<SupportRule>& rules() {
   return list;
 }
 
-// Workspace for one call: the caller's, or one allocated on the stream and freed after.
+// Workspace for one call: the caller's, or one allocated on the stream (stream_workspace.hpp)
+// and freed after.
 class Workspace {
  public:
   Status acquire(const Problem& p, std::size_t bytes, cudaStream_t stream) {
@@ -152,7 +154,7 @@ class Workspace {
       return Status::Ok();
     }
     void* ptr = nullptr;
-    if (cudaError_t e = cudaMallocAsync(&ptr, bytes, stream); e != cudaSuccess)
+    if (cudaError_t e = stream_workspace_alloc(&ptr, bytes, stream); e != cudaSuccess)
       return cuda_status(e, "allocating the workspace");
     base_ = static_cast<unsigned char*>(ptr);
     owned_ = true;

@@ -18,6 +18,7 @@
 #include "backends/cudnn/graph.hpp"
 #include "backends/cudnn/nonfinite.hpp"
 #include "backends/cudnn/rules.hpp"
+#include "backends/stream_workspace.hpp"
 #include "dispatch/backend.hpp"
 #include "problem/params.hpp"
 
@@ -401,9 +402,10 @@ class CudnnCall final : public PreparedCall {
       if (p.workspace && p.workspace_bytes >= sc_.total) {
         base = static_cast<std::byte*>(p.workspace);  // (a plan refuses a smaller one)
       } else {
-        // No workspace from the caller: one from the stream-ordered pool, freed on the stream.
+        // No workspace from the caller: one from the stream-ordered pool (stream_workspace.hpp),
+        // freed on the stream.
         void* ptr = nullptr;
-        cudaError_t e = cudaMallocAsync(&ptr, sc_.total, stream);
+        cudaError_t e = stream_workspace_alloc(&ptr, sc_.total, stream);
         if (e != cudaSuccess)
           return Status(StatusCode::backend_error, "cudnn: " + cuda_error("allocating workspace", e) + " (" +
                                                        std::to_string(sc_.total) + " bytes)");
