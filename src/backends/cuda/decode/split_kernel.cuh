@@ -129,16 +129,16 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   const uint16_t* const v_head = static_cast<const uint16_t*>(p.v) + kv_head * p.v_st.h + col;
 
   // This thread's rows of the stages: tokens kb + pass_row, then every kRpp-th. Stages are
-  // loaded in order, each exactly once, so a cursor walks the tokens: the next row's address
-  // is an increment within a sequence or a page, and a paged cache's page and slot are carried
-  // along (one division in all, one block-table read per page), not recomputed per row.
-  constexpr bool paged = Paged;
-  const std::uint32_t page_size = std::uint32_t(paged ? p.page_size : 1);
+  // loaded in order, each exactly once, so a cursor walks the tokens: within a contiguous
+  // cache the next row's address is an increment; in a paged cache the page and slot are
+  // carried along (one division in all), and a stage reads its rows' block-table entries
+  // first, all in flight together, before it uses them.
+  constexpr int kPasses = Stage / kRpp;
+  const std::uint32_t page_size = std::uint32_t(Paged ? p.page_size : 1);
   const int64_t k_step = int64_t(kRpp) * p.k_st.s, v_step = int64_t(kRpp) * p.v_st.s;
   std::uint32_t page_no = 0, slot = 0;  // paged: the cursor's block-table column and slot
-  bool page_read = !paged, page_ok = !paged;
   const uint16_t *kp = nullptr, *vp = nullptr;
-  if (!paged) {
+  if constexpr (!Paged) {
     kp = k_head + n * p.k_st.b + (kb + pass_row) * p.k_st.s;
     vp = v_head + n * p.v_st.b + (kb + pass_row) * p.v_st.s;
   } else {
@@ -154,34 +154,43 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   auto load_stage = [&](int stage, int buf) {
     const int64_t c0 = kb + int64_t(stage) * Stage;
     const int valid = int(kernel::min64(Stage, ke - c0));
+    if constexpr (Paged) {
+      std::uint32_t column[kPasses], at[kPasses];
 #pragma unroll
-    for (int pass = 0; pass < Stage / kRpp; ++pass) {
-      const int row = pass * kRpp + pass_row;
-      const bool in = row < valid;
-      if (paged && in && !page_read) {  // (constexpr paged: a contiguous cache has none of this)
-        const int64_t page = p.block_table[n * p.bt_b + int64_t(page_no) * p.bt_p];
-        page_read = true;
-        page_ok = page >= 0 && page < p.num_pages;
-        bad_page |= !page_ok;
-        kp = k_head + page * p.k_st.b + int64_t(slot) * p.k_st.s;
-        vp = v_head + page * p.v_st.b + int64_t(slot) * p.v_st.s;
+      for (int pass = 0; pass < kPasses; ++pass) {
+        column[pass] = page_no, at[pass] = slot;
+        for (slot += kRpp; slot >= page_size; slot -= page_size) ++page_no;
       }
-      const bool have = in && page_ok;
-      load_chunk<Vec>(sK(buf).chunk(row, col), kp, have && k_col);
-      load_chunk<Vec>(sV(buf).chunk(row, col), vp, have && v_col);
-      if (paged) {
-        slot += kRpp;
-        if (slot >= page_size) {
-          do {
-            slot -= page_size;
-            ++page_no;
-          } while (slot >= page_size);
-          page_read = page_ok = false;
-          continue;
-        }
+      int64_t page[kPasses];  // -1: no row of the share here
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const bool in = pass * kRpp + pass_row < valid;
+        if (pass > 0 && column[pass] == column[pass - 1])
+          page[pass] = page[pass - 1];
+        else
+          page[pass] = in ? int64_t(p.block_table[n * p.bt_b + int64_t(column[pass]) * p.bt_p]) : -1;
       }
-      kp += k_step;
-      vp += v_step;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int row = pass * kRpp + pass_row;
+        const bool in = row < valid, ok = page[pass] >= 0 && page[pass] < p.num_pages;
+        bad_page |= in && !ok;
+        const bool have = in && ok;
+        load_chunk<Vec>(sK(buf).chunk(row, col), k_head + page[pass] * p.k_st.b + int64_t(at[pass]) * p.k_st.s,
+                        have && k_col);
+        load_chunk<Vec>(sV(buf).chunk(row, col), v_head + page[pass] * p.v_st.b + int64_t(at[pass]) * p.v_st.s,
+                        have && v_col);
+      }
+    } else {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int row = pass * kRpp + pass_row;
+        const bool have = row < valid;
+        load_chunk<Vec>(sK(buf).chunk(row, col), kp, have && k_col);
+        load_chunk<Vec>(sV(buf).chunk(row, col), vp, have && v_col);
+        kp += k_step;
+        vp += v_step;
+      }
     }
   };
 
