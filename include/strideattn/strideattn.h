@@ -322,6 +322,10 @@ typedef struct sa_kvcache_args {
 
 SA_API int sa_forward_with_kvcache(const sa_kvcache_args* args, char* msg, size_t msg_len);
 SA_API int sa_explain_kvcache(const sa_kvcache_args* args, char* buf, size_t len);
+/* Bytes of scratch sa_forward_with_kvcache needs on the backend that would run it (0: none);
+ * that much as `workspace` (16-byte aligned) and the call allocates nothing. The workspace
+ * fields and where the pointers live are ignored; lengths and block table are not read. */
+SA_API int sa_kvcache_workspace_size(const sa_kvcache_args* args, size_t* bytes, char* msg, size_t msg_len);
 
 #ifdef __cplusplus
 } /* extern "C" */
