@@ -312,7 +312,7 @@ typedef struct sa_kvcache_args {
   sa_tensor_view o; /* [b, s_q, h, d_v], written */
   sa_lse_view lse;  /* optional output [b, h, s_q] */
   sa_options options;
-  int32_t backend; /* enum sa_backend: reference, cpu and cuda run it; cudnn refuses (rule kv_cache) */
+  int32_t backend; /* enum sa_backend: reference, cpu, cuda and cudnn run it */
   int32_t memory;  /* enum sa_memory */
   void* stream;
   void* workspace;
