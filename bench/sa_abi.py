@@ -282,6 +282,7 @@ FUNCTIONS = {
     "sa_status_name": (ctypes.c_char_p, [ctypes.c_int]),
     "sa_forward_with_kvcache": (ctypes.c_int, [ctypes.POINTER(sa_kvcache_args), ctypes.c_char_p, ctypes.c_size_t]),
     "sa_explain_kvcache": (ctypes.c_int, [ctypes.POINTER(sa_kvcache_args), ctypes.c_char_p, ctypes.c_size_t]),
+    "sa_kvcache_workspace_size": (ctypes.c_int, [ctypes.POINTER(sa_kvcache_args), ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]),
 }
 
 

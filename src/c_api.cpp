@@ -510,6 +510,16 @@ SA_API int sa_explain_kvcache(const sa_kvcache_args* args, char* buf, size_t len
   return explain_c<sa_kvcache_args, KvCacheArgs>(args, buf, len);
 }
 
+SA_API int sa_kvcache_workspace_size(const sa_kvcache_args* args, size_t* bytes, char* msg, size_t msg_len) {
+  return guarded(msg, msg_len, [&] {
+    if (bytes == nullptr) return invalid("sa_kvcache_workspace_size: bytes is null");
+    *bytes = 0;
+    KvCacheArgs a;
+    if (Status s = convert(args, &a); !s.ok()) return s;
+    return workspace_size(a, bytes);
+  });
+}
+
 static_assert(static_cast<int>(strideattn::StatusCode::invalid_argument) == SA_INVALID_ARGUMENT);
 static_assert(static_cast<int>(strideattn::StatusCode::unsupported) == SA_UNSUPPORTED);
 static_assert(static_cast<int>(strideattn::StatusCode::backend_error) == SA_BACKEND_ERROR);

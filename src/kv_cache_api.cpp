@@ -1,7 +1,8 @@
 // Public entry points of KV-cache attention (strideattn/kv_cache.hpp): validation, the memory
 // kind of every pointer (common/memory_check.hpp), backend selection on the problem's selection view
 // (problem/kv_cache.hpp; backends without a KV-cache path are refused by the rule `kv_cache`), and the chosen backend's
-// run. No plans yet: every call validates and selects.
+// run, and the workspace query (the chosen backend's bytes). No plans yet: every call validates
+// and selects.
 #include <exception>
 #include <new>
 
@@ -41,6 +42,27 @@ Status forward_with_kvcache(const KvCacheArgs& args) {
     return Status(StatusCode::backend_error, "forward_with_kvcache: out of host memory");
   } catch (const std::exception& e) {
     return Status(StatusCode::internal, std::string("forward_with_kvcache: internal error: ") + e.what());
+  }
+}
+
+Status workspace_size(const KvCacheArgs& args, std::size_t* bytes) {
+  if (bytes == nullptr) return Status(StatusCode::invalid_argument, "workspace_size: bytes is null");
+  *bytes = 0;
+  try {
+    detail::KvCacheProblem p;
+    if (Status s = detail::make_kvcache_problem(args, &p); !s.ok()) return s;
+    p.args.workspace = nullptr;  // (a size query: an earlier, possibly freed, buffer may sit there)
+    p.args.workspace_bytes = 0;
+    const detail::Problem sel_problem = detail::selection_problem(p);
+    detail::Selection sel = detail::select_backend(sel_problem, args.backend, detail::VerdictScope::until_chosen);
+    if (!sel.chosen) return sel.status;
+    const detail::BackendImpl* impl = detail::backend_impl(*sel.chosen);
+    if (impl == nullptr) return Status(StatusCode::internal, "workspace_size: chosen backend is missing");
+    return impl->kvcache_workspace_size(p, bytes);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::backend_error, "workspace_size: out of host memory");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string("workspace_size: internal error: ") + e.what());
   }
 }
 

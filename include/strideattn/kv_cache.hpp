@@ -54,5 +54,11 @@ struct KvCacheArgs {
 // host); unsupported when the chosen backend has no KV-cache path (rule `kv_cache`).
 [[nodiscard]] Status forward_with_kvcache(const KvCacheArgs& args);
 [[nodiscard]] Explanation explain(const KvCacheArgs& args);
+// Bytes of scratch forward_with_kvcache needs on the backend that would run `args` (0: none);
+// pass at least that much as `workspace` (16-byte aligned) and the call allocates nothing. The
+// args' workspace fields and where the pointers live are ignored; the lengths and the block
+// table are not read. On `cuda` the bytes depend on the problem's sizes and the device (the
+// split count), not on the lengths: one query serves every decode step of the same shapes.
+[[nodiscard]] Status workspace_size(const KvCacheArgs& args, std::size_t* bytes);
 
 }  // namespace strideattn

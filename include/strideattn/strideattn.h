@@ -312,7 +312,7 @@ typedef struct sa_kvcache_args {
   sa_tensor_view o; /* [b, s_q, h, d_v], written */
   sa_lse_view lse;  /* optional output [b, h, s_q] */
   sa_options options;
-  int32_t backend; /* enum sa_backend: reference, cpu and cuda run it; cudnn refuses (rule kv_cache) */
+  int32_t backend; /* enum sa_backend: reference, cpu, cuda and cudnn run it */
   int32_t memory;  /* enum sa_memory */
   void* stream;
   void* workspace;
@@ -322,6 +322,10 @@ typedef struct sa_kvcache_args {
 
 SA_API int sa_forward_with_kvcache(const sa_kvcache_args* args, char* msg, size_t msg_len);
 SA_API int sa_explain_kvcache(const sa_kvcache_args* args, char* buf, size_t len);
+/* Bytes of scratch sa_forward_with_kvcache needs on the backend that would run it (0: none);
+ * that much as `workspace` (16-byte aligned) and the call allocates nothing. The workspace
+ * fields and where the pointers live are ignored; lengths and block table are not read. */
+SA_API int sa_kvcache_workspace_size(const sa_kvcache_args* args, size_t* bytes, char* msg, size_t msg_len);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -162,8 +162,8 @@ def attention_with_kvcache(
     "causal" is top-left (j <= i) and with s_q < L sees only the first keys. Returns O like q
     (d_v wide) and, with return_lse, the fp32 LSE [b, h, s_q]; `out` receives O in place.
     Forward only. Tensors may use any strides. Raises ValueError (bad input, with the shapes
-    and values found), UnsupportedError (e.g. the cudnn backend: rule kv_cache) and
-    BackendError."""
+    and values found), UnsupportedError (a backend that cannot run the call, with its rule)
+    and BackendError."""
     appends = k is not None or v is not None
     ctx, tensors = _begin(
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, seqlens_q, out, appends

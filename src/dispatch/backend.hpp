@@ -78,6 +78,13 @@ class BackendImpl {
     (void)problem;
     return Status(StatusCode::unsupported, "this backend does not run KV-cache attention");
   }
+  // Scratch bytes forward_kvcache needs for `problem` (the caller's `workspace` of at least
+  // that many bytes means the call allocates nothing). Preconditions as forward_kvcache.
+  [[nodiscard]] virtual Status kvcache_workspace_size(const KvCacheProblem& problem, std::size_t* bytes) const {
+    (void)problem;
+    *bytes = 0;
+    return Status::Ok();
+  }
 };
 
 // Registry: one instance per backend compiled into this build (nullptr otherwise).

@@ -14,7 +14,7 @@
 
 namespace strideattn::detail {
 
-inline constexpr int kGpuModuleAbi = 2;
+inline constexpr int kGpuModuleAbi = 3;  // changes with BackendImpl's virtual functions
 
 struct GpuModule {
   int abi = 0;

@@ -76,7 +76,7 @@ Verdict verdict_for(Backend b, const Problem& problem) {
       v.backend = b;
       v.rule = "kv_cache";
       v.reason = "KV-cache attention (" + describe_kvcache(*problem.kv_cache) +
-                 ") is not run by this backend (no KV-cache kernels); supported on: reference, cpu, cuda";
+                 ") is not run by this backend (no KV-cache kernels); supported on: reference, cpu, cuda, cudnn";
       return v;
     }
     Verdict v = impl->supports(problem);
@@ -107,6 +107,11 @@ SpeedClass speed_class(const Problem& problem) {
             "need device memory"};
   const Platform plat = platform();
   if (!plat.gpu) return {"device memory, no GPU visible", gpu_first, "no GPU to measure on"};
+  if (problem.kv_cache != nullptr)
+    return {"KV cache, device memory",
+            {Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference},
+            "cuda's decode kernels (split over the keys, every page size and stride, broken promises made NaN "
+            "per row) first; cudnn's paged SDPA is not measured against them yet"};
   if (plat.sm >= 90) {
     const std::string name = "sm" + std::to_string(plat.sm) + " device";
     if (const char* env = std::getenv("STRIDEATTN_AUTO"); env && std::string_view(env) == "fixed")

@@ -1,7 +1,8 @@
-// The C ABI of KV-cache attention (sa_forward_with_kvcache, sa_explain_kvcache): the struct has
-// one layout in C and C++; a paged case with an append gives the same bytes as the C++ entry
-// point (O, LSE and the caches); struct_size, enum and validation errors come back as codes
-// with one-line messages; explain names the `kv_cache` verdicts.
+// The C ABI of KV-cache attention (sa_forward_with_kvcache, sa_explain_kvcache,
+// sa_kvcache_workspace_size): the struct has one layout in C and C++; a paged case with an
+// append gives the same bytes as the C++ entry point (O, LSE and the caches); struct_size, enum
+// and validation errors come back as codes with one-line messages; explain names the
+// `kv_cache` verdicts; the workspace query answers as the call would.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -100,6 +101,49 @@ TEST(CApiKvCache, Errors) {
   c.backend = SA_BACKEND_CUDA;
   k.cache_seqlens[1] = 2;
   EXPECT_EQ(sa_forward_with_kvcache(&c, msg, sizeof msg), SA_UNSUPPORTED) << msg;
+}
+
+// The workspace query, C++ and C: the host backends need none (0, and lengths that would be
+// refused at run time are not read), a validation error comes back as the call's would, and a
+// backend that cannot run the problem is refused with its rule; nothing is written.
+TEST(CApiKvCache, WorkspaceSize) {
+  KvCase k = make_case();
+  k.cache_seqlens[1] = 11;  // broken, but a size query does not read the lengths
+  for (Backend backend : {Backend::reference, Backend::cpu, Backend::automatic}) {
+    std::size_t bytes = 77;
+    KvCacheArgs a = k.args(backend);
+    a.workspace = &bytes;  // ignored by the query
+    a.workspace_bytes = 1;
+    const Status s = workspace_size(a, &bytes);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(bytes, 0u);
+    sa_kvcache_args c = c_args(a);
+    std::size_t c_bytes = 77;
+    char msg[512] = "x";
+    ASSERT_EQ(sa_kvcache_workspace_size(&c, &c_bytes, msg, sizeof msg), SA_OK) << msg;
+    EXPECT_STREQ(msg, "");
+    EXPECT_EQ(c_bytes, 0u);
+  }
+  EXPECT_TRUE(k.outputs_untouched());
+  EXPECT_TRUE(k.kc.bytes == k.kc_before && k.vc.bytes == k.vc_before);
+
+  char msg[512];
+  std::size_t bytes = 77;
+  EXPECT_EQ(workspace_size(k.args(Backend::cpu), nullptr).code(), StatusCode::invalid_argument);
+  sa_kvcache_args c = c_args(k.args(Backend::cpu));
+  EXPECT_EQ(sa_kvcache_workspace_size(&c, nullptr, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("bytes is null"), std::string::npos) << msg;
+  EXPECT_EQ(sa_kvcache_workspace_size(nullptr, &bytes, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("sa_kvcache_args is null"), std::string::npos) << msg;
+  c.lse.shape[2] = 5;  // not [b, h, s_q]
+  bytes = 77;
+  EXPECT_EQ(sa_kvcache_workspace_size(&c, &bytes, msg, sizeof msg), SA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("lse"), std::string::npos) << msg;
+  EXPECT_EQ(bytes, 0u);
+  // cuda in host memory (or not built): refused, with its rule
+  c = c_args(k.args(Backend::cuda));
+  EXPECT_EQ(sa_kvcache_workspace_size(&c, &bytes, msg, sizeof msg), SA_UNSUPPORTED) << msg;
+  EXPECT_NE(std::string(msg).find("cuda"), std::string::npos) << msg;
 }
 
 TEST(CApiKvCache, ExplainListsTheVerdicts) {

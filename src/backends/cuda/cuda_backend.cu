@@ -238,6 +238,14 @@ class CudaBackend final : public BackendImpl {
     if (Status s = ws.acquire(selection_problem(p), plan.workspace, stream); !s.ok()) return s;
     return cuda_impl::run_decode(p, plan, caps.device, stream, ws.base());
   }
+  // The split kernel's partial rows (none with one split): the plan forward_kvcache makes.
+  [[nodiscard]] Status kvcache_workspace_size(const KvCacheProblem& p, std::size_t* bytes) const override {
+    cuda_impl::DeviceCaps caps;
+    if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
+      return cuda_status(cudaError_t(e), "querying the current device");
+    *bytes = cuda_impl::make_decode_plan(p, caps).workspace;
+    return Status::Ok();
+  }
 
   // A call without a plan of the caller's: prepared, then run once.
   [[nodiscard]] Status forward(const Problem& p) override { return run_once(p); }

@@ -5,7 +5,8 @@
 // "cudnn_graph": cuDNN itself accepts the graph (its message is the reason when not). A plan's
 // preparation (CudnnCall) finds the graph and lays out the workspace once; a run binds
 // pointers, builds the varlen tables (uploaded from the host lists, or made on the device from
-// cu_seqlens arrays: cu_seqlens.hpp) and enqueues the graph and its fix-ups.
+// cu_seqlens arrays: cu_seqlens.hpp) and enqueues the graph and its fix-ups. KV-cache calls go
+// to kvcache.hpp.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "backends/cudnn/cu_seqlens.hpp"
 #include "backends/cudnn/fixup.hpp"
 #include "backends/cudnn/graph.hpp"
+#include "backends/cudnn/kvcache.hpp"
 #include "backends/cudnn/nonfinite.hpp"
 #include "backends/cudnn/rules.hpp"
 #include "backends/stream_workspace.hpp"
@@ -36,6 +38,8 @@ std::int64_t span_of(const Dims4& shape, const Dims4& stride) {
   return span;
 }
 
+}  // namespace
+
 // Our [b, s, h, d] view -> cuDNN [b, h, s, d]; varlen views are [1, tokens, h, d] and become
 // [batch, h, s_max, d] with per-sequence ragged offsets.
 TensorLayout layout_of(const TensorView& t, std::int64_t batch, std::int64_t s, bool varlen) {
@@ -50,6 +54,8 @@ TensorLayout layout_of(const TensorView& t, std::int64_t batch, std::int64_t s, 
   l.stride = {b_stride, st(kHead), s_stride, 1};
   return l;
 }
+
+namespace {
 
 bool lse_is_packed(const Problem& p) {
   if (p.varlen || !(p.is_backward() || p.writes_lse())) return false;
@@ -218,6 +224,13 @@ const std::vector<SupportRule>& rules() {
                    std::string why;
                    auto band = band_for(q, &why);
                    if (!band) return why;
+                   if (q.kv_cache != nullptr) {
+                     PrepareResult res = prepare(make_kv_key(*q.kv_cache, *band, current_device()));
+                     if (res.ok) return std::nullopt;
+                     return "cuDNN refused the KV-cache graph at " + res.stage + ": " + res.message +
+                            " (no static support rule caught this problem; the rule that should have caught it: "
+                            "kv_cache_cudnn)";
+                   }
                    PrepareResult res = prepare(make_key(q, *band, current_device()));
                    if (res.ok) return std::nullopt;
                    return graph_failure(q, res);
@@ -441,6 +454,14 @@ class CudnnBackend final : public BackendImpl {
   }
 
   Status prepare_call(const Problem& p, std::unique_ptr<const PreparedCall>* out) override { return make_call(p, out); }
+
+  // KV-cache attention (kvcache.hpp): the cuda backend's append, then the cached graph with
+  // cuDNN's padding mask (and page tables), then the rows cuDNN leaves to us.
+  bool runs_kv_cache() const override { return true; }
+  Status forward_kvcache(const KvCacheProblem& p) override { return kv_forward(p); }
+  Status kvcache_workspace_size(const KvCacheProblem& p, std::size_t* bytes) const override {
+    return kv_workspace_size(p, bytes);
+  }
 
   Status forward(const Problem& p) override { return run_once(p); }
   Status backward(const Problem& p) override { return run_once(p); }

@@ -1,9 +1,9 @@
 // The one translation unit that includes the cuDNN frontend: builds SDPA forward/backward
-// graphs from a GraphKey (real dims and strides), keeps them in a bounded per-device cache
-// (least recently used entry evicted when full; failed builds are cached too), and executes
-// them, by key or through a handle a plan holds (no lookup per run). Never prints (the
-// frontend's own logging, which CUDNN_FRONTEND_LOG_INFO would turn on, is compiled out) and
-// never lets an exception escape.
+// graphs from a GraphKey (real dims and strides; KV-cache forwards with their page tables),
+// keeps them in a bounded per-device cache (least recently used entry evicted when full;
+// failed builds are cached too), and executes them, by key or through a handle a plan holds
+// (no lookup per run). Never prints (the frontend's own logging, which CUDNN_FRONTEND_LOG_INFO
+// would turn on, is compiled out) and never lets an exception escape.
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
 #define NV_CUDNN_FRONTEND_DISABLE_LOGGING 1
 #include <cuda_runtime_api.h>
@@ -41,6 +41,9 @@ enum Uid : std::int64_t {
   kUidSeqQ,
   kUidSeqKV,
   kUidRagged0,  // + RaggedSlot
+  kUidPageTableK = kUidRagged0 + 8,
+  kUidPageTableV,
+  kUidEnd,
 };
 
 std::vector<std::int64_t> vec(const std::array<std::int64_t, 4>& a) { return {a.begin(), a.end()}; }
@@ -52,7 +55,7 @@ std::vector<std::int64_t> vec(const std::array<std::int64_t, 4>& a) { return {a.
 struct GraphHandle {
   std::shared_ptr<fe::graph::Graph> graph;
   cudnnHandle_t handle = nullptr;
-  bool backward = false, stats = false, varlen = false;
+  bool backward = false, stats = false, varlen = false, kv = false, paged = false;
   mutable std::vector<std::int64_t> sorted_uids;  // empty until the first run fills it (under the run lock)
 };
 
@@ -163,13 +166,23 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
   auto ragged = [&](RaggedSlot slot, const char* name) {
     return index_tensor(*g, name, std::int64_t(kUidRagged0) + std::int64_t(slot), b + 1);
   };
-  if (key.varlen) {
+  if (key.varlen || key.kv) {
     seq_q = index_tensor(*g, "seq_len_q", kUidSeqQ, b);
     seq_kv = index_tensor(*g, "seq_len_kv", kUidSeqKV, b);
+  }
+  if (key.varlen) {
     Q->set_ragged_offset(ragged(kRagQ, "ragged_q"));
     K->set_ragged_offset(ragged(kRagK, "ragged_k"));
     V->set_ragged_offset(ragged(kRagV, "ragged_v"));
   }
+  auto page_table = [&](const char* name, std::int64_t uid) {
+    return g->tensor(Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({b, 1, key.table_pages, 1})
+                         .set_stride({key.table_pages, key.table_pages, 1, 1})
+                         .set_data_type(fe::DataType_t::INT32));
+  };
   const std::vector<std::int64_t> stats_dim{b, h, s_q, 1}, stats_stride{h * s_q, s_q, 1, 1};
 
   if (!key.backward) {
@@ -177,7 +190,11 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
                      .set_name("strideattn_sdpa_fwd")
                      .set_generate_stats(key.stats)
                      .set_attn_scale(static_cast<float>(key.scale));
-    if (key.varlen) attrs.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+    if (key.varlen || key.kv) attrs.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+    if (key.paged)
+      attrs.set_paged_attention_k_table(page_table("page_table_k", kUidPageTableK))
+          .set_paged_attention_v_table(page_table("page_table_v", kUidPageTableV))
+          .set_paged_attention_max_seq_len_kv(static_cast<int>(key.max_seq_kv));
     apply_band(attrs, key.band);
     auto [O, Stats] = g->sdpa(Q, K, V, attrs);
     O->set_output(true).set_uid(kUidO).set_dim(vec(key.o.dim)).set_stride(vec(key.o.stride));
@@ -255,6 +272,10 @@ std::size_t GraphKeyHash::operator()(const GraphKey& k) const {
   for (const TensorLayout* t : {&k.q, &k.k, &k.v, &k.o, &k.d_o, &k.dq, &k.dk, &k.dv}) mix_layout(*t);
   mix(k.stats);
   mix(k.varlen);
+  mix(k.kv);
+  mix(k.paged);
+  mix(std::uint64_t(k.table_pages));
+  mix(std::uint64_t(k.max_seq_kv));
   mix(k.band.bottom_right);
   mix(k.band.has_left);
   mix(k.band.has_right);
@@ -291,6 +312,8 @@ PrepareResult prepare(const GraphKey& key) {
       entry.handle->backward = key.backward;
       entry.handle->stats = key.stats;
       entry.handle->varlen = key.varlen;
+      entry.handle->kv = key.kv;
+      entry.handle->paged = key.paged;
     }
     cache.insert(key, std::move(entry));
     return r;
@@ -336,7 +359,7 @@ std::shared_ptr<const GraphHandle> prepare_handle(const GraphKey& key, PrepareRe
 std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) {
   try {
     // The tensors by uid, in the order of `Uid`; absent ones are not part of the graph.
-    void* by_uid[kUidRagged0 + 8] = {};
+    void* by_uid[kUidEnd] = {};
     by_uid[kUidQ] = const_cast<void*>(p.q);
     by_uid[kUidK] = const_cast<void*>(p.k);
     by_uid[kUidV] = const_cast<void*>(p.v);
@@ -349,12 +372,14 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
     by_uid[kUidSeqQ] = const_cast<std::int32_t*>(p.seq_len_q);
     by_uid[kUidSeqKV] = const_cast<std::int32_t*>(p.seq_len_kv);
     for (int s = 0; s < 8; ++s) by_uid[kUidRagged0 + s] = const_cast<std::int32_t*>(p.ragged[std::size_t(s)]);
+    by_uid[kUidPageTableK] = const_cast<std::int32_t*>(p.page_table_k);
+    by_uid[kUidPageTableV] = const_cast<std::int32_t*>(p.page_table_v);
     std::lock_guard<std::mutex> lock(run_mutex());
     cudnnStatus_t st = cudnnSetStream(g.handle, static_cast<cudaStream_t>(stream));
     if (st != CUDNN_STATUS_SUCCESS) return std::string("cudnnSetStream: ") + cudnnGetErrorString(st);
     fe::error_t err;
     if (!g.sorted_uids.empty()) {
-      void* sorted[kUidRagged0 + 8];
+      void* sorted[kUidEnd];
       const int n = int(g.sorted_uids.size());
       for (int i = 0; i < n; ++i) sorted[i] = by_uid[g.sorted_uids[std::size_t(i)]];
       err = g.graph->execute(g.handle, sorted, n, p.workspace);
@@ -366,6 +391,8 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
       if (g.backward || g.stats) pack[kUidStats] = by_uid[kUidStats];
       if (g.backward)
         for (std::int64_t u : {kUidDO, kUidDQ, kUidDK, kUidDV}) pack[u] = by_uid[u];
+      if (g.kv) pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];
+      if (g.paged) pack[kUidPageTableK] = by_uid[kUidPageTableK], pack[kUidPageTableV] = by_uid[kUidPageTableV];
       if (g.varlen) {
         pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];
         for (int s = 0; s < (g.backward ? 8 : 4); ++s) pack[kUidRagged0 + s] = by_uid[kUidRagged0 + s];
@@ -373,8 +400,8 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
       err = g.graph->execute(g.handle, pack, p.workspace);
       if (err.is_good()) {
         std::vector<std::int64_t> uids = g.graph->get_variant_pack_uids_sorted();
-        bool known = uids.size() <= std::size_t(kUidRagged0 + 8);
-        for (std::int64_t u : uids) known = known && u > 0 && u < kUidRagged0 + 8 && pack.count(u);
+        bool known = uids.size() <= std::size_t(kUidEnd);
+        for (std::int64_t u : uids) known = known && u > 0 && u < kUidEnd && pack.count(u);
         if (known) g.sorted_uids = std::move(uids);
       }
     }

@@ -41,6 +41,13 @@ struct GraphKey {
   TensorLayout d_o, dq, dk, dv;  // backward only
   bool stats = false;            // forward: write packed [b, h, s_q, 1] fp32 stats; backward: always read
   bool varlen = false;           // padding mask with seq-len tensors + ragged offsets on every tensor
+  // KV-cache forward: padding mask with seq-len tensors, no ragged offsets (Q and O padded to
+  // s_q, the caches to their capacity). Paged: k / v are the page containers [num_pages, hg,
+  // page_size, d] read through int32 page tables [b, 1, table_pages, 1] (packed), and
+  // max_seq_kv = table_pages * page_size.
+  bool kv = false;
+  bool paged = false;
+  std::int64_t table_pages = 0, max_seq_kv = 0;
   Band band;
   double scale = 1.0;
   bool deterministic = false;
@@ -67,6 +74,8 @@ struct GraphPointers {
   const std::int32_t* seq_len_kv = nullptr;
   // ragged offsets, indexed by RaggedSlot
   std::array<const std::int32_t*, 8> ragged{};
+  const std::int32_t* page_table_k = nullptr;  // paged KV cache: [b, table_pages]
+  const std::int32_t* page_table_v = nullptr;
   void* workspace = nullptr;  // at least prepare()'s workspace bytes
 };
 enum RaggedSlot : int { kRagQ = 0, kRagK, kRagV, kRagO, kRagDO, kRagDQ, kRagDK, kRagDV };

@@ -10,6 +10,7 @@
 
 #include "common/attention_math.hpp"
 #include "dispatch/select.hpp"
+#include "problem/kv_cache.hpp"
 
 namespace strideattn::detail::cudnn {
 
@@ -178,7 +179,7 @@ Check check_bounds_int32(const DeviceInfo&, const Problem& p) {
 Check check_bottom_right_shape(const DeviceInfo&, const Problem& p) {
   std::string why;
   auto band = band_for(p, &why);
-  if (!band || p.varlen || !band->bottom_right) return std::nullopt;
+  if (!band || p.varlen || p.kv_cache != nullptr || !band->bottom_right) return std::nullopt;  // (padding mask)
   if (p.s_q <= p.s_kv) return std::nullopt;
   return "bottom-right aligned mask/window with s_q " + str(p.s_q) + " > s_kv " + str(p.s_kv) +
          "; supported: s_q <= s_kv (or varlen)";
@@ -240,7 +241,8 @@ Check check_cu_seqlens_mask(const DeviceInfo&, const Problem& p) {
 // undefined, so they are refused. (Whole varlen sequences with no keys are handled: their
 // rows are written by the backend like padding.)
 Check check_empty_rows(const DeviceInfo&, const Problem& p) {
-  if (!p.lengths_known()) return std::nullopt;  // cu_seqlens: check_cu_seqlens_mask decided
+  if (!p.lengths_known() || p.kv_cache != nullptr)
+    return std::nullopt;  // KV cache: kv_kernels.hpp writes them  // cu_seqlens: check_cu_seqlens_mask decided
   const std::int64_t n = p.varlen ? p.batch : std::min<std::int64_t>(p.batch, 1);
   for (std::int64_t b = 0; b < n; ++b) {
     kernel::MaskRule m = mask_of(p, b);
@@ -253,6 +255,39 @@ Check check_empty_rows(const DeviceInfo&, const Problem& p) {
                ") sees no key; supported: every row sees at least one key (cuDNN leaves such "
                "rows undefined)";
   }
+  return std::nullopt;
+}
+
+// KV-cache attention (kvcache.hpp) uses cuDNN's padding mask with per-sequence lengths and, for
+// paged caches, its page tables. The frontend's own checks (sdpa_support_surface.h, frontend
+// 1.32): paged caches need cuDNN 9.5, with head dims above 128 more than 9.9; decode (s_q = 1)
+// with a mask needs more than 9.9 too; bottom-right masks with padding below 9.6 need lengths
+// that are multiples of 64. One floor over all of them: 9.10.2 (9.10.0 and 9.10.1 are refused
+// for their SDPA bugs before this rule).
+Check check_kv_version(const DeviceInfo& d, const Problem& p) {
+  if (p.kv_cache == nullptr || d.cudnn_version >= 91002) return std::nullopt;
+  return "KV-cache attention on cuDNN " + version_string(d.cudnn_version) +
+         "; supported: cuDNN >= 9.10.2 (paged caches with head dims above 128, and decode with a mask, need it)";
+}
+
+// Causal (top-left) with a window needs s_q == L in every sequence (band_for), which depends on
+// lengths read on the device.
+Check check_kv_mask(const DeviceInfo&, const Problem& p) {
+  if (p.kv_cache == nullptr || p.mask != MaskKind::causal || p.window.unbounded()) return std::nullopt;
+  return "mask causal (top-left) with window " + str(p.window.left) + "," + str(p.window.right) +
+         " in KV-cache attention: cuDNN has one diagonal alignment per graph and whether the two coincide "
+         "depends on the lengths (read on the device); supported: causal_bottom_right with a window, or causal "
+         "without one";
+}
+
+// cuDNN takes the paged cache's maximal attended length as an int; a paged cache without pages
+// leaves nothing for the entries no sequence reads (0 in the table cuDNN gets) to point at.
+Check check_kv_capacity(const DeviceInfo&, const Problem& p) {
+  if (p.kv_cache == nullptr) return std::nullopt;
+  if (p.kv_cache->capacity > kInt32Max)
+    return "cache capacity " + str(p.kv_cache->capacity) + " tokens per sequence; supported: < 2^31 (cuDNN's int)";
+  if (p.kv_cache->paged && p.kv_cache->num_pages < 1)
+    return "a paged cache of " + str(p.kv_cache->num_pages) + " pages; supported: at least one page";
   return std::nullopt;
 }
 
@@ -345,6 +380,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("gpu", check_gpu),
                                                 rule("cudnn_version", check_version),
                                                 rule("cudnn_known_bug", check_known_bad),
+                                                rule("kv_cache_version", check_kv_version),
                                                 rule("gpu_arch", check_arch),
                                                 rule("dtype", check_dtype),
                                                 rule("empty_problem", check_empty_problem),
@@ -355,8 +391,10 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("cu_seqlens_mask", check_cu_seqlens_mask),
                                                 rule("deterministic_mla", check_deterministic_mla),
                                                 rule("alignment", check_alignment),
+                                                rule("kv_cache_mask", check_kv_mask),
                                                 rule("mask_alignment", check_mask_maps),
                                                 rule("int32_limits", check_bounds_int32),
+                                                rule("kv_cache_capacity", check_kv_capacity),
                                                 rule("empty_rows", check_empty_rows),
                                                 rule("bottom_right_shape", check_bottom_right_shape),
                                                 rule("band_version", check_band_versions),

@@ -1,7 +1,8 @@
 // The cudnn backend's support rules and mask mapping, on a CPU: faked devices and cuDNN
 // versions (DeviceInfo) drive each named rule to refuse with the value found and what is
 // supported, and cuDNN's diagonal band (as documented in graph.hpp, read from the frontend's
-// sliding_window_mask) is checked against our MaskRule on every (i, j) of many shapes.
+// sliding_window_mask) is checked against our MaskRule on every (i, j) of many shapes; the
+// KV-cache rules on the selection view of KV-cache problems.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,7 +12,9 @@
 
 #include "backends/cudnn/rules.hpp"
 #include "common/attention_math.hpp"
+#include "problem/kv_cache.hpp"
 #include "problem/problem.hpp"
+#include "support/kv_case.hpp"
 
 namespace strideattn::detail::cudnn {
 namespace {
@@ -320,6 +323,52 @@ TEST(CudnnRules, WindowAndVarlenVersionGates) {
   b.varlen.seqlens_kv = {8, 16};
   expect_refused(verdict(hopper(90500), b.problem()), "varlen_version", "4/2 heads");
   EXPECT_TRUE(verdict(hopper(), b.problem()).supported);
+}
+
+// KV-cache problems (the selection view of a KvCacheProblem: the caches as K and V): a paged
+// decode and a chunk with more rows than some sequences have keys pass the static rules (the
+// row fix-up writes rows without keys, cuDNN's padding mask takes s_q above the capacity);
+// old cuDNN and top-left causal with a window are refused by their KV rules.
+TEST(CudnnRules, KvCacheRules) {
+  auto verdict_of = [](test_support::KvCase& c, const DeviceInfo& dev) {
+    c.build();
+    KvCacheArgs a = c.args(Backend::cudnn);
+    a.memory = Memory::device;
+    KvCacheProblem kp;
+    const Status s = make_kvcache_problem(a, &kp);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return verdict(dev, selection_problem(kp));
+  };
+  auto kv_case = [](MaskKind mask, Window w, std::int64_t s_q) {
+    test_support::KvCase c;
+    c.dtype = DType::bf16;
+    c.h = 8, c.hg = 2, c.d = c.dv = 64;
+    c.page_size = 16, c.max_pages = 2;
+    c.cache_seqlens = {20, 3};
+    c.s_new = 1;
+    c.s_q = s_q;
+    c.options.mask = mask;
+    c.options.window = w;
+    return c;
+  };
+  {
+    test_support::KvCase c = kv_case(MaskKind::causal_bottom_right, {}, 1);
+    const Verdict v = verdict_of(c, hopper());
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+  }
+  {
+    test_support::KvCase c = kv_case(MaskKind::causal_bottom_right, {4, 0}, 40);  // s_q 40 > capacity 32
+    const Verdict v = verdict_of(c, hopper());
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+  }
+  {
+    test_support::KvCase c = kv_case(MaskKind::none, {}, 1);
+    expect_refused(verdict_of(c, hopper(90800)), "kv_cache_version", "9.10.2");
+  }
+  {
+    test_support::KvCase c = kv_case(MaskKind::causal, {8, 0}, 2);
+    expect_refused(verdict_of(c, hopper()), "kv_cache_mask", "causal_bottom_right with a window");
+  }
 }
 
 TEST(CudnnBand, MappingValues) {

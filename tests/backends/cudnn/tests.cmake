@@ -10,6 +10,8 @@
 #    exact recompute of the backward at its default limits, off and on every group.
 #  - cudnn_plan_gpu_test (label gpu): cudnn and cuda through plans, cudnn with cu_seqlens
 #    arrays in device memory (and arrays that break the promise staying inside the views).
+#  - cudnn_kvcache_test (label gpu): KV-cache attention (contiguous and paged caches, appends,
+#    masks, broken promises, a CUDA-graph replay) against the fp64 reference; skips without a GPU.
 get_property(_have_cudnn GLOBAL PROPERTY STRIDEATTN_HAVE_CUDNN)
 if(_have_cudnn)
   strideattn_test(cudnn_rules_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/rules_test.cpp)
@@ -21,4 +23,6 @@ if(_have_cudnn)
   target_link_libraries(cudnn_large_logits_test PRIVATE strideattn_gpu)
   strideattn_test(cudnn_plan_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_gpu_test.cpp LABELS gpu)
   target_link_libraries(cudnn_plan_gpu_test PRIVATE CUDA::cudart)
+  strideattn_test(cudnn_kvcache_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/kvcache_test.cpp LABELS gpu)
+  target_link_libraries(cudnn_kvcache_test PRIVATE CUDA::cudart)
 endif()

@@ -8,4 +8,8 @@ cudaError_t launch_decode_bf16(const DecodeParams& p, int bucket, int device, cu
   return launch_decode<__nv_bfloat16>(p, bucket, device, stream);
 }
 
+cudaError_t launch_append_bf16(const DecodeParams& p, cudaStream_t stream) {
+  return launch_append<__nv_bfloat16>(p, stream);
+}
+
 }  // namespace strideattn::cuda_impl

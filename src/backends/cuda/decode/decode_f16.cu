@@ -8,4 +8,6 @@ cudaError_t launch_decode_f16(const DecodeParams& p, int bucket, int device, cud
   return launch_decode<__half>(p, bucket, device, stream);
 }
 
+cudaError_t launch_append_f16(const DecodeParams& p, cudaStream_t stream) { return launch_append<__half>(p, stream); }
+
 }  // namespace strideattn::cuda_impl

@@ -78,8 +78,7 @@ DecodePlan make_decode_plan(const detail::KvCacheProblem& p, const DeviceCaps& c
   return plan;
 }
 
-Status run_decode(const detail::KvCacheProblem& p, const DecodePlan& plan, int device, cudaStream_t stream,
-                  unsigned char* workspace) {
+DecodeParams decode_params(const detail::KvCacheProblem& p) {
   const KvCacheArgs& a = p.args;
   DecodeParams d;
   d.q = a.q.data;
@@ -121,6 +120,23 @@ Status run_decode(const detail::KvCacheProblem& p, const DecodePlan& plan, int d
   d.window_right = a.options.window.right;
   d.scale = float(p.scale);
   d.scale_log2 = float(p.scale * 1.4426950408889634);
+  return d;
+}
+
+Status run_append(const detail::KvCacheProblem& p, cudaStream_t stream) {
+  if (!p.appends) return Status::Ok();
+  const DecodeParams d = decode_params(p);
+  const cudaError_t e = p.dtype == DType::f16 ? launch_append_f16(d, stream) : launch_append_bf16(d, stream);
+  if (e != cudaSuccess)
+    return Status(StatusCode::backend_error,
+                  std::string("launching the kv-cache append kernel: ") + cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+Status run_decode(const detail::KvCacheProblem& p, const DecodePlan& plan, int device, cudaStream_t stream,
+                  unsigned char* workspace) {
+  const KvCacheArgs& a = p.args;
+  DecodeParams d = decode_params(p);
   d.row_tiles = plan.row_tiles;
   d.splits = plan.splits;
   if (plan.splits > 1) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "backends/cuda/decode/decode_params.hpp"
 #include "backends/cuda/device_caps.hpp"
 #include "problem/kv_cache.hpp"
 
@@ -29,6 +30,13 @@ struct DecodePlan {
 [[nodiscard]] std::optional<std::string> decode_refusal(const detail::KvCacheProblem& p, const DeviceCaps& caps);
 
 [[nodiscard]] DecodePlan make_decode_plan(const detail::KvCacheProblem& p, const DeviceCaps& caps);
+
+// The kernels' parameters of `p` that do not depend on a plan: pointers, strides, sizes, mask.
+[[nodiscard]] DecodeParams decode_params(const detail::KvCacheProblem& p);
+
+// The append of p's new tokens into its caches alone (nothing without an append), on `stream`:
+// the `cudnn` backend's first step (its graph then reads the caches). Launch errors only.
+[[nodiscard]] Status run_append(const detail::KvCacheProblem& p, cudaStream_t stream);
 
 // Launches the plan's kernels on `stream` with `workspace` (at least plan.workspace bytes,
 // 16-byte aligned, or null when it needs none). Asynchronous: returns launch errors only.

@@ -52,22 +52,28 @@ cudaError_t launch_split(const DecodeParams& p, int device, cudaStream_t stream)
              : launch_split_as<T, D, false, false>(p, device, stream);
 }
 
+inline unsigned aux_blocks(std::int64_t work) {
+  return unsigned(work < std::int64_t(kDecodeAuxBlocks) ? work : std::int64_t(kDecodeAuxBlocks));
+}
+
+// The append alone (nothing without new tokens): also what the cudnn backend runs before its graph.
+template <class T>
+cudaError_t launch_append(const DecodeParams& p, cudaStream_t stream) {
+  if (p.s_new <= 0 || p.kv_heads <= 0 || p.batch <= 0) return cudaSuccess;
+  append_kernel<T><<<aux_blocks(p.batch * p.s_new), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <class T>
 cudaError_t launch_decode(const DecodeParams& p, int bucket, int device, cudaStream_t stream) {
-  auto blocks = [](std::int64_t work) {
-    return unsigned(work < std::int64_t(kDecodeAuxBlocks) ? work : std::int64_t(kDecodeAuxBlocks));
-  };
-  if (p.s_new > 0 && p.kv_heads > 0 && p.batch > 0) {
-    append_kernel<T><<<blocks(p.batch * p.s_new), 128, 0, stream>>>(p);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
+  if (cudaError_t e = launch_append<T>(p, stream); e != cudaSuccess) return e;
   const cudaError_t e = bucket == 64    ? launch_split<T, 64>(p, device, stream)
                         : bucket == 128 ? launch_split<T, 128>(p, device, stream)
                                         : launch_split<T, 256>(p, device, stream);
   if (e != cudaSuccess || p.splits <= 1) return e;
   const std::int64_t rows = p.batch * p.heads * p.s_q;
   if (rows == 0) return cudaSuccess;
-  decode_combine_kernel<T><<<blocks((rows + kDecodeWarps - 1) / kDecodeWarps), kDecodeThreads, 0, stream>>>(p);
+  decode_combine_kernel<T><<<aux_blocks((rows + kDecodeWarps - 1) / kDecodeWarps), kDecodeThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

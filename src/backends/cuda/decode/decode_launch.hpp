@@ -13,5 +13,8 @@ namespace strideattn::cuda_impl {
 // the once-per-device grant of dynamic shared memory. Returns the first launch error.
 cudaError_t launch_decode_f16(const DecodeParams& p, int bucket, int device, cudaStream_t stream);
 cudaError_t launch_decode_bf16(const DecodeParams& p, int bucket, int device, cudaStream_t stream);
+// The append of new tokens alone (nothing when p.s_new is 0): the first launch of the above.
+cudaError_t launch_append_f16(const DecodeParams& p, cudaStream_t stream);
+cudaError_t launch_append_bf16(const DecodeParams& p, cudaStream_t stream);
 
 }  // namespace strideattn::cuda_impl
