@@ -331,6 +331,7 @@ TEST(CudaDropout, MaskIsPhiloxOfTheDefinitionBitForBit) {
       c.dtype = t, c.n = n;
       c.fill(std::uint64_t(n) + 5);
       for (const auto& forcing : forcings) {
+        if (n == 256 && forcing && forcing->smem_optin > 0) continue;  // (no d 256 kernels there)
         SCOPED_TRACE(::testing::Message() << "n " << n << " " << strideattn::to_string(t) << " forcing "
                                           << (forcing ? (forcing->arch ? "sm80" : "two-pass") : "none"));
         std::optional<ScopedCudaPlanForcing> forced;
