@@ -136,7 +136,8 @@ Status fill_common(const CallOptions& c, Placement* p, Args* args) {
   return Status::Ok();
 }
 
-// The feature inputs both passes read: bias, ALiBi slopes, sinks.
+// The feature inputs both passes read: bias, ALiBi slopes, sinks, dropout's seed and offset
+// tensor.
 template <class Args>
 Status fill_inputs(const FeatureOptions& f, Placement* p, Args* args) {
   if (f.bias)
@@ -145,6 +146,24 @@ Status fill_inputs(const FeatureOptions& f, Placement* p, Args* args) {
     if (Status s = to_head("alibi_slopes", *f.alibi_slopes, p, &args->alibi_slopes); !s.ok()) return s;
   if (f.sinks)
     if (Status s = to_head("sinks", *f.sinks, p, &args->sinks); !s.ok()) return s;
+  if (f.dropout_rng) {  // [seed, offset], read by the backend when the call runs
+    const InArray& a = *f.dropout_rng;
+    if (Status s = place("dropout_rng", a, p); !s.ok()) return s;
+    const nb::dlpack::dtype t = a.dtype();
+    const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+    if (!(t.lanes == 1 && t.bits == 64 &&
+          (code == nb::dlpack::dtype_code::Int || code == nb::dlpack::dtype_code::UInt)))
+      return bad("dropout_rng has dtype " + dtype_name(t) + "; supported: int64 or uint64 [seed, offset]");
+    if (a.ndim() != 1 || a.shape(0) != 2)
+      return bad("dropout_rng has " + std::to_string(a.ndim()) + " dimensions of " +
+                 (a.ndim() > 0 ? std::to_string(a.shape(0)) : std::string("0")) +
+                 " entries; supported: 1 dimension of 2 entries [seed, offset]");
+    if (a.stride(0) != 1)
+      return bad("dropout_rng has stride " + std::to_string(a.stride(0)) + "; supported: 1 (contiguous)");
+    const auto* words = static_cast<const std::uint64_t*>(a.data());
+    args->options.dropout.seed_ptr = words;
+    args->options.dropout.offset_ptr = words + 1;
+  }
   return Status::Ok();
 }
 
@@ -201,13 +220,13 @@ Status build_backward(const InArray& q, const InArray& k, const InArray& v, cons
       std::optional<InArray> off_kv, std::int64_t max_q, std::int64_t max_kv, double softcap, double drop_p,  \
       std::uint64_t drop_seed, std::uint64_t drop_offset, std::string bias_type, std::optional<InArray> bias, \
       std::optional<InArray> alibi, std::optional<InArray> sinks, std::optional<OutArray> max_logit,          \
-      std::optional<OutArray> dbias, std::optional<OutArray> d_sinks
-#define STRIDEATTN_OPTION_VALUES                                                                      \
-  std::move(mask), wl, wr, scale, det, std::move(sq), std::move(skv), std::move(oq), std::move(okv),  \
-      std::move(backend), stream, std::move(ws), std::move(cu_q), std::move(cu_kv), std::move(off_q), \
-      std::move(off_kv), max_q, max_kv, FeatureOptions {                                              \
-    softcap, drop_p, drop_seed, drop_offset, std::move(bias_type), std::move(bias), std::move(alibi), \
-        std::move(sinks), std::move(max_logit), std::move(dbias), std::move(d_sinks)                  \
+      std::optional<OutArray> dbias, std::optional<OutArray> d_sinks, std::optional<InArray> drop_rng
+#define STRIDEATTN_OPTION_VALUES                                                                          \
+  std::move(mask), wl, wr, scale, det, std::move(sq), std::move(skv), std::move(oq), std::move(okv),      \
+      std::move(backend), stream, std::move(ws), std::move(cu_q), std::move(cu_kv), std::move(off_q),     \
+      std::move(off_kv), max_q, max_kv, FeatureOptions {                                                  \
+    softcap, drop_p, drop_seed, drop_offset, std::move(bias_type), std::move(bias), std::move(alibi),     \
+        std::move(sinks), std::move(max_logit), std::move(dbias), std::move(d_sinks), std::move(drop_rng) \
   }
 #define STRIDEATTN_OPTION_ARGS                                                                                        \
   nb::arg("mask") = "none", nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("scale") = nb::none(), \
@@ -220,7 +239,8 @@ Status build_backward(const InArray& q, const InArray& k, const InArray& v, cons
   nb::arg("softcap") = 0.0, nb::arg("dropout_p") = 0.0, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,   \
   nb::arg("bias_type") = "none", nb::arg("bias").none() = nb::none(), nb::arg("alibi_slopes").none() = nb::none(),    \
   nb::arg("sinks").none() = nb::none(), nb::arg("max_logit").none() = nb::none(),                                     \
-  nb::arg("dbias").none() = nb::none(), nb::arg("d_sinks").none() = nb::none()
+  nb::arg("dbias").none() = nb::none(), nb::arg("d_sinks").none() = nb::none(),                                       \
+  nb::arg("dropout_rng").none() = nb::none()
 
 CallOptions call_options(std::string mask, std::int64_t wl, std::int64_t wr, std::optional<double> scale, bool det,
                          std::vector<std::int64_t> sq, std::vector<std::int64_t> skv, std::vector<std::int64_t> oq,

@@ -207,6 +207,9 @@ struct FeatureOptions {
   std::string bias_type = "none";
   std::optional<InArray> bias, alibi_slopes, sinks;
   std::optional<OutArray> max_logit, dbias, d_sinks;
+  // Dropout's seed and offset read when the call runs: a 1-D tensor of two 64-bit integers
+  // [seed, offset] in the tensors' memory (overrides dropout_seed / dropout_offset).
+  std::optional<InArray> dropout_rng;
 };
 
 inline Status parse_features(const FeatureOptions& f, AttentionOptions* o) {

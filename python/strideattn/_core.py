@@ -221,6 +221,7 @@ def attention(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     dropout_offset: int = 0,
+    dropout_rng: Any = None,
     bias: Any = None,
     bias_type: str = "post_scale",
     alibi_slopes: Any = None,
@@ -253,7 +254,7 @@ def attention(
     least workspace_size() bytes on the tensors' device); without it the library allocates.
 
     Training features (docs/semantics.md "Training features"; the reference and cpu backends
-    run them, cuda all but dropout, cudnn refuses each with a named rule): softcap > 0 caps
+    run them, cuda too, cudnn refuses each with a named rule): softcap > 0 caps
     the scaled logits (c * tanh(x / c)); bias is an additive bias of logical shape
     [b or 1, h or 1, s_q, s_kv] (each extent full or 1; any strides, stride 0 broadcasts;
     float32/float16/bfloat16),
@@ -261,7 +262,9 @@ def attention(
     ("pre_scale"); alibi_slopes ([h] or [b, h] float32) subtracts slope * |i + s_kv - s_q - j|;
     sinks ([h] float32) joins every row's softmax denominator as exp(sink); dropout_p drops
     each probability with that chance (Philox of dropout_seed, dropout_offset and the
-    position: every backend and the backward draw the same mask). return_max_logit adds a
+    position: every backend and the backward draw the same mask); dropout_rng, a [2] int64
+    tensor (seed, offset) on the tensors' device, is read when the call runs instead of the
+    two values (so a captured CUDA graph draws what was written there before each replay). return_max_logit adds a
     float32 [b, h] (varlen: [sequences, h]) table of each head's largest logit after the
     last output: attention() returns o, (o, lse), (o, max_logit) or (o, lse, max_logit).
 
@@ -287,6 +290,7 @@ def attention(
         dropout_p=dropout_p or None,
         dropout_seed=dropout_seed or None,
         dropout_offset=dropout_offset or None,
+        dropout_rng=dropout_rng,
         bias=bias,
         bias_type=bias_type if bias is not None else None,
         alibi_slopes=alibi_slopes,
@@ -336,6 +340,7 @@ def attention(
             dropout_p=dropout_p,
             dropout_seed=dropout_seed,
             dropout_offset=dropout_offset,
+            dropout_rng=dropout_rng,
             bias=bias,
             bias_type=bias_type,
             alibi_slopes=alibi_slopes,
@@ -410,6 +415,7 @@ def attention_backward(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     dropout_offset: int = 0,
+    dropout_rng: Any = None,
     bias: Any = None,
     bias_type: str = "post_scale",
     alibi_slopes: Any = None,
@@ -425,7 +431,7 @@ def attention_backward(
     arrays, their bounds and a workspace as attention() takes them.
 
     Training features as attention() takes them, the same values as the forward had (the
-    dropout mask is drawn again from dropout_seed / dropout_offset). The result is
+    dropout mask is drawn again from dropout_seed / dropout_offset or dropout_rng). The result is
     (dq, dk, dv), then dbias (the bias's logical shape and dtype, summed over its extent-1
     dimensions) when a bias is given with bias_requires_grad=True, then d_sinks ([h] float32,
     summed over batches and rows) when sinks are given."""
@@ -463,6 +469,7 @@ def attention_backward(
             dropout_p=dropout_p,
             dropout_seed=dropout_seed,
             dropout_offset=dropout_offset,
+            dropout_rng=dropout_rng,
             bias=bias,
             bias_type=bias_type,
             alibi_slopes=alibi_slopes,

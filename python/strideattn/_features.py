@@ -1,7 +1,8 @@
 """The training features of attention() / attention_backward() (docs/semantics.md "Training
-features"): softcap, dropout, an additive bias (post- or pre-scale), ALiBi slopes, sinks and
-the max-logit output, checked and turned into the extension's keywords; and the feature
-outputs (max_logit, dbias, d_sinks) allocated in the caller's framework."""
+features"): softcap, dropout (its seed and offset as values, or as a tensor read when the call
+runs), an additive bias (post- or pre-scale), ALiBi slopes, sinks and the max-logit output,
+checked and turned into the extension's keywords; and the feature outputs (max_logit, dbias,
+d_sinks) allocated in the caller's framework."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def options(
     dropout_seed: int,
     dropout_offset: int,
     bias: Any,
+    dropout_rng: Any = None,
     bias_type: str,
     alibi_slopes: Any,
     sinks: Any,
@@ -62,6 +64,15 @@ def options(
     out["dropout_p"] = p
     out["dropout_seed"] = _u64(dropout_seed, "dropout_seed")
     out["dropout_offset"] = _u64(dropout_offset, "dropout_offset")
+    if dropout_rng is not None:  # [seed, offset] read when the call runs (device pointers)
+        _check_tensor(dropout_rng, "dropout_rng")
+        dt = str(_dtype_of(dropout_rng)).rsplit(".", 1)[-1]
+        if _shape(dropout_rng) != (2,) or dt not in ("int64", "uint64"):
+            raise ValueError(
+                f"dropout_rng has shape {_shape(dropout_rng)} and dtype {dt}; "
+                "supported: [2] int64 or uint64 (seed, offset) on the tensors' device"
+            )
+        out["dropout_rng"] = ctx.prepare(dropout_rng)
     if not isinstance(bias_type, str) or bias_type not in BIAS_TYPES:
         raise ValueError(
             f"bias_type={bias_type!r} is not a bias type; supported: post_scale, pre_scale "
@@ -119,6 +130,7 @@ _DEFAULTS = dict(
     dropout_p=0.0,
     dropout_seed=0,
     dropout_offset=0,
+    dropout_rng=None,
     bias=None,
     bias_type="post_scale",
     alibi_slopes=None,

@@ -18,6 +18,7 @@ FEATURES = (
     "dropout_p",
     "dropout_seed",
     "dropout_offset",
+    "dropout_rng",
     "bias",
     "bias_type",
     "alibi_slopes",

@@ -252,7 +252,7 @@ def attention(
     integer tensors). Returns O (and the fp32, non-differentiable LSE). With cp_group (a
     torch.distributed group), each rank passes its shard of the sequence: see
     strideattn.torch.cp_attention. Training features (strideattn.attention's dropout_p,
-    dropout_seed, dropout_offset, bias, bias_type, alibi_slopes, softcap, sinks,
+    dropout_seed, dropout_offset, dropout_rng, bias, bias_type, alibi_slopes, softcap, sinks,
     return_max_logit) run eagerly through strideattn/_torch_features.py: gradients reach a
     bias and sinks that require grad; the max logit comes after O and the LSE."""
     if features:

@@ -1,13 +1,13 @@
 """TransformerEngine's training-feature arguments of DotProductAttention (_torch_module.py),
 mapped onto strideattn's features (docs/semantics.md "Training features"):
-attention_dropout (in training mode; the seed is drawn from torch's default CPU generator),
+attention_dropout (in training mode; see dropout_rng for where the seed and offset come from),
 softmax_type ("vanilla"; "off-by-one": a sink of 0; "learnable": the module's softmax_offset
 parameter [h] as the sinks), return_max_logit (forward then returns (out, max_logit [h]), the
 largest logit of each head over the batch and every position), core_attention_bias_type
 ("no_bias", "post_scale_bias", "pre_scale_bias", "alibi") with core_attention_bias
 [b or 1, h or 1, s_q, s_kv] and alibi_slopes ([h] or [b, h] fp32; for "alibi" without
 slopes, the ALiBi paper's geometric slopes). Computed through the differentiable
-strideattn.torch.attention (eager; cuda runs all but dropout, cudnn refuses these features)."""
+strideattn.torch.attention (eager; cuda runs them all, cudnn refuses these features)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,19 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
+def dropout_rng(like: torch.Tensor) -> Dict[str, Any]:
+    """The dropout seed and offset of one call on `like`'s device. CUDA tensors: a [2] int64
+    tensor (seed, offset) drawn on the device from PyTorch's CUDA generator of that device, a
+    Philox stream (torch.manual_seed / torch.cuda.manual_seed make it reproducible), and
+    handed to the kernels by pointer: nothing goes through the host, and under CUDA-graph
+    capture the draw is a node of the graph whose generator state PyTorch advances on each
+    replay, so every replay reads a fresh seed there. Host tensors: a seed drawn from
+    PyTorch's default CPU generator."""
+    if like.is_cuda:
+        return {"dropout_rng": torch.randint(0, 2**62, (2,), dtype=torch.int64, device=like.device)}
+    return {"dropout_seed": int(torch.randint(0, 2**62, (1,)).item())}
+
+
 def features(module, bias_type: Any, bias: Any, slopes: Any, like: torch.Tensor) -> Dict[str, Any]:
     """The feature keywords of one forward call ({}: none asked)."""
     p = float(module.attention_dropout) if module.training else 0.0
@@ -85,7 +98,7 @@ def features(module, bias_type: Any, bias: Any, slopes: Any, like: torch.Tensor)
         )
     if p > 0.0:
         out["dropout_p"] = p
-        out["dropout_seed"] = int(torch.randint(0, 2**62, (1,)).item())
+        out.update(dropout_rng(like))
     if module.softmax_type == "off-by-one":
         out["sinks"] = torch.zeros(module.num_heads, dtype=torch.float32, device=like.device)
     elif module.softmax_type == "learnable":

@@ -146,3 +146,120 @@ def test_bad_arguments(rng, make, call, exc, match):
         lens = torch.tensor([0, 7, 14], dtype=torch.int32)
         extra = dict(cu_seqlens_q=lens, cu_seqlens_kv=lens) if "mask" in make else {}
         m(*t, **call, **extra)
+
+
+# ----------------------------------------------------------------------------- dropout on CUDA
+
+HAS_CUDA = torch.cuda.is_available()
+CUDA = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+
+
+def cuda_case(rng, b=2, s_q=48, s_kv=64, h=4, hg=2, d=32):
+    """q, k, v, dout rounded to float16: numpy float32 copies and CUDA float16 tensors."""
+    shapes = ((b, s_q, h, d), (b, s_kv, hg, d), (b, s_kv, hg, d), (b, s_q, h, d))
+    halves = [torch.from_numpy(rng.standard_normal(s).astype(np.float32)).half() for s in shapes]
+    return [x.float().numpy() for x in halves], [x.cuda() for x in halves]
+
+
+def cuda_module(**kw):
+    return st.DotProductAttention(
+        4, 32, num_gqa_groups=2, qkv_format="bshd", attn_mask_type="causal_bottom_right",
+        backend="cuda", **kw,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The dropout seed tensors the module draws, in order (the module's own function)."""
+    from strideattn import _torch_te_features as te_features
+
+    seen = []
+    original = te_features.dropout_rng
+
+    def recording(like):
+        out = original(like)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(te_features, "dropout_rng", recording)
+    return seen
+
+
+@CUDA
+def test_dropout_on_cuda_draws_from_the_cuda_generator(rng, seed, drawn):
+    """The module draws (seed, offset) on the device from PyTorch's CUDA generator (no host
+    round trip; torch.cuda.manual_seed reproduces it) and the kernels read them there: O and
+    the gradients match the fp64 model of that seed and offset, not of another seed."""
+    (q, k, v, do), (tq, tk, tv, tdo) = cuda_case(rng)
+    leaves = [x.clone().requires_grad_() for x in (tq, tk, tv)]
+    m = cuda_module(attention_dropout=0.25)
+    torch.cuda.manual_seed(seed)
+    o = m(*leaves).reshape(2, 48, 4, 32)
+    rng_t = drawn[-1]["dropout_rng"]
+    assert rng_t.is_cuda and rng_t.dtype == torch.int64 and rng_t.shape == (2,)
+    torch.cuda.manual_seed(seed)
+    again = torch.randint(0, 2**62, (2,), dtype=torch.int64, device="cuda")
+    assert torch.equal(again, rng_t)
+    s, off = (int(x) for x in rng_t.cpu())
+    ref = features_ref(q, k, v, mask="causal_bottom_right", dropout_p=0.25, dropout_seed=s,
+                       dropout_offset=off, do=do)  # fmt: skip
+    close("o", o.float().cpu(), ref["o"], seed, tol=1e-2)
+    o.backward(tdo)
+    for name, x in zip(("dq", "dk", "dv"), leaves):
+        close(name, x.grad.float().cpu(), ref[name], seed, tol=2e-2)
+    # a planted error: the model of another seed is far from this O
+    other = features_ref(q, k, v, mask="causal_bottom_right", dropout_p=0.25, dropout_seed=s + 1,
+                         dropout_offset=off)  # fmt: skip
+    with pytest.raises(AssertionError):
+        close("o (another seed)", o.float().cpu(), other["o"], seed, tol=1e-2)
+
+
+@CUDA
+def test_dropout_under_cuda_graph_replays_fresh_masks(rng, seed, drawn):
+    """Captured once, the module's forward draws a new (seed, offset) on each replay (the
+    draw is a node of the graph; the kernels read the seed tensor by pointer): every replay
+    matches the fp64 model of what it drew, and the masks differ between replays."""
+    (q, k, v, _), (tq, tk, tv, _) = cuda_case(rng)
+    m = cuda_module(attention_dropout=0.25)
+    torch.cuda.manual_seed(seed)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream: plans, allocator
+        for _ in range(2):
+            m(tq, tk, tv)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_o = m(tq, tk, tv)
+    rng_t = drawn[-1]["dropout_rng"]
+    seen = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        s, off = (int(x) for x in rng_t.cpu())
+        ref = features_ref(q, k, v, mask="causal_bottom_right", dropout_p=0.25, dropout_seed=s,
+                           dropout_offset=off)  # fmt: skip
+        close("o", static_o.reshape(2, 48, 4, 32).float().cpu(), ref["o"], seed, tol=1e-2)
+        seen.append(((s, off), static_o.clone()))
+    assert len({key for key, _ in seen}) == 3, "each replay draws a fresh seed"
+    assert not torch.equal(seen[0][1], seen[1][1])
+
+
+def test_dropout_rng_tensor_is_checked(rng):
+    _, t = tensors(rng)
+    with pytest.raises(ValueError, match=r"dropout_rng has shape \(3,\)"):
+        st.attention(
+            *t, dropout_p=0.1, dropout_rng=torch.zeros(3, dtype=torch.int64), backend="cpu"
+        )
+
+
+def test_dropout_rng_tensor_reads_seed_and_offset(rng, seed):
+    """dropout_rng ([seed, offset], read when the call runs) gives the mask of those values,
+    forward and backward (host memory for the cpu backend)."""
+    (q, k, v, do), t = tensors(rng)
+    rng_t = torch.tensor([seed, 3], dtype=torch.int64)
+    o = st.attention(*t, dropout_p=0.25, dropout_rng=rng_t, backend="cpu")
+    ref = features_ref(q, k, v, dropout_p=0.25, dropout_seed=seed, dropout_offset=3, do=do)
+    close("o", o, ref["o"], seed)
+    o.backward(torch.from_numpy(do))
+    close("dk", t[1].grad, ref["dk"], seed)

@@ -48,8 +48,9 @@ enum class PointerKind {
   const bool ok = found == PointerKind::unknown || found == PointerKind::managed || found == PointerKind::pinned_host ||
                   (host ? found == PointerKind::host : found == PointerKind::device);
   if (ok) return std::nullopt;
-  return std::string(tensor) + ".data points to " + std::string(to_string(found)) + " but memory is " +
-         (host ? "host" : "device") + "; pass memory = " + (host ? "device" : "host") +
+  const bool pointer = tensor.ends_with("_ptr");  // a pointer of its own (dropout's seed, offset)
+  return std::string(tensor) + (pointer ? "" : ".data") + " points to " + std::string(to_string(found)) +
+         " but memory is " + (host ? "host" : "device") + "; pass memory = " + (host ? "device" : "host") +
          " for these tensors, or copy them to " + (host ? "the host" : "the device");
 }
 
@@ -68,9 +69,16 @@ Status check(const Named (&list)[N], Memory memory, PointerClassifier classify) 
   }
   return Status::Ok();
 }
+// Dropout's seed and offset pointers, read by the kernels (in the tensors' memory); checked
+// only when dropout is on.
+inline const void* dropout_seed(const AttentionOptions& o) { return o.dropout.p > 0 ? o.dropout.seed_ptr : nullptr; }
+inline const void* dropout_offset(const AttentionOptions& o) {
+  return o.dropout.p > 0 ? o.dropout.offset_ptr : nullptr;
+}
 }  // namespace memory_check_impl
 
-// Also the varlen cu_seqlens arrays, which live in the tensors' memory.
+// Also the varlen cu_seqlens arrays and dropout's seed and offset pointers, which live in
+// the tensors' memory.
 [[nodiscard]] inline Status check_memory(const ForwardArgs& a, PointerClassifier classify) {
   const memory_check_impl::Named list[] = {{"q", a.q.data},
                                            {"k", a.k.data},
@@ -81,7 +89,9 @@ Status check(const Named (&list)[N], Memory memory, PointerClassifier classify) 
                                            {"cu_seqlens_q", a.varlen.cu_seqlens_q},
                                            {"cu_seqlens_kv", a.varlen.cu_seqlens_kv},
                                            {"seq_offsets_q", a.varlen.seq_offsets_q},
-                                           {"seq_offsets_kv", a.varlen.seq_offsets_kv}};
+                                           {"seq_offsets_kv", a.varlen.seq_offsets_kv},
+                                           {"dropout.seed_ptr", memory_check_impl::dropout_seed(a.options)},
+                                           {"dropout.offset_ptr", memory_check_impl::dropout_offset(a.options)}};
   return memory_check_impl::check(list, a.memory, classify);
 }
 
@@ -99,7 +109,9 @@ Status check(const Named (&list)[N], Memory memory, PointerClassifier classify) 
                                            {"cu_seqlens_q", a.varlen.cu_seqlens_q},
                                            {"cu_seqlens_kv", a.varlen.cu_seqlens_kv},
                                            {"seq_offsets_q", a.varlen.seq_offsets_q},
-                                           {"seq_offsets_kv", a.varlen.seq_offsets_kv}};
+                                           {"seq_offsets_kv", a.varlen.seq_offsets_kv},
+                                           {"dropout.seed_ptr", memory_check_impl::dropout_seed(a.options)},
+                                           {"dropout.offset_ptr", memory_check_impl::dropout_offset(a.options)}};
   return memory_check_impl::check(list, a.memory, classify);
 }
 

@@ -171,11 +171,14 @@ Status check_run_memory(const PlanState& st, const Problem& p) {
   slot_pointers(p, ptrs);
   for (std::size_t i = 0; i < n; ++i) names[i] = bwd ? kBackwardNames[i] : kNames[i];
   std::size_t k = n;
-  const std::pair<const char*, const void*> extra[] = {{"workspace", p.workspace},
-                                                       {"cu_seqlens_q", p.cu_seqlens_q},
-                                                       {"cu_seqlens_kv", p.cu_seqlens_kv},
-                                                       {"seq_offsets_q", p.seq_offsets_q},
-                                                       {"seq_offsets_kv", p.seq_offsets_kv}};
+  const std::pair<const char*, const void*> extra[] = {
+      {"workspace", p.workspace},
+      {"cu_seqlens_q", p.cu_seqlens_q},
+      {"cu_seqlens_kv", p.cu_seqlens_kv},
+      {"seq_offsets_q", p.seq_offsets_q},
+      {"seq_offsets_kv", p.seq_offsets_kv},
+      {"dropout_seed_ptr", p.dropout_on() ? p.dropout_seed_ptr : nullptr},
+      {"dropout_offset_ptr", p.dropout_on() ? p.dropout_offset_ptr : nullptr}};
   for (const auto& [name, ptr] : extra) names[k] = name, ptrs[k++] = ptr;
   for (std::size_t i = 0; i < k; ++i) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptrs[i]);

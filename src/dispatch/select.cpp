@@ -163,7 +163,7 @@ SupportRule work_rule(double max_flops, double typical_rate) {
 // src/backends/cuda/common/score_mod.cuh); `reference` and `cpu` run all of them.
 bool cuda_runs(std::string_view feature) {
   return feature == "softcap" || feature == "bias" || feature == "alibi" || feature == "sinks" ||
-         feature == "max_logit";
+         feature == "max_logit" || feature == "dropout";
 }
 
 std::vector<SupportRule> feature_rules(Backend backend) {

@@ -1,8 +1,8 @@
 // The check that tensor pointers live where `memory` says (common/memory_check.hpp): the
 // accept/refuse table, the error text, every tensor of both directions and of KV-cache
-// attention walked with a fake pointer classifier (the CUDA query needs a GPU;
-// tests/backends/cuda covers it there), and real host memory passing the real classifier
-// through the public forward().
+// attention and dropout's seed and offset pointers, walked with a fake pointer classifier
+// (the CUDA query needs a GPU; tests/backends/cuda covers it there), and real host memory
+// passing the real classifier through the public forward().
 #include <gtest/gtest.h>
 
 #include <string>
@@ -76,6 +76,36 @@ TEST(MemoryCheck, EveryBackwardTensorIsChecked) {
     g_device = ptr;
     const Status s = check_memory(a, &fake);
     EXPECT_EQ(s.message().rfind(std::string(name) + ".data points to device memory", 0), 0u) << s.message();
+  }
+}
+
+// Dropout's seed and offset pointers (read by the kernels when the call runs) are checked
+// like the tensors, named as pointers, and only when dropout is on.
+TEST(MemoryCheck, DropoutSeedAndOffsetPointersAreChecked) {
+  char buf[8];
+  std::uint64_t seed = 1, offset = 2;
+  for (bool fwd : {true, false}) {
+    SCOPED_TRACE(fwd ? "forward" : "backward");
+    ForwardArgs f;
+    BackwardArgs bw;
+    AttentionOptions& o = fwd ? f.options : bw.options;
+    f.q.data = buf, bw.q.data = buf;
+    o.dropout = {0.0, 0, 0, &seed, &offset};
+    auto check = [&] { return fwd ? check_memory(f, &fake) : check_memory(bw, &fake); };
+    g_device = &seed, g_asked.clear();
+    EXPECT_TRUE(check().ok());  // p = 0: the pointers are never read
+    EXPECT_EQ(g_asked.size(), 1u);
+    o.dropout.p = 0.1;
+    for (const auto& [name, ptr] : {std::pair{"dropout.seed_ptr", static_cast<const void*>(&seed)},
+                                    std::pair{"dropout.offset_ptr", static_cast<const void*>(&offset)}}) {
+      g_device = ptr;
+      const Status s = check();
+      EXPECT_EQ(s.code(), StatusCode::invalid_argument) << name;
+      EXPECT_EQ(s.message().rfind(std::string(name) + " points to device memory but memory is host", 0), 0u)
+          << s.message();
+    }
+    g_device = nullptr;
+    EXPECT_TRUE(check().ok());
   }
 }
 

@@ -177,16 +177,18 @@ TEST(Reproducer, FeaturesParseBack) {
   EXPECT_GT(with_dropout, 50);
 }
 
-// fuzz --features --backends cuda draws only what cuda runs (softcap, bias and dBias, ALiBi,
-// sinks, the max logit: no dropout), each of them often; the rest of each case is the one
-// drawn for every backend.
+// fuzz --features --backends cuda draws what cuda runs (softcap, dropout, bias and dBias,
+// ALiBi, sinks, the max logit: every feature), each of them often, as drawn for every
+// backend; the rest of each case is the one drawn for every backend.
 TEST(FuzzFeatures, DrawsOnlyWhatTheBackendsRun) {
-  int softcap = 0, bias = 0, alibi = 0, sinks = 0, max_logit = 0;
+  int softcap = 0, dropout = 0, bias = 0, alibi = 0, sinks = 0, max_logit = 0;
   for (int i = 0; i < 300; ++i) {
     const harness::CaseSpec all = random_case(78, i, true, true, true);
     const harness::CaseSpec spec = random_case(78, i, true, true, true, {Backend::cuda});
     EXPECT_TRUE(spec.any_feature()) << i;
-    EXPECT_EQ(spec.options.dropout.p, 0) << i;
+    EXPECT_EQ(spec.options.dropout.p, all.options.dropout.p) << i;
+    EXPECT_EQ(spec.options.dropout.seed, all.options.dropout.seed) << i;
+    EXPECT_EQ(spec.options.dropout.offset, all.options.dropout.offset) << i;
     EXPECT_EQ(spec.options.bias_type, all.options.bias_type) << i;
     EXPECT_EQ(spec.features.bias.has_value(), all.features.bias.has_value()) << i;
     EXPECT_EQ(spec.features.dbias.has_value(), all.features.dbias.has_value()) << i;
@@ -195,10 +197,12 @@ TEST(FuzzFeatures, DrawsOnlyWhatTheBackendsRun) {
     EXPECT_EQ(spec.features.sinks, all.features.sinks) << i;
     EXPECT_EQ(spec.sizes.s_q, all.sizes.s_q) << i;
     EXPECT_EQ(harness::format_view(spec.views.q), harness::format_view(all.views.q)) << i;
+    dropout += spec.options.dropout.p > 0;
     softcap += spec.options.softcap > 0, alibi += spec.features.alibi_rows > 0, sinks += spec.features.sinks;
     max_logit += spec.features.max_logit, bias += spec.features.bias.has_value();
   }
   EXPECT_GT(softcap, 50);
+  EXPECT_GT(dropout, 50);
   EXPECT_GT(bias, 50);
   EXPECT_GT(alibi, 50);
   EXPECT_GT(sinks, 50);

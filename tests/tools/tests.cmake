@@ -97,8 +97,8 @@ add_test(NAME cli_fuzz_cuda_grad
          COMMAND ${_cli} fuzz --cases 2000 --grad --backends cuda --seed 2 --require-gpu --require-ran)
 set_tests_properties(cli_fuzz_cuda_grad PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 # The training features cuda runs (--features draws only those every listed backend runs:
-# softcap, bias and dBias, ALiBi, sinks, the max logit), forward and backward, every output
-# judged.
+# softcap, dropout, bias and dBias, ALiBi, sinks, the max logit), forward and backward, every
+# output judged.
 add_test(NAME cli_fuzz_features_cuda_grad
          COMMAND ${_cli} fuzz --features --cases 2000 --grad --backends cuda --seed 24 --require-gpu --require-ran)
 set_tests_properties(cli_fuzz_features_cuda_grad PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)

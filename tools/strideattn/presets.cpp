@@ -103,7 +103,7 @@ PROBLEM:
   --plant-input T:I:V,...        set logical element I of input T (q, k, v, do) to V (nan, inf,
                                  -inf) after the draw; non-finite inputs propagate as
                                  docs/semantics.md says
-Training features (docs/semantics.md "Training features"; cuda runs all but dropout, cudnn
+Training features (docs/semantics.md "Training features"; reference, cpu and cuda run all, cudnn
   none: each refusal is reported as unsupported with its rule):
   --softcap C                    logits become C * tanh(logit / C) (0: off)
   --dropout P [--rng-seed S] [--rng-offset O]   dropout on P, Philox of (S, O), default 0, 0

@@ -14,6 +14,7 @@
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/varlen_tables.hpp"
 #include "common/log.hpp"
+#include "common/philox.hpp"
 #include "problem/params.hpp"
 
 namespace strideattn::cuda_impl {
@@ -86,6 +87,12 @@ FeatureParams features_of(const Problem& p) {
       f.dbias_accum_st[d] = n == 1 ? 0 : dense;
       dense *= n;
     }
+  }
+  if (p.dropout_on()) {
+    f.dropout_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));  // as `cpu`'s keep_scale
+    f.dropout_threshold = kernel::dropout_threshold(p.dropout_p);
+    f.dropout_seed = p.dropout_seed, f.dropout_offset = p.dropout_offset;
+    f.dropout_seed_ptr = p.dropout_seed_ptr, f.dropout_offset_ptr = p.dropout_offset_ptr;
   }
   return f;
 }

@@ -481,8 +481,8 @@ TEST(FeaturesValidation, DbiasAndDsinksNeedTheirInputs) {
 
 // ------------------------------------------------------------------------------ refusals
 
-// cudnn refuses every feature by name; cuda the one its kernels do not run (dropout), and no
-// rule of cuda's stands in the way of the others (softcap, bias, ALiBi, sinks, max logit).
+// cudnn refuses every feature by name; no rule of cuda's stands in the way of any (its kernels
+// run softcap, dropout, bias, ALiBi, sinks and the max logit).
 TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
   FeatureCase c;
   c.fill(95);
@@ -494,7 +494,7 @@ TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
   };
   const Want wants[] = {
       {"softcap", [](FeatureCase&, ForwardArgs& a, std::vector<float>&) { a.options.softcap = 30; }, true},
-      {"dropout", [](FeatureCase&, ForwardArgs& a, std::vector<float>&) { a.options.dropout.p = 0.1; }, false},
+      {"dropout", [](FeatureCase&, ForwardArgs& a, std::vector<float>&) { a.options.dropout.p = 0.1; }, true},
       {"alibi",
        [](FeatureCase& fc, ForwardArgs& a, std::vector<float>&) {
          a.alibi_slopes = {fc.slopes.data(), {1, fc.h}, {fc.h, 1}};

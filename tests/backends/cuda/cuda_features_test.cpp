@@ -8,8 +8,8 @@
 // backward forms (the plan's test hook), long key ranges (the forward's fold) and planted
 // errors that the checks must catch; bias views of every broadcast shape, f32/f16/bf16, with
 // stride 0 and transposed strides, dBias stored or summed over broadcasts. What cuda does not
-// run (dropout; a broadcast dBias in deterministic mode) is refused by name. Skips when no
-// GPU is present.
+// run (a broadcast dBias in deterministic mode) is refused by name; dropout has its own file
+// (cuda_dropout_test.cpp). Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -370,24 +370,15 @@ TEST(CudaFeatures, BiasWithEveryFeatureKernelAndLayout) {
 
 // ------------------------------------------------------------------ what cuda refuses
 
-// Dropout is not in the kernels yet, and a dBias summed over a broadcast dimension (fp32
-// atomics) is not bitwise reproducible: the cuda backend refuses each by its rule in
-// deterministic mode (a GPU is needed: the device mirror).
-TEST(CudaFeatures, DropoutAndDeterministicBroadcastDbiasAreRefusedByName) {
+// A dBias summed over a broadcast dimension (fp32 atomics) is not bitwise reproducible: the
+// cuda backend refuses it by its rule in deterministic mode (a GPU is needed: the device
+// mirror).
+TEST(CudaFeatures, DeterministicBroadcastDbiasIsRefusedByName) {
   SKIP_WITHOUT_GPU();
-  CaseSpec c = dense(DType::bf16, 1, 64, 64, 2, 1, 64, 64, MaskKind::none);
-  c.options.dropout.p = 0.1;
-  CaseReport report;
-  {
-    const strideattn::Status st = run_on_cuda(c, &report);
-    ASSERT_TRUE(st.ok()) << st.message();
-  }
-  EXPECT_EQ(report.backends.at(0).status, "unsupported");
-  EXPECT_NE(report.backends.at(0).reason.find("dropout"), std::string::npos) << report.backends.at(0).reason;
-
-  c = with_bias(dense(DType::bf16, 2, 64, 64, 2, 1, 64, 64, MaskKind::none), BiasType::post_scale, {1, 2, 64, 64});
+  CaseSpec c =
+      with_bias(dense(DType::bf16, 2, 64, 64, 2, 1, 64, 64, MaskKind::none), BiasType::post_scale, {1, 2, 64, 64});
   c.options.deterministic = true;
-  report = {};
+  CaseReport report;
   {
     const strideattn::Status st = run_on_cuda(c, &report);
     ASSERT_TRUE(st.ok()) << st.message();

@@ -25,9 +25,13 @@ if(STRIDEATTN_HAVE_CUDA)
   if("${CMAKE_CUDA_ARCHITECTURES}" MATCHES "90a")
     target_compile_definitions(cuda_test PRIVATE STRIDEATTN_CUDA_SM90A=1)
   endif()
-  # The training features cuda runs (softcap, ALiBi, sinks, max logit) against the reference.
+  # The training features cuda runs (softcap, bias, ALiBi, sinks, max logit) against the reference.
   strideattn_test(cuda_features_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_features_test.cpp LABELS gpu)
   target_link_libraries(cuda_features_test PRIVATE strideattn_gpu CUDA::cudart)
+  # Dropout on cuda: against the reference, the mask bit for bit, seeds from device pointers
+  # and CUDA-graph replays.
+  strideattn_test(cuda_dropout_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_dropout_test.cpp LABELS gpu)
+  target_link_libraries(cuda_dropout_test PRIVATE strideattn_gpu CUDA::cudart)
   strideattn_test(cuda_large_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_large_test.cpp LABELS gpu)
   target_link_libraries(cuda_large_test PRIVATE CUDA::cudart)
   strideattn_test(cuda_edges_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_edges_test.cpp LABELS gpu)

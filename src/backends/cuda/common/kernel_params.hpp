@@ -61,6 +61,14 @@ struct FeatureParams {
   std::int64_t dbias_shape[4] = {0, 0, 0, 0}, dbias_st[4] = {0, 0, 0, 0};
   float* dbias_accum = nullptr;
   std::int64_t dbias_accum_st[4] = {0, 0, 0, 0};
+  // Dropout (common/dropout.cuh): keep iff the Philox word >= dropout_threshold, kept values
+  // times dropout_scale = 1 / (1 - p) (0: off). The seed and offset are the values, or read
+  // by the kernel from the pointers when set (device, managed or pinned host memory).
+  float dropout_scale = 0.f;
+  std::uint32_t dropout_threshold = 0;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  const std::uint64_t* dropout_seed_ptr = nullptr;
+  const std::uint64_t* dropout_offset_ptr = nullptr;
 };
 
 struct KernelParams {

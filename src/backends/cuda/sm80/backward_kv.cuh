@@ -12,9 +12,11 @@
 //     dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - delta);  dK += dS^T Q
 // Deterministic: every sum runs in a fixed order in one thread's registers.
 // Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
-// recomputed (with scale 1), and dS^T is scaled by the softcap's derivative.
+// recomputed (with scale 1), dropout's mask Z (common/dropout.cuh) multiplies P^T for dV
+// and dP^T before dS^T, and dS^T is scaled by the softcap's derivative.
 #pragma once
 
+#include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/kv_pass.cuh"
@@ -95,25 +97,35 @@ __device__ __forceinline__ void kv_pass_mainloop(const KernelParams& kp) {
     zero<MT, Br>(st);
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(st, sK, warp_row0, sQ(buf), 0, d_qk);
     ScoreMod mod;
+    KeepMask<MT, Br / 8> keep{};  // dropout's (dropping)
+    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
     if constexpr (Mods) {
       mod = ScoreMod::of(kp, w.mask, w.batch, w.head(it / w.n_qblocks));
       if (w.dim_split != 0) mod.dbias = nullptr, mod.dbias_acc = nullptr;  // (the first head-dim split's)
       score_mod<MT, Br>(st, mod, w.c0 + warp_row0, r0, false);
+      if (dropping) keep = dropout_mask_cols<MT, Br / 8>(kp, w.batch, w.head(it / w.n_qblocks), w.c0 + warp_row0, r0);
     }
     recompute_p_cols(st, sLse + buf * Br, Mods ? 1.f : kp.p.scale);
     if (r0 < w.unmasked.begin || r1 > w.unmasked.end)
       apply_mask<MT, Br>(st, w.mask, w.c0 + warp_row0, r0, false, kMaskedP);
 
-    // dV += P^T dO
+    // dV += P^T dO (dropout: (Z P)^T dO)
     {
       uint32_t pt_frag[MT][Br / 16][4];
-      accum_to_a<T, MT, Br>(pt_frag, st);
+      if (dropping) {
+        float zpt[MT][Br / 8][4];
+        keep_copy(zpt, st, keep, kp.f.dropout_scale);
+        accum_to_a<T, MT, Br>(pt_frag, zpt);
+      } else {
+        accum_to_a<T, MT, Br>(pt_frag, st);
+      }
       gemm_rn<T, MT, Br, DAcc, backward_prefetch(A, D)>(dv, pt_frag, sDO(buf), col0, d_v - col0);
     }
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
     float dpt[MT][Br / 8][4];
     zero<MT, Br>(dpt);
     gemm_nt<T, MT, Br, D, backward_prefetch(A, D)>(dpt, sV, warp_row0, sDO(buf), 0, d_v);
+    if (dropping) apply_keep(dpt, keep, kp.f.dropout_scale);  // dS^T = P^T (Z dP^T - delta)
     ds_cols(dpt, st, sDelta + buf * Br);
     if constexpr (Mods)
       if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, sLse + buf * Br, mod, w.c0 + warp_row0, r0);

@@ -26,9 +26,11 @@
 // FullD: d_qk == d_v == D, known at compile time, so no GEMM carries the runtime guards that
 // skip a smaller head dim's zero padding (sm80/forward.cuh says why that matters).
 // Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
-// recomputed (with scale 1), and dS^T is scaled by the softcap's derivative.
+// recomputed (with scale 1), dropout's mask Z (common/dropout.cuh) multiplies the P^T
+// stored for dV and dP^T before dS^T, and dS^T is scaled by the softcap's derivative.
 #pragma once
 
+#include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/common/mask.cuh"
@@ -159,20 +161,30 @@ __device__ __forceinline__ void kv8_mainloop(const KernelParams& kp) {
     zero<MT, WQ>(st);
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(st, sK, key0, sQ(buf), q0, d_qk);
     ScoreMod mod;
+    KeepMask<MT, WQ / 8> keep{};  // dropout's (dropping)
+    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
     if constexpr (Mods) {
       mod = ScoreMod::of(kp, mask, batch, w.head(h));
       score_mod<MT, WQ>(st, mod, c0 + key0, r0 + q0, false);
+      if (dropping) keep = dropout_mask_cols<MT, WQ / 8>(kp, batch, w.head(h), c0 + key0, r0 + q0);
     }
     recompute_p_cols(st, lse, Mods ? 1.f : kp.p.scale);
     // (keys past s_kv in a partial block are masked too: K is zero there, so S^T = 0 and
     // 2^(-LSE) need not be 0, and the single pass multiplies dS by those zero K rows)
     if (r0 < unmasked.begin || r1 > unmasked.end) apply_mask<MT, WQ>(st, mask, c0 + key0, r0 + q0, false, kMaskedP);
-    store_accum<T, MT, WQ>(sP, key0, q0, st);
+    if (dropping) {  // dV takes (Z P)^T; dS^T takes P^T itself
+      float zpt[MT][WQ / 8][4];
+      keep_copy(zpt, st, keep, kp.f.dropout_scale);
+      store_accum<T, MT, WQ>(sP, key0, q0, zpt);
+    } else {
+      store_accum<T, MT, WQ>(sP, key0, q0, st);
+    }
 
     // dP^T = V dO^T; dS^T = P^T * (dP^T - delta)
     float dpt[MT][WQ / 8][4];
     zero<MT, WQ>(dpt);
     gemm_nt<T, MT, WQ, D, kTile.prefetch_scores>(dpt, sV, key0, sDO(buf), q0, d_v);
+    if (dropping) apply_keep(dpt, keep, kp.f.dropout_scale);  // dS^T = P^T (Z dP^T - delta)
     ds_cols(dpt, st, delta);
     if constexpr (Mods)
       if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, lse, mod, c0 + key0, r0 + q0);

@@ -6,9 +6,11 @@
 // key blocks (kernel_params.hpp), and launch_convert_dq stores it.
 // (sm80/backward_kv.cuh has the two-pass form's dK/dV pass.)
 // Mods: the feature variant (common/score_mod.cuh): S becomes the logit L before P is
-// recomputed (with scale 1), and dS is scaled by the softcap's derivative.
+// recomputed (with scale 1), dP is multiplied by the dropout mask Z (common/dropout.cuh)
+// and dS is scaled by the softcap's derivative.
 #pragma once
 
+#include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/mask.cuh"
@@ -113,6 +115,9 @@ __device__ __forceinline__ void q_pass_mainloop(const KernelParams& kp) {
     float dp[MT][Bc / 8][4];
     zero<MT, Bc>(dp);
     gemm_nt<T, MT, Bc, D, backward_prefetch(A, D)>(dp, sDO, warp_row0, sV(buf), 0, d_v);
+    // dropout: dS = P (Z dP - delta)
+    if constexpr (Mods)
+      if (kp.f.dropout_scale != 0.f) dropout_rows<MT, Bc / 8>(dp, kp, batch, head, r0 + warp_row0, c0);
     ds_rows(dp, s, row_delta);
     if constexpr (Mods)
       if (mod.cap > 0.f) score_grad_rows(dp, s, row_lse, mod, r0 + warp_row0, c0);

@@ -16,11 +16,13 @@
 // the next step's ldmatrix above this step's MMAs (bench/cuda-notes.md, step 13).
 // Mods: the feature variant (common/score_mod.cuh): S becomes the logit L before the mask,
 // the softmax runs on L with scale 1, the sink joins each row's sum at the end and the max
-// logit is recorded; each feature a runtime switch of kp.f.
+// logit is recorded, and with dropout P times the keep mask Z goes into O += P V (the row
+// sums, so the LSE, without it); each feature a runtime switch of kp.f.
 #pragma once
 
 #include <cmath>
 
+#include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/mask.cuh"
@@ -132,6 +134,9 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
         apply_mask<MT, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
 
       online_softmax_step<MT, Bc, D>(s, o_acc, row_max, row_sum, scale_log2);
+      // dropout: O += (Z P) V, l summed without it
+      if constexpr (Mods)
+        if (kp.f.dropout_scale != 0.f) dropout_rows<MT, Bc / 8>(s, kp, batch, head, r0 + warp_row0, c0);
 
       // O += P V
       uint32_t p_frag[MT][Bc / 16][4];

@@ -21,9 +21,11 @@
 // Shared-memory operands written by cp.async or st.shared are made visible to the wgmma
 // (async proxy) by fence.proxy.async before the barrier that publishes them.
 // Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
-// recomputed (with scale 1), and dS^T is scaled by the softcap's derivative.
+// recomputed (with scale 1), dropout's mask Z (common/dropout.cuh) multiplies the P^T
+// stored for dV and dP^T before dS^T, and dS^T is scaled by the softcap's derivative.
 #pragma once
 
+#include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
@@ -120,6 +122,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     for (int kk = 0; kk < D / 16; ++kk)
       wgmma_m64k16<T, 0, 0>(dpt[0], sV.k_major(g_key0, kk), d_o.k_major(g_q0, kk), kk);
     wgmma_commit();
+    // dropout: the keep mask, drawn while both GEMMs run
+    KeepMask<1, GQ / 8> keep{};
+    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
+    if (dropping) keep = dropout_mask_cols<1, GQ / 8>(kp, w.batch, w.head(h), w.c0 + key0, r0 + g_q0);
 
     // P^T = exp(round(S^T * scale) - LSE), masked -> -0 (while dP^T is still running)
     wgmma_wait<1>();
@@ -135,11 +141,18 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
     // dS by those zero rows, so P^T must be 0)
     if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0 + g_q0);
-    store_accum<T, 1, GQ>(sP, key0, g_q0, st);
+    if (dropping) {  // dV takes (Z P)^T; dS^T takes P^T itself
+      float zpt[1][GQ / 8][4];
+      keep_copy(zpt, st, keep, kp.f.dropout_scale);
+      store_accum<T, 1, GQ>(sP, key0, g_q0, zpt);
+    } else {
+      store_accum<T, 1, GQ>(sP, key0, g_q0, st);
+    }
 
     // dS^T = P^T (dP^T - delta)
     wgmma_wait<0>();
     fence_operands(dpt[0]);
+    if (dropping) apply_keep(dpt, keep, kp.f.dropout_scale);  // dS^T = P^T (Z dP^T - delta)
     ds_cols(dpt, st, delta);
     if constexpr (Mods)
       if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, lse, mod, w.c0 + key0, r0 + g_q0);

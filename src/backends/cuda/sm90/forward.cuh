@@ -13,6 +13,7 @@
 // Mods: the feature variant, as sm80/forward.cuh's (common/score_mod.cuh).
 #pragma once
 
+#include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
 #include "backends/cuda/common/mask.cuh"
@@ -107,6 +108,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     for (int kk = 0; kk < D / 16; ++kk)
       wgmma_m64k16<T, 0, 0>(s[0], sQ.k_major(wg * 64, kk), sK(buf).k_major(0, kk), kk);
     wgmma_commit();
+    // dropout: the keep mask, drawn while the GEMM runs
+    KeepMask<1, Bc / 8> keep{};
+    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
+    if (dropping) keep = dropout_mask_rows<1, Bc / 8>(kp, batch, head, r0 + warp_row0, c0);
     wgmma_wait<0>();
     fence_operands(s[0]);
 
@@ -116,6 +121,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<1, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
     online_softmax_step<1, Bc, D>(s, o_acc, row_max, row_sum, scale_log2);
+    if (dropping) apply_keep(s, keep, kp.f.dropout_scale);  // O += (Z P) V, l summed without Z
 
     // O += P V (P rounded to T, in registers: the accumulator layout is the A layout), in
     // m64n128 column slices of O
