@@ -112,7 +112,7 @@ SA_CONSTEXPR_HD ForwardWgmmaTile forward_wgmma_tile(int d) {
 //   k-steps per warpgroup, about 1.3 us at the wgmma rate, against about 1 us for 64 KiB of
 //   K and V from L2). Shared memory: Q 128 x 128, 2 stages of K and V 128 x 128 (each tile
 //   two TMA boxes of 128 rows x 64 columns in the 128-byte swizzle, which is the Sw128Blocks
-//   layout the wgmma descriptors read), the mbarriers, 1 KiB to align the tiles: 165,120
+//   layout the wgmma descriptors read), the mbarriers, 1 KiB to align the tiles: 164,936
 //   bytes, one CTA per SM.
 struct WsForwardTile {
   int d;
