@@ -104,7 +104,7 @@ SA_CONSTEXPR_HD ForwardWgmmaTile forward_wgmma_tile(int d) {
 //   two consumers (warpgroups 1, 2): 64 query rows each, S = Q K^T and O += P V as in the
 //     wgmma forward (forward_wgmma_tile). Their O (64) + S (64) + P (32) registers plus
 //     the softmax's are about 190 (the wgmma forward's ptxas count); consumer_regs leaves room
-//     for the next step's second S (issuing block j+1's S = Q K^T before block j's softmax).
+//     for the overlapped consumers, which hold the next block's S next to this block's P.
 //   producer_regs x 128 + consumer_regs x 256 = 64,512 <= 65,536 registers of the SM, the
 //   split CUTLASS's and FlashAttention-3's Hopper kernels use for two consumer warpgroups.
 // d <= 128: Br 128 (two m64 row blocks), Bc 128 (S 64 floats per thread), 2 stages: the
