@@ -12,7 +12,8 @@ std::span<const KernelEntry> kernel_table() {
     for (std::span<const KernelEntry> part :
          {sm80_forward_entries_f16(), sm80_forward_entries_bf16(), sm90_forward_entries_f16(),
           sm90_forward_entries_bf16(), sm80_backward_entries_f16(), sm80_backward_entries_bf16(),
-          sm90_backward_entries_f16(), sm90_backward_entries_bf16()})
+          sm90_backward_entries_f16(), sm90_backward_entries_bf16(), sm90_ws_forward_entries_f16(),
+          sm90_ws_forward_entries_bf16()})
       all.insert(all.end(), part.begin(), part.end());
     return all;
   }();
@@ -22,11 +23,17 @@ std::span<const KernelEntry> kernel_table() {
 const KernelEntry* find_kernel(DType dtype, Arch arch, int bucket, Pass pass, int smem_limit, int* smem_needed) {
   int least = 0;
   for (const KernelEntry& e : kernel_table()) {
-    if (e.dtype != dtype || e.arch != arch || e.bucket != bucket || e.pass != pass) continue;
+    if (e.tma || e.dtype != dtype || e.arch != arch || e.bucket != bucket || e.pass != pass) continue;
     if (e.smem_bytes <= smem_limit) return &e;
     if (least == 0 || e.smem_bytes < least) least = e.smem_bytes;
   }
   if (smem_needed != nullptr) *smem_needed = least;
+  return nullptr;
+}
+
+const KernelEntry* find_ws_forward(DType dtype, int bucket, bool overlap) {
+  for (const KernelEntry& e : kernel_table())
+    if (e.tma && e.dtype == dtype && e.bucket == bucket && e.ws_overlap == overlap) return &e;
   return nullptr;
 }
 

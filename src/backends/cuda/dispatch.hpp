@@ -61,6 +61,11 @@ struct KernelEntry {
   bool adds_dq = false;
   int split_target = 0;
   int warp_rows = 0;  // forward: query rows of O one warp owns (the outer accumulator's slot)
+  // The warp-specialized forward (sm90/ws_forward.cuh): its kernel takes WsForwardParams
+  // (TMA tensor maps, then KernelParams) instead of KernelParams, and find_kernel skips it:
+  // the plan asks for it with find_ws_forward where a test forces it.
+  bool tma = false;
+  bool ws_overlap = false;  // tma: the instantiation whose consumers overlap consecutive blocks
   // Instantiations (__global__ function addresses for cudaLaunchKernel); nullptr where the
   // entry has none (full_d where unguarded_full_d is false).
   const void* guarded = nullptr;
@@ -72,7 +77,7 @@ struct KernelEntry {
   }
 };
 
-// Every entry, in preference order per key: where two entries share a key (the sm80 dK/dV
+// Every entry (the tma ones last), in preference order per key: where two entries share a key (the sm80 dK/dV
 // pass at d <= 128: 8 warps, then 4), the first whose shared memory the GPU grants runs.
 [[nodiscard]] std::span<const KernelEntry> kernel_table();
 
@@ -81,6 +86,10 @@ struct KernelEntry {
 [[nodiscard]] const KernelEntry* find_kernel(DType dtype, Arch arch, int bucket, Pass pass, int smem_limit,
                                              int* smem_needed = nullptr);
 
+// The warp-specialized forward's entry for (dtype, bucket), plain or with its consumers'
+// blocks overlapped, or nullptr where there is none.
+[[nodiscard]] const KernelEntry* find_ws_forward(DType dtype, int bucket, bool overlap = false);
+
 // The entries each kernel translation unit contributes.
 std::span<const KernelEntry> sm80_forward_entries_f16();
 std::span<const KernelEntry> sm80_forward_entries_bf16();
@@ -88,6 +97,8 @@ std::span<const KernelEntry> sm80_backward_entries_f16();
 std::span<const KernelEntry> sm80_backward_entries_bf16();
 std::span<const KernelEntry> sm90_forward_entries_f16();
 std::span<const KernelEntry> sm90_forward_entries_bf16();
+std::span<const KernelEntry> sm90_ws_forward_entries_f16();
+std::span<const KernelEntry> sm90_ws_forward_entries_bf16();
 std::span<const KernelEntry> sm90_backward_entries_f16();
 std::span<const KernelEntry> sm90_backward_entries_bf16();
 

@@ -12,6 +12,8 @@
 
 #include "backends/cuda/common/aux_kernels.hpp"
 #include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/tma_maps.hpp"
 #include "backends/cuda/varlen_tables.hpp"
 #include "common/log.hpp"
 #include "common/philox.hpp"
@@ -142,7 +144,8 @@ std::atomic<std::uint64_t>* smem_granted(const KernelLaunch& l) {
 // Launches `l` with `kp` (nothing to launch when its grid is empty), after granting the
 // kernel its dynamic shared memory once per device (cudaFuncSetAttribute is a driver call
 // that every launch would otherwise repeat).
-cudaError_t launch_kernel(const KernelLaunch& l, const KernelParams& kp, int device, cudaStream_t stream) {
+// `arg` is the kernel's one parameter: the KernelParams, or for a tma entry WsForwardParams.
+cudaError_t launch_kernel(const KernelLaunch& l, const void* arg, int device, cudaStream_t stream) {
   const void* fn = l.kernel();
   std::atomic<std::uint64_t>* granted = smem_granted(l);
   const std::uint64_t bit = device >= 0 && device < kMaxCachedDevices ? std::uint64_t(1) << device : 0;
@@ -157,7 +160,7 @@ cudaError_t launch_kernel(const KernelLaunch& l, const KernelParams& kp, int dev
     granted->fetch_or(bit, std::memory_order_acq_rel);
   }
   if (l.grid.empty()) return cudaSuccess;
-  void* args[] = {const_cast<KernelParams*>(&kp)};
+  void* args[] = {const_cast<void*>(arg)};
   const cudaError_t e = cudaLaunchKernel(fn, dim3(l.grid.x, l.grid.y, l.grid.z), dim3(unsigned(l.entry->threads)), args,
                                          std::size_t(l.entry->smem_bytes), stream);
   if (e != cudaSuccess) (void)cudaGetLastError();
@@ -175,6 +178,8 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
   if (plan.main.variant == Variant::mods) s += "; the training features' kernel variant";
   if (!plan.backward) {
     s += std::string("; forward: ") + plan.main.entry->name;
+    if (plan.main.entry->tma) s += " (TMA loads of q, k, v)";
+    if (!plan.ws_note.empty()) s += "; warp-specialized forward not run: " + plan.ws_note;
     if (plan.outer_count > 0) s += " (folding every " + std::to_string(kFoldKeys) + " keys)";
     return s;
   }
@@ -216,6 +221,15 @@ PreparedLaunch prepare_launch(CudaPlan plan, const Problem& p) {
       prep.host_tables[n + i] = p.offsets_q[i];
       prep.host_tables[2 * n + i] = p.seqlens_kv[i];
       prep.host_tables[3 * n + i] = p.offsets_kv[i];
+    }
+  }
+  // The warp-specialized forward's tensor maps; where the driver cannot make them, the wgmma
+  // forward runs instead, and the log says why.
+  if (plan.main.entry != nullptr && plan.main.entry->tma) {
+    const WsForwardTile tile = ws_forward_tile(plan.bucket);
+    if (std::string e = encode_forward_maps(p, tile.br, tile.bc, &prep.maps); !e.empty()) {
+      plan.main = plan.ws_fallback;
+      plan.ws_note = "tma: " + e;
     }
   }
   prep.plan = std::move(plan);
@@ -270,7 +284,16 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
   if (!plan.backward) {
     if (cudaError_t e = launch_init_max_logit(kp, stream); e != cudaSuccess)
       return cuda_status(e, "max-logit initialisation launch");
-    if (cudaError_t e = launch_kernel(plan.main, kp, device, stream); e != cudaSuccess)
+    if (plan.main.entry->tma) {
+      // (the maps in the parameter block: a 128-byte copy each and a pointer patch, no sync)
+      WsForwardParams wp{prep.maps, kp};
+      if (std::string e = patch_forward_maps(&wp.maps, p.q.data, p.k.data, p.v.data); !e.empty())
+        return Status(StatusCode::backend_error, "cuda backend: the warp-specialized forward's tensor maps: " + e);
+      if (cudaError_t e = launch_kernel(plan.main, &wp, device, stream); e != cudaSuccess)
+        return cuda_status(e, "forward kernel launch");
+      return Status::Ok();
+    }
+    if (cudaError_t e = launch_kernel(plan.main, &kp, device, stream); e != cudaSuccess)
       return cuda_status(e, "forward kernel launch");
     return Status::Ok();
   }
@@ -292,10 +315,10 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
   // (the two-pass dK/dV pass must not add dQ: its dQ pass owns dq_accum when it folds)
   KernelParams main_kp = kp;
   if (!plan.single_pass) main_kp.dq_accum = nullptr;
-  if (cudaError_t e = launch_kernel(plan.main, main_kp, device, stream); e != cudaSuccess)
+  if (cudaError_t e = launch_kernel(plan.main, &main_kp, device, stream); e != cudaSuccess)
     return cuda_status(e, "backward kernel launch");
   if (!plan.single_pass)
-    if (cudaError_t e = launch_kernel(plan.dq, kp, device, stream); e != cudaSuccess)
+    if (cudaError_t e = launch_kernel(plan.dq, &kp, device, stream); e != cudaSuccess)
       return cuda_status(e, "dQ pass launch");
   if (cudaError_t e = launch_reduce_dkv(t, kp, stream); e != cudaSuccess)
     return cuda_status(e, "dK/dV reduction launch");

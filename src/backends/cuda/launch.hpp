@@ -13,6 +13,7 @@
 
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/plan.hpp"
+#include "backends/cuda/sm90/ws_params.hpp"
 #include "problem/problem.hpp"
 #include "strideattn/strideattn.hpp"
 
@@ -24,6 +25,10 @@ struct PreparedLaunch {
   // Varlen lists (host memory): the tables in the kernels' layout (below), uploaded by each
   // run; empty for dense and cu_seqlens problems.
   std::vector<std::int64_t> host_tables;
+  // The warp-specialized forward (plan.main.entry->tma): the TMA maps of Q, K and V, made
+  // once here from the views' strides with placeholder addresses; each run patches its
+  // pointers into a copy.
+  TmaForwardMaps maps{};
 };
 
 // `problem` is the plan's (its pointers, if any, are not kept).

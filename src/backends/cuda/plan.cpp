@@ -4,9 +4,11 @@
 #include "backends/cuda/plan.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/tiles.hpp"
+#include "backends/cuda/tma_maps.hpp"
 
 namespace strideattn::cuda_impl {
 
@@ -114,6 +116,28 @@ bool dbias_direct(const Problem& p) {
   return true;
 }
 
+std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const DeviceCaps& caps,
+                               const PlanForcing& forcing) {
+  if (!forcing.ws_forward) return "experimental: runs only where a test forces it (PlanForcing::ws_forward)";
+  if (p.is_backward()) return "direction: backward (a forward kernel)";
+  if (plan.arch != Arch::sm90a) return std::string("arch: ") + to_string(plan.arch) + " kernels (needs sm90a)";
+  if (!has_ws_forward(plan.bucket) || find_ws_forward(plan.dtype, plan.bucket) == nullptr)
+    return "head_dim: bucket " + std::to_string(plan.bucket) +
+           " (supported: the 128 bucket, the larger head dim 72..128)";
+  if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
+  if (p.any_feature()) return "features: a training feature is on (supported: the plain forward)";
+  if (p.s_kv > kFoldKeys)
+    return "long_keys: " + std::to_string(p.s_kv) + " keys need the fold (supported: up to " +
+           std::to_string(kFoldKeys) + ")";
+  const int smem_limit = forcing.smem_optin > 0 ? std::min(forcing.smem_optin, caps.smem_optin) : caps.smem_optin;
+  if (ws_forward_tile(plan.bucket).smem_bytes > smem_limit)
+    return "shared_memory: needs " + kib(ws_forward_tile(plan.bucket).smem_bytes) + ", the device grants " +
+           kib(smem_limit);
+  for (auto [view, name] : {std::pair{&p.q, "q"}, std::pair{&p.k, "k"}, std::pair{&p.v, "v"}})
+    if (std::string r = tma_view_refusal(*view, name); !r.empty()) return "tma: " + r;
+  return "";
+}
+
 std::optional<std::string> cuda_plan_refusal(const Problem& p, const DeviceCaps& caps, const PlanForcing& forcing) {
   CudaPlan plan;
   if (choose_kernels(p, caps, forcing, &plan)) return std::nullopt;
@@ -143,6 +167,17 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
                         : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
                                                                                    : Variant::guarded;
     plan.main.grid = grid_of(*e, p, 1);
+    // The warp-specialized forward where it covers the problem (and a test forces it); the
+    // wgmma forward stays as its fallback.
+    if (plan.arch == Arch::sm90a && has_ws_forward(plan.bucket)) {
+      plan.ws_note = ws_forward_refusal(p, plan, caps, forcing);
+      if (plan.ws_note.empty()) {
+        plan.ws_fallback = plan.main;
+        plan.main.entry = find_ws_forward(plan.dtype, plan.bucket, forcing.ws_overlap);
+        plan.main.variant = Variant::guarded;
+        plan.main.grid = grid_of(*plan.main.entry, p, 1);
+      }
+    }
     plan.outer_slot_floats = std::size_t(e->warp_rows) * std::size_t(plan.bucket);
     ws.delta = ws.partial = ws.dq_accum = end;
     ws.outer_slots = piece(std::size_t(plan.outer_count) * plan.outer_slot_floats * sizeof(float));

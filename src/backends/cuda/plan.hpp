@@ -30,6 +30,12 @@ struct PlanForcing {
                                     // whatever `deterministic` says, where the pass adds dQ
   int fold_blocks = 0;              // backward: > 0 folds every that many iterations whatever
                                     // the lengths (the dQ pass too where it runs); < 0 never
+  // The warp-specialized TMA forward (sm90/ws_forward.cuh) wherever it covers the problem
+  // (ws_forward_refusal). Experimental: the default plan never picks it until it has passed
+  // on an H200; until then it runs only where a test forces it here.
+  bool ws_forward = false;
+  bool ws_overlap = false;  // with ws_forward: its instantiation whose consumers overlap the
+                            // GEMMs of consecutive key blocks (sm90/ws_forward.cuh)
 };
 
 struct Dim3 {
@@ -80,6 +86,11 @@ struct CudaPlan {
   std::size_t dq_accum_bytes = 0;     // (unrounded, for the memset)
   std::size_t dbias_accum_bytes = 0;  // (unrounded, for the memset)
   WorkspaceLayout workspace;
+  // Forward on sm90a at d <= 128: why the warp-specialized forward does not run (its rule, the
+  // value found), "" when it does; then `main` is its entry and ws_fallback the wgmma
+  // forward, which runs instead if its tensor maps cannot be made (prepare_launch).
+  std::string ws_note;
+  KernelLaunch ws_fallback;
   [[nodiscard]] bool ok() const { return error.empty(); }
 };
 
@@ -89,6 +100,13 @@ struct CudaPlan {
 // summed by fp32 atomics in the workspace (not bitwise reproducible: the `dbias_deterministic`
 // rule refuses that with deterministic = true).
 [[nodiscard]] bool dbias_direct(const detail::Problem& problem);
+
+// Why the warp-specialized forward does not cover `problem` under `forcing` with the kernels
+// of `plan` (arch, bucket, dtype chosen), or "" when it does: rule `experimental` (not
+// forced), then `direction`, `arch`, `head_dim`, `varlen`, `features`, `long_keys` (the
+// fold), `shared_memory`, `tma` (a view TMA cannot read: tma_maps.hpp). Pure.
+[[nodiscard]] std::string ws_forward_refusal(const detail::Problem& problem, const CudaPlan& plan,
+                                             const DeviceCaps& caps, const PlanForcing& forcing);
 
 [[nodiscard]] CudaPlan make_cuda_plan(const detail::Problem& problem, const DeviceCaps& caps,
                                       const PlanForcing& forcing = {});

@@ -6,11 +6,14 @@
 // kernel fits the GPU's shared memory (the support rule's cheap check says the same); a
 // cu_seqlens problem's plan (grids from the bounds, tables in the workspace); and what a
 // prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
-// problem's tables, no pointer of the problem it was made from.
+// problem's tables, no pointer of the problem it was made from; the warp-specialized forward
+// (experimental): never in the default plan, forced where it covers the problem, and each
+// rule that keeps it off named.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/tiles.hpp"
@@ -92,7 +95,8 @@ TEST(CudaKernelTable, CoversEveryDtypeBucketPassAndArchitecture) {
                        << to_string(a) << " d " << d << " " << to_string(pass) << " " << strideattn::to_string(t));
           int entries = 0;
           for (const KernelEntry& e : kernel_table()) {
-            if (e.dtype != t || e.arch != a || e.bucket != d || e.pass != pass) continue;
+            // (the warp-specialized forward, which find_kernel never returns: WarpSpecialized...)
+            if (e.tma || e.dtype != t || e.arch != a || e.bucket != d || e.pass != pass) continue;
             ++entries;
             EXPECT_NE(e.guarded, nullptr) << e.name;
             EXPECT_NE(e.fold, nullptr) << e.name << ": every pass has its folding instantiation";
@@ -523,6 +527,120 @@ TEST(CudaPlan, PreparedLaunchHoldsNoPointers) {
   EXPECT_EQ(kp.group_splits, prep.plan.group_splits);
   const std::vector<std::int64_t> want = {30, 90, 80, 0, 30, 120, 10, 90, 0, 5, 30, 200};
   EXPECT_EQ(prep.host_tables, want);
+}
+
+// The warp-specialized TMA forward (sm90/ws_forward.cuh): one entry per dtype at d <= 128,
+// sm90a, which find_kernel never returns; the default plan never runs it (experimental),
+// the forcing runs it where it covers the problem, with the wgmma forward as its fallback,
+// and every problem it does not cover keeps the wgmma forward with the rule named.
+TEST(CudaPlan, WarpSpecializedForwardOnlyWhereForced) {
+  for (DType t : {DType::f16, DType::bf16}) {
+    const KernelEntry* e = find_ws_forward(t, 128);
+    ASSERT_NE(e, nullptr);
+    EXPECT_TRUE(e->tma);
+    EXPECT_EQ(e->arch, Arch::sm90a);
+    EXPECT_EQ(e->pass, Pass::forward);
+    EXPECT_EQ(e->threads, ws_forward_tile(128).threads);
+    EXPECT_EQ(e->smem_bytes, ws_forward_tile(128).smem_bytes);
+    EXPECT_NE(e->guarded, nullptr);
+    const KernelEntry* overlapped = find_ws_forward(t, 128, true);
+    ASSERT_NE(overlapped, nullptr);
+    EXPECT_TRUE(overlapped->tma && overlapped->ws_overlap && !e->ws_overlap);
+    EXPECT_NE(overlapped->guarded, e->guarded);
+    EXPECT_EQ(overlapped->smem_bytes, e->smem_bytes);
+    EXPECT_EQ(find_ws_forward(t, 64), nullptr);
+    EXPECT_EQ(find_ws_forward(t, 256), nullptr);
+    EXPECT_FALSE(find_kernel(t, Arch::sm90a, 128, Pass::forward, 1 << 30)->tma);
+  }
+  const PlanForcing on{.ws_forward = true};
+  auto starts_with = [](const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; };
+
+  // default: the wgmma forward, and the note says why not the new one
+  const Problem base = fwd(DType::bf16, 2, 1000, 8, 1, 128);
+  const CudaPlan def = make_cuda_plan(base, kH200);
+  ASSERT_TRUE(def.ok()) << def.error;
+  EXPECT_FALSE(def.main.entry->tma);
+  EXPECT_TRUE(starts_with(def.ws_note, "experimental")) << def.ws_note;
+
+  // forced: the new kernel, its grid, the wgmma forward as fallback
+  const CudaPlan ws = make_cuda_plan(base, kH200, on);
+  ASSERT_TRUE(ws.ok()) << ws.error;
+  EXPECT_TRUE(ws.main.entry->tma) << ws.ws_note;
+  EXPECT_EQ(ws.ws_note, "");
+  EXPECT_EQ(ws.main.variant, Variant::guarded);
+  EXPECT_EQ(ws.main.grid.x, 8u);  // ceil(1000 / 128)
+  EXPECT_EQ(ws.main.grid.y, 8u);
+  EXPECT_EQ(ws.main.grid.z, 2u);
+  EXPECT_FALSE(ws.main.entry->ws_overlap);
+  EXPECT_EQ(name_of(ws.ws_fallback), name_of(def.main));
+  const CudaPlan overlapped = make_cuda_plan(base, kH200, PlanForcing{.ws_forward = true, .ws_overlap = true});
+  EXPECT_TRUE(overlapped.main.entry->tma && overlapped.main.entry->ws_overlap);
+  EXPECT_FALSE(make_cuda_plan(base, kH200, PlanForcing{.ws_overlap = true}).main.entry->tma) << "needs ws_forward";
+  EXPECT_EQ(ws.workspace.total, def.workspace.total);
+  // head dims of the bucket below it run too (TMA zero-fills the columns past d)
+  EXPECT_TRUE(
+      make_cuda_plan(problem(Direction::forward, DType::f16, 1, 100, 300, 4, 4, 96, 128), kH200, on).main.entry->tma);
+
+  // what keeps it off, each with its rule
+  auto note_of = [&](const Problem& p, const DeviceCaps& caps = kH200) {
+    const CudaPlan plan = make_cuda_plan(p, caps, on);
+    EXPECT_TRUE(plan.ok()) << plan.error;
+    EXPECT_TRUE(plan.main.entry == nullptr || !plan.main.entry->tma);
+    return plan.ws_note;
+  };
+  // other buckets and architectures: their kernels, no note
+  for (int d : {64, 256}) {
+    const CudaPlan other = make_cuda_plan(fwd(DType::bf16, 1, 500, 4, 4, d), kH200, on);
+    EXPECT_FALSE(other.main.entry->tma) << d;
+    EXPECT_EQ(other.ws_note, "") << d;
+  }
+  const CudaPlan a100 = make_cuda_plan(fwd(DType::bf16, 1, 500, 4, 4, 128), kA100, on);
+  EXPECT_FALSE(a100.main.entry->tma);
+  EXPECT_EQ(a100.ws_note, "");
+  Problem long_keys = fwd(DType::bf16, 1, 9000, 2, 2, 128);
+  EXPECT_TRUE(starts_with(note_of(long_keys), "long_keys")) << note_of(long_keys);
+  Problem capped = base;
+  capped.softcap = 30;
+  EXPECT_TRUE(starts_with(note_of(capped), "features")) << note_of(capped);
+  Problem vl = base;
+  vl.varlen = true, vl.batch = 2, vl.seqlens_q = vl.seqlens_kv = {500, 400}, vl.offsets_q = vl.offsets_kv = {0, 500};
+  EXPECT_TRUE(starts_with(note_of(vl), "varlen")) << note_of(vl);
+  Problem odd = base;  // a head stride of 65 elements (130 bytes): not a multiple of 16
+  odd.k.stride = {1000 * 65, 65, 65, 1};
+  EXPECT_TRUE(starts_with(note_of(odd), "tma: k: token stride 65")) << note_of(odd);
+  Problem reversed = base;
+  reversed.v.stride[strideattn::kSeq] = -reversed.v.stride[strideattn::kSeq];
+  EXPECT_TRUE(starts_with(note_of(reversed), "tma: v: token stride")) << note_of(reversed);
+  Problem unaligned = base;
+  static std::uint16_t buffer[16];
+  unaligned.q.data = reinterpret_cast<std::uint8_t*>(buffer) + (16 - reinterpret_cast<std::uintptr_t>(buffer) % 16) + 8;
+  EXPECT_TRUE(starts_with(note_of(unaligned), "tma: q: data pointer")) << note_of(unaligned);
+  // the split of a fused QKV buffer [b, s, h + 2 hg, d] (strides that no layout name gives):
+  // multiples of 16 bytes, so TMA reads it in place
+  Problem fused = fwd(DType::bf16, 2, 256, 16, 1, 128);
+  const std::int64_t row = (16 + 2) * 128;
+  fused.q.stride = {256 * row, row, 128, 1};
+  fused.k.stride = fused.v.stride = {256 * row, row, 128, 1};
+  EXPECT_EQ(make_cuda_plan(fused, kH200, on).ws_note, "");
+  // an extent-1 dimension may carry any stride
+  Problem one = fwd(DType::bf16, 1, 300, 1, 1, 128);
+  one.q.stride = {7, 128, 3, 1};
+  one.k.stride = one.v.stride = {5, 128, -9, 1};
+  EXPECT_EQ(make_cuda_plan(one, kH200, on).ws_note, "");
+  // prepare_launch makes the tensor maps; where the driver cannot (a machine without one, as
+  // CI's), the call keeps the wgmma forward and says why
+  const PreparedLaunch prep = prepare_launch(ws, base);
+  if (prep.plan.main.entry->tma) {
+    EXPECT_EQ(prep.plan.ws_note, "");
+  } else {
+    EXPECT_EQ(name_of(prep.plan.main), name_of(def.main));
+    EXPECT_TRUE(starts_with(prep.plan.ws_note, "tma: q: ")) << prep.plan.ws_note;
+  }
+  // a backward plan never runs it, forced or not
+  const CudaPlan b = make_cuda_plan(bwd(DType::bf16, 1, 500, 4, 4, 128), kH200, on);
+  EXPECT_TRUE(b.ok()) << b.error;
+  EXPECT_FALSE(b.main.entry->tma);
+  EXPECT_EQ(ws_forward_refusal(bwd(DType::bf16, 1, 500, 4, 4, 128), b, kH200, on).rfind("direction", 0), 0u);
 }
 
 }  // namespace

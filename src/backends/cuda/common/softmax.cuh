@@ -31,12 +31,18 @@ __device__ __forceinline__ float scaled_log2(float x, float scale_log2) { return
 // rescale of O. Masked entries of S are -inf (P = 0); the scale is applied inside the
 // exponent (the validation guarantees scale > 0, so the max of S is the max of scale * S).
 // A NaN score makes P, l and so the row's O and LSE NaN (fmaxf skips NaN in the max).
-// Shared by the mma.sync and the sm_90a wgmma forward.
-template <int MT, int Bc, int D>
-__device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], float (&o_acc)[MT][D / 8][4],
-                                                    float (&row_max)[MT][2], float (&row_sum)[MT][2],
-                                                    float scale_log2) {
-  float alpha[MT][2];
+// Shared by the mma.sync and the sm_90a wgmma forwards (online_softmax_step, below: the two
+// halves in order); the warp-specialized forward's overlapped consumers run them apart.
+
+// The score half of online_softmax_step: S becomes P, m and l are updated, and alpha[mt][h]
+// is the factor the row's O must be multiplied by (1 where m did not rise); returns whether
+// any row of the warp rose. For a kernel whose O += P V of the previous block is still
+// running while it computes this block's P (sm90/ws_forward.cuh): it applies rescale_o once
+// that GEMM has completed.
+template <int MT, int Bc>
+__device__ __forceinline__ bool online_softmax_scores(float (&s)[MT][Bc / 8][4], float (&row_max)[MT][2],
+                                                      float (&row_sum)[MT][2], float scale_log2,
+                                                      float (&alpha)[MT][2]) {
   bool raised = false;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -65,8 +71,13 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
       }
       row_sum[mt][h] += sum;
     }
-  // rescale O
-  if (__any_sync(0xffffffffu, raised)) {
+  return __any_sync(0xffffffffu, raised);
+}
+
+// The O half: O's rows times alpha, skipped when no row of the warp rose (`raised`).
+template <int MT, int D>
+__device__ __forceinline__ void rescale_o(float (&o_acc)[MT][D / 8][4], const float (&alpha)[MT][2], bool raised) {
+  if (raised) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -74,6 +85,15 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], f
 #pragma unroll
         for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= alpha[mt][e >> 1];
   }
+}
+
+template <int MT, int Bc, int D>
+__device__ __forceinline__ void online_softmax_step(float (&s)[MT][Bc / 8][4], float (&o_acc)[MT][D / 8][4],
+                                                    float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                                                    float scale_log2) {
+  float alpha[MT][2];
+  const bool raised = online_softmax_scores<MT, Bc>(s, row_max, row_sum, scale_log2, alpha);
+  rescale_o<MT, D>(o_acc, alpha, raised);
 }
 
 // ------------------------------------------------------------------ backward

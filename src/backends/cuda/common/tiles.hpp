@@ -94,6 +94,43 @@ SA_CONSTEXPR_HD ForwardWgmmaTile forward_wgmma_tile(int d) {
   return {128, bc, 1024 + (128 + 4 * bc) * d * 2};
 }
 
+// ------------------------------------------------------------------ forward (sm_90a, warp-specialized)
+
+// The warp-specialized forward on sm_90a (sm90/ws_forward.cuh; experimental: the plan runs it
+// only when a test forces it, plan.cpp). Three warpgroups per CTA:
+//   producer (warpgroup 0; one thread issues): Q once, then K and V of each key block by TMA
+//     into a ring of `stages` stages guarded by mbarriers. It needs a few registers for
+//     coordinates and phases: setmaxnreg gives it producer_regs.
+//   two consumers (warpgroups 1, 2): 64 query rows each, S = Q K^T and O += P V as in the
+//     wgmma forward (forward_wgmma_tile). Their O (64) + S (64) + P (32) registers plus
+//     the softmax's are about 190 (the wgmma forward's ptxas count); consumer_regs leaves room
+//     for the overlapped consumers, which hold the next block's S next to this block's P.
+//   producer_regs x 128 + consumer_regs x 256 = 64,512 <= 65,536 registers of the SM, the
+//   split CUTLASS's and FlashAttention-3's Hopper kernels use for two consumer warpgroups.
+// d <= 128: Br 128 (two m64 row blocks), Bc 128 (S 64 floats per thread), 2 stages: the
+//   producer runs a whole block ahead of the consumers (one block of 128 keys is 16
+//   m64n128k16 wgmmas per consumer, 8.4 MFLOP per CTA, about 1.4 us at an SM's share of the
+//   dense bf16 rate, against about 0.9 us for 64 KiB of K and V at its share of L2).
+//   Shared memory: Q 128 x 128, 2 stages of K and V 128 x 128 (each tile two TMA boxes of
+//   128 rows x 64 columns in the 128-byte swizzle, which is the Sw128Blocks layout the wgmma
+//   descriptors read), the mbarriers, 1 KiB to align the tiles: 164,936 bytes, one CTA per
+//   SM.
+struct WsForwardTile {
+  int d;
+  int br = 128;  // queries per CTA: one m64 row block per consumer warpgroup
+  int bc = 128;  // keys per block and per ring stage
+  int stages = 2;
+  int consumers = 2;  // consumer warpgroups
+  int threads = 128 * (1 + consumers);
+  int producer_regs = 40;
+  int consumer_regs = 232;
+  int box_cols = 64;              // columns of one TMA box: 128 bytes, the 128-byte swizzle's row
+  int barriers = 1 + 4 * stages;  // Q full; K full / empty and V full / empty per stage
+  int smem_bytes = 1024 + (br + 2 * stages * bc) * d * 2 + barriers * 8;
+};
+SA_CONSTEXPR_HD bool has_ws_forward(int bucket) { return bucket == 128; }
+SA_CONSTEXPR_HD WsForwardTile ws_forward_tile(int d) { return WsForwardTile{d}; }
+
 // Whether a FullD instantiation (head dims equal to the bucket, compile-time dims) really
 // compiles the unguarded code on this architecture. At d = 128 sm_80's ptxas spills in the
 // unguarded forward and 8-warp pass and not (or less) in the guarded ones, so the sm_80
@@ -281,5 +318,9 @@ static_assert(kv_wgmma_tile(64).smem_bytes <= kSm90SmemOptin && kv_wgmma_tile(12
 static_assert(forward_wgmma_tile(128).smem_bytes <= kSm90SmemOptin &&
                   forward_wgmma_tile(256).smem_bytes <= kSm90SmemOptin,
               "a wgmma forward needs more shared memory than a 9.0 GPU grants");
+static_assert(ws_forward_tile(128).smem_bytes <= kSm90SmemOptin,
+              "the warp-specialized forward needs more shared memory than a 9.0 GPU grants");
+static_assert(ws_forward_tile(128).producer_regs * 128 + ws_forward_tile(128).consumer_regs * 256 <= 65536,
+              "setmaxnreg: the warpgroups' registers exceed the SM's 64K");
 
 }  // namespace strideattn::cuda_impl

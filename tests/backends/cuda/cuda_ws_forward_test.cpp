@@ -1,0 +1,366 @@
+// The warp-specialized sm_90a forward (sm90/ws_forward.cuh; experimental, so the default
+// plan never runs it and these tests force it with PlanForcing::ws_forward) against the fp64
+// reference under the correctness rule, through the harness runner (fresh random inputs,
+// poisoned outputs, guard bands, written checks): s_q != s_kv both ways, sizes off the
+// 128-row tiles, every mask kind, bottom-right windows, GQA 8:1, MQA, batch > 1, f16 and bf16,
+// head dims of the 128 bucket below 128, every dense named layout (the splits of packed and
+// fused QKV buffers among them), each with the plain and the overlapped consumers. Every case
+// also asserts from the debug log that the forced instantiation really ran (no silent
+// fallback), and planted errors must be caught. Views TMA cannot read fall back to the wgmma
+// forward with the reason logged; the new kernel's O and LSE equal the wgmma forward's bit
+// for bit (same MMA order, same softmax code). DISABLED_Timing times the three on the issue's
+// shape (run it with --gtest_also_run_disabled_tests).
+// Skips, saying why, without a GPU, without sm_90a code in the build, or on a GPU that is not
+// compute capability 9.0.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/cuda/test_hook.hpp"
+#include "common/log.hpp"
+#include "harness/runner.hpp"
+#include "harness/views.hpp"
+#include "support/backend_case.hpp"
+
+namespace {
+
+using strideattn::Backend;
+using strideattn::DType;
+using strideattn::MaskKind;
+using strideattn::cuda_impl::PlanForcing;
+using strideattn::cuda_impl::ScopedCudaPlanForcing;
+using strideattn::harness::CaseReport;
+using strideattn::harness::CaseSpec;
+using strideattn::harness::ViewSpec;
+using strideattn::test_support::with_views;
+
+// What the debug log line says when each instantiation ran: the plain consumers, and the
+// consumers that overlap consecutive key blocks (PlanForcing::ws_overlap).
+constexpr std::string_view kRanPlain = "; forward: sm90a warp-specialized forward";
+constexpr std::string_view kRanOverlapped = "; forward: sm90a warp-specialized overlapped forward";
+constexpr bool kOverlaps[] = {false, true};
+std::string_view ran_marker(bool overlap) { return overlap ? kRanOverlapped : kRanPlain; }
+PlanForcing forcing(bool overlap) { return PlanForcing{.ws_forward = true, .ws_overlap = overlap}; }
+constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 9090};
+
+// Why this process cannot run the kernel ("" when it can).
+std::string cannot_run() {
+  if (!strideattn::harness::gpu_available()) return "no CUDA GPU present: the warp-specialized forward tests need one";
+#if !defined(STRIDEATTN_CUDA_SM90A)
+  return "this build carries no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)";
+#else
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return "cannot query the current device";
+  if (major != 9 || minor != 0)
+    return "compute capability " + std::to_string(major) + "." + std::to_string(minor) + ", not 9.0";
+  return "";
+#endif
+}
+#define SKIP_UNLESS_SM90A() \
+  if (const std::string why = cannot_run(); !why.empty()) GTEST_SKIP() << why
+
+std::vector<std::string> g_log;
+void capture_log(std::string_view line) { g_log.emplace_back(line); }
+
+// The debug lines of one run of `fn` (which kernels ran, and why not the new one).
+template <class F>
+std::string debug_log_of(F&& fn) {
+  namespace detail = strideattn::detail;
+  g_log.clear();
+  detail::set_log_sink_for_testing(&capture_log);
+  detail::set_log_level_for_testing(detail::LogLevel::debug);
+  fn();
+  detail::set_log_sink_for_testing(nullptr);
+  detail::set_log_level_for_testing(detail::LogLevel::off);
+  std::string all;
+  for (const auto& line : g_log) all += line + "\n";
+  return all;
+}
+
+// `spec` (forward only) with each instantiation of the new kernel forced: passes the
+// correctness rule, and the log shows that instantiation ran (`expect_ran`) or that the plan
+// fell back to the wgmma forward, naming why.
+void expect_ws(CaseSpec spec, bool expect_ran = true) {
+  spec.grad = false;
+  for (bool overlap : kOverlaps) {
+    SCOPED_TRACE(overlap ? "overlapped consumers" : "plain consumers");
+    const ScopedCudaPlanForcing forced(forcing(overlap));
+    const std::string log = debug_log_of([&] { strideattn::test_support::expect_backend_ok(Backend::cuda, spec); });
+    if (expect_ran) {
+      EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << "the forced kernel did not run:\n" << log;
+    } else {
+      EXPECT_EQ(log.find("; forward: sm90a warp-specialized"), std::string::npos) << log;
+      EXPECT_NE(log.find("; forward: sm90a wgmma forward"), std::string::npos) << log;
+      EXPECT_NE(log.find("warp-specialized forward not run: tma:"), std::string::npos) << log;
+    }
+  }
+}
+
+const MaskKind kMasks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
+
+TEST(CudaWsForward, ShapesMasksAndDtypes) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t shapes[][2] = {{128, 128}, {77, 77}, {50, 300}, {300, 50}, {257, 513}, {1000, 1000}, {1, 129}};
+  for (DType t : {DType::bf16, DType::f16})
+    for (MaskKind m : kMasks)
+      for (const auto& sh : shapes) {
+        SCOPED_TRACE(::testing::Message()
+                     << strideattn::to_string(t) << " mask " << int(m) << " " << sh[0] << "x" << sh[1]);
+        expect_ws(dense(t, 2, sh[0], sh[1], 4, 2, 128, 128, m));
+      }
+}
+
+// Bottom-right windows (docs/semantics.md): some rows see nothing (O = 0, LSE = -inf), CTAs
+// whose rows see no key at all (no key block), and windows narrower than a block.
+TEST(CudaWsForward, Windows) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t windows[][2] = {{0, 0}, {7, 3}, {100, -1}, {-1, 50}, {200, 0}, {3, 400}};
+  for (MaskKind m : {MaskKind::none, MaskKind::causal_bottom_right})
+    for (const auto& w : windows)
+      for (const auto& sh : {std::pair<std::int64_t, std::int64_t>{300, 500}, {500, 300}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "mask " << int(m) << " window " << w[0] << "," << w[1] << " " << sh.first << "x" << sh.second);
+        expect_ws(dense(DType::bf16, 2, sh.first, sh.second, 4, 4, 128, 128, m, w[0], w[1]));
+      }
+}
+
+TEST(CudaWsForward, GroupedAndMultiQueryBatches) {
+  SKIP_UNLESS_SM90A();
+  expect_ws(dense(DType::bf16, 3, 333, 400, 8, 1, 128, 128, MaskKind::causal_bottom_right));  // GQA 8:1
+  expect_ws(dense(DType::f16, 2, 200, 200, 16, 1, 128, 128, MaskKind::none));                 // MQA
+  expect_ws(dense(DType::bf16, 4, 130, 260, 8, 2, 128, 128, MaskKind::causal));               // 4:1
+}
+
+// Head dims of the 128 bucket below 128 (and d_qk != d_v): TMA zero-fills the columns past d.
+TEST(CudaWsForward, HeadDimsOfTheBucket) {
+  SKIP_UNLESS_SM90A();
+  for (const auto& d : {std::pair<std::int64_t, std::int64_t>{72, 72}, {96, 96}, {120, 120}, {64, 128}, {128, 80}}) {
+    SCOPED_TRACE(::testing::Message() << "d_qk " << d.first << " d_v " << d.second);
+    expect_ws(dense(DType::bf16, 2, 150, 190, 4, 2, d.first, d.second, MaskKind::causal));
+  }
+}
+
+// Every dense named layout: transposed buffers, the splits of packed QKV / KV buffers and of
+// the fused [s, b, h + 2 hg, d] projection (the seed case's layout, at d = 128).
+TEST(CudaWsForward, EveryDenseLayout) {
+  SKIP_UNLESS_SM90A();
+  for (const std::string& l : strideattn::harness::layout_names()) {
+    if (l[0] == 't') continue;  // varlen layouts: not covered (the plan says so)
+    SCOPED_TRACE(l);
+    const bool packed_qkv = l.find('3') != std::string::npos;
+    const bool fused = l.find("(h") != std::string::npos;
+    const std::int64_t hg = packed_qkv ? 4 : 2;
+    expect_ws(dense(DType::bf16, 2, 190, packed_qkv || fused ? 190 : 260, 4, hg, 128, 128, MaskKind::causal, -1, -1,
+                    false, l.c_str()));
+  }
+}
+
+// Views TMA cannot read (a base 10 bytes past a 16-byte boundary, a head stride of 129
+// elements): the plan falls back to the wgmma forward, says why, and the answer is right.
+TEST(CudaWsForward, UnalignedViewsFallBack) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t b = 2, s = 150, h = 4, d = 128;
+  const CaseSpec base = dense(DType::bf16, b, s, s, h, h, d, d, MaskKind::causal);
+  expect_ws(with_views(base,
+                       [&](const char* n, std::int64_t hh) {
+                         return ViewSpec{n, 5, {b, s, hh, d}, {s * hh * d, hh * d, d, 1}};
+                       }),
+            false);
+  expect_ws(with_views(base,
+                       [&](const char* n, std::int64_t hh) {
+                         return ViewSpec{n, 0, {b, s, hh, d}, {s * hh * 129, hh * 129, 129, 1}};
+                       }),
+            false);
+}
+
+// The checks catch a wrong element, an unwritten one (the poison put back) and a write past
+// the end, on the new kernel's outputs.
+TEST(CudaWsForward, PlantedErrorsAreCaught) {
+  SKIP_UNLESS_SM90A();
+  struct P {
+    const char* kind;
+    const char* tensor;
+    double delta;
+  };
+  for (bool overlap : kOverlaps)
+    for (const P& p : {P{"value", "o", 0.25}, P{"unwritten", "o", 0}, P{"value", "lse", 0.25}, P{"guard", "o", 0}}) {
+      SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor << (overlap ? ", overlapped" : ", plain"));
+      CaseSpec c = dense(DType::bf16, 2, 200, 300, 4, 2, 128, 128, MaskKind::causal, -1, -1, false);
+      c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
+      ASSERT_TRUE(strideattn::harness::make_layout_views(c.layout_name, c.sizes, &c.views).ok());
+      const ScopedCudaPlanForcing forced(forcing(overlap));
+      CaseReport report;
+      const std::string log = debug_log_of([&] {
+        const strideattn::Status st = strideattn::harness::run_case(c, {Backend::cuda}, &report);
+        ASSERT_TRUE(st.ok()) << st.message();
+      });
+      EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
+      ASSERT_EQ(report.backends.size(), 1u);
+      const auto& r = report.backends[0];
+      EXPECT_TRUE(r.status == "mismatch" || !r.written_ok || !r.guard_ok) << r.status << ": " << r.reason;
+    }
+}
+
+// ------------------------------------------------------------------ public API, device buffers
+
+// Random 16-bit device buffer of `elems` elements (bf16 of normal(0, 1) draws).
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  std::size_t elems = 0;
+  explicit DeviceBuffer(std::size_t n, std::mt19937_64* rng = nullptr) : elems(n) {
+    std::vector<std::uint16_t> host(n, 0);
+    if (rng != nullptr) {
+      std::normal_distribution<float> dist(0.f, 1.f);
+      for (auto& e : host) {
+        const float f = dist(*rng);
+        std::uint32_t u;
+        std::memcpy(&u, &f, 4);
+        e = static_cast<std::uint16_t>(u >> 16);
+      }
+    }
+    EXPECT_EQ(cudaMalloc(&ptr, n * 2 + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  [[nodiscard]] std::vector<std::uint16_t> bytes() const {
+    std::vector<std::uint16_t> host(elems);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr, elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+};
+
+// A bf16 forward [b, s, h, d] / [b, s, hg, d], contiguous bshd, on device buffers.
+struct ForwardCase {
+  std::int64_t b, s, h, hg, d;
+  std::mt19937_64 rng{12345};
+  DeviceBuffer q, k, v, o;
+  float* lse = nullptr;
+  strideattn::ForwardArgs args;
+  ForwardCase(std::int64_t b_, std::int64_t s_, std::int64_t h_, std::int64_t hg_, std::int64_t d_, MaskKind m)
+      : b(b_),
+        s(s_),
+        h(h_),
+        hg(hg_),
+        d(d_),
+        q(std::size_t(b * s * h * d), &rng),
+        k(std::size_t(b * s * hg * d), &rng),
+        v(std::size_t(b * s * hg * d), &rng),
+        o(std::size_t(b * s * h * d)) {
+    EXPECT_EQ(cudaMalloc(&lse, std::size_t(b * h * s) * sizeof(float)), cudaSuccess);
+    auto view = [&](void* ptr, std::int64_t heads) {
+      strideattn::TensorView t;
+      t.data = ptr, t.dtype = DType::bf16;
+      t.shape = {b, s, heads, d};
+      t.stride = {s * heads * d, heads * d, d, 1};
+      return t;
+    };
+    args.q = view(q.ptr, h), args.k = view(k.ptr, hg), args.v = view(v.ptr, hg), args.o = view(o.ptr, h);
+    args.lse.data = lse;
+    args.lse.shape = {b, h, s};
+    args.lse.stride = {h * s, s, 1};
+    args.options.mask = m;
+    args.backend = Backend::cuda;
+    args.memory = strideattn::Memory::device;
+  }
+  ~ForwardCase() { cudaFree(lse); }
+  void run() {
+    const strideattn::Status st = strideattn::forward(args);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  [[nodiscard]] std::vector<float> lse_values() const {
+    std::vector<float> host(std::size_t(b * h * s));
+    EXPECT_EQ(cudaMemcpy(host.data(), lse, host.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  [[nodiscard]] double flops() const {  // 4 d per visible (query, key) pair
+    const double pairs = args.options.mask == MaskKind::none ? double(s) * double(s) : double(s) * double(s + 1) / 2;
+    return 4.0 * double(d) * pairs * double(b * h);
+  }
+};
+
+// The same math in the same order as the wgmma forward (S = Q K^T k-steps, the softmax code,
+// O += P V k-steps; only the loads differ): O and LSE equal bit for bit.
+TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {
+  SKIP_UNLESS_SM90A();
+  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+    ForwardCase c(2, 777, 8, 2, 128, m);
+    const std::string def_log = debug_log_of([&] { c.run(); });
+    EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
+    EXPECT_NE(def_log.find("warp-specialized forward not run: experimental"), std::string::npos) << def_log;
+    const std::vector<std::uint16_t> o_ref = c.o.bytes();
+    const std::vector<float> lse_ref = c.lse_values();
+    for (bool overlap : kOverlaps) {
+      SCOPED_TRACE(overlap ? "overlapped consumers" : "plain consumers");
+      ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
+      ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
+      {
+        const ScopedCudaPlanForcing forced(forcing(overlap));
+        const std::string log = debug_log_of([&] { c.run(); });
+        EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
+      }
+      const std::vector<std::uint16_t> o_ws = c.o.bytes();
+      const std::vector<float> lse_ws = c.lse_values();
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
+      EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's (mask " << int(m) << ")";
+      EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
+      bool nonzero = false;
+      for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
+      EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
+    }
+  }
+}
+
+// Time the default (wgmma) forward against the forced warp-specialized one on the issue's
+// shape: bf16, b 4, h 16, s 4k, d 128, no mask and causal. Prints TFLOP/s; asserts nothing
+// about speed. Run with --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
+TEST(CudaWsForward, DISABLED_Timing) {
+  SKIP_UNLESS_SM90A();
+  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+    ForwardCase c(4, 4096, 16, 16, 128, m);
+    auto time_ms = [&] {
+      for (int i = 0; i < 5; ++i) c.run();
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0), cudaEventCreate(&e1);
+      constexpr int kRuns = 30;
+      cudaEventRecord(e0);
+      for (int i = 0; i < kRuns; ++i) (void)strideattn::forward(c.args);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      cudaEventDestroy(e0), cudaEventDestroy(e1);
+      return double(ms) / kRuns;
+    };
+    const double wgmma = time_ms();
+    double ws[2] = {0, 0};
+    for (bool overlap : kOverlaps) {
+      const ScopedCudaPlanForcing forced(forcing(overlap));
+      const std::string log = debug_log_of([&] { c.run(); });
+      EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
+      ws[overlap ? 1 : 0] = time_ms();
+    }
+    const double gflop = c.flops() * 1e-9;
+    std::printf(
+        "bf16 b 4 h 16 s 4096 d 128 %s: wgmma forward %.3f ms %.1f TFLOP/s; warp-specialized %.3f ms %.1f "
+        "TFLOP/s (%.2fx); overlapped %.3f ms %.1f TFLOP/s (%.2fx)\n",
+        m == MaskKind::none ? "none  " : "causal", wgmma, gflop / wgmma, ws[0], gflop / ws[0], wgmma / ws[0], ws[1],
+        gflop / ws[1], wgmma / ws[1]);
+  }
+}
+
+}  // namespace
