@@ -41,8 +41,9 @@ def jax_gpu_or_skip():
     return jax, gpus[0]
 
 
-def make_case(rng, lens, *, page, s_q=1, s_new=0, h=8, hg=2, d=64, share=0):
-    """numpy float16 inputs: q, caches with NaN in every slot no sequence holds, the block
+def make_case(rng, lens, *, page, s_q=1, s_new=0, h=8, hg=2, d=64, share=0, unused=np.nan):
+    """numpy float16 inputs: q, caches with `unused` (NaN; cudnn: a large finite value, the
+    limit docs/backends.md states) in every slot no sequence holds, the block
     table (shuffled pages, -1 past the pages each sequence uses, `share` pages of sequence 0
     read by every sequence) or None for a contiguous cache, and the new tokens."""
     b = len(lens)
@@ -73,7 +74,7 @@ def make_case(rng, lens, *, page, s_q=1, s_new=0, h=8, hg=2, d=64, share=0):
         shape = (num_pages, page, hg, d)
 
     def cache():
-        c = np.full(shape, np.nan, dt)
+        c = np.full(shape, unused, dt)
         c[valid] = rng.standard_normal(shape).astype(dt)[valid]
         return c
 
@@ -96,6 +97,16 @@ def references(case, **opts):
     return exact, naive
 
 
+# What fills the slots no sequence holds: NaN, except on cudnn, which reads them (times 0) and
+# needs finite values there (docs/backends.md, "Limit: unused cache slots ...").
+UNUSED = {"cuda": np.nan, "cudnn": 3.0e4}
+
+
+def refused_page(backend, page) -> bool:
+    """cudnn takes power-of-two page sizes only (rule kv_cache_page_size)."""
+    return backend == "cudnn" and page is not None and page & (page - 1) != 0
+
+
 CASES = [
     # (page size, cached lengths, s_q, s_new, shared pages)
     (16, [0, 1, 15, 16, 17, 100], 1, 0, 0),
@@ -112,7 +123,9 @@ def test_cupy(seed, backend, page, lens, s_q, s_new, share):
     cupy = cupy_or_skip()
     need_backend(backend)
     rng = np.random.default_rng(seed)
-    case = make_case(rng, lens, page=page, s_q=s_q, s_new=s_new, share=share)
+    case = make_case(
+        rng, lens, page=page, s_q=s_q, s_new=s_new, share=share, unused=UNUSED[backend]
+    )
     opts = dict(mask="causal_bottom_right")
     exact, naive = references(case, **opts)
     dev = {
@@ -120,17 +133,13 @@ def test_cupy(seed, backend, page, lens, s_q, s_new, share):
         for k, x in case.items()
         if k in ("q", "kc", "vc", "table", "k", "v", "lens")
     }
+    call = dict(cache_seqlens=dev["lens"], block_table=dev["table"], backend=backend, **opts)
+    if refused_page(backend, page):
+        with pytest.raises(sa.UnsupportedError, match="kv_cache_page_size"):
+            sa.attention_with_kvcache(dev["q"], dev["kc"], dev["vc"], dev["k"], dev["v"], **call)
+        return
     o, lse = sa.attention_with_kvcache(
-        dev["q"],
-        dev["kc"],
-        dev["vc"],
-        dev["k"],
-        dev["v"],
-        cache_seqlens=dev["lens"],
-        block_table=dev["table"],
-        backend=backend,
-        return_lse=True,
-        **opts,
+        dev["q"], dev["kc"], dev["vc"], dev["k"], dev["v"], return_lse=True, **call
     )
     assert isinstance(o, cupy.ndarray) and isinstance(lse, cupy.ndarray)
     assert o.dtype == cupy.float16 and o.shape == case["q"].shape
@@ -147,7 +156,7 @@ def test_cupy_planted_error_is_caught(seed, backend):
     cupy = cupy_or_skip()
     need_backend(backend)
     rng = np.random.default_rng(seed)
-    case = make_case(rng, [20, 9], page=16)
+    case = make_case(rng, [20, 9], page=16, unused=UNUSED[backend])
     exact, naive = references(case)
     vc = case["vc"].copy()
     vc[case["table"][0, 0], 3, 0, 5] += np.float16(64)
@@ -171,7 +180,7 @@ def test_jax_gpu(seed, backend, page, lens, s_q):
     jax, gpu = jax_gpu_or_skip()
     need_backend(backend)
     rng = np.random.default_rng(seed)
-    case = make_case(rng, lens, page=page, s_q=s_q)
+    case = make_case(rng, lens, page=page, s_q=s_q, unused=UNUSED[backend])
     seqlens_q = np.asarray([s_q - (n % s_q) for n in range(len(lens))], np.int32)
     opts = dict(mask="causal_bottom_right", seqlens_q=seqlens_q)
     exact, naive = references(case, **opts)
@@ -179,16 +188,19 @@ def test_jax_gpu(seed, backend, page, lens, s_q):
     def put(x):
         return None if x is None else jax.device_put(x, gpu)
 
-    o, lse = sa.attention_with_kvcache(
-        put(case["q"]),
-        put(case["kc"]),
-        put(case["vc"]),
+    call = dict(
         cache_seqlens=put(case["lens"]),
         block_table=put(case["table"]),
         seqlens_q=put(seqlens_q),
         mask="causal_bottom_right",
         backend=backend,
-        return_lse=True,
+    )
+    if refused_page(backend, page):
+        with pytest.raises(sa.UnsupportedError, match="kv_cache_page_size"):
+            sa.attention_with_kvcache(put(case["q"]), put(case["kc"]), put(case["vc"]), **call)
+        return
+    o, lse = sa.attention_with_kvcache(
+        put(case["q"]), put(case["kc"]), put(case["vc"]), return_lse=True, **call
     )
     assert next(iter(o.devices())).platform == "gpu"
     check("o", np.asarray(o), exact["o"], naive["o"], np.float16, seed)

