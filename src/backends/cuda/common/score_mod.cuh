@@ -233,16 +233,20 @@ __device__ __forceinline__ void put_dbias(const float (&ds)[MT][N / 8][4], float
   }
 }
 
-// |tanh| this close to 1 counts as saturated in softcap_grad: the taken-back tanh errs by a
-// few 1e-5 / c there, so 1 - tanh^2 (below 3e-5) is noise, far below dS's rounding to T.
-inline constexpr float kSaturated = 0x1p-16f;
+// How far the taken-back tanh may be from the true one, per unit of magnitude of the terms it
+// is taken back from (softcap_grad): the LSE's and ln P's roundings (a few ulps each) and the
+// bias terms', with room to spare.
+inline constexpr float kTakenBackErr = 0x1p-20f;
 
 // dL -> dT with a softcap: ds *= 1 - tanh^2 where P > 0 (entries with P = 0 have dS = 0, or
 // NaN from dP, and stay so), tanh taken back from P and the row's LSE (lse_of(slot, col):
 // its lse_for_p value): L = LSE + ln P, U = L - Bpost + slope |...| (the terms after the
-// softcap taken back), tanh = U / c. Its absolute error is a few 1e-5 / c (the LSE's ulp and
-// ln's), on a factor in [0, 1] of a dS that is rounded to T anyway. p is overwritten with U
-// (+inf where P = 0, -inf where the mask hides the pair: hidden_pair).
+// softcap taken back), tanh = U / c. That tanh errs by up to e = kTakenBackErr (|LSE| + |U|
+// + 1) / c; within e of +-1 the true factor 1 - tanh^2 is below 2 e, noise: it is taken as
+// 0, which it is exactly where the score is infinite (the definition's 0 * K = NaN for an
+// infinite key, not +-inf). Farther from +-1 the factor is kept however small (a nearly
+// saturated score still has its gradient). p is overwritten with U (+inf where P = 0, -inf
+// where the mask hides the pair: hidden_pair).
 template <int MT, int N, class Lse>
 __device__ __forceinline__ void softcap_grad(float (&ds)[MT][N / 8][4], float (&p)[MT][N / 8][4], const ScoreMod& m,
                                              int64_t row0, int64_t col0, bool rows_are_queries, Lse&& lse_of) {
@@ -251,21 +255,12 @@ __device__ __forceinline__ void softcap_grad(float (&ds)[MT][N / 8][4], float (&
   });
   if (m.bias_kind == kBiasPost) add_bias<MT, N>(p, m, row0, col0, rows_are_queries, -1.f);
   if (m.slope != 0.f) add_distance<MT, N>(p, m, row0, col0, rows_are_queries, m.slope);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float u = p[mt][n][e];
-        if (u > -INFINITY && u < INFINITY) {
-          // Within kSaturated of +-1 the taken-back tanh is its own rounding noise and the
-          // true factor is below 2 kSaturated: 0, as it is exactly where the score is
-          // infinite (the definition's 0 * K = NaN for an infinite key, not +-inf).
-          const float th = fminf(fmaxf(u * m.inv_cap, -1.f), 1.f);
-          ds[mt][n][e] *= fabsf(th) > 1.f - kSaturated ? 0.f : 1.f - th * th;
-        }
-      }
+  for_each_pair<MT, N>(p, row0, col0, rows_are_queries, [&](float& u, int64_t, int64_t, int slot, int col) {
+    if (!(u > -INFINITY && u < INFINITY)) return;
+    const float th = fminf(fmaxf(u * m.inv_cap, -1.f), 1.f);
+    const float err = kTakenBackErr * (fabsf(lse_of(slot, col)) + fabsf(u) + 1.f) * m.inv_cap;
+    ds[slot >> 1][col >> 3][2 * (slot & 1) + (col & 1)] *= fabsf(th) > 1.f - err ? 0.f : 1.f - th * th;
+  });
 }
 
 // The backward's modifiers on dS (= dL, from ds_cols / ds_rows), P (`p`, which they
