@@ -35,7 +35,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
-from timing import graph_ms, time_ms  # noqa: E402  (bench/timing.py: CUDA events, median)
+from timing import graph_ms, import_cuda_torch, time_ms  # noqa: E402  (bench/timing.py: CUDA events, median)
 
 torch = None  # imported by main(): --help and the CPU test work without torch
 
@@ -248,15 +248,8 @@ def measure(lib, b, s_q, s_kv, h, hg, runs, warmup, case: str, causal: bool) -> 
 def main(argv=None) -> int:
     global torch
     args = parse_args(argv)
-    try:
-        import torch as _torch
-
-        torch = _torch
-    except ImportError as e:
-        print(f"decode: PyTorch is not installed ({e}); nothing to measure", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("decode: no CUDA device", file=sys.stderr)
+    torch = import_cuda_torch("decode")
+    if torch is None:
         return 2
     lib = sa_abi.load(args.lib)
     torch.manual_seed(0)

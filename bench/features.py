@@ -56,7 +56,7 @@ sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the tables, the data file format)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
-from timing import event_times  # noqa: E402  (bench/timing.py: CUDA events)
+from timing import event_times, import_cuda_torch  # noqa: E402  (bench/timing.py: CUDA events)
 
 torch = None  # imported by main(): --help and the CPU test work without torch
 
@@ -528,15 +528,8 @@ def time_cases(cases: list[Case], runs: int, rounds: int, warmup: int) -> None:
 def main(argv=None) -> int:
     global torch
     args = parse_args(argv)
-    try:
-        import torch as _torch
-
-        torch = _torch
-    except ImportError as e:
-        print(f"features: PyTorch is not installed ({e}); nothing to measure", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("features: no CUDA device", file=sys.stderr)
+    torch = import_cuda_torch("features")
+    if torch is None:
         return 2
     lib, backends, version = None, [], None
     try:

@@ -9,6 +9,21 @@ that the scripts' --help and their CPU tests work without it.
 from __future__ import annotations
 
 import statistics
+import sys
+
+
+def import_cuda_torch(script: str):
+    """torch, when it is installed and sees a CUDA device; else None, after saying why on
+    stderr (the GPU benchmarks then exit 2)."""
+    try:
+        import torch
+    except ImportError as e:
+        print(f"{script}: PyTorch is not installed ({e}); nothing to measure", file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print(f"{script}: no CUDA device", file=sys.stderr)
+        return None
+    return torch
 
 
 def event_times(fn, runs: int, warmup: int) -> list[float]:
@@ -39,8 +54,6 @@ def graph_ms(fn, runs: int, warmup: int, reps: int = 10) -> float | None:
     """Median time of one call inside a CUDA graph of `reps` calls, replayed between CUDA
     events: the kernels' time without the host's per-call work (a serving loop captures its
     decode step in a graph). None, with the reason on stderr, when fn cannot be captured."""
-    import sys
-
     import torch
 
     for _ in range(warmup):
