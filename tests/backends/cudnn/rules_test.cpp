@@ -369,14 +369,16 @@ TEST(CudnnRules, KvCacheRules) {
     test_support::KvCase c = kv_case(MaskKind::causal, {8, 0}, 2);
     expect_refused(verdict_of(c, hopper()), "kv_cache_mask", "causal_bottom_right with a window");
   }
+  // (pages enough for sequence 0's 20 cached tokens and the one appended)
+  auto pages_for = [](std::int64_t page) { return (21 + page - 1) / page; };
   for (std::int64_t page : {3, 200}) {  // cuDNN's paged load takes powers of two only
     test_support::KvCase c = kv_case(MaskKind::causal_bottom_right, {}, 1);
-    c.page_size = page;
+    c.page_size = page, c.max_pages = pages_for(page);
     expect_refused(verdict_of(c, hopper()), "kv_cache_page_size", "page size " + std::to_string(page));
   }
   for (std::int64_t page : {1, 64, 256}) {
     test_support::KvCase c = kv_case(MaskKind::causal_bottom_right, {}, 1);
-    c.page_size = page;
+    c.page_size = page, c.max_pages = pages_for(page);
     const Verdict v = verdict_of(c, hopper());
     EXPECT_TRUE(v.supported) << page << ": " << v.rule << ": " << v.reason;
   }
