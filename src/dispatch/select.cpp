@@ -116,10 +116,11 @@ SpeedClass speed_class(const Problem& problem) {
     const std::string name = "sm" + std::to_string(plat.sm) + " device";
     if (const char* env = std::getenv("STRIDEATTN_AUTO"); env && std::string_view(env) == "fixed")
       return {name, gpu_first, std::string(kHopperSource) + " (STRIDEATTN_AUTO=fixed: the measured rows are not read)"};
-    if (problem.kv_cache == nullptr && work_flops(problem) < kHostBoundFlops) {
+    if (const double flops = problem.kv_cache == nullptr ? work_flops(problem) : kHostBoundFlops;
+        flops < kHostBoundFlops) {
       std::ostringstream os;
       os.precision(3);
-      os << kHostSource << "; this problem needs " << work_flops(problem) << " FLOP, under " << kHostBoundFlops;
+      os << kHostSource << "; this problem needs " << flops << " FLOP, under " << kHostBoundFlops;
       return {name + ", host-bound", {Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference}, os.str()};
     }
     const SpeedRow* row = nearest_speed_row(problem);
