@@ -63,7 +63,7 @@ struct KernelEntry {
   int warp_rows = 0;  // forward: query rows of O one warp owns (the outer accumulator's slot)
   // The warp-specialized forward (sm90/ws_forward.cuh): its kernel takes WsForwardParams
   // (TMA tensor maps, then KernelParams) instead of KernelParams, and find_kernel skips it:
-  // the plan asks for it with find_ws_forward where a test forces it.
+  // the plan asks for it with find_ws_forward where it covers the problem.
   bool tma = false;
   bool ws_overlap = false;  // tma: the instantiation whose consumers overlap consecutive blocks
   // Instantiations (__global__ function addresses for cudaLaunchKernel); nullptr where the

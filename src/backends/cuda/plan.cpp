@@ -118,7 +118,7 @@ bool dbias_direct(const Problem& p) {
 
 std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const DeviceCaps& caps,
                                const PlanForcing& forcing) {
-  if (!forcing.ws_forward) return "experimental: runs only where a test forces it (PlanForcing::ws_forward)";
+  if (!forcing.ws_forward.value_or(true)) return "forced_off: a test keeps the wgmma forward (PlanForcing::ws_forward)";
   if (p.is_backward()) return "direction: backward (a forward kernel)";
   if (plan.arch != Arch::sm90a) return std::string("arch: ") + to_string(plan.arch) + " kernels (needs sm90a)";
   if (!has_ws_forward(plan.bucket) || find_ws_forward(plan.dtype, plan.bucket) == nullptr)
@@ -167,13 +167,13 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
                         : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
                                                                                    : Variant::guarded;
     plan.main.grid = grid_of(*e, p, 1);
-    // The warp-specialized forward where it covers the problem (and a test forces it); the
-    // wgmma forward stays as its fallback.
+    // The warp-specialized forward where it covers the problem; the wgmma forward stays as
+    // its fallback (a view the driver cannot map, launch.cpp).
     if (plan.arch == Arch::sm90a && has_ws_forward(plan.bucket)) {
       plan.ws_note = ws_forward_refusal(p, plan, caps, forcing);
       if (plan.ws_note.empty()) {
         plan.ws_fallback = plan.main;
-        plan.main.entry = find_ws_forward(plan.dtype, plan.bucket, forcing.ws_overlap);
+        plan.main.entry = find_ws_forward(plan.dtype, plan.bucket, forcing.ws_overlap.value_or(true));
         plan.main.variant = Variant::guarded;
         plan.main.grid = grid_of(*plan.main.entry, p, 1);
       }

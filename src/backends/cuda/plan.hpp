@@ -30,12 +30,14 @@ struct PlanForcing {
                                     // whatever `deterministic` says, where the pass adds dQ
   int fold_blocks = 0;              // backward: > 0 folds every that many iterations whatever
                                     // the lengths (the dQ pass too where it runs); < 0 never
-  // The warp-specialized TMA forward (sm90/ws_forward.cuh) wherever it covers the problem
-  // (ws_forward_refusal). Experimental: the default plan never picks it until it has passed
-  // on an H200; until then it runs only where a test forces it here.
-  bool ws_forward = false;
-  bool ws_overlap = false;  // with ws_forward: its instantiation whose consumers overlap the
-                            // GEMMs of consecutive key blocks (sm90/ws_forward.cuh)
+  // The warp-specialized TMA forward (sm90/ws_forward.cuh): unset, the plan's choice (it,
+  // wherever it covers the problem: ws_forward_refusal); false keeps the wgmma forward, so a
+  // test can compare the two.
+  std::optional<bool> ws_forward;
+  // With the warp-specialized forward: its instantiation whose consumers overlap the GEMMs of
+  // consecutive key blocks (true; the plan's choice: as fast without a mask, faster causal,
+  // bench/cuda-notes.md) or the plain one (false).
+  std::optional<bool> ws_overlap;
 };
 
 struct Dim3 {
@@ -102,8 +104,8 @@ struct CudaPlan {
 [[nodiscard]] bool dbias_direct(const detail::Problem& problem);
 
 // Why the warp-specialized forward does not cover `problem` under `forcing` with the kernels
-// of `plan` (arch, bucket, dtype chosen), or "" when it does: rule `experimental` (not
-// forced), then `direction`, `arch`, `head_dim`, `varlen`, `features`, `long_keys` (the
+// of `plan` (arch, bucket, dtype chosen), or "" when it does: rule `forced_off` (a
+// test's PlanForcing), then `direction`, `arch`, `head_dim`, `varlen`, `features`, `long_keys` (the
 // fold), `shared_memory`, `tma` (a view TMA cannot read: tma_maps.hpp). Pure.
 [[nodiscard]] std::string ws_forward_refusal(const detail::Problem& problem, const CudaPlan& plan,
                                              const DeviceCaps& caps, const PlanForcing& forcing);

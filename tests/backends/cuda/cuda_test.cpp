@@ -525,10 +525,12 @@ std::string debug_log_of(F&& fn) {
   return all;
 }
 
-// On a 9.0 GPU, in a build with sm_90a code, the forward of the d <= 128 and d <= 256
-// buckets and every bucket's dK/dV pass run the wgmma kernels (so the default runs of every
-// test here, and the default rows of DkDvPassEightAndFourWarps, test them), and the test
-// hook's arch = sm80 the mma.sync ones; the wgmma dK/dV pass is deterministic run to run.
+// On a 9.0 GPU, in a build with sm_90a code, the forward of the d <= 128 bucket runs the
+// warp-specialized kernel (the wgmma one where the test hook keeps it off), the d <= 256
+// bucket's the wgmma kernel, and every bucket's dK/dV pass the wgmma kernels (so the default
+// runs of every test here, and the default rows of DkDvPassEightAndFourWarps, test them), and
+// the test hook's arch = sm80 the mma.sync ones; the wgmma dK/dV pass is deterministic run to
+// run.
 TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   SKIP_WITHOUT_GPU();
 #if !defined(STRIDEATTN_CUDA_SM90A)
@@ -541,7 +543,12 @@ TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   if (major != 9 || minor != 0) GTEST_SKIP() << "compute capability " << major << "." << minor << ", not 9.0";
   FixedBackwardCase c;
   const std::string fwd = debug_log_of([&] { c.forward(); });
-  EXPECT_NE(fwd.find("; forward: sm90a wgmma forward"), std::string::npos) << fwd;
+  EXPECT_NE(fwd.find("; forward: sm90a warp-specialized overlapped forward"), std::string::npos) << fwd;
+  {
+    const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+    const std::string kept = debug_log_of([&] { c.forward(); });
+    EXPECT_NE(kept.find("; forward: sm90a wgmma forward"), std::string::npos) << kept;
+  }
   const std::string bwd = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c.backward())); });
   EXPECT_NE(bwd.find("; dK/dV pass: sm90a wgmma dK/dV pass"), std::string::npos) << bwd;
   {

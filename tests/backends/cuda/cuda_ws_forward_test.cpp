@@ -1,5 +1,5 @@
-// The warp-specialized sm_90a forward (sm90/ws_forward.cuh; experimental, so the default
-// plan never runs it and these tests force it with PlanForcing::ws_forward) against the fp64
+// The warp-specialized sm_90a forward (sm90/ws_forward.cuh; the default forward of the d <= 128
+// bucket, each instantiation forced here with PlanForcing::ws_forward / ws_overlap) against the fp64
 // reference under the correctness rule, through the harness runner (fresh random inputs,
 // poisoned outputs, guard bands, written checks): s_q != s_kv both ways, sizes off the
 // 128-row tiles, every mask kind, bottom-right windows, GQA 8:1, MQA, batch > 1, f16 and bf16,
@@ -298,9 +298,12 @@ TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {
   SKIP_UNLESS_SM90A();
   for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
     ForwardCase c(2, 777, 8, 2, 128, m);
-    const std::string def_log = debug_log_of([&] { c.run(); });
+    const std::string def_log = debug_log_of([&] {
+      const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+      c.run();
+    });
     EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
-    EXPECT_NE(def_log.find("warp-specialized forward not run: experimental"), std::string::npos) << def_log;
+    EXPECT_NE(def_log.find("warp-specialized forward not run: forced_off"), std::string::npos) << def_log;
     const std::vector<std::uint16_t> o_ref = c.o.bytes();
     const std::vector<float> lse_ref = c.lse_values();
     for (bool overlap : kOverlaps) {
@@ -325,42 +328,53 @@ TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {
   }
 }
 
-// Time the default (wgmma) forward against the forced warp-specialized one on the issue's
-// shape: bf16, b 4, h 16, s 4k, d 128, no mask and causal. Prints TFLOP/s; asserts nothing
-// about speed. Run with --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
+// Time the wgmma forward (forced) against the two warp-specialized instantiations, bf16,
+// d 128, no mask and causal, on the benchmark's d 128 shapes (s 1k to 8k, MHA 16 heads and GQA
+// 64/8). Prints TFLOP/s; asserts nothing about speed (a diagnostic; bench/compare_sdpa.py
+// makes the claims). Run with --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
 TEST(CudaWsForward, DISABLED_Timing) {
   SKIP_UNLESS_SM90A();
-  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-    ForwardCase c(4, 4096, 16, 16, 128, m);
-    auto time_ms = [&] {
-      for (int i = 0; i < 5; ++i) c.run();
-      cudaEvent_t e0, e1;
-      cudaEventCreate(&e0), cudaEventCreate(&e1);
-      constexpr int kRuns = 30;
-      cudaEventRecord(e0);
-      for (int i = 0; i < kRuns; ++i) (void)strideattn::forward(c.args);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      cudaEventDestroy(e0), cudaEventDestroy(e1);
-      return double(ms) / kRuns;
-    };
-    const double wgmma = time_ms();
-    double ws[2] = {0, 0};
-    for (bool overlap : kOverlaps) {
-      const ScopedCudaPlanForcing forced(forcing(overlap));
-      const std::string log = debug_log_of([&] { c.run(); });
-      EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
-      ws[overlap ? 1 : 0] = time_ms();
+  struct Shape {
+    std::int64_t b, s, h, hg;
+  };
+  for (const Shape sh : {Shape{16, 1024, 16, 16}, Shape{8, 2048, 16, 16}, Shape{4, 4096, 16, 16},
+                         Shape{2, 8192, 16, 16}, Shape{2, 8192, 64, 8}})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      ForwardCase c(sh.b, sh.s, sh.h, sh.hg, 128, m);
+      auto time_ms = [&] {
+        for (int i = 0; i < 5; ++i) c.run();
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        constexpr int kRuns = 30;
+        cudaEventRecord(e0);
+        for (int i = 0; i < kRuns; ++i) (void)strideattn::forward(c.args);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+        return double(ms) / kRuns;
+      };
+      double wgmma = 0;
+      {
+        const ScopedCudaPlanForcing off(PlanForcing{.ws_forward = false});
+        wgmma = time_ms();
+      }
+      double ws[2] = {0, 0};
+      for (bool overlap : kOverlaps) {
+        const ScopedCudaPlanForcing forced(forcing(overlap));
+        const std::string log = debug_log_of([&] { c.run(); });
+        EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
+        ws[overlap ? 1 : 0] = time_ms();
+      }
+      const double gflop = c.flops() * 1e-9;
+      std::printf(
+          "bf16 b %lld h %lld/%lld s %lld d 128 %s: wgmma forward %.3f ms %.1f TFLOP/s; warp-specialized %.3f ms "
+          "%.1f TFLOP/s (%.2fx); overlapped %.3f ms %.1f TFLOP/s (%.2fx)\n",
+          (long long)sh.b, (long long)sh.h, (long long)sh.hg, (long long)sh.s,
+          m == MaskKind::none ? "none  " : "causal", wgmma, gflop / wgmma, ws[0], gflop / ws[0], wgmma / ws[0], ws[1],
+          gflop / ws[1], wgmma / ws[1]);
     }
-    const double gflop = c.flops() * 1e-9;
-    std::printf(
-        "bf16 b 4 h 16 s 4096 d 128 %s: wgmma forward %.3f ms %.1f TFLOP/s; warp-specialized %.3f ms %.1f "
-        "TFLOP/s (%.2fx); overlapped %.3f ms %.1f TFLOP/s (%.2fx)\n",
-        m == MaskKind::none ? "none  " : "causal", wgmma, gflop / wgmma, ws[0], gflop / ws[0], wgmma / ws[0], ws[1],
-        gflop / ws[1], wgmma / ws[1]);
-  }
 }
 
 }  // namespace

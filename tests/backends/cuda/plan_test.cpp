@@ -7,7 +7,7 @@
 // cu_seqlens problem's plan (grids from the bounds, tables in the workspace); and what a
 // prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
 // problem's tables, no pointer of the problem it was made from; the warp-specialized forward
-// (experimental): never in the default plan, forced where it covers the problem, and each
+// in the default plan wherever it covers the problem, kept off by the test hook, and each
 // rule that keeps it off named.
 #include <gtest/gtest.h>
 
@@ -160,14 +160,17 @@ TEST(CudaPlan, ForwardKernelsAndInstantiations) {
     EXPECT_EQ(make_cuda_plan(fwd(DType::f16, 1, 300, 2, 1, 40), kA100).main.variant, Variant::guarded);
   }
   {  // H200: d 64 the mma.sync forward (the wgmma one lost there), d 128 / 256 the wgmma one
+     // (at d 128 the warp-specialized forward's fallback)
     const CudaPlan p64 = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, 64), kH200);
     EXPECT_EQ(name_of(p64.main), "sm90a mma.sync forward");
     EXPECT_EQ(p64.main.variant, Variant::full_d);
     for (int d : {128, 256}) {
       const CudaPlan p = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, d), kH200);
-      EXPECT_EQ(name_of(p.main), "sm90a wgmma forward") << d;
-      EXPECT_EQ(p.main.variant, Variant::guarded) << d;
-      EXPECT_EQ(p.main.entry->threads, kKvThreads) << d;
+      const KernelLaunch& wgmma = d == 128 ? p.ws_fallback : p.main;
+      EXPECT_EQ(d == 128, p.main.entry->tma) << d;
+      EXPECT_EQ(name_of(wgmma), "sm90a wgmma forward") << d;
+      EXPECT_EQ(wgmma.variant, Variant::guarded) << d;
+      EXPECT_EQ(wgmma.entry->threads, kKvThreads) << d;
     }
   }
   {  // over kFoldKeys keys: the fold, with one slot per warp that can be resident
@@ -530,10 +533,11 @@ TEST(CudaPlan, PreparedLaunchHoldsNoPointers) {
 }
 
 // The warp-specialized TMA forward (sm90/ws_forward.cuh): one entry per dtype at d <= 128,
-// sm90a, which find_kernel never returns; the default plan never runs it (experimental),
-// the forcing runs it where it covers the problem, with the wgmma forward as its fallback,
-// and every problem it does not cover keeps the wgmma forward with the rule named.
-TEST(CudaPlan, WarpSpecializedForwardOnlyWhereForced) {
+// sm90a, which find_kernel never returns; the default plan runs its overlapped instantiation
+// wherever it covers the problem, with the wgmma forward as its fallback, the test hook keeps
+// it off or picks the plain one, and every problem it does not cover keeps the wgmma forward
+// with the rule named.
+TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   for (DType t : {DType::f16, DType::bf16}) {
     const KernelEntry* e = find_ws_forward(t, 128);
     ASSERT_NE(e, nullptr);
@@ -552,17 +556,24 @@ TEST(CudaPlan, WarpSpecializedForwardOnlyWhereForced) {
     EXPECT_EQ(find_ws_forward(t, 256), nullptr);
     EXPECT_FALSE(find_kernel(t, Arch::sm90a, 128, Pass::forward, 1 << 30)->tma);
   }
-  const PlanForcing on{.ws_forward = true};
+  const PlanForcing on{.ws_forward = true, .ws_overlap = false};
   auto starts_with = [](const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; };
 
-  // default: the wgmma forward, and the note says why not the new one
+  // forced off: the wgmma forward, and the note says why not the new one
   const Problem base = fwd(DType::bf16, 2, 1000, 8, 1, 128);
-  const CudaPlan def = make_cuda_plan(base, kH200);
+  const CudaPlan def = make_cuda_plan(base, kH200, PlanForcing{.ws_forward = false});
   ASSERT_TRUE(def.ok()) << def.error;
   EXPECT_FALSE(def.main.entry->tma);
-  EXPECT_TRUE(starts_with(def.ws_note, "experimental")) << def.ws_note;
+  EXPECT_TRUE(starts_with(def.ws_note, "forced_off")) << def.ws_note;
 
-  // forced: the new kernel, its grid, the wgmma forward as fallback
+  // the default: the overlapped instantiation
+  const CudaPlan auto_plan = make_cuda_plan(base, kH200);
+  ASSERT_TRUE(auto_plan.ok()) << auto_plan.error;
+  EXPECT_TRUE(auto_plan.main.entry->tma && auto_plan.main.entry->ws_overlap) << auto_plan.ws_note;
+  EXPECT_EQ(auto_plan.ws_note, "");
+  EXPECT_EQ(name_of(auto_plan.ws_fallback), name_of(def.main));
+
+  // forced plain: the new kernel, its grid, the wgmma forward as fallback
   const CudaPlan ws = make_cuda_plan(base, kH200, on);
   ASSERT_TRUE(ws.ok()) << ws.error;
   EXPECT_TRUE(ws.main.entry->tma) << ws.ws_note;
@@ -575,7 +586,8 @@ TEST(CudaPlan, WarpSpecializedForwardOnlyWhereForced) {
   EXPECT_EQ(name_of(ws.ws_fallback), name_of(def.main));
   const CudaPlan overlapped = make_cuda_plan(base, kH200, PlanForcing{.ws_forward = true, .ws_overlap = true});
   EXPECT_TRUE(overlapped.main.entry->tma && overlapped.main.entry->ws_overlap);
-  EXPECT_FALSE(make_cuda_plan(base, kH200, PlanForcing{.ws_overlap = true}).main.entry->tma) << "needs ws_forward";
+  EXPECT_FALSE(make_cuda_plan(base, kH200, PlanForcing{.ws_forward = false, .ws_overlap = true}).main.entry->tma)
+      << "forced off";
   EXPECT_EQ(ws.workspace.total, def.workspace.total);
   // head dims of the bucket below it run too (TMA zero-fills the columns past d)
   EXPECT_TRUE(

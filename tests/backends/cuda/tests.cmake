@@ -25,7 +25,7 @@ if(STRIDEATTN_HAVE_CUDA)
   if("${CMAKE_CUDA_ARCHITECTURES}" MATCHES "90a")
     target_compile_definitions(cuda_test PRIVATE STRIDEATTN_CUDA_SM90A=1)
   endif()
-  # The warp-specialized TMA forward (experimental, forced by the plan's test hook) against the
+  # The warp-specialized TMA forward (the default d <= 128 forward on sm_90a) against the
   # reference, and that it really runs; DISABLED_Timing times it against the wgmma forward.
   strideattn_test(cuda_ws_forward_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_ws_forward_test.cpp LABELS gpu)
   target_link_libraries(cuda_ws_forward_test PRIVATE strideattn_gpu CUDA::cudart)

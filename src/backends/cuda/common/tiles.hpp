@@ -96,8 +96,8 @@ SA_CONSTEXPR_HD ForwardWgmmaTile forward_wgmma_tile(int d) {
 
 // ------------------------------------------------------------------ forward (sm_90a, warp-specialized)
 
-// The warp-specialized forward on sm_90a (sm90/ws_forward.cuh; experimental: the plan runs it
-// only when a test forces it, plan.cpp). Three warpgroups per CTA:
+// The warp-specialized forward on sm_90a (sm90/ws_forward.cuh; the plan runs it wherever it
+// covers the problem, plan.cpp). Three warpgroups per CTA:
 //   producer (warpgroup 0; one thread issues): Q once, then K and V of each key block by TMA
 //     into a ring of `stages` stages guarded by mbarriers. It needs a few registers for
 //     coordinates and phases: setmaxnreg gives it producer_regs.

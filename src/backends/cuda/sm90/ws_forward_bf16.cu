@@ -1,6 +1,6 @@
 // The bf16 entry of the warp-specialized sm_90a forward (sm90/ws_forward.cuh): the d <= 128
-// bucket, plain and overlapped, which the plan runs only where a test forces it
-// (PlanForcing::ws_forward, ws_overlap).
+// bucket, plain and overlapped (the plan's choice; a test may force the plain one:
+// PlanForcing::ws_overlap).
 #include "backends/cuda/sm90/ws_forward.cuh"
 
 namespace strideattn::cuda_impl {
