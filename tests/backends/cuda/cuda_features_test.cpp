@@ -165,6 +165,26 @@ TEST(CudaFeatures, AllTogetherEveryMaskAndWindows) {
   expect_cuda_ok(with(dense(DType::bf16, 1, 40, 250, 2, 1, 128, 128, MaskKind::causal, 2, 0), kAll));
 }
 
+// An infinite Q element saturates its row's capped scores exactly (tanh = +-1), so the
+// softcap's factor is 0 and dK = 0 x inf = NaN, as the definition says: with ALiBi over long
+// distances (or a bias) the tanh taken back from P carries their rounding too, and a factor
+// left just above 0 gave -inf instead (a fuzz case: causal, small cap, far keys).
+TEST(CudaFeatures, SaturatedSoftcapWithTakenBackTerms) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t d : {64, 128}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    CaseSpec alibi = with(dense(DType::bf16, 1, 64, 300, 2, 1, d, d, MaskKind::causal_bottom_right),
+                          {.softcap = 0.95, .alibi_rows = 1, .sinks = true});
+    alibi.input_plants.push_back({"q", 40 * 2 * d + 5, INFINITY});  // (row 40, head 0, dim 5)
+    expect_cuda_ok(alibi);
+    CaseSpec bias =
+        with_bias(with(dense(DType::bf16, 1, 64, 300, 2, 1, d, d, MaskKind::causal_bottom_right), {.softcap = 0.95}),
+                  BiasType::post_scale, {1, 2, 64, 300});
+    bias.input_plants.push_back({"q", 40 * 2 * d + 5, INFINITY});
+    expect_cuda_ok(bias);
+  }
+}
+
 TEST(CudaFeatures, GroupedMultiQueryAndOddHeadDims) {
   SKIP_WITHOUT_GPU();
   expect_cuda_ok(with(dense(DType::bf16, 2, 150, 150, 8, 2, 64, 64, MaskKind::causal), kAll));  // GQA 4
