@@ -131,9 +131,8 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   // This thread's rows of the stages: tokens kb + pass_row, then every kRpp-th. Stages are
   // loaded in order, each exactly once, so a cursor walks the tokens: within a contiguous
   // cache the next row's address is an increment; in a paged cache the page and slot are
-  // carried along (one division in all). A paged stage's block-table entries are read one
-  // stage ahead of its loads (fetch_pages): the table read, on which the row addresses
-  // depend, then overlaps a stage of math instead of stalling every warp before its cp.async.
+  // carried along (one division in all), and a stage reads its rows' block-table entries
+  // first, all in flight together, before it uses them.
   constexpr int kPasses = Stage / kRpp;
   const std::uint32_t page_size = std::uint32_t(Paged ? p.page_size : 1);
   const int64_t k_step = int64_t(kRpp) * p.k_st.s, v_step = int64_t(kRpp) * p.v_st.s;
@@ -147,49 +146,39 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
     page_no = tok / page_size;
     slot = tok - page_no * page_size;
   }
-  auto valid_rows = [&](int stage) { return int(kernel::min64(Stage, ke - (kb + int64_t(stage) * Stage))); };
-
-  // Paged: the pages (-1: no row of the share there) and slots of this thread's rows of one
-  // stage. The entries are plain loads into registers, first used a stage later.
-  struct StagePages {
-    std::int32_t page[kPasses];
-    std::uint32_t at[kPasses];
-  };
-  auto fetch_pages = [&](int stage, StagePages& sp) {
-    const int valid = valid_rows(stage);
-    std::uint32_t column[kPasses];
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      column[pass] = page_no, sp.at[pass] = slot;
-      for (slot += kRpp; slot >= page_size; slot -= page_size) ++page_no;
-    }
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const bool in = pass * kRpp + pass_row < valid;
-      if (pass > 0 && column[pass] == column[pass - 1])
-        sp.page[pass] = sp.page[pass - 1];
-      else
-        sp.page[pass] = in ? p.block_table[n * p.bt_b + int64_t(column[pass]) * p.bt_p] : -1;
-    }
-  };
 
   // Keys [c0, c0 + Stage) of the share into ring buffer `buf`; rows past ke and rows of an
   // invalid page are zero-filled (the latter flagged in this thread's bad_page, which the CTA
   // ORs at the end). A page's entry is read only for a row the share covers.
   bool bad_page = false;
-  auto load_stage = [&](int stage, int buf, const StagePages& sp) {
-    const int valid = valid_rows(stage);
+  auto load_stage = [&](int stage, int buf) {
+    const int64_t c0 = kb + int64_t(stage) * Stage;
+    const int valid = int(kernel::min64(Stage, ke - c0));
     if constexpr (Paged) {
+      std::uint32_t column[kPasses], at[kPasses];
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        column[pass] = page_no, at[pass] = slot;
+        for (slot += kRpp; slot >= page_size; slot -= page_size) ++page_no;
+      }
+      int64_t page[kPasses];  // -1: no row of the share here
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const bool in = pass * kRpp + pass_row < valid;
+        if (pass > 0 && column[pass] == column[pass - 1])
+          page[pass] = page[pass - 1];
+        else
+          page[pass] = in ? int64_t(p.block_table[n * p.bt_b + int64_t(column[pass]) * p.bt_p]) : -1;
+      }
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         const int row = pass * kRpp + pass_row;
-        const int64_t page = sp.page[pass];
-        const bool in = row < valid, ok = page >= 0 && page < p.num_pages;
+        const bool in = row < valid, ok = page[pass] >= 0 && page[pass] < p.num_pages;
         bad_page |= in && !ok;
         const bool have = in && ok;
-        load_chunk<Vec>(sK(buf).chunk(row, col), k_head + page * p.k_st.b + int64_t(sp.at[pass]) * p.k_st.s,
+        load_chunk<Vec>(sK(buf).chunk(row, col), k_head + page[pass] * p.k_st.b + int64_t(at[pass]) * p.k_st.s,
                         have && k_col);
-        load_chunk<Vec>(sV(buf).chunk(row, col), v_head + page * p.v_st.b + int64_t(sp.at[pass]) * p.v_st.s,
+        load_chunk<Vec>(sV(buf).chunk(row, col), v_head + page[pass] * p.v_st.b + int64_t(at[pass]) * p.v_st.s,
                         have && v_col);
       }
     } else {
@@ -202,20 +191,6 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
         kp += k_step;
         vp += v_step;
       }
-    }
-  };
-  // Stage `stage` into `buf`: paged, with the entries fetched a stage ago, and the next
-  // stage's entries fetched now.
-  StagePages next{};
-  if constexpr (Paged)
-    if (n_stages > 0) fetch_pages(0, next);
-  auto issue_stage = [&](int stage, int buf) {
-    if constexpr (Paged) {
-      const StagePages now = next;
-      if (stage + 1 < n_stages) fetch_pages(stage + 1, next);
-      load_stage(stage, buf, now);
-    } else {
-      load_stage(stage, buf, next);
     }
   };
 
@@ -234,7 +209,7 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   }
 #pragma unroll
   for (int s = 0; s < Stages - 1; ++s) {
-    if (s < n_stages) issue_stage(s, s);
+    if (s < n_stages) load_stage(s, s);
     cp_async_commit();
   }
 
@@ -247,7 +222,7 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
     // of stage it + Stages - 1 refills.
     cp_async_wait<Stages - 2>();
     __syncthreads();
-    if (it + Stages - 1 < n_stages) issue_stage(it + Stages - 1, (it + Stages - 1) % Stages);
+    if (it + Stages - 1 < n_stages) load_stage(it + Stages - 1, (it + Stages - 1) % Stages);
     cp_async_commit();
     const int buf = it % Stages;
     const int64_t c0 = kb + int64_t(it) * Stage;
