@@ -31,9 +31,9 @@ const KernelEntry* find_kernel(DType dtype, Arch arch, int bucket, Pass pass, in
   return nullptr;
 }
 
-const KernelEntry* find_ws_forward(DType dtype, int bucket, bool overlap) {
+const KernelEntry* find_ws_forward(DType dtype, int bucket, WsSchedule schedule) {
   for (const KernelEntry& e : kernel_table())
-    if (e.tma && e.dtype == dtype && e.bucket == bucket && e.ws_overlap == overlap) return &e;
+    if (e.tma && e.dtype == dtype && e.bucket == bucket && e.ws_schedule == schedule) return &e;
   return nullptr;
 }
 

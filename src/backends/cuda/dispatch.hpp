@@ -36,6 +36,18 @@ enum class Variant : int {
 };
 inline constexpr int kVariantCount = 4;
 
+// How the consumer warpgroups of the warp-specialized forward (sm90/ws_forward.cuh) order
+// their GEMMs.
+enum class WsSchedule : int {
+  plain = 0,       // S = Q K^T, softmax, O += P V, block after block
+  overlapped = 1,  // block j + 1's S issued before block j's P V, its softmax under that GEMM
+  ping_pong = 2,   // overlapped, and the two consumers take turns to issue their GEMMs, so one's
+                   // softmax runs while the other's GEMMs hold the tensor cores
+};
+constexpr const char* to_string(WsSchedule s) {
+  return s == WsSchedule::plain ? "plain" : s == WsSchedule::overlapped ? "overlapped" : "ping-pong";
+}
+
 // How a pass's grid is laid out (x, y, z).
 enum class GridShape : int {
   query_blocks = 0,  // (query block of block_rows, head, sequence)
@@ -63,9 +75,10 @@ struct KernelEntry {
   int warp_rows = 0;  // forward: query rows of O one warp owns (the outer accumulator's slot)
   // The warp-specialized forward (sm90/ws_forward.cuh): its kernel takes WsForwardParams
   // (TMA tensor maps, then KernelParams) instead of KernelParams, and find_kernel skips it:
-  // the plan asks for it with find_ws_forward where it covers the problem.
+  // the plan asks for it with find_ws_forward where it covers the problem, one entry per
+  // schedule.
   bool tma = false;
-  bool ws_overlap = false;  // tma: the instantiation whose consumers overlap consecutive blocks
+  WsSchedule ws_schedule = WsSchedule::plain;  // tma: how its consumers order their GEMMs
   // Instantiations (__global__ function addresses for cudaLaunchKernel); nullptr where the
   // entry has none (full_d where unguarded_full_d is false).
   const void* guarded = nullptr;
@@ -88,7 +101,7 @@ struct KernelEntry {
 
 // The warp-specialized forward's entry for (dtype, bucket), plain or with its consumers'
 // blocks overlapped, or nullptr where there is none.
-[[nodiscard]] const KernelEntry* find_ws_forward(DType dtype, int bucket, bool overlap = false);
+[[nodiscard]] const KernelEntry* find_ws_forward(DType dtype, int bucket, WsSchedule schedule);
 
 // The entries each kernel translation unit contributes.
 std::span<const KernelEntry> sm80_forward_entries_f16();

@@ -121,7 +121,7 @@ std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const Dev
   if (!forcing.ws_forward.value_or(true)) return "forced_off: a test keeps the wgmma forward (PlanForcing::ws_forward)";
   if (p.is_backward()) return "direction: backward (a forward kernel)";
   if (plan.arch != Arch::sm90a) return std::string("arch: ") + to_string(plan.arch) + " kernels (needs sm90a)";
-  if (!has_ws_forward(plan.bucket) || find_ws_forward(plan.dtype, plan.bucket) == nullptr)
+  if (!has_ws_forward(plan.bucket) || find_ws_forward(plan.dtype, plan.bucket, WsSchedule::plain) == nullptr)
     return "head_dim: bucket " + std::to_string(plan.bucket) +
            " (supported: the 128 bucket, the larger head dim 72..128)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
@@ -173,7 +173,8 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
       plan.ws_note = ws_forward_refusal(p, plan, caps, forcing);
       if (plan.ws_note.empty()) {
         plan.ws_fallback = plan.main;
-        plan.main.entry = find_ws_forward(plan.dtype, plan.bucket, forcing.ws_overlap.value_or(true));
+        plan.main.entry =
+            find_ws_forward(plan.dtype, plan.bucket, forcing.ws_schedule.value_or(WsSchedule::overlapped));
         plan.main.variant = Variant::guarded;
         plan.main.grid = grid_of(*plan.main.entry, p, 1);
       }

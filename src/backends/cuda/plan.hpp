@@ -34,10 +34,10 @@ struct PlanForcing {
   // wherever it covers the problem: ws_forward_refusal); false keeps the wgmma forward, so a
   // test can compare the two.
   std::optional<bool> ws_forward;
-  // With the warp-specialized forward: its instantiation whose consumers overlap the GEMMs of
-  // consecutive key blocks (true; the plan's choice: as fast without a mask, faster causal,
-  // bench/cuda-notes.md) or the plain one (false).
-  std::optional<bool> ws_overlap;
+  // With the warp-specialized forward: the instantiation of this consumer schedule (unset: the
+  // plan's choice, overlapped: as fast as plain without a mask, faster causal,
+  // bench/cuda-notes.md steps 28 and 30).
+  std::optional<WsSchedule> ws_schedule;
 };
 
 struct Dim3 {

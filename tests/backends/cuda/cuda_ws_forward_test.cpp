@@ -1,15 +1,16 @@
 // The warp-specialized sm_90a forward (sm90/ws_forward.cuh; the default forward of the d <= 128
-// bucket, each instantiation forced here with PlanForcing::ws_forward / ws_overlap) against the fp64
+// bucket, each instantiation forced here with PlanForcing::ws_forward / ws_schedule) against the fp64
 // reference under the correctness rule, through the harness runner (fresh random inputs,
 // poisoned outputs, guard bands, written checks): s_q != s_kv both ways, sizes off the
 // 128-row tiles, every mask kind, bottom-right windows, GQA 8:1, MQA, batch > 1, f16 and bf16,
 // head dims of the 128 bucket below 128, every dense named layout (the splits of packed and
-// fused QKV buffers among them), each with the plain and the overlapped consumers. Every case
+// fused QKV buffers among them), each with every consumer schedule (plain, overlapped,
+// ping-pong). Every case
 // also asserts from the debug log that the forced instantiation really ran (no silent
 // fallback), and planted errors must be caught. Views TMA cannot read fall back to the wgmma
 // forward with the reason logged; the new kernel's O and LSE equal the wgmma forward's bit
-// for bit (same MMA order, same softmax code). DISABLED_Timing times the three on the issue's
-// shape (run it with --gtest_also_run_disabled_tests).
+// for bit (same MMA order, same softmax code). DISABLED_Timing times them against the wgmma
+// forward (run it with --gtest_also_run_disabled_tests).
 // Skips, saying why, without a GPU, without sm_90a code in the build, or on a GPU that is not
 // compute capability 9.0.
 #include <gtest/gtest.h>
@@ -37,18 +38,21 @@ using strideattn::DType;
 using strideattn::MaskKind;
 using strideattn::cuda_impl::PlanForcing;
 using strideattn::cuda_impl::ScopedCudaPlanForcing;
+using strideattn::cuda_impl::WsSchedule;
 using strideattn::harness::CaseReport;
 using strideattn::harness::CaseSpec;
 using strideattn::harness::ViewSpec;
 using strideattn::test_support::with_views;
 
-// What the debug log line says when each instantiation ran: the plain consumers, and the
-// consumers that overlap consecutive key blocks (PlanForcing::ws_overlap).
-constexpr std::string_view kRanPlain = "; forward: sm90a warp-specialized forward";
-constexpr std::string_view kRanOverlapped = "; forward: sm90a warp-specialized overlapped forward";
-constexpr bool kOverlaps[] = {false, true};
-std::string_view ran_marker(bool overlap) { return overlap ? kRanOverlapped : kRanPlain; }
-PlanForcing forcing(bool overlap) { return PlanForcing{.ws_forward = true, .ws_overlap = overlap}; }
+// What the debug log line says when each instantiation ran: one per consumer schedule
+// (PlanForcing::ws_schedule): plain, overlapping consecutive key blocks, and ping-pong.
+constexpr WsSchedule kSchedules[] = {WsSchedule::plain, WsSchedule::overlapped, WsSchedule::ping_pong};
+std::string ran_marker(WsSchedule s) {
+  return s == WsSchedule::plain        ? "; forward: sm90a warp-specialized forward"
+         : s == WsSchedule::overlapped ? "; forward: sm90a warp-specialized overlapped forward"
+                                       : "; forward: sm90a warp-specialized ping-pong forward";
+}
+PlanForcing forcing(WsSchedule s) { return PlanForcing{.ws_forward = true, .ws_schedule = s}; }
 constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 9090};
 
 // Why this process cannot run the kernel ("" when it can).
@@ -93,12 +97,12 @@ std::string debug_log_of(F&& fn) {
 // fell back to the wgmma forward, naming why.
 void expect_ws(CaseSpec spec, bool expect_ran = true) {
   spec.grad = false;
-  for (bool overlap : kOverlaps) {
-    SCOPED_TRACE(overlap ? "overlapped consumers" : "plain consumers");
-    const ScopedCudaPlanForcing forced(forcing(overlap));
+  for (WsSchedule schedule : kSchedules) {
+    SCOPED_TRACE(::testing::Message() << to_string(schedule) << " consumers");
+    const ScopedCudaPlanForcing forced(forcing(schedule));
     const std::string log = debug_log_of([&] { strideattn::test_support::expect_backend_ok(Backend::cuda, spec); });
     if (expect_ran) {
-      EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << "the forced kernel did not run:\n" << log;
+      EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << "the forced kernel did not run:\n" << log;
     } else {
       EXPECT_EQ(log.find("; forward: sm90a warp-specialized"), std::string::npos) << log;
       EXPECT_NE(log.find("; forward: sm90a wgmma forward"), std::string::npos) << log;
@@ -193,19 +197,19 @@ TEST(CudaWsForward, PlantedErrorsAreCaught) {
     const char* tensor;
     double delta;
   };
-  for (bool overlap : kOverlaps)
+  for (WsSchedule schedule : kSchedules)
     for (const P& p : {P{"value", "o", 0.25}, P{"unwritten", "o", 0}, P{"value", "lse", 0.25}, P{"guard", "o", 0}}) {
-      SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor << (overlap ? ", overlapped" : ", plain"));
+      SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor << ", " << to_string(schedule));
       CaseSpec c = dense(DType::bf16, 2, 200, 300, 4, 2, 128, 128, MaskKind::causal, -1, -1, false);
       c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
       ASSERT_TRUE(strideattn::harness::make_layout_views(c.layout_name, c.sizes, &c.views).ok());
-      const ScopedCudaPlanForcing forced(forcing(overlap));
+      const ScopedCudaPlanForcing forced(forcing(schedule));
       CaseReport report;
       const std::string log = debug_log_of([&] {
         const strideattn::Status st = strideattn::harness::run_case(c, {Backend::cuda}, &report);
         ASSERT_TRUE(st.ok()) << st.message();
       });
-      EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
+      EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
       ASSERT_EQ(report.backends.size(), 1u);
       const auto& r = report.backends[0];
       EXPECT_TRUE(r.status == "mismatch" || !r.written_ok || !r.guard_ok) << r.status << ": " << r.reason;
@@ -306,14 +310,14 @@ TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {
     EXPECT_NE(def_log.find("warp-specialized forward not run: forced_off"), std::string::npos) << def_log;
     const std::vector<std::uint16_t> o_ref = c.o.bytes();
     const std::vector<float> lse_ref = c.lse_values();
-    for (bool overlap : kOverlaps) {
-      SCOPED_TRACE(overlap ? "overlapped consumers" : "plain consumers");
+    for (WsSchedule schedule : kSchedules) {
+      SCOPED_TRACE(::testing::Message() << to_string(schedule) << " consumers");
       ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
       ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
       {
-        const ScopedCudaPlanForcing forced(forcing(overlap));
+        const ScopedCudaPlanForcing forced(forcing(schedule));
         const std::string log = debug_log_of([&] { c.run(); });
-        EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
+        EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
       }
       const std::vector<std::uint16_t> o_ws = c.o.bytes();
       const std::vector<float> lse_ws = c.lse_values();
@@ -360,20 +364,21 @@ TEST(CudaWsForward, DISABLED_Timing) {
         const ScopedCudaPlanForcing off(PlanForcing{.ws_forward = false});
         wgmma = time_ms();
       }
-      double ws[2] = {0, 0};
-      for (bool overlap : kOverlaps) {
-        const ScopedCudaPlanForcing forced(forcing(overlap));
+      double ws[3] = {0, 0, 0};
+      for (WsSchedule schedule : kSchedules) {
+        const ScopedCudaPlanForcing forced(forcing(schedule));
         const std::string log = debug_log_of([&] { c.run(); });
-        EXPECT_NE(log.find(ran_marker(overlap)), std::string::npos) << log;
-        ws[overlap ? 1 : 0] = time_ms();
+        EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
+        ws[int(schedule)] = time_ms();
       }
       const double gflop = c.flops() * 1e-9;
-      std::printf(
-          "bf16 b %lld h %lld/%lld s %lld d 128 %s: wgmma forward %.3f ms %.1f TFLOP/s; warp-specialized %.3f ms "
-          "%.1f TFLOP/s (%.2fx); overlapped %.3f ms %.1f TFLOP/s (%.2fx)\n",
-          (long long)sh.b, (long long)sh.h, (long long)sh.hg, (long long)sh.s,
-          m == MaskKind::none ? "none  " : "causal", wgmma, gflop / wgmma, ws[0], gflop / ws[0], wgmma / ws[0], ws[1],
-          gflop / ws[1], wgmma / ws[1]);
+      std::printf("bf16 b %lld h %lld/%lld s %lld d 128 %s: wgmma forward %.3f ms %.1f TFLOP/s", (long long)sh.b,
+                  (long long)sh.h, (long long)sh.hg, (long long)sh.s, m == MaskKind::none ? "none  " : "causal", wgmma,
+                  gflop / wgmma);
+      for (WsSchedule schedule : kSchedules)
+        std::printf("; %s %.3f ms %.1f TFLOP/s (%.2fx)", to_string(schedule), ws[int(schedule)],
+                    gflop / ws[int(schedule)], wgmma / ws[int(schedule)]);
+      std::printf("\n");
     }
 }
 

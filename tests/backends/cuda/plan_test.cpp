@@ -539,7 +539,7 @@ TEST(CudaPlan, PreparedLaunchHoldsNoPointers) {
 // with the rule named.
 TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   for (DType t : {DType::f16, DType::bf16}) {
-    const KernelEntry* e = find_ws_forward(t, 128);
+    const KernelEntry* e = find_ws_forward(t, 128, WsSchedule::plain);
     ASSERT_NE(e, nullptr);
     EXPECT_TRUE(e->tma);
     EXPECT_EQ(e->arch, Arch::sm90a);
@@ -547,16 +547,21 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     EXPECT_EQ(e->threads, ws_forward_tile(128).threads);
     EXPECT_EQ(e->smem_bytes, ws_forward_tile(128).smem_bytes);
     EXPECT_NE(e->guarded, nullptr);
-    const KernelEntry* overlapped = find_ws_forward(t, 128, true);
+    const KernelEntry* overlapped = find_ws_forward(t, 128, WsSchedule::overlapped);
+    const KernelEntry* ping_pong = find_ws_forward(t, 128, WsSchedule::ping_pong);
+    ASSERT_NE(ping_pong, nullptr);
+    EXPECT_TRUE(ping_pong->tma && ping_pong->ws_schedule == WsSchedule::ping_pong);
+    EXPECT_NE(ping_pong->guarded, overlapped->guarded);
     ASSERT_NE(overlapped, nullptr);
-    EXPECT_TRUE(overlapped->tma && overlapped->ws_overlap && !e->ws_overlap);
+    EXPECT_TRUE(overlapped->tma && overlapped->ws_schedule == WsSchedule::overlapped &&
+                e->ws_schedule == WsSchedule::plain);
     EXPECT_NE(overlapped->guarded, e->guarded);
     EXPECT_EQ(overlapped->smem_bytes, e->smem_bytes);
-    EXPECT_EQ(find_ws_forward(t, 64), nullptr);
-    EXPECT_EQ(find_ws_forward(t, 256), nullptr);
+    EXPECT_EQ(find_ws_forward(t, 64, WsSchedule::plain), nullptr);
+    EXPECT_EQ(find_ws_forward(t, 256, WsSchedule::overlapped), nullptr);
     EXPECT_FALSE(find_kernel(t, Arch::sm90a, 128, Pass::forward, 1 << 30)->tma);
   }
-  const PlanForcing on{.ws_forward = true, .ws_overlap = false};
+  const PlanForcing on{.ws_forward = true, .ws_schedule = WsSchedule::plain};
   auto starts_with = [](const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; };
 
   // forced off: the wgmma forward, and the note says why not the new one
@@ -569,7 +574,8 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   // the default: the overlapped instantiation
   const CudaPlan auto_plan = make_cuda_plan(base, kH200);
   ASSERT_TRUE(auto_plan.ok()) << auto_plan.error;
-  EXPECT_TRUE(auto_plan.main.entry->tma && auto_plan.main.entry->ws_overlap) << auto_plan.ws_note;
+  EXPECT_TRUE(auto_plan.main.entry->tma && auto_plan.main.entry->ws_schedule == WsSchedule::overlapped)
+      << auto_plan.ws_note;
   EXPECT_EQ(auto_plan.ws_note, "");
   EXPECT_EQ(name_of(auto_plan.ws_fallback), name_of(def.main));
 
@@ -582,11 +588,12 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   EXPECT_EQ(ws.main.grid.x, 8u);  // ceil(1000 / 128)
   EXPECT_EQ(ws.main.grid.y, 8u);
   EXPECT_EQ(ws.main.grid.z, 2u);
-  EXPECT_FALSE(ws.main.entry->ws_overlap);
+  EXPECT_EQ(ws.main.entry->ws_schedule, WsSchedule::plain);
   EXPECT_EQ(name_of(ws.ws_fallback), name_of(def.main));
-  const CudaPlan overlapped = make_cuda_plan(base, kH200, PlanForcing{.ws_forward = true, .ws_overlap = true});
-  EXPECT_TRUE(overlapped.main.entry->tma && overlapped.main.entry->ws_overlap);
-  EXPECT_FALSE(make_cuda_plan(base, kH200, PlanForcing{.ws_forward = false, .ws_overlap = true}).main.entry->tma)
+  const CudaPlan ping_pong = make_cuda_plan(base, kH200, PlanForcing{.ws_schedule = WsSchedule::ping_pong});
+  EXPECT_TRUE(ping_pong.main.entry->tma && ping_pong.main.entry->ws_schedule == WsSchedule::ping_pong);
+  EXPECT_FALSE(make_cuda_plan(base, kH200, PlanForcing{.ws_forward = false, .ws_schedule = WsSchedule::ping_pong})
+                   .main.entry->tma)
       << "forced off";
   EXPECT_EQ(ws.workspace.total, def.workspace.total);
   // head dims of the bucket below it run too (TMA zero-fills the columns past d)

@@ -103,9 +103,15 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 // A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is
 // __syncthreads'): the consumer warpgroups' own synchronisation, without the producer.
+// named_barrier_arrive counts the calling warps in without waiting for the others.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 #if SA_WGMMA
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+#if SA_WGMMA
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #endif
 }
 

@@ -1,6 +1,6 @@
-// The warp-specialized forward on sm_90a (experimental: the plan runs it only where a test
-// forces it, plan.cpp), d <= 128 bucket, the plain variant (no training features, no fold),
-// fixed-length batches whose Q, K and V views TMA can read (tma_maps.hpp says when).
+// The warp-specialized forward on sm_90a (the plan runs it wherever it covers the problem,
+// plan.cpp), d <= 128 bucket, the plain variant (no training features, no fold), fixed-length
+// batches whose Q, K and V views TMA can read (tma_maps.hpp says when).
 //
 // One CTA of three warpgroups per (block of 128 queries, head, sequence), heaviest blocks
 // first (common/query_block.cuh):
@@ -14,10 +14,13 @@
 //     the mask and the online softmax (common/mask.cuh, common/softmax.cuh), O += P V with P
 //     from registers, then O and LSE through the common epilogue (common/epilogue.cuh).
 // K and V have separate barriers, so S of a block starts as soon as its K has landed.
-// Overlap (a second instantiation, ws_consume_overlapped): inside each consumer, block j+1's
-// S = Q K^T is issued before block j's O += P V and its softmax runs under that GEMM.
-// What these steps do not do yet (bench/cuda-notes.md, steps 27 and 28): ping-pong between
-// the consumers, a persistent scheduler, O through shared memory and a TMA store.
+// Consumer schedules (dispatch.hpp WsSchedule, one instantiation each): plain; overlapped
+// (ws_consume_overlapped): inside each consumer, block j+1's S = Q K^T is issued before block
+// j's O += P V and its softmax runs under that GEMM; ping-pong: overlapped, and the two
+// consumers take turns to issue their GEMMs (two hardware barriers), so that one's softmax
+// runs while the other's GEMMs hold the tensor cores (FlashAttention-3's warp scheduler
+// barriers). Not done yet (bench/cuda-notes.md, steps 27 and 28): a persistent scheduler, O
+// through shared memory and a TMA store.
 #pragma once
 
 #include "backends/cuda/common/epilogue.cuh"
@@ -162,14 +165,21 @@ __device__ __forceinline__ void ws_consume(const KernelParams& kp, const WsForwa
   store_o_lse<T, 1, D>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, int(p.d_v), o, o_acc, row_max, row_sum);
 }
 
+// Hardware barriers of the ping-pong turns: consumer c waits on kTurnBarrier + c before it
+// issues its GEMMs and then lets the other one go (arrives on the other's barrier).
+inline constexpr int kTurnBarrier = 1;
+
 // The same consumer with the GEMMs of consecutive blocks overlapped inside the warpgroup
 // (FlashAttention-3's intra-warpgroup pipelining): block j + 1's S = Q K^T is issued before
 // block j's O += P V, and block j + 1's mask and softmax scores (online_softmax_scores) run
 // while that P V is in flight; O is rescaled (rescale_o) only once it has landed. The sums
 // are the plain consumer's in the same order (O = (O alpha_j + P_j V_j) ...), so O and LSE are
 // the same bits. Registers across the loop: S of the next block (64), P of this one (32), O
-// (64).
-template <class T, int D>
+// (64). PingPong: each issue of GEMMs (the first S, then S and P V of each block, the last
+// P V) is one turn; consumer 1 gives consumer 0 the first turn. Both consumers take n + 1
+// turns (the same key blocks), so the turns alternate to the end; the last pass of a turn
+// is left pending when the CTA exits.
+template <class T, int D, bool PingPong>
 __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, const WsForwardSmem<D>& sm,
                                                       const QueryBlockWork& w, int cwg) {
   using S = WsForwardSmem<D>;
@@ -185,6 +195,13 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   auto o_slice = [&](int n0) -> float(&)[16][4] { return *reinterpret_cast<float(*)[16][4]>(&o_acc[0][n0 / 8]); };
   const int n = w.n_key_blocks;
   const auto sQ = sm.q();
+  auto take_turn = [&] {
+    if constexpr (PingPong) named_barrier_sync(kTurnBarrier + cwg, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (PingPong) named_barrier_arrive(kTurnBarrier + (cwg ^ 1), 256);
+  };
+  if (PingPong && cwg == 1 && n > 0) named_barrier_arrive(kTurnBarrier, 256);
   float s[1][Bc / 8][4];
   uint32_t p_frag[1][Bc / 16][4];
   // S of block `it` issued (one committed wgmma group), once its K has landed
@@ -233,7 +250,9 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   if (n > 0) {
     mbar_wait(sm.q_full(), 0);
     float alpha[1][2];
+    take_turn();
     issue_s(0);
+    pass_turn();
     wgmma_wait<0>();
     (void)scores(0, alpha);  // (O is still 0: nothing to rescale)
     accum_to_a<T, 1, Bc>(p_frag, s);
@@ -242,8 +261,10 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   // this block's P V runs (S's group is the older one: wait_group 1 leaves only P V running).
   // (No branch between the issues and the waits: ptxas then sees which group each wait ends.)
   for (int it = 0; it + 1 < n; ++it) {
+    take_turn();
     issue_s(it + 1);
     issue_pv(it);
+    pass_turn();
     float alpha[1][2];
     wgmma_wait<1>();
     const bool raised = scores(it + 1, alpha);
@@ -253,7 +274,9 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     accum_to_a<T, 1, Bc>(p_frag, s);
   }
   if (n > 0) {
+    take_turn();
     issue_pv(n - 1);
+    pass_turn();
     wgmma_wait<0>();
     pv_landed(n - 1);
   }
@@ -261,7 +284,7 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   store_o_lse<T, 1, D>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, int(p.d_v), o, o_acc, row_max, row_sum);
 }
 
-template <class T, int D, bool Overlap>
+template <class T, int D, WsSchedule Schedule>
 __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
     ws_forward_kernel(const __grid_constant__ WsForwardParams prm) {
 #if SA_WGMMA
@@ -291,25 +314,27 @@ __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
     return;
   }
   setmaxnreg_inc<kTile.consumer_regs>();
-  if constexpr (Overlap)
-    ws_consume_overlapped<T, D>(prm.kp, sm, w, wg - 1);
-  else
+  if constexpr (Schedule == WsSchedule::plain)
     ws_consume<T, D>(prm.kp, sm, w, wg - 1);
+  else
+    ws_consume_overlapped<T, D, Schedule == WsSchedule::ping_pong>(prm.kp, sm, w, wg - 1);
 #endif
 }
 
 // The kernel table's entry of this forward for (T, D) (dispatch.hpp): `tma` marks it as the
 // entry find_kernel never returns (the plan asks for it by name: find_ws_forward).
-template <class T, int D, bool Overlap>
+template <class T, int D, WsSchedule Schedule>
 KernelEntry ws_forward_entry() {
   constexpr WsForwardTile kTile = ws_forward_tile(D);
   KernelEntry e;
-  e.name = Overlap ? "sm90a warp-specialized overlapped forward" : "sm90a warp-specialized forward";
+  e.name = Schedule == WsSchedule::plain        ? "sm90a warp-specialized forward"
+           : Schedule == WsSchedule::overlapped ? "sm90a warp-specialized overlapped forward"
+                                                : "sm90a warp-specialized ping-pong forward";
   e.dtype = dtype_of<T>(), e.arch = Arch::sm90a, e.bucket = D, e.pass = Pass::forward;
   e.threads = kTile.threads, e.smem_bytes = kTile.smem_bytes;
   e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16;
-  e.tma = true, e.ws_overlap = Overlap;
-  e.guarded = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Overlap>);
+  e.tma = true, e.ws_schedule = Schedule;
+  e.guarded = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule>);
   return e;
 }
 

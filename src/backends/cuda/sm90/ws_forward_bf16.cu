@@ -1,13 +1,14 @@
-// The bf16 entry of the warp-specialized sm_90a forward (sm90/ws_forward.cuh): the d <= 128
-// bucket, plain and overlapped (the plan's choice; a test may force the plain one:
-// PlanForcing::ws_overlap).
+// The bf16 entries of the warp-specialized sm_90a forward (sm90/ws_forward.cuh): the d <= 128
+// bucket, one per consumer schedule (the plan's choice is overlapped; a test may force
+// another: PlanForcing::ws_schedule).
 #include "backends/cuda/sm90/ws_forward.cuh"
 
 namespace strideattn::cuda_impl {
 
 std::span<const KernelEntry> sm90_ws_forward_entries_bf16() {
-  static const KernelEntry entries[] = {ws_forward_entry<__nv_bfloat16, 128, false>(),
-                                        ws_forward_entry<__nv_bfloat16, 128, true>()};
+  static const KernelEntry entries[] = {ws_forward_entry<__nv_bfloat16, 128, WsSchedule::plain>(),
+                                        ws_forward_entry<__nv_bfloat16, 128, WsSchedule::overlapped>(),
+                                        ws_forward_entry<__nv_bfloat16, 128, WsSchedule::ping_pong>()};
   return entries;
 }
 
