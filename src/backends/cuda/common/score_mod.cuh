@@ -235,36 +235,45 @@ __device__ __forceinline__ void put_dbias(const float (&ds)[MT][N / 8][4], float
 
 // How far the taken-back tanh may be from the true one, per unit of magnitude of the terms it
 // is taken back from (softcap_grad): the LSE's and ln P's roundings (a few ulps each) and the
-// bias terms', with room to spare.
+// bias and ALiBi terms', with room to spare.
 inline constexpr float kTakenBackErr = 0x1p-20f;
-// The largest |ln P| of a P > 0 in fp32 (its least subnormal is 2^-149: ln = -103.3): with
-// the bias or ALiBi terms taken back, |Bpost + slope |...|| = |U - L| <= |U| + |LSE| + |ln P|,
-// so this bounds the magnitude whose rounding the taken-back U carries beyond |LSE| and |U|.
-inline constexpr float kMaxLnP = 104.f;
+
+// bias(i, j) as fp32: 0 outside the sequence (the tiles' padding rows and keys have none).
+__device__ __forceinline__ float bias_at(const ScoreMod& m, int64_t i, int64_t j) {
+  if (i >= m.s_q || j >= m.s_kv) return 0.f;
+  const int64_t at = m.bias_off + i * m.bias_si + j * m.bias_sj;
+  if (m.bias_dtype == int(DType::f32)) return static_cast<const float*>(m.bias)[at];
+  if (m.bias_dtype == int(DType::f16)) return as_float(static_cast<const __half*>(m.bias)[at]);
+  return as_float(static_cast<const __nv_bfloat16*>(m.bias)[at]);
+}
 
 // dL -> dT with a softcap: ds *= 1 - tanh^2 where P > 0 (entries with P = 0 have dS = 0, or
 // NaN from dP, and stay so), tanh taken back from P and the row's LSE (lse_of(slot, col):
 // its lse_for_p value): L = LSE + ln P, U = L - Bpost + slope |...| (the terms after the
 // softcap taken back), tanh = U / c. That tanh errs by up to e = kTakenBackErr (|LSE| + |U|
-// + 1) / c, plus kMaxLnP within the parentheses where bias or ALiBi terms are taken back;
-// within e of +-1 the true factor 1 - tanh^2 is below 2 e, noise: it is taken as
-// 0, which it is exactly where the score is infinite (the definition's 0 * K = NaN for an
+// + |Bpost| + |slope |...|| + 1) / c (each term's rounding; ALiBi's distance term reaches
+// slope x s_kv); within e of +-1 the true factor 1 - tanh^2 is below 2 e, noise: it is taken
+// as 0, which it is exactly where the score is infinite (the definition's 0 * K = NaN for an
 // infinite key, not +-inf). Farther from +-1 the factor is kept however small (a nearly
 // saturated score still has its gradient). p is overwritten with U (+inf where P = 0, -inf
 // where the mask hides the pair: hidden_pair).
 template <int MT, int N, class Lse>
 __device__ __forceinline__ void softcap_grad(float (&ds)[MT][N / 8][4], float (&p)[MT][N / 8][4], const ScoreMod& m,
                                              int64_t row0, int64_t col0, bool rows_are_queries, Lse&& lse_of) {
-  for_each_pair<MT, N>(p, row0, col0, rows_are_queries, [&](float& x, int64_t, int64_t, int slot, int col) {
-    x = x > 0.f ? lse_of(slot, col) + __logf(x) : is_masked_p(x) ? -INFINITY : INFINITY;
-  });
-  if (m.bias_kind == kBiasPost) add_bias<MT, N>(p, m, row0, col0, rows_are_queries, -1.f);
-  if (m.slope != 0.f) add_distance<MT, N>(p, m, row0, col0, rows_are_queries, m.slope);
-  const float taken_back = m.bias_kind == kBiasPost || m.slope != 0.f ? kMaxLnP : 0.f;
-  for_each_pair<MT, N>(p, row0, col0, rows_are_queries, [&](float& u, int64_t, int64_t, int slot, int col) {
+  for_each_pair<MT, N>(p, row0, col0, rows_are_queries, [&](float& x, int64_t i, int64_t j, int slot, int col) {
+    if (!(x > 0.f)) {
+      x = is_masked_p(x) ? -INFINITY : INFINITY;
+      return;
+    }
+    const float lse = lse_of(slot, col);
+    const float b = m.bias_kind == kBiasPost ? bias_at(m, i, j) : 0.f;
+    const int64_t d = i + m.shift - j;
+    const float dist = m.slope != 0.f ? m.slope * float(d < 0 ? -d : d) : 0.f;
+    const float u = lse + __logf(x) - b + dist;
+    x = u;
     if (!(u > -INFINITY && u < INFINITY)) return;
     const float th = fminf(fmaxf(u * m.inv_cap, -1.f), 1.f);
-    const float err = kTakenBackErr * (fabsf(lse_of(slot, col)) + fabsf(u) + taken_back + 1.f) * m.inv_cap;
+    const float err = kTakenBackErr * (fabsf(lse) + fabsf(u) + fabsf(b) + fabsf(dist) + 1.f) * m.inv_cap;
     ds[slot >> 1][col >> 3][2 * (slot & 1) + (col & 1)] *= fabsf(th) > 1.f - err ? 0.f : 1.f - th * th;
   });
 }
