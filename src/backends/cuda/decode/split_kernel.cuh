@@ -3,8 +3,8 @@
 // heads times the query rows, query-major (row r: query row r / group, head kv_head * group +
 // r % group), into the 16 rows of one m16n8k16 tile, so every K and V row loaded serves the
 // whole group. K and V rows stream through a ring of cp.async stages (decode_tile: stages - 1
-// in flight while one is used), each row addressed on its own: the sequence's row of a
-// contiguous cache, or its page through the block table (any page size). The 4 warps take the
+// in flight while one is used): the sequence's rows of a contiguous cache, or in a paged
+// cache each page's rows from its block-table entry (any page size). The 4 warps take the
 // stage's 16-key slabs in turn, each with its own online softmax (common/softmax.cuh) over
 // S = Q K^T and O += P V (sm80/mma.cuh, mma.sync: sm_80 and sm_90), and merge their rows in
 // shared memory at the end. One split: O and LSE are written here; several: each writes its
@@ -128,23 +128,21 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   const uint16_t* const k_head = static_cast<const uint16_t*>(p.k) + kv_head * p.k_st.h + col;
   const uint16_t* const v_head = static_cast<const uint16_t*>(p.v) + kv_head * p.v_st.h + col;
 
-  // This thread's rows of the stages: tokens kb + pass_row, then every kRpp-th. Stages are
-  // loaded in order, each exactly once, so a cursor walks the tokens: within a contiguous
-  // cache the next row's address is an increment; in a paged cache the page and slot are
-  // carried along (one division in all), and a stage reads its rows' block-table entries
-  // first, all in flight together, before it uses them.
+  // This thread's rows of the stages. Contiguous caches: tokens kb + pass_row, then every
+  // kRpp-th; stages are loaded in order, each exactly once, so the next row's address is an
+  // increment. Paged caches: the thread takes kPasses consecutive tokens of each stage (row
+  // pass_row * kPasses + pass), so one page usually serves all of them: a stage divides once
+  // to find its first token's page, reads that page's block-table entry and computes one
+  // address, then moves by a token per row and reads the next entry only where it crosses
+  // into the next page. (Addressing every row through the table, as the contiguous rows'
+  // order would need, made the paged kernel execute 1.7x the contiguous one's instructions
+  // and run at 0.75x its speed.)
   constexpr int kPasses = Stage / kRpp;
-  const std::uint32_t page_size = std::uint32_t(Paged ? p.page_size : 1);
   const int64_t k_step = int64_t(kRpp) * p.k_st.s, v_step = int64_t(kRpp) * p.v_st.s;
-  std::uint32_t page_no = 0, slot = 0;  // paged: the cursor's block-table column and slot
   const uint16_t *kp = nullptr, *vp = nullptr;
   if constexpr (!Paged) {
     kp = k_head + n * p.k_st.b + (kb + pass_row) * p.k_st.s;
     vp = v_head + n * p.v_st.b + (kb + pass_row) * p.v_st.s;
-  } else {
-    const std::uint32_t tok = std::uint32_t(kb + pass_row);
-    page_no = tok / page_size;
-    slot = tok - page_no * page_size;
   }
 
   // Keys [c0, c0 + Stage) of the share into ring buffer `buf`; rows past ke and rows of an
@@ -155,31 +153,31 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
     const int64_t c0 = kb + int64_t(stage) * Stage;
     const int valid = int(kernel::min64(Stage, ke - c0));
     if constexpr (Paged) {
-      std::uint32_t column[kPasses], at[kPasses];
+      const std::uint32_t page_size = std::uint32_t(p.page_size);
+      const std::uint32_t tok = std::uint32_t(c0) + std::uint32_t(pass_row * kPasses);
+      std::uint32_t column = tok / page_size, slot = tok - column * page_size;
+      bool look_up = true, ok = false;  // the current page's entry is still to read; it is valid
+      const uint16_t *kr = k_head, *vr = v_head;
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
-        column[pass] = page_no, at[pass] = slot;
-        for (slot += kRpp; slot >= page_size; slot -= page_size) ++page_no;
-      }
-      int64_t page[kPasses];  // -1: no row of the share here
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const bool in = pass * kRpp + pass_row < valid;
-        if (pass > 0 && column[pass] == column[pass - 1])
-          page[pass] = page[pass - 1];
-        else
-          page[pass] = in ? int64_t(p.block_table[n * p.bt_b + int64_t(column[pass]) * p.bt_p]) : -1;
-      }
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int row = pass * kRpp + pass_row;
-        const bool in = row < valid, ok = page[pass] >= 0 && page[pass] < p.num_pages;
+        const int row = pass_row * kPasses + pass;
+        const bool in = row < valid;
+        if (in && look_up) {
+          const int64_t page = p.block_table[n * p.bt_b + int64_t(column) * p.bt_p];
+          ok = page >= 0 && page < p.num_pages;
+          kr = k_head + page * p.k_st.b + int64_t(slot) * p.k_st.s;
+          vr = v_head + page * p.v_st.b + int64_t(slot) * p.v_st.s;
+          look_up = false;
+        }
         bad_page |= in && !ok;
-        const bool have = in && ok;
-        load_chunk<Vec>(sK(buf).chunk(row, col), k_head + page[pass] * p.k_st.b + int64_t(at[pass]) * p.k_st.s,
-                        have && k_col);
-        load_chunk<Vec>(sV(buf).chunk(row, col), v_head + page[pass] * p.v_st.b + int64_t(at[pass]) * p.v_st.s,
-                        have && v_col);
+        load_chunk<Vec>(sK(buf).chunk(row, col), kr, in && ok && k_col);
+        load_chunk<Vec>(sV(buf).chunk(row, col), vr, in && ok && v_col);
+        if (++slot == page_size) {
+          slot = 0, ++column, look_up = true;
+        } else {
+          kr += p.k_st.s;
+          vr += p.v_st.s;
+        }
       }
     } else {
 #pragma unroll
