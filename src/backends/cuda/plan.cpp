@@ -174,7 +174,9 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
       if (plan.ws_note.empty()) {
         plan.ws_fallback = plan.main;
         plan.main.entry =
-            find_ws_forward(plan.dtype, plan.bucket, forcing.ws_schedule.value_or(WsSchedule::overlapped));
+            find_ws_forward(plan.dtype, plan.bucket,
+                            forcing.ws_schedule.value_or(p.s_kv <= kWsPingPongMaxKeys ? WsSchedule::ping_pong
+                                                                                      : WsSchedule::overlapped));
         plan.main.variant = Variant::guarded;
         plan.main.grid = grid_of(*plan.main.entry, p, 1);
       }

@@ -35,8 +35,7 @@ struct PlanForcing {
   // test can compare the two.
   std::optional<bool> ws_forward;
   // With the warp-specialized forward: the instantiation of this consumer schedule (unset: the
-  // plan's choice, overlapped: as fast as plain without a mask, faster causal,
-  // bench/cuda-notes.md steps 28 and 30).
+  // plan's choice by the key count, kWsPingPongMaxKeys in common/tiles.hpp).
   std::optional<WsSchedule> ws_schedule;
 };
 

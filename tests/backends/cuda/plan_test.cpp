@@ -571,13 +571,18 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   EXPECT_FALSE(def.main.entry->tma);
   EXPECT_TRUE(starts_with(def.ws_note, "forced_off")) << def.ws_note;
 
-  // the default: the overlapped instantiation
+  // the default: ping-pong up to kWsPingPongMaxKeys keys, overlapped beyond
   const CudaPlan auto_plan = make_cuda_plan(base, kH200);
   ASSERT_TRUE(auto_plan.ok()) << auto_plan.error;
-  EXPECT_TRUE(auto_plan.main.entry->tma && auto_plan.main.entry->ws_schedule == WsSchedule::overlapped)
+  EXPECT_TRUE(auto_plan.main.entry->tma && auto_plan.main.entry->ws_schedule == WsSchedule::ping_pong)
       << auto_plan.ws_note;
   EXPECT_EQ(auto_plan.ws_note, "");
   EXPECT_EQ(name_of(auto_plan.ws_fallback), name_of(def.main));
+  for (std::int64_t s : {kWsPingPongMaxKeys, kWsPingPongMaxKeys + 1}) {
+    const CudaPlan at = make_cuda_plan(fwd(DType::f16, 1, s, 4, 4, 128), kH200);
+    EXPECT_EQ(at.main.entry->ws_schedule, s <= kWsPingPongMaxKeys ? WsSchedule::ping_pong : WsSchedule::overlapped)
+        << s;
+  }
 
   // forced plain: the new kernel, its grid, the wgmma forward as fallback
   const CudaPlan ws = make_cuda_plan(base, kH200, on);

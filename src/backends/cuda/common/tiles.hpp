@@ -129,6 +129,12 @@ struct WsForwardTile {
   int smem_bytes = 1024 + (br + 2 * stages * bc) * d * 2 + barriers * 8;
 };
 SA_CONSTEXPR_HD bool has_ws_forward(int bucket) { return bucket == 128; }
+// The consumers' schedule by the keys a query block sees (measured, bench/cuda-notes.md step
+// 31): ping-pong up to 2,048 keys (5-9% ahead of overlapped at s 1k and 2k, where a CTA has
+// few blocks and hiding the softmax under the other consumer's GEMMs wins), overlapped
+// beyond (3-5% ahead on MHA at s 4k and 8k, where ping-pong's turns delay the release of the
+// two-stage ring).
+inline constexpr std::int64_t kWsPingPongMaxKeys = 2048;
 SA_CONSTEXPR_HD WsForwardTile ws_forward_tile(int d) { return WsForwardTile{d}; }
 
 // Whether a FullD instantiation (head dims equal to the bucket, compile-time dims) really
