@@ -225,8 +225,10 @@ def plan_column(q, k, v, do, mask, backend):
         raise RuntimeError(f"plan {backend}: {msg}")
     fws, bws = fplan.workspace_size, bplan.workspace_size
     ws = torch.empty(max(fws, bws, 1), dtype=torch.uint8, device=q.device)
-    f_ptrs = [x.data_ptr() for x in (qd, kd, vd, out, lse)]
-    b_ptrs = [x.data_ptr() for x in (qd, kd, vd, out, do, lse, dq, dk, dv)]
+    # The runs take addresses only: the column holds the tensors behind them.
+    keep = (qd, kd, vd, out, do, lse, dq, dk, dv)
+    f_ptrs = [x.data_ptr() for x in keep[:4] + keep[5:6]]
+    b_ptrs = [x.data_ptr() for x in keep]
     cuda = q.device.type == "cuda"
 
     def stream():
@@ -243,7 +245,9 @@ def plan_column(q, k, v, do, mask, backend):
         fwd()
         check(bplan.run_backward(*b_ptrs, stream(), ws.data_ptr(), bws))
 
-    return Column(f"plan {backend}", "plan", backend, fwd, fwd_bwd)
+    col = Column(f"plan {backend}", "plan", backend, fwd, fwd_bwd)
+    col.keep = keep
+    return col
 
 
 # ------------------------------------------------------------------ timing
