@@ -80,16 +80,23 @@ def _bwd_fake(dout, q, k, v, out, lse, sq, skv, oq, okv, mask, wl, wr, scale, ba
 def _eager(q, k, v) -> bool:
     """Whether the extension may be called directly: not under torch.compile (checked first:
     dynamo then never traces the rest), plain tensors, and no dispatch mode, JIT tracer or
-    functorch transform that expects to see the op."""
+    functorch transform that expects to see the op. The checks are bound once (module
+    attribute lookups on every call cost more than the checks themselves)."""
     return (
         not torch.compiler.is_compiling()
         and type(q) is Tensor
         and type(k) is Tensor
         and type(v) is Tensor
-        and torch._C._len_torch_dispatch_stack() == 0
-        and not torch._C._get_tracing_state()
-        and torch._C._functorch.peek_interpreter_stack() is None
+        and not _dispatch_modes()
+        and not _tracing_state()
+        and _functorch_interpreter() is None
     )
+
+
+# (torch.compiler.is_compiling stays an attribute lookup: dynamo recognises that call.)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_tracing_state = torch._C._get_tracing_state
+_functorch_interpreter = torch._C._functorch.peek_interpreter_stack
 
 
 class _Attention(torch.autograd.Function):
@@ -125,9 +132,12 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, *_dlse):
         if dout is None:  # no gradient reached O (only the direct path lets this through)
             return None, None, None, None
-        if torch.is_grad_enabled():  # create_graph: the gradients refuse a second backward
+        if _grad_enabled():  # create_graph: the gradients refuse a second backward
             return _backward_once(ctx, dout)
         return _backward(ctx, dout)
+
+
+_grad_enabled = torch.is_grad_enabled
 
 
 def _backward(ctx, dout):
