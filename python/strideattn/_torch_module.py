@@ -45,6 +45,40 @@ from ._util import (
 
 _FORMATS = ("sbhd", "bshd", "thd")
 _environ = os.environ
+# os.environ's own mapping of encoded names to values, which os.environ keeps current: a
+# lookup there costs a twentieth of os.environ.get of a name that is absent (which raises
+# and catches a KeyError), and DotProductAttention reads one on every call.
+_ENV_DATA = getattr(_environ, "_data", None)
+_ENV_KEY = b"NVTE_ALLOW_NONDETERMINISTIC_ALGO"
+if not isinstance(_ENV_DATA, dict) or os.name != "posix":
+    _ENV_DATA = None
+
+
+def _nondeterminism_off() -> bool:
+    """TE's NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, read at each call as TE reads it."""
+    if _ENV_DATA is not None:
+        return _ENV_DATA.get(_ENV_KEY) == b"0"
+    return _environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
+
+
+_WINDOWS: Dict[Any, Tuple[int, int]] = {}  # window_size tuples seen before -> window_pair
+
+
+def _window(w: Any) -> Tuple[int, int]:
+    """window_pair(w), remembered for pairs of ints or None (a module passes the same one
+    every call; other types, which compare equal to ints, are checked every time)."""
+    if type(w) is tuple and len(w) == 2:
+        a, b = w
+        if (a is None or type(a) is int) and (b is None or type(b) is int):
+            got = _WINDOWS.get(w)
+            if got is None:
+                got = window_pair(w)
+                if len(_WINDOWS) < 64:
+                    _WINDOWS[w] = got
+            return got
+    return window_pair(w)
+
+
 _TE_MASK_TYPES = (
     "no_mask",
     "padding",
@@ -335,10 +369,7 @@ class DotProductAttention(torch.nn.Module):
     def _deterministic(self) -> bool:
         if self.deterministic is not None:
             return bool(self.deterministic)
-        return (
-            torch.are_deterministic_algorithms_enabled()
-            or _environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
-        )
+        return torch.are_deterministic_algorithms_enabled() or _nondeterminism_off()
 
     @staticmethod
     def _refuse_unsupported(args: Dict[str, Any]) -> None:
@@ -464,7 +495,7 @@ class DotProductAttention(torch.nn.Module):
         # TE's windows (its check_set_window_size): causal kinds end at the diagonal (the mask
         # is that edge here); other kinds take (-1, -1) or (>= 0, >= 0), (-1, 0) meaning no
         # window. The window is aligned top-left for 'causal' and bottom_right_diagonal=False.
-        left, right = window_pair(window_size if window_size is not None else self.window_size)
+        left, right = _window(window_size if window_size is not None else self.window_size)
         if mask != "none":
             right = -1
         elif (left, right) == (-1, 0):
@@ -481,6 +512,17 @@ class DotProductAttention(torch.nn.Module):
             else self.bottom_right_diagonal
         )
         top_left = mask == "causal" or (mask == "none" and brd is False)
+        if (  # the common call: one attend() on the tensors as given, nothing else to build
+            not padding
+            and not feats
+            and fmt != "thd"
+            and inference_params is None
+            and self.cp is None
+            and max_seqlen_q is None
+            and max_seqlen_kv is None
+            and (not top_left or (left == -1 and right == -1))
+        ):
+            return self._attend_plain(q, k, v, mask, left, right, fmt)
         opts = dict(
             mask=mask,
             scale=self.softmax_scale,
@@ -593,6 +635,24 @@ class DotProductAttention(torch.nn.Module):
                     + f"; with qkv_format '{fmt}' it is that extent"
                     + (" times the ranks" if cp_size > 1 else "")
                 )
+
+    def _attend_plain(self, q, k, v, mask, left, right, fmt) -> Tensor:
+        """_attend for bshd / sbhd without padding, features, context parallelism or a
+        window to translate: what forward() would do, without its option dict."""
+        scale = self.softmax_scale
+        if scale is None:
+            d = q.shape[-1]
+            scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+        elif type(scale) is not float:
+            scale = _checks.scale(scale)
+        layout = call.SBHD if fmt == "sbhd" else call.BSHD
+        det = self.deterministic
+        det = self._deterministic() if det is None else bool(det)
+        out, _ = attend(
+            q, k, v, None, None, None, None, mask, left, right, scale, self.backend, det,
+            layout, True, False,
+        )  # fmt: skip
+        return out
 
     def _attend(self, q, k, v, varlen, win, opts, layout, feats=None) -> Tensor:
         """attend() with the module's options, O's heads merged ([..., h * d_v]); with a
