@@ -281,10 +281,24 @@ def time_once(fn, calls: int, cuda: bool):
     return enqueue, synced
 
 
+def plans_made():
+    """The eager path's plan-cache misses so far (forward + backward calls that went through
+    the extension's planned call, strideattn/_torch_call.py); None for a strideattn that
+    does not count them."""
+    from strideattn import _torch_call
+
+    made = getattr(_torch_call, "plans_made", None)
+    return None if made is None else sum(made())
+
+
 def measure(columns, modes, calls, repeats, cuda):
-    """{(column name, mode): (metric 0, metric 1)} medians over interleaved repeats; a column
-    that fails records the error instead."""
+    """({(column name, mode): (metric 0, metric 1)} medians over interleaved repeats, a
+    column that fails recording the error instead; {(column name, mode): plan-cache misses
+    of the eager path during the timed calls}, which a steady loop over one problem keeps
+    at 0: a column with misses is not measuring the cached path; None where strideattn
+    does not count them)."""
     samples = {(c.name, m): [] for c in columns for m in modes}
+    misses = {key: 0 for key in samples} if plans_made() is not None else None
     errors = {}
     for c in columns:  # warm-up: plans, caches, lazy imports, the allocator
         for m in modes:
@@ -298,27 +312,33 @@ def measure(columns, modes, calls, repeats, cuda):
             for m in modes:
                 if (c.name, m) in errors:
                     continue
+                made = plans_made()
                 with c.context():
                     samples[(c.name, m)].append(
                         time_once(c.fwd if m == "fwd" else c.fwd_bwd, calls, cuda)
                     )
+                if misses is not None:
+                    misses[(c.name, m)] += plans_made() - made
     result = {}
     for key, s in samples.items():
         if key in errors:
             result[key] = errors[key]
         else:
             result[key] = tuple(statistics.median(x[i] for x in s) for i in range(2))
-    return result
+    return result, misses
 
 
-def data_rows(columns, modes, result, peers, metrics):
+def data_rows(columns, modes, result, peers, metrics, misses=None):
     """One row per (column, mode): each metric in µs per call and its ratio to the same
-    metric of each SDPA column ("metric/peer")."""
+    metric of each SDPA column ("metric/peer"); for the op and module columns the eager
+    path's plan-cache misses during the timed calls ("plan_misses", 0 when cached)."""
     rows = []
     for c in columns:
         for m in modes:
             r = result[(c.name, m)]
             row = {"column": c.name, "layer": c.layer, "backend": c.backend, "mode": m}
+            if misses is not None and c.layer in ("op", "module"):
+                row["plan_misses"] = misses[(c.name, m)]
             if isinstance(r, str):
                 row.update({name: None for name in metrics}, error=r)
                 rows.append(row)
@@ -410,7 +430,7 @@ def main(argv=None) -> int:
         for be in backends:
             columns.append(make[layer](q, k, v, do, args.mask, be))
     modes = ["fwd", "fwd+bwd"]
-    result = measure(columns, modes, args.calls, args.repeats, device == "cuda")
+    result, misses = measure(columns, modes, args.calls, args.repeats, device == "cuda")
 
     import strideattn
 
@@ -440,10 +460,15 @@ def main(argv=None) -> int:
         },
         "metrics": list(METRICS[device]),
         "peers": peers,
-        "rows": data_rows(columns, modes, result, peers, METRICS[device]),
+        "rows": data_rows(columns, modes, result, peers, METRICS[device], misses),
     }
     print(render.host_header(data))
     print(render.host_table(data))
+    uncached = [f"{r['column']} {r['mode']}: {r['plan_misses']}" for r in data["rows"]
+                if r.get("plan_misses")]  # fmt: skip
+    if uncached:
+        print("host_overhead: plan-cache misses during the timed calls (the eager path was "
+              "not served from its plans): " + "; ".join(uncached))  # fmt: skip
     if not args.no_write:
         folder = os.path.join(args.results_dir, "host")
         os.makedirs(folder, exist_ok=True)
