@@ -134,6 +134,14 @@ class _Attention(torch.autograd.Function):
             return None, None, None, None
         if _grad_enabled():  # create_graph: the gradients refuse a second backward
             return _backward_once(ctx, dout)
+        q, k, v, out, lse = ctx.saved_tensors
+        direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat, _ = ctx.args
+        if direct and type(dout) is Tensor and _eager(q, k, v):  # _backward's first branch
+            dq, dk, dv = call.backward_layout(
+                dout, q, k, v, out, lse, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det,
+                layout, flat, ctx.plan,
+            )  # fmt: skip
+            return dq, dk, dv, None
         return _backward(ctx, dout)
 
 
@@ -338,9 +346,10 @@ def attend(
     LSE, which may then come back as None. The eager path calls the extension from
     _Attention (or directly, with no gradient wanted); the rest goes through the op."""
     if _eager(q, k, v):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            args = (True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat)
-            args += (with_lse,)
+        if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            args = (
+                True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat, with_lse
+            )  # fmt: skip
             try:
                 q.data_ptr(), k.data_ptr(), v.data_ptr()
             except RuntimeError:  # no storage (a dead functorch wrapper): the full apply
