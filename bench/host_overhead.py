@@ -14,6 +14,10 @@ Columns (each with autograd recording, inputs that require grad, as in training)
   plan <be>            the extension's plans (made once) run with integer addresses, outputs
                        and workspace made beforehand: the floor under the eager path, which
                        runs cached plans this way (strideattn/_torch_call.py)
+  fn <be>              the least an autograd.Function around those plans does per call: the
+                       outputs, gradients and workspace allocated per call as the eager path
+                       allocates them, q, k, v, O, LSE saved, no argument handling or cache
+                       lookup: the floor of strideattn's Python autograd path (op, module)
 Modes: fwd (one forward call), fwd+bwd (forward, then torch.autograd.grad of the output
 with a fixed upstream gradient; for ext, the forward and backward calls).
 
@@ -72,7 +76,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--mask", choices=("none", "causal"), default="none")
     ap.add_argument("--backends", help="strideattn backends (default auto,cuda,cudnn / auto,cpu)")
-    ap.add_argument("--layers", default="ext,plan,op,module", help="strideattn columns to time")
+    ap.add_argument("--layers", default="ext,plan,fn,op,module", help="strideattn columns to time")
     ap.add_argument("--calls", type=int, default=500, help="calls per repeat")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--results-dir", default=os.path.join(BENCH, "results"))
@@ -94,9 +98,9 @@ def parse_args(argv=None):
             ap.error(f"--shape {args.shape!r}: four positive integers B,S,H,D")
         args.shape = shape
     layers = [x.strip() for x in args.layers.split(",") if x.strip()]
-    bad = [x for x in layers if x not in ("ext", "plan", "op", "module")]
+    bad = [x for x in layers if x not in ("ext", "plan", "fn", "op", "module")]
     if bad:
-        ap.error(f"--layers: unknown {', '.join(bad)}; supported: ext, plan, op, module")
+        ap.error(f"--layers: unknown {', '.join(bad)}; supported: ext, plan, fn, op, module")
     args.layers = layers
     return args
 
@@ -225,8 +229,10 @@ def plan_column(q, k, v, do, mask, backend):
         raise RuntimeError(f"plan {backend}: {msg}")
     fws, bws = fplan.workspace_size, bplan.workspace_size
     ws = torch.empty(max(fws, bws, 1), dtype=torch.uint8, device=q.device)
-    f_ptrs = [x.data_ptr() for x in (qd, kd, vd, out, lse)]
-    b_ptrs = [x.data_ptr() for x in (qd, kd, vd, out, do, lse, dq, dk, dv)]
+    # The runs take addresses only: the column holds the tensors behind them.
+    keep = (qd, kd, vd, out, do, lse, dq, dk, dv)
+    f_ptrs = [x.data_ptr() for x in keep[:4] + keep[5:6]]
+    b_ptrs = [x.data_ptr() for x in keep]
     cuda = q.device.type == "cuda"
 
     def stream():
@@ -243,7 +249,93 @@ def plan_column(q, k, v, do, mask, backend):
         fwd()
         check(bplan.run_backward(*b_ptrs, stream(), ws.data_ptr(), bws))
 
-    return Column(f"plan {backend}", "plan", backend, fwd, fwd_bwd)
+    col = Column(f"plan {backend}", "plan", backend, fwd, fwd_bwd)
+    col.keep = keep
+    return col
+
+
+def fn_column(q, k, v, do, mask, backend):
+    """A minimal torch.autograd.Function over the plans of plan_column: per call it allocates
+    O and LSE (forward), dQ, dK, dV (backward) and a device run's workspace with
+    torch.empty_strided / torch.empty, runs the plan on the current stream and saves what the
+    eager path saves; it looks nothing up and checks nothing. What strideattn.torch.attention
+    costs above it is its own Python."""
+    from strideattn import _ext
+
+    qd, kd, vd = (x.detach() for x in (q, k, v))
+    out = torch.empty_like(qd)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+    cap = torch.utils.dlpack.to_dlpack
+    opts = dict(mask=mask, scale=q.shape[-1] ** -0.5, backend=backend)
+    code, msg, fplan = _ext.make_forward_plan(cap(qd), cap(kd), cap(vd), cap(out), cap(lse), **opts)
+    if code != "ok":
+        raise RuntimeError(f"fn {backend}: {msg}")
+    code, msg, bplan = _ext.make_backward_plan(
+        cap(qd), cap(kd), cap(vd), cap(out), cap(do), cap(lse), cap(dq), cap(dk), cap(dv), **opts
+    )
+    if code != "ok":
+        raise RuntimeError(f"fn {backend}: {msg}")
+    fws, bws = fplan.workspace_size, bplan.workspace_size
+    o_shape, o_stride, l_shape, l_stride = out.shape, out.stride(), lse.shape, lse.stride()
+    g_shapes = [(x.shape, x.stride()) for x in (dq, dk, dv)]
+    dev, dtype, cuda = q.device, q.dtype, q.device.type == "cuda"
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = q.get_device() if cuda else -1
+
+    def stream_ws(ws_bytes):
+        """(stream, workspace tensor, its address) of a device run; the tensor lives as long
+        as the caller's reference (the run is stream-ordered)."""
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev) if ws_bytes else None
+        return raw_stream(index), ws, ws.data_ptr() if ws is not None else 0
+
+    empty, f32 = torch.empty_strided, torch.float32
+    (sq, tq), (sk, tk), (sv, tv) = g_shapes
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o = empty(o_shape, o_stride, dtype=dtype, device=dev)
+            lse = empty(l_shape, l_stride, dtype=f32, device=dev)
+            ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+            if cuda:
+                stream, ws, wsp = stream_ws(fws)
+                r = fplan.run_forward(*ptrs, stream, wsp, fws)
+            else:
+                r = fplan.run_forward(*ptrs)
+            if r[0] != "ok":
+                raise RuntimeError(f"fn {backend}: {r[1]}")
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, d_o):
+            q, k, v, o, lse = ctx.saved_tensors
+            gq = empty(sq, tq, dtype=dtype, device=dev)
+            gk = empty(sk, tk, dtype=dtype, device=dev)
+            gv = empty(sv, tv, dtype=dtype, device=dev)
+            ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr())
+            ptrs += (lse.data_ptr(), gq.data_ptr(), gk.data_ptr(), gv.data_ptr())
+            if cuda:
+                stream, ws, wsp = stream_ws(bws)
+                r = bplan.run_backward(*ptrs, stream, wsp, bws)
+            else:
+                r = bplan.run_backward(*ptrs)
+            if r[0] != "ok":
+                raise RuntimeError(f"fn {backend}: {r[1]}")
+            return gq, gk, gv
+
+    # Function.apply without its Python layer, as strideattn/_torch_ops.py's eager path calls it
+    apply = torch._C._FunctionBase.__dict__.get("apply")
+    apply = apply.__get__(None, Floor) if apply is not None else Floor.apply
+
+    def fwd():
+        return apply(q, k, v)
+
+    def fwd_bwd():
+        torch.autograd.grad(fwd(), (q, k, v), do)
+
+    return Column(f"fn {backend}", "fn", backend, fwd, fwd_bwd)
 
 
 # ------------------------------------------------------------------ timing
@@ -277,10 +369,24 @@ def time_once(fn, calls: int, cuda: bool):
     return enqueue, synced
 
 
+def plans_made():
+    """The eager path's plan-cache misses so far (forward + backward calls that went through
+    the extension's planned call, strideattn/_torch_call.py); None for a strideattn that
+    does not count them."""
+    from strideattn import _torch_call
+
+    made = getattr(_torch_call, "plans_made", None)
+    return None if made is None else sum(made())
+
+
 def measure(columns, modes, calls, repeats, cuda):
-    """{(column name, mode): (metric 0, metric 1)} medians over interleaved repeats; a column
-    that fails records the error instead."""
+    """({(column name, mode): (metric 0, metric 1)} medians over interleaved repeats, a
+    column that fails recording the error instead; {(column name, mode): plan-cache misses
+    of the eager path during the timed calls}, which a steady loop over one problem keeps
+    at 0: a column with misses is not measuring the cached path; None where strideattn
+    does not count them)."""
     samples = {(c.name, m): [] for c in columns for m in modes}
+    misses = {key: 0 for key in samples} if plans_made() is not None else None
     errors = {}
     for c in columns:  # warm-up: plans, caches, lazy imports, the allocator
         for m in modes:
@@ -294,27 +400,33 @@ def measure(columns, modes, calls, repeats, cuda):
             for m in modes:
                 if (c.name, m) in errors:
                     continue
+                made = plans_made()
                 with c.context():
                     samples[(c.name, m)].append(
                         time_once(c.fwd if m == "fwd" else c.fwd_bwd, calls, cuda)
                     )
+                if misses is not None:
+                    misses[(c.name, m)] += plans_made() - made
     result = {}
     for key, s in samples.items():
         if key in errors:
             result[key] = errors[key]
         else:
             result[key] = tuple(statistics.median(x[i] for x in s) for i in range(2))
-    return result
+    return result, misses
 
 
-def data_rows(columns, modes, result, peers, metrics):
+def data_rows(columns, modes, result, peers, metrics, misses=None):
     """One row per (column, mode): each metric in µs per call and its ratio to the same
-    metric of each SDPA column ("metric/peer")."""
+    metric of each SDPA column ("metric/peer"); for the op and module columns the eager
+    path's plan-cache misses during the timed calls ("plan_misses", 0 when cached)."""
     rows = []
     for c in columns:
         for m in modes:
             r = result[(c.name, m)]
             row = {"column": c.name, "layer": c.layer, "backend": c.backend, "mode": m}
+            if misses is not None and c.layer in ("op", "module"):
+                row["plan_misses"] = misses[(c.name, m)]
             if isinstance(r, str):
                 row.update({name: None for name in metrics}, error=r)
                 rows.append(row)
@@ -401,12 +513,18 @@ def main(argv=None) -> int:
     causal = args.mask == "causal"
     columns = sdpa_columns(q, k, v, do, causal, device)
     peers = [c.name for c in columns]
-    make = {"ext": ext_column, "plan": plan_column, "op": op_column, "module": module_column}
+    make = {
+        "ext": ext_column,
+        "plan": plan_column,
+        "fn": fn_column,
+        "op": op_column,
+        "module": module_column,
+    }
     for layer in args.layers:
         for be in backends:
             columns.append(make[layer](q, k, v, do, args.mask, be))
     modes = ["fwd", "fwd+bwd"]
-    result = measure(columns, modes, args.calls, args.repeats, device == "cuda")
+    result, misses = measure(columns, modes, args.calls, args.repeats, device == "cuda")
 
     import strideattn
 
@@ -436,10 +554,15 @@ def main(argv=None) -> int:
         },
         "metrics": list(METRICS[device]),
         "peers": peers,
-        "rows": data_rows(columns, modes, result, peers, METRICS[device]),
+        "rows": data_rows(columns, modes, result, peers, METRICS[device], misses),
     }
     print(render.host_header(data))
     print(render.host_table(data))
+    uncached = [f"{r['column']} {r['mode']}: {r['plan_misses']}" for r in data["rows"]
+                if r.get("plan_misses")]  # fmt: skip
+    if uncached:
+        print("host_overhead: plan-cache misses during the timed calls (the eager path was "
+              "not served from its plans): " + "; ".join(uncached))  # fmt: skip
     if not args.no_write:
         folder = os.path.join(args.results_dir, "host")
         os.makedirs(folder, exist_ok=True)

@@ -221,6 +221,17 @@ def clear_plans() -> None:
     _PLANS.clear()
 
 
+# How many forward and backward calls took the miss path (the extension's planned call),
+# counted there only: the hit path pays nothing for it. A steady loop over one problem
+# adds none after its first step (bench/host_overhead.py reports them per column).
+_MADE = [0, 0]
+
+
+def plans_made() -> Tuple[int, int]:
+    """(forward, backward) calls so far that missed the eager path's plans."""
+    return _MADE[0], _MADE[1]
+
+
 # Every entry still referenced (by the cache or by an autograd graph's context), so that
 # the extension's plan objects are let go at exit, before the extension's own teardown
 # (which reports, on stderr, any of its objects still alive then).
@@ -235,7 +246,12 @@ def _release_at_exit() -> None:
         ent.backwards.clear()
 
 
+_empty_strided = torch.empty_strided
+_F32 = torch.float32
+
+
 def _key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat) -> tuple:
+    """A problem's key in _PLANS (forward_layout writes the same tuple out)."""
     return (
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
         q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
@@ -285,8 +301,16 @@ def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, f
     [b, h, s] ([h, t] for thd). keep: an object (the autograd context) whose `plan`
     attribute receives the problem's cached plans (None where the call was not cached), for
     backward_layout."""
-    lists = _lists(varlen)
-    key = _key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat)
+    sq, skv, oq, okv = varlen
+    lists = None
+    if not (sq is None and skv is None and oq is None and okv is None):
+        lists = _lists(varlen)
+    # _key(), written out: a call costs more than the tuple
+    key = (
+        q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+        q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+        layout, flat, mask, wl, wr, scale, backend, det, lists,
+    )  # fmt: skip
     ent = _PLANS.get(key)
     if ent is not None:
         pq, pk, pv = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -294,8 +318,8 @@ def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, f
             if keep is not None:
                 keep.plan = ent
             dev = ent.device
-            out = torch.empty_strided(ent.o_shape, ent.o_stride, dtype=ent.dtype, device=dev)
-            lse = torch.empty_strided(ent.l_shape, ent.l_stride, dtype=torch.float32, device=dev)
+            out = _empty_strided(ent.o_shape, ent.o_stride, dtype=ent.dtype, device=dev)
+            lse = _empty_strided(ent.l_shape, ent.l_stride, dtype=_F32, device=dev)
             index = ent.index
             if index < 0:
                 code, msg = ent.plan.run_forward(pq, pk, pv, out.data_ptr(), lse.data_ptr())
@@ -328,6 +352,7 @@ _forward_layout = forward_layout  # forward()'s own reference (tests count forwa
 def _forward_made(key, q, k, v, lists, varlen, mask, wl, wr, scale, backend, det, layout, flat):
     """forward_layout's miss: the outputs allocated from the caller's strides, the call made
     through the extension's checks, and its plan kept when the pointers allow."""
+    _MADE[0] += 1
     shape = q.shape[:-1] + v.shape[-1:]
     if flat:
         strides = _strides(shape, q, True)
@@ -395,44 +420,33 @@ def backward_layout(
 ):
     """(dQ, dK, dV) in the caller's coordinates, for forward_layout's O and LSE. plan: the
     forward's cached plans (forward_layout's `keep`), else looked up as the forward did."""
-    if dout.stride(-1) != 1 and v.shape[-1] != 1:
+    dstride = dout.stride()
+    if dstride[-1] != 1 and v.shape[-1] != 1:
         # Gradients handed to us by autograd may be expanded (stride 0) or otherwise lack a
         # unit head-dim stride; the library needs one, so only then make a copy.
         dout = dout.contiguous()
-    lists = _lists(varlen)
+        dstride = dout.stride()
     if plan is None:
+        lists = _lists(varlen)
         plan = _PLANS.get(_key(q, k, v, lists, mask, wl, wr, scale, backend, det, layout, flat))
     bkey = None
     if plan is not None:
         # The saved tensors are the forward's unless saved-tensor hooks gave back others.
-        bkey = (
-            dout.stride(),
-            dout.dtype,
-            q.stride(),
-            k.stride(),
-            v.stride(),
-            out.stride(),
-            lse.stride(),
-        )
+        bkey = (dstride, dout.dtype, q.stride(), k.stride(), v.stride(), out.stride(), lse.stride())
         ent = plan.backwards.get(bkey)
         if ent is not None:
-            ptrs = pq, pk, pv, po, pd, pl = (
-                q.data_ptr(),
-                k.data_ptr(),
-                v.data_ptr(),
-                out.data_ptr(),
-                dout.data_ptr(),
-                lse.data_ptr(),
-            )
+            pq, pk, pv, po = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+            pd, pl = dout.data_ptr(), lse.data_ptr()
             if not (pq | pk | pv | po | pd | pl) & 15:  # as the plan assumes
                 dev, (sq_, sk_, sv_), (tq, tk, tv) = plan.device, ent.shapes, ent.strides
-                dq = torch.empty_strided(sq_, tq, dtype=q.dtype, device=dev)
-                dk = torch.empty_strided(sk_, tk, dtype=k.dtype, device=dev)
-                dv = torch.empty_strided(sv_, tv, dtype=v.dtype, device=dev)
-                grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+                dq = _empty_strided(sq_, tq, dtype=q.dtype, device=dev)
+                dk = _empty_strided(sk_, tk, dtype=k.dtype, device=dev)
+                dv = _empty_strided(sv_, tv, dtype=v.dtype, device=dev)
                 index = plan.index
                 if index < 0:
-                    code, msg = ent.plan.run_backward(*ptrs, *grads)
+                    code, msg = ent.plan.run_backward(
+                        pq, pk, pv, po, pd, pl, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+                    )
                 else:
                     ws, wsp = _workspace(ent.ws, dev)
                     prev = _get_device()
@@ -440,14 +454,16 @@ def backward_layout(
                         _set_device(index)
                     try:
                         code, msg = ent.plan.run_backward(
-                            *ptrs, *grads, _stream(index), wsp, ent.ws
-                        )
+                            pq, pk, pv, po, pd, pl, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                            _stream(index), wsp, ent.ws,
+                        )  # fmt: skip
                     finally:
                         if prev != index:
                             _set_device(prev)
                 if code != "ok":
-                    _raise(code, msg, lists, varlen)
+                    _raise(code, msg, _lists(varlen), varlen)
                 return dq, dk, dv
+    lists = _lists(varlen)
     return _backward_made(
         plan, bkey, dout, q, k, v, out, lse, lists, varlen, mask, wl, wr, scale, backend, det,
         layout, flat,
@@ -459,6 +475,7 @@ def _backward_made(
     layout, flat,
 ):  # fmt: skip
     """backward_layout's miss: as _forward_made, the plan kept under the forward's entry."""
+    _MADE[1] += 1
     dq = empty_like_order(q.shape, q)
     dk = empty_like_order(k.shape, k)
     dv = empty_like_order(v.shape, v)

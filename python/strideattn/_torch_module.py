@@ -20,7 +20,6 @@ to the layer's caches and q attends over them; any other object is refused."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -32,154 +31,24 @@ from . import _torch_call as call
 from . import _torch_te_features as te_features
 from ._torch_kvcache import PagedKVCache
 from ._torch_ops import attend, attention
+from ._torch_te_args import (
+    _mask_lengths,
+    _mask_type_cached,
+    _nondeterminism_off,
+    _our_window,
+    _refuse,
+    _unpack,
+    _window,
+    mask_type,
+)
 from ._util import (
-    MASK_ALIASES,
-    MASKS,
-    canonical_mask,
     cu_seqlens_lengths,
     describe,
     int64,
     int_list,
-    window_pair,
 )
 
 _FORMATS = ("sbhd", "bshd", "thd")
-_environ = os.environ
-_TE_MASK_TYPES = (
-    "no_mask",
-    "padding",
-    "causal",
-    "padding_causal",
-    "causal_bottom_right",
-    "padding_causal_bottom_right",
-)
-
-
-def mask_type(t: Any) -> Tuple[str, bool]:
-    """(strideattn mask, padding) of a TE attn_mask_type; commas and underscores are
-    interchangeable and 'padding' may come first or last, as in TE."""
-    if not isinstance(t, str):
-        raise ValueError(f"attn_mask_type must be a string; got {describe(t)}")
-    key = t.strip().replace(",", "_").replace("-", "_")
-    if key == "arbitrary":
-        raise NotImplementedError(
-            "attn_mask_type='arbitrary' (a boolean mask tensor) is not "
-            "supported by strideattn; supported: " + ", ".join(_TE_MASK_TYPES)
-        )
-    padding = False
-    if key == "padding":
-        key, padding = "none", True
-    elif key.startswith("padding_"):
-        key, padding = key[len("padding_") :], True
-    elif key.endswith("_padding"):
-        key, padding = key[: -len("_padding")], True
-    try:
-        return canonical_mask(key), padding
-    except ValueError:
-        raise ValueError(
-            f"attn_mask_type='{t}' is not a mask type; supported: {', '.join(_TE_MASK_TYPES)} "
-            f"(',' for '_', e.g. 'padding,causal'), or strideattn's {', '.join(MASKS)} "
-            f"(aliases {', '.join(MASK_ALIASES)})"
-        ) from None
-
-
-_MASK_TYPES: Dict[str, Tuple[str, bool]] = {}  # attn_mask_type -> mask_type(), seen before
-
-
-def _mask_type_cached(t: Any) -> Tuple[str, bool]:
-    got = _MASK_TYPES.get(t) if isinstance(t, str) else None
-    if got is None:
-        got = mask_type(t)
-        if len(_MASK_TYPES) < 64:
-            _MASK_TYPES[t] = got
-    return got
-
-
-def _refuse(arg: str, value: Any, supported: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{arg}={describe(value)} is not supported by strideattn's "
-        f"DotProductAttention; supported: {supported}"
-    )
-
-
-def _our_window(
-    te_window: Tuple[int, int], top_left: bool, shift: int, why: str
-) -> Tuple[int, int]:
-    """strideattn's window (measured from the bottom-right diagonal) equal to TE's window
-    (left, right) aligned top-left or bottom-right, for a sequence with s_kv - s_q = shift."""
-    left, right = te_window
-    if not top_left or shift == 0:
-        return left, right
-    new_left = -1 if left < 0 else left + shift
-    new_right = -1 if right < 0 else right - shift
-    if (left >= 0 and new_left < 0) or (right >= 0 and new_right < 0):
-        raise NotImplementedError(
-            f"window_size={te_window} aligned to the top-left diagonal ({why}) with "
-            f"s_kv - s_q = {shift} has no bottom-right equivalent; supported: a window that "
-            "still covers the bottom-right diagonal, equal lengths, or a bottom-right mask type"
-        )
-    return new_left, new_right
-
-
-def _mask_lengths(m: Any, s: int, name: str) -> List[int]:
-    """Sequence lengths from a TE padding mask [b, 1, 1, s] (True = padding), which must be
-    right-padded (True only on a tail of each row)."""
-    if (
-        not isinstance(m, Tensor)
-        or m.dtype != torch.bool
-        or m.dim() != 4
-        or tuple(m.shape[1:]) != (1, 1, s)
-    ):
-        raise ValueError(
-            f"{name} must be a boolean tensor [batch, 1, 1, {s}] (True = padding); "
-            f"got {describe(m)}"
-        )
-    rows = m[:, 0, 0, :]
-    lens = (~rows).sum(dim=-1)
-    tail = torch.arange(s, device=m.device)[None, :] >= lens[:, None]
-    if not torch.equal(rows, tail):
-        raise NotImplementedError(
-            f"{name} masks tokens other than a tail of each sequence; "
-            "supported: right padding (True only after the last token)"
-        )
-    return [int(x) for x in lens.tolist()]
-
-
-def _unpack(qkv_layer, kv_layer, q, k, v, fmt: str, dim: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """query/key/value, or views of a packed qkv_layer / kv_layer (TE's declared packing)."""
-    if qkv_layer is None and kv_layer is None:
-        if q is None or k is None or v is None:
-            raise ValueError(
-                "query_layer, key_layer and value_layer are required unless "
-                "qkv_layer or kv_layer is given"
-            )
-        return q, k, v
-    if dim not in (-3, -2):
-        raise ValueError(f"qkv_interleave_dim is {dim}; supported: -3 (e.g. bs3hd) or -2 (bsh3d)")
-    if qkv_layer is not None:
-        if kv_layer is not None or q is not None or k is not None or v is not None:
-            raise ValueError(
-                "qkv_layer packs Q, K and V: kv_layer, query_layer, key_layer and "
-                "value_layer must be None with it"
-            )
-        rank = 4 if fmt == "thd" else 5
-        if qkv_layer.dim() != rank or qkv_layer.shape[dim] != 3:
-            raise ValueError(
-                f"qkv_layer must be {rank}-D with extent 3 at dim {dim} for "
-                f"qkv_format '{fmt}'; got {describe(qkv_layer)}"
-            )
-        return tuple(qkv_layer.select(dim, i) for i in range(3))
-    if q is None or k is not None or v is not None:
-        raise ValueError(
-            "kv_layer packs K and V: query_layer is required and key_layer, "
-            "value_layer must be None with it"
-        )
-    if kv_layer.dim() != q.dim() + 1 or kv_layer.shape[dim] != 2:
-        raise ValueError(
-            f"kv_layer must have one more dimension than query_layer and extent 2 "
-            f"at dim {dim}; got {describe(kv_layer)}"
-        )
-    return (q,) + tuple(kv_layer.select(dim, i) for i in range(2))
 
 
 class DotProductAttention(torch.nn.Module):
@@ -335,10 +204,7 @@ class DotProductAttention(torch.nn.Module):
     def _deterministic(self) -> bool:
         if self.deterministic is not None:
             return bool(self.deterministic)
-        return (
-            torch.are_deterministic_algorithms_enabled()
-            or _environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
-        )
+        return torch.are_deterministic_algorithms_enabled() or _nondeterminism_off()
 
     @staticmethod
     def _refuse_unsupported(args: Dict[str, Any]) -> None:
@@ -464,7 +330,7 @@ class DotProductAttention(torch.nn.Module):
         # TE's windows (its check_set_window_size): causal kinds end at the diagonal (the mask
         # is that edge here); other kinds take (-1, -1) or (>= 0, >= 0), (-1, 0) meaning no
         # window. The window is aligned top-left for 'causal' and bottom_right_diagonal=False.
-        left, right = window_pair(window_size if window_size is not None else self.window_size)
+        left, right = _window(window_size if window_size is not None else self.window_size)
         if mask != "none":
             right = -1
         elif (left, right) == (-1, 0):
@@ -481,6 +347,17 @@ class DotProductAttention(torch.nn.Module):
             else self.bottom_right_diagonal
         )
         top_left = mask == "causal" or (mask == "none" and brd is False)
+        if (  # the common call: one attend() on the tensors as given, nothing else to build
+            not padding
+            and not feats
+            and fmt != "thd"
+            and inference_params is None
+            and self.cp is None
+            and max_seqlen_q is None
+            and max_seqlen_kv is None
+            and (not top_left or (left == -1 and right == -1))
+        ):
+            return self._attend_plain(q, k, v, mask, left, right, fmt)
         opts = dict(
             mask=mask,
             scale=self.softmax_scale,
@@ -593,6 +470,24 @@ class DotProductAttention(torch.nn.Module):
                     + f"; with qkv_format '{fmt}' it is that extent"
                     + (" times the ranks" if cp_size > 1 else "")
                 )
+
+    def _attend_plain(self, q, k, v, mask, left, right, fmt) -> Tensor:
+        """_attend for bshd / sbhd without padding, features, context parallelism or a
+        window to translate: what forward() would do, without its option dict."""
+        scale = self.softmax_scale
+        if scale is None:
+            d = q.shape[-1]
+            scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+        elif type(scale) is not float:
+            scale = _checks.scale(scale)
+        layout = call.SBHD if fmt == "sbhd" else call.BSHD
+        det = self.deterministic
+        det = self._deterministic() if det is None else bool(det)
+        out, _ = attend(
+            q, k, v, None, None, None, None, mask, left, right, scale, self.backend, det,
+            layout, True, False,
+        )  # fmt: skip
+        return out
 
     def _attend(self, q, k, v, varlen, win, opts, layout, feats=None) -> Tensor:
         """attend() with the module's options, O's heads merged ([..., h * d_v]); with a

@@ -80,16 +80,23 @@ def _bwd_fake(dout, q, k, v, out, lse, sq, skv, oq, okv, mask, wl, wr, scale, ba
 def _eager(q, k, v) -> bool:
     """Whether the extension may be called directly: not under torch.compile (checked first:
     dynamo then never traces the rest), plain tensors, and no dispatch mode, JIT tracer or
-    functorch transform that expects to see the op."""
+    functorch transform that expects to see the op. The checks are bound once (module
+    attribute lookups on every call cost more than the checks themselves)."""
     return (
         not torch.compiler.is_compiling()
         and type(q) is Tensor
         and type(k) is Tensor
         and type(v) is Tensor
-        and torch._C._len_torch_dispatch_stack() == 0
-        and not torch._C._get_tracing_state()
-        and torch._C._functorch.peek_interpreter_stack() is None
+        and not _dispatch_modes()
+        and not _tracing_state()
+        and _functorch_interpreter() is None
     )
+
+
+# (torch.compiler.is_compiling stays an attribute lookup: dynamo recognises that call.)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_tracing_state = torch._C._get_tracing_state
+_functorch_interpreter = torch._C._functorch.peek_interpreter_stack
 
 
 class _Attention(torch.autograd.Function):
@@ -125,9 +132,20 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, *_dlse):
         if dout is None:  # no gradient reached O (only the direct path lets this through)
             return None, None, None, None
-        if torch.is_grad_enabled():  # create_graph: the gradients refuse a second backward
+        if _grad_enabled():  # create_graph: the gradients refuse a second backward
             return _backward_once(ctx, dout)
+        q, k, v, out, lse = ctx.saved_tensors
+        direct, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat, _ = ctx.args
+        if direct and type(dout) is Tensor and _eager(q, k, v):  # _backward's first branch
+            dq, dk, dv = call.backward_layout(
+                dout, q, k, v, out, lse, (sq, skv, oq, okv), mask, wl, wr, scale, backend, det,
+                layout, flat, ctx.plan,
+            )  # fmt: skip
+            return dq, dk, dv, None
         return _backward(ctx, dout)
+
+
+_grad_enabled = torch.is_grad_enabled
 
 
 def _backward(ctx, dout):
@@ -328,9 +346,10 @@ def attend(
     LSE, which may then come back as None. The eager path calls the extension from
     _Attention (or directly, with no gradient wanted); the rest goes through the op."""
     if _eager(q, k, v):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            args = (True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat)
-            args += (with_lse,)
+        if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            args = (
+                True, sq, skv, oq, okv, mask, wl, wr, scale, backend, det, layout, flat, with_lse
+            )  # fmt: skip
             try:
                 q.data_ptr(), k.data_ptr(), v.data_ptr()
             except RuntimeError:  # no storage (a dead functorch wrapper): the full apply

@@ -441,3 +441,34 @@ def test_te_top_left_windows(rng):
     # a top-left window that no bottom-right window equals: refused, not computed wrongly
     with pytest.raises(NotImplementedError, match="top-left"):
         DPA(h, d, qkv_format="bshd", attn_mask_type="causal", window_size=(2, 0))(k, q, q)
+
+
+def test_window_and_determinism_environment_are_read_every_call(rng, monkeypatch):
+    """The module remembers the window pairs it has checked and reads TE's
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO cheaply: neither may hide a change. Values that compare
+    equal to a remembered pair (1.0, True) are still refused, and the variable set or unset
+    between calls reaches the next call's `deterministic`."""
+    from strideattn import _torch_module
+
+    h, d = 2, 16
+    q, k, v = t(rng, 1, 6, h, d), t(rng, 1, 6, h, d), t(rng, 1, 6, h, d)
+    mod = DPA(h, d, qkv_format="bshd", attn_mask_type="no_mask")
+    mod(q, k, v, window_size=(1, 2))  # a valid pair, remembered
+    for bad in ((1.0, 2), (True, 2)):
+        with pytest.raises(ValueError, match="window left must be an integer"):
+            mod(q, k, v, window_size=bad)
+    seen = []
+    real = _torch_module.attend
+    monkeypatch.setattr(
+        _torch_module, "attend", lambda *a: seen.append(a[12]) or real(*a)
+    )  # fmt: skip
+    name = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
+    monkeypatch.delenv(name, raising=False)
+    mod(q, k, v)
+    monkeypatch.setenv(name, "0")
+    mod(q, k, v)
+    monkeypatch.setenv(name, "1")
+    mod(q, k, v)
+    monkeypatch.delenv(name)
+    mod(q, k, v)
+    assert seen == [False, True, False, False]

@@ -123,6 +123,47 @@ def test_fake_tensors_match_the_real_outputs(seed, device):
     assert fake.dtype == real.dtype and grad.shape == qkv.shape
 
 
+@pytest.mark.parametrize(
+    "device, backend",
+    [
+        ("cpu", "auto"),
+        ("cpu", "cpu"),
+        pytest.param("cuda", "auto", marks=CUDA),
+        pytest.param("cuda", "cuda", marks=CUDA),
+        pytest.param("cuda", "cudnn", marks=CUDA),
+    ],
+)
+def test_steady_steps_run_cached_plans(seed, device, backend):
+    """A training loop's steps (fresh values, the same shapes and strides) make the eager
+    path's plans on the first step only, for each backend a user names, auto included: the
+    path bench/host_overhead.py times. Every step's O and gradients against the fp64
+    reference."""
+    import strideattn as sa
+
+    if backend != "auto" and backend not in sa.compiled_backends():
+        pytest.skip(f"backend {backend} is not compiled into this build")
+    torch.manual_seed(seed)
+    b, s, h, d, dtype = 2, 24, 4, 64, torch.float16
+    sa.clear_plan_cache()  # cold: the first step makes the plans, whatever ran before
+    before = _torch_call.plans_made()
+    for step in range(3):
+        q, k, v = (
+            torch.randn(b, s, h, d, device=device).to(dtype).requires_grad_() for _ in range(3)
+        )
+        do = torch.randn(b, s, h, d, device=device).to(dtype)
+        o = sat.attention(q, k, v, mask="causal", backend=backend)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        assert _torch_call.plans_made() == (before[0] + 1, before[1] + 1), f"step {step}"
+        q64, k64, v64, o64, do64 = (np32(t).astype("float64") for t in (q, k, v, o, do))
+        exact = attention_ref(q64, k64, v64, mask="causal")
+        naive = attention_ref(q64, k64, v64, mask="causal", lowp=dtype)
+        check("o", o64, exact["o"], naive["o"], dtype, seed)
+        gexact, gnaive = backward_targets(q64, k64, v64, o64, do64, dtype, mask="causal")
+        mag = grad_magnitude(gexact)
+        for name, got in zip(("dq", "dk", "dv"), grads):
+            check(name, np32(got), gexact[name], gnaive[name], dtype, seed, magnitude=mag)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_inplace_on_the_output_and_double_backward(seed, device):
     qkv = fused(seed, device)

@@ -187,6 +187,39 @@ def test_the_second_call_runs_the_cached_plan(monkeypatch):
     assert not _torch_call._PLANS
 
 
+def test_steady_calls_make_no_plans_and_new_strides_do(seed):
+    """The cached path is the one a training loop takes: after a problem's first forward and
+    backward, further steps (fresh inputs of the same shapes and strides, through the op and
+    through the module) make no plan; a call with other strides makes one forward and one
+    backward plan; every result is right."""
+    torch.manual_seed(seed)
+    mod = sat.DotProductAttention(H, D, qkv_format="bshd", attn_mask_type="no_mask")
+    mod.backend = "cpu"
+
+    def module_step(q, k, v):
+        o = mod(q, k, v)  # the module's own problem: O flat, [b, s, h * d]
+        do = torch.randn(o.shape).to(o.dtype)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        dt, o4, do4 = q.dtype, np64(o).reshape(B, S, H, D), np64(do).reshape(B, S, H, D)
+        exact = attention_ref(np64(q), np64(k), np64(v))
+        naive = attention_ref(np64(q), np64(k), np64(v), lowp=dt)
+        check("o", o4, exact["o"], naive["o"], dt, seed)
+        gexact, gnaive = backward_targets(np64(q), np64(k), np64(v), o4, do4, dt)
+        mag = grad_magnitude(gexact)
+        for name, got in zip(("dq", "dk", "dv"), grads):
+            check(name, np64(got), gexact[name], gnaive[name], dt, seed, magnitude=mag)
+
+    for make, step in (
+        (bshd, lambda q, k, v: check_call(seed, q, k, v)),
+        (split_views, lambda q, k, v: check_call(seed, q, k, v)),  # other strides
+        (bshd, module_step),
+    ):
+        before = _torch_call.plans_made()
+        for i in range(3):
+            step(*make())
+            assert _torch_call.plans_made() == (before[0] + 1, before[1] + 1), f"step {i}"
+
+
 @pytest.mark.parametrize(
     "bad",
     ["k_dtype", "v_heads", "mask", "backend", "window"],

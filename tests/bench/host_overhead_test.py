@@ -63,9 +63,13 @@ class RowsTest(unittest.TestCase):
             ("op auto", "fwd"): (44.0, 90.0),
             ("op cuda", "fwd"): "error: backend cuda is not compiled in",
         }
+        misses = {(c.name, "fwd"): 0 for c in cols}
+        misses[("op auto", "fwd")] = 3
         rows = ho.data_rows(cols, ["fwd"], result, ["sdpa-flash", "sdpa-cudnn"],
-                            ho.METRICS["cuda"])  # fmt: skip
+                            ho.METRICS["cuda"], misses)  # fmt: skip
         self.assertEqual(len(rows), 4)
+        self.assertEqual(rows[2]["plan_misses"], 3)  # op and module rows carry theirs
+        self.assertNotIn("plan_misses", rows[0])
         op = rows[2]
         self.assertEqual((op["enqueue_us"], op["synced_us"]), (44.0, 90.0))
         self.assertEqual(op["ratios"]["synced_us/sdpa-flash"], 1.125)
