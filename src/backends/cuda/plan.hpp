@@ -36,6 +36,9 @@ struct PlanForcing {
   bool ws_forward = false;
   bool ws_overlap = false;  // with ws_forward: its instantiation whose consumers overlap the
                             // GEMMs of consecutive key blocks (sm90/ws_forward.cuh)
+  // KV-cache calls: the dense forward (true) or the decode kernels (false) whatever the shape
+  // (decode/decode_host.hpp, kv_cache_dense); unset: the shape decides.
+  std::optional<bool> kv_cache_dense;
 };
 
 struct Dim3 {
