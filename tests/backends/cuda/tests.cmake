@@ -57,6 +57,10 @@ if(STRIDEATTN_HAVE_CUDA)
   # KV-cache attention (decode kernels): paged and contiguous caches, appends, broken promises.
   strideattn_test(cuda_kvcache_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_kvcache_test.cpp LABELS gpu)
   target_link_libraries(cuda_kvcache_test PRIVATE strideattn_gpu CUDA::cudart)
+  # KV-cache calls with many query rows (chunked prefill) through the dense forward, against
+  # the reference, and forced onto the decode kernels on the same inputs.
+  strideattn_test(cuda_kvcache_prefill_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_kvcache_prefill_test.cpp LABELS gpu)
+  target_link_libraries(cuda_kvcache_prefill_test PRIVATE strideattn_gpu CUDA::cudart)
   # The device conversion of cu_seqlens arrays into the kernels' tables, on its own.
   strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp LABELS gpu)
   target_link_libraries(cuda_varlen_tables_test PRIVATE strideattn_gpu CUDA::cudart)
