@@ -10,7 +10,9 @@ One run measures, on the same GPU in one process (issue 20's targets):
     backend on the contiguous tensors (query [b, h, 1, d]; GQA through enable_gqa=True where
     torch has it, else K/V repeated per query head outside the timed region);
   - prefill rows: s_q = 512, b = 4, s_kv = 4096 (the cache already holds all 4096 keys; the
-    512 queries are its last 512 tokens, causal bottom-right), paged (16, 64) vs contiguous.
+    512 queries are its last 512 tokens, causal bottom-right), paged (16, 64) vs contiguous:
+    `cuda` runs them through its dense forward (s_q >= 64; the decode rows, s_q = 1, through
+    its decode kernels: docs/backends.md "KV-cache attention").
 Bandwidth counts the K and V bytes read once: b * s_kv * hg * d * 2 tensors * 2 bytes, over the
 median time of >= 20 runs timed with CUDA events after a warm-up: of one call inside a CUDA
 graph of 10 (the kernels' speed; serving loops capture their decode step), and "eager", one

@@ -5,6 +5,7 @@
 // and selects.
 #include <exception>
 #include <new>
+#include <string>
 
 #include "common/memory_check.hpp"
 #include "dispatch/backend.hpp"
@@ -74,6 +75,12 @@ Explanation explain(const KvCacheArgs& args) {
     if (!ex.validation.ok()) return ex;
     ex.layout = detail::describe_kvcache(p);
     detail::explain_selection(detail::selection_problem(p), &ex);
+    // the chosen backend's kernels (cuda: the decode kernels or the dense forward, and why)
+    if (ex.chosen)
+      if (const detail::BackendImpl* impl = detail::backend_impl(*ex.chosen))
+        if (std::string note = impl->describe_kvcache_plan(p); !note.empty())
+          for (Verdict& v : ex.verdicts)
+            if (v.backend == *ex.chosen) v.reason += "; " + note;
   } catch (const std::exception& e) {
     ex.validation = Status(StatusCode::internal, std::string("internal error: ") + e.what());
   }

@@ -85,6 +85,12 @@ class BackendImpl {
     *bytes = 0;
     return Status::Ok();
   }
+  // Which kernels forward_kvcache would run for `problem` and why, for explain (the chosen
+  // backend's verdict); "" where the backend has nothing to say.
+  [[nodiscard]] virtual std::string describe_kvcache_plan(const KvCacheProblem& problem) const {
+    (void)problem;
+    return "";
+  }
 };
 
 // Registry: one instance per backend compiled into this build (nullptr otherwise).

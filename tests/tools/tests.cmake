@@ -159,8 +159,9 @@ set_tests_properties(cli_check_kvcache_bad_block_table PROPERTIES LABELS cpu TIM
 add_test(NAME cli_fuzz_kvcache_reference_cpu
          COMMAND ${_cli} fuzz --kv-cache --cases 1000 --seed 2 --backends cpu,reference)
 set_tests_properties(cli_fuzz_kvcache_reference_cpu PROPERTIES LABELS cpu TIMEOUT 600)
-# The cuda decode kernels on at least 2,000 random paged cases (f16 / bf16: the f32 cases it
-# refuses are drawn past --cases until 2,000 ran), on device copies of the buffers; skips
+# The cuda KV-cache kernels on at least 2,000 random paged cases (f16 / bf16: the f32 cases
+# it refuses are drawn past --cases until 2,000 ran; the decode kernels, and the dense forward
+# for the quarter of them with 64..160 query rows), on device copies of the buffers; skips
 # (77) without a GPU, fails if cuda ran fewer.
 add_test(NAME cli_fuzz_kvcache_cuda_paged
          COMMAND ${_cli} fuzz --kv-cache --paged --cases 2000 --min-ran 2000 --seed 3 --backends cuda

@@ -394,7 +394,8 @@ Outcome run_case(const KvCliCase& c, const std::vector<Backend>& backends, bool 
 }
 
 // A random case for the fuzzer: paged (page sizes 1 .. 256, not only powers of two) or
-// contiguous, lengths 0 .. capacity with appends that cross pages, decode to chunked prefill.
+// contiguous, lengths 0 .. capacity with appends that cross pages, decode (s_q 1 .. 24) to
+// chunked prefill (s_q 64 .. 160: the dense forward on `cuda`).
 KvCliCase random_case(std::uint64_t seed, bool paged_only) {
   std::mt19937_64 rng(seed);
   auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
@@ -432,6 +433,12 @@ KvCliCase random_case(std::uint64_t seed, bool paged_only) {
   const MaskKind masks[3] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
   c.options.mask = pick(0, 3) == 0 ? masks[pick(0, 2)] : MaskKind::causal_bottom_right;
   if (pick(0, 3) == 0) c.options.window = {pick(-1, 40), pick(0, 2) ? 0 : pick(-1, 8)};
+  // chunked prefill: a quarter of the cases get 64..160 query rows, which `cuda` runs through
+  // the dense forward (drawn last, so the earlier draws of a seed are what they were)
+  if (pick(0, 3) == 0) {
+    c.s_q = pick(64, 160);
+    for (i64& x : c.seqlens_q) x = pick(0, c.s_q);
+  }
   return c;
 }
 

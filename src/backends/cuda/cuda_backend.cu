@@ -109,19 +109,20 @@ const std::vector<SupportRule>& rules() {
                       " (PTX entries JIT-compile on newer GPUs)";
              return std::nullopt;
            }},
-          // KV-cache attention (decode/): what the decode kernels need beyond the rules above
-          // (head-dim strides of the new tokens, their shared memory on this device, the grid).
+          // KV-cache attention (decode/): what the kernels the call runs need beyond the rules
+          // above: the decode kernels' (head-dim strides of the new tokens, their shared memory
+          // on this device, the grid), or where the shape picks the dense forward its plan's.
           {"kv_cache_decode",
            [](const Problem& p) -> std::optional<std::string> {
              if (p.kv_cache == nullptr) return std::nullopt;
              cuda_impl::DeviceCaps caps;
              if (cuda_impl::current_device_caps(&caps) != 0) return std::nullopt;  // (the gpu rule said why)
-             return cuda_impl::decode_refusal(*p.kv_cache, caps);
+             return cuda_impl::kv_cache_refusal(*p.kv_cache, caps, cuda_impl::plan_forcing());
            }},
           // A kernel of this build fits the device for every pass the call runs (the 4-warp dK/dV
           // pass and the dQ pass at d <= 256 need 128.5 / 128 KiB of shared memory per block,
           // which sm_86 and sm_89 GPUs do not grant): the plan's kernel choice alone. (A KV-cache
-          // call runs the decode kernels, whose rule is the one above.)
+          // call's kernels have the rule above.)
           {"shared_memory",
            [](const Problem& p) -> std::optional<std::string> {
              if (p.kv_cache != nullptr) return std::nullopt;
@@ -224,27 +225,34 @@ class CudaBackend final : public BackendImpl {
     return Status::Ok();
   }
 
-  // KV-cache attention (docs/semantics.md "KV cache"): the append, the split kernel and the
-  // combine of decode/, planned from the problem and the device's cached caps; the lengths and
-  // the block table are read on the device only. Workspace: the caller's, or one on the stream.
+  // KV-cache attention (docs/semantics.md "KV cache"): the append, then the split kernel and
+  // the combine of decode/ or, for many query rows, the dense forward (make_decode_plan),
+  // planned from the problem and the device's cached caps; the lengths and the block table
+  // are read on the device only. Workspace: the caller's, or one on the stream.
   [[nodiscard]] bool runs_kv_cache() const override { return true; }
   [[nodiscard]] Status forward_kvcache(const KvCacheProblem& p) override {
     cuda_impl::DeviceCaps caps;
     if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
       return cuda_status(cudaError_t(e), "querying the current device");
-    const cuda_impl::DecodePlan plan = cuda_impl::make_decode_plan(p, caps);
+    const cuda_impl::DecodePlan plan = cuda_impl::make_decode_plan(p, caps, cuda_impl::plan_forcing());
     const auto stream = static_cast<cudaStream_t>(p.args.stream);
     Workspace ws;
     if (Status s = ws.acquire(selection_problem(p), plan.workspace, stream); !s.ok()) return s;
     return cuda_impl::run_decode(p, plan, caps.device, stream, ws.base());
   }
-  // The split kernel's partial rows (none with one split): the plan forward_kvcache makes.
+  // The split kernel's partial rows (none with one split), or the dense forward's workspace:
+  // the plan forward_kvcache makes.
   [[nodiscard]] Status kvcache_workspace_size(const KvCacheProblem& p, std::size_t* bytes) const override {
     cuda_impl::DeviceCaps caps;
     if (const int e = cuda_impl::current_device_caps(&caps); e != 0)
       return cuda_status(cudaError_t(e), "querying the current device");
-    *bytes = cuda_impl::make_decode_plan(p, caps).workspace;
+    *bytes = cuda_impl::make_decode_plan(p, caps, cuda_impl::plan_forcing()).workspace;
     return Status::Ok();
+  }
+  [[nodiscard]] std::string describe_kvcache_plan(const KvCacheProblem& p) const override {
+    cuda_impl::DeviceCaps caps;
+    if (cuda_impl::current_device_caps(&caps) != 0) return "";
+    return "runs " + cuda_impl::make_decode_plan(p, caps, cuda_impl::plan_forcing()).why;
   }
 
   // A call without a plan of the caller's: prepared, then run once.

@@ -27,14 +27,17 @@ constexpr const char* to_string(Pass p) { return p == Pass::forward ? "forward" 
 
 // Which instantiation of an entry's kernel runs.
 enum class Variant : int {
-  guarded = 0,  // any head dims of the bucket (zero-padded columns skipped at run time)
-  full_d = 1,   // d_qk == d_v == bucket, known at compile time (no guards)
-  fold = 2,     // forward over more than kFoldKeys keys (common/outer_accumulator.cuh), a
-                // backward pass over more than kFoldRows rows (kernel_params.hpp)
-  mods = 3,     // the training features (common/score_mod.cuh; KernelParams::f), any head
-                // dims of the bucket, folding where the plan says so
+  guarded = 0,        // any head dims of the bucket (zero-padded columns skipped at run time)
+  full_d = 1,         // d_qk == d_v == bucket, known at compile time (no guards)
+  fold = 2,           // forward over more than kFoldKeys keys (common/outer_accumulator.cuh), a
+                      // backward pass over more than kFoldRows rows (kernel_params.hpp)
+  mods = 3,           // the training features (common/score_mod.cuh; KernelParams::f), any head
+                      // dims of the bucket, folding where the plan says so
+  kv_cache = 4,       // forward: a KV-cache call (KernelParams::kv: lengths from device
+                      // memory, K and V through the contiguous or paged cache), any head dims
+  kv_cache_fold = 5,  // the same over caches of more than kFoldKeys tokens, with the fold
 };
-inline constexpr int kVariantCount = 4;
+inline constexpr int kVariantCount = 6;
 
 // How the consumer warpgroups of the warp-specialized forward (sm90/ws_forward.cuh) order
 // their GEMMs.
@@ -85,8 +88,15 @@ struct KernelEntry {
   const void* full_d = nullptr;
   const void* fold = nullptr;
   const void* mods = nullptr;
+  const void* kv_cache = nullptr;
+  const void* kv_cache_fold = nullptr;
   [[nodiscard]] const void* kernel(Variant v) const {
-    return v == Variant::full_d ? full_d : v == Variant::fold ? fold : v == Variant::mods ? mods : guarded;
+    return v == Variant::full_d          ? full_d
+           : v == Variant::fold          ? fold
+           : v == Variant::mods          ? mods
+           : v == Variant::kv_cache      ? kv_cache
+           : v == Variant::kv_cache_fold ? kv_cache_fold
+                                         : guarded;
   }
 };
 

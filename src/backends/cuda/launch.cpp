@@ -176,6 +176,8 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
   if (plan.backward) s += (bits & kVecDO) ? " do" : "";
   s += " (others take the element-wise path)";
   if (plan.main.variant == Variant::mods) s += "; the training features' kernel variant";
+  if (plan.main.variant == Variant::kv_cache || plan.main.variant == Variant::kv_cache_fold)
+    s += "; the KV-cache kernel variant (lengths from device memory, K and V through the cache)";
   if (!plan.backward) {
     s += std::string("; forward: ") + plan.main.entry->name;
     if (plan.main.entry->tma) s += " (TMA loads of q, k, v)";

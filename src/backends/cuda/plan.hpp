@@ -37,6 +37,9 @@ struct PlanForcing {
   // With the warp-specialized forward: the instantiation of this consumer schedule (unset: the
   // plan's choice by the key count, kWsPingPongMaxKeys in common/tiles.hpp).
   std::optional<WsSchedule> ws_schedule;
+  // KV-cache calls: the dense forward (true) or the decode kernels (false) whatever the shape
+  // (decode/decode_host.hpp, kv_cache_dense); unset: the shape decides.
+  std::optional<bool> kv_cache_dense;
 };
 
 struct Dim3 {

@@ -8,7 +8,9 @@
 // d_qk != d_v, odd strided views (head-major pages, padded rows: the element-wise load path;
 // head-major Q and O), split and unsplit key ranges, NaN-filled O and LSE, a planted error the
 // comparison must catch, and lengths or block-table entries that break the caller's promises
-// (NaN rows, no crash, nothing outside the valid appends written). Skips without a GPU.
+// (NaN rows, no crash, nothing outside the valid appends written). Every case runs twice,
+// through the decode kernels and through the dense forward (forced by the plan's test hook,
+// whatever the shape would pick: docs/backends.md "KV-cache attention"). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/test_hook.hpp"
 #include "backends/reference/reference_kvcache.hpp"
 #include "harness/compare.hpp"
 #include "harness/runner.hpp"
@@ -34,8 +37,22 @@ namespace {
 
 std::uint64_t g_seed = 9100;
 
+// The kernels of a KV-cache call, forced: the decode kernels, then the dense forward.
+cuda_impl::PlanForcing forced(bool dense) {
+  cuda_impl::PlanForcing f;
+  f.kv_cache_dense = dense;
+  return f;
+}
+const char* path_name(bool dense) { return dense ? "dense forward" : "decode kernels"; }
+
 RunResult run_cuda(KvCase& c, const RunOptions& ro = {}) { return run_on(Backend::cuda, c, ro); }
-void expect_ok(KvCase& c, const RunOptions& ro = {}) { expect_ok_on(Backend::cuda, c, ro); }
+void expect_ok(KvCase& c, const RunOptions& ro = {}) {
+  for (bool dense : {false, true}) {
+    SCOPED_TRACE(path_name(dense));
+    const cuda_impl::ScopedCudaPlanForcing force(forced(dense));
+    expect_ok_on(Backend::cuda, c, ro);
+  }
+}
 
 // A case with the sizes given and fresh inputs (a new seed each).
 KvCase make(DType dt, bool paged, i64 page, std::vector<std::int32_t> lens, i64 s_new, i64 s_q, i64 h, i64 hg, i64 d,
@@ -181,16 +198,19 @@ TEST(CudaKvCache, SplitAndUnsplitKeyRanges) {
 // reference ran must fail O.
 TEST(CudaKvCache, PlantedErrorIsCaught) {
   SKIP_WITHOUT_GPU();
-  for (bool paged : {true, false}) {
-    KvCase c = make(DType::bf16, paged, 16, {20, 9}, 0, 1, 4, 2, 64, 64, MaskKind::none);
-    c.build();
-    RunOptions ro;
-    ro.plant_index = c.cache_index(0, 3, 0, 5, c.dv);
-    ro.plant = 64.f;
-    const RunResult r = run_cuda(c, ro);
-    ASSERT_TRUE(r.status.ok()) << r.status.message();
-    EXPECT_FALSE(r.o.pass()) << "a changed V element went unnoticed: max abs err " << r.o.err.max_abs_err;
-  }
+  for (bool dense : {false, true})
+    for (bool paged : {true, false}) {
+      SCOPED_TRACE(path_name(dense));
+      const cuda_impl::ScopedCudaPlanForcing force(forced(dense));
+      KvCase c = make(DType::bf16, paged, 16, {20, 9}, 0, 1, 4, 2, 64, 64, MaskKind::none);
+      c.build();
+      RunOptions ro;
+      ro.plant_index = c.cache_index(0, 3, 0, 5, c.dv);
+      ro.plant = 64.f;
+      const RunResult r = run_cuda(c, ro);
+      ASSERT_TRUE(r.status.ok()) << r.status.message();
+      EXPECT_FALSE(r.o.pass()) << "a changed V element went unnoticed: max abs err " << r.o.err.max_abs_err;
+    }
 }
 
 // Lengths and block-table entries that break the caller's promises: the sequence's O and LSE
@@ -200,9 +220,10 @@ TEST(CudaKvCache, BrokenPromisesGiveNanRows) {
   SKIP_WITHOUT_GPU();
   // short caches run unsplit; a 3,000-token one makes every sequence's keys split (the combine
   // then writes the broken sequence's rows)
-  for (int what = 0; what < 6; ++what) {
-    const bool split = what >= 3;
-    SCOPED_TRACE("broken " +
+  for (int what = 0; what < 12; ++what) {
+    const bool split = what % 6 >= 3, dense = what >= 6;
+    const cuda_impl::ScopedCudaPlanForcing force(forced(dense));
+    SCOPED_TRACE(std::string(path_name(dense)) + ", broken " +
                  std::string(what % 3 == 0   ? "cache_seqlens"
                              : what % 3 == 1 ? "seqlens_q"
                                              : "block table") +
@@ -285,60 +306,64 @@ TEST(CudaKvCache, BrokenPromisesGiveNanRows) {
 TEST(CudaKvCache, GraphReplayReadsNewLengths) {
   SKIP_WITHOUT_GPU();
   // pages for 128 and 48 tokens; every replay's lengths stay within them
-  KvCase c = make(DType::bf16, true, 16, {128, 48}, 0, 1, 8, 2, 128, 128);
-  c.build();
-  DeviceBuffers dev;
-  for (Buf* b : {&c.q, &c.kc, &c.vc, &c.o}) dev.add(b->bytes.data(), b->bytes.size());
-  dev.add(c.lse.data(), c.lse.size() * sizeof(float));
-  dev.add(c.cache_seqlens.data(), c.cache_seqlens.size() * 4);
-  dev.add(c.table.data(), c.table.size() * 4);
-  KvCacheArgs a = c.args(Backend::cuda);
-  a.q.data = dev.at(a.q.data), a.k_cache.data = dev.at(a.k_cache.data), a.v_cache.data = dev.at(a.v_cache.data);
-  a.o.data = dev.at(a.o.data), a.lse.data = dev.at(a.lse.data), a.block_table.data = dev.at(a.block_table.data);
-  std::int32_t* lens_dev = dev.at(c.cache_seqlens.data());
-  a.cache_seqlens = lens_dev;
-  a.memory = Memory::device;
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  void* ws = nullptr;
-  const std::size_t ws_bytes = std::size_t(64) << 20;
-  ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
-  a.stream = stream, a.workspace = ws, a.workspace_bytes = ws_bytes;
-  ASSERT_TRUE(forward_with_kvcache(a).ok());  // (first call: the once-per-device queries)
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  const Status captured = forward_with_kvcache(a);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured.ok()) << captured.message();
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (const std::vector<std::int32_t>& lens : {std::vector<std::int32_t>{100, 37}, {128, 1}, {0, 48}, {17, 16}}) {
-    SCOPED_TRACE("lengths " + std::to_string(lens[0]) + ", " + std::to_string(lens[1]));
-    c.cache_seqlens = lens;  // (the same host storage: the device copy's source)
-    ASSERT_EQ(cudaMemcpyAsync(lens_dev, lens.data(), 8, cudaMemcpyHostToDevice, stream), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  for (bool dense : {false, true}) {
+    SCOPED_TRACE(path_name(dense));
+    const cuda_impl::ScopedCudaPlanForcing force(forced(dense));
+    KvCase c = make(DType::bf16, true, 16, {128, 48}, 0, 1, 8, 2, 128, 128);
+    c.build();
+    DeviceBuffers dev;
+    for (Buf* b : {&c.q, &c.kc, &c.vc, &c.o}) dev.add(b->bytes.data(), b->bytes.size());
+    dev.add(c.lse.data(), c.lse.size() * sizeof(float));
+    dev.add(c.cache_seqlens.data(), c.cache_seqlens.size() * 4);
+    dev.add(c.table.data(), c.table.size() * 4);
+    KvCacheArgs a = c.args(Backend::cuda);
+    a.q.data = dev.at(a.q.data), a.k_cache.data = dev.at(a.k_cache.data), a.v_cache.data = dev.at(a.v_cache.data);
+    a.o.data = dev.at(a.o.data), a.lse.data = dev.at(a.lse.data), a.block_table.data = dev.at(a.block_table.data);
+    std::int32_t* lens_dev = dev.at(c.cache_seqlens.data());
+    a.cache_seqlens = lens_dev;
+    a.memory = Memory::device;
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    void* ws = nullptr;
+    const std::size_t ws_bytes = std::size_t(64) << 20;
+    ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+    a.stream = stream, a.workspace = ws, a.workspace_bytes = ws_bytes;
+    ASSERT_TRUE(forward_with_kvcache(a).ok());  // (first call: the once-per-device queries)
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    dev.back(c.o.bytes.data());
-    dev.back(c.lse.data());
-    KvCacheArgs host = c.args(Backend::reference);
-    detail::KvCacheProblem p;
-    ASSERT_TRUE(detail::make_kvcache_problem(host, &p).ok());
-    detail::ReferenceOutputs exact, naive;
-    ASSERT_TRUE(detail::reference_kvcache_compute(p, detail::RefPrecision::exact, &exact).ok());
-    ASSERT_TRUE(detail::reference_kvcache_compute(p, detail::RefPrecision::naive_lowp, &naive).ok());
-    const std::vector<double> o = read_o(c, host.o, c.o.bytes.data() + c.o.guard * i64(size_of(c.dtype)));
-    std::vector<double> lse(exact.lse.size());
-    for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = c.lse[i + 8];
-    const harness::TensorCheck co = harness::check_tensor("o", c.dtype, o, naive.o, exact.o);
-    const harness::TensorCheck cl = harness::check_tensor("lse", DType::f32, lse, naive.lse, exact.lse);
-    EXPECT_TRUE(co.pass()) << "o: max abs err " << co.err.max_abs_err << " tol " << co.tol;
-    EXPECT_TRUE(cl.pass()) << "lse: max abs err " << cl.err.max_abs_err << " tol " << cl.tol;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    const Status captured = forward_with_kvcache(a);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(captured.ok()) << captured.message();
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (const std::vector<std::int32_t>& lens : {std::vector<std::int32_t>{100, 37}, {128, 1}, {0, 48}, {17, 16}}) {
+      SCOPED_TRACE("lengths " + std::to_string(lens[0]) + ", " + std::to_string(lens[1]));
+      c.cache_seqlens = lens;  // (the same host storage: the device copy's source)
+      ASSERT_EQ(cudaMemcpyAsync(lens_dev, lens.data(), 8, cudaMemcpyHostToDevice, stream), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      dev.back(c.o.bytes.data());
+      dev.back(c.lse.data());
+      KvCacheArgs host = c.args(Backend::reference);
+      detail::KvCacheProblem p;
+      ASSERT_TRUE(detail::make_kvcache_problem(host, &p).ok());
+      detail::ReferenceOutputs exact, naive;
+      ASSERT_TRUE(detail::reference_kvcache_compute(p, detail::RefPrecision::exact, &exact).ok());
+      ASSERT_TRUE(detail::reference_kvcache_compute(p, detail::RefPrecision::naive_lowp, &naive).ok());
+      const std::vector<double> o = read_o(c, host.o, c.o.bytes.data() + c.o.guard * i64(size_of(c.dtype)));
+      std::vector<double> lse(exact.lse.size());
+      for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = c.lse[i + 8];
+      const harness::TensorCheck co = harness::check_tensor("o", c.dtype, o, naive.o, exact.o);
+      const harness::TensorCheck cl = harness::check_tensor("lse", DType::f32, lse, naive.lse, exact.lse);
+      EXPECT_TRUE(co.pass()) << "o: max abs err " << co.err.max_abs_err << " tol " << co.tol;
+      EXPECT_TRUE(cl.pass()) << "lse: max abs err " << cl.err.max_abs_err << " tol " << cl.tol;
+    }
+    (void)cudaGraphExecDestroy(exec);
+    (void)cudaGraphDestroy(graph);
+    (void)cudaFree(ws);
+    (void)cudaStreamDestroy(stream);
   }
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
-  (void)cudaFree(ws);
-  (void)cudaStreamDestroy(stream);
 }
 
 // The caller's workspace is used as given (no allocation); too small a one is refused.

@@ -19,8 +19,13 @@ using i64 = std::int64_t;
 
 constexpr DeviceCaps kSm86{
     .device = 1, .major = 8, .minor = 6, .sms = 82, .smem_optin = 99 * 1024, .smem_per_sm = 100 * 1024};
-constexpr DeviceCaps kH200{
-    .device = 0, .major = 9, .minor = 0, .sms = 132, .smem_optin = 227 * 1024, .smem_per_sm = 228 * 1024};
+constexpr DeviceCaps kH200{.device = 0,
+                           .major = 9,
+                           .minor = 0,
+                           .sms = 132,
+                           .smem_optin = 227 * 1024,
+                           .smem_per_sm = 228 * 1024,
+                           .sm90a_code = true};
 
 // A decode problem: b sequences, s_q query rows, h / hg heads, head dim d, a contiguous cache of
 // s_kv tokens per sequence, or a paged one of `page` tokens a page; optional new tokens.
@@ -76,8 +81,10 @@ TEST(DecodePlan, BenchmarkRowsOnAnH200) {
 }
 
 TEST(DecodePlan, ChunkedPrefillLoopsOverRowTiles) {
+  // (the decode kernels forced: the shape picks the dense forward, DecodePlan.DenseForward)
   // 512 query rows x a group of 4 = 2,048 rows: 128 tiles of 16; the grid is full, one split.
-  const DecodePlan plan = make_decode_plan(make(4, 512, 32, 8, 128, 4096, 64), kH200);
+  const DecodePlan plan = make_decode_plan(make(4, 512, 32, 8, 128, 4096, 64), kH200, {.kv_cache_dense = false});
+  EXPECT_FALSE(plan.dense);
   EXPECT_EQ(plan.row_tiles, 128);
   EXPECT_EQ(plan.splits, 1);
   EXPECT_EQ(plan.workspace, 0u);
@@ -85,6 +92,54 @@ TEST(DecodePlan, ChunkedPrefillLoopsOverRowTiles) {
   EXPECT_EQ(make_decode_plan(make(2, 1, 8, 8, 64, 1024), kH200).bucket, 64);
   EXPECT_EQ(make_decode_plan(make(2, 1, 8, 8, 64, 1024), kH200).per_sm, 3);
   EXPECT_EQ(make_decode_plan(make(2, 1, 8, 8, 256, 1024), kH200).bucket, 256);
+}
+
+// Many query rows per sequence and head (s_q >= kDenseMinQueryRows) run the dense forward's
+// KV-cache instantiation: the wgmma forward on an H200, the mma.sync one on an
+// sm_86 card; fewer run the decode kernels, whatever group x s_q is; the test hook forces
+// either. The dense plan's workspace is the forward's (the fold's slots past kFoldKeys keys).
+TEST(DecodePlan, DenseForward) {
+  const DecodePlan paged = make_decode_plan(make(4, 512, 32, 8, 128, 4096, 16), kH200);
+  EXPECT_TRUE(paged.dense);
+  EXPECT_EQ(paged.forward.main.variant, Variant::kv_cache);
+  EXPECT_STREQ(paged.forward.main.entry->name, "sm90a wgmma forward");
+  EXPECT_EQ(paged.workspace, 0u);
+  EXPECT_NE(paged.why.find("the dense forward (sm90a wgmma forward, KV-cache instantiation, paged): 512 query "
+                           "rows per sequence and head (2048 per KV head), at least 64"),
+            std::string::npos)
+      << paged.why;
+  const DecodePlan contiguous = make_decode_plan(make(4, 512, 32, 8, 64, 4096), kH200);
+  EXPECT_TRUE(contiguous.dense);
+  EXPECT_EQ(contiguous.forward.main.variant, Variant::kv_cache);
+  EXPECT_STREQ(contiguous.forward.main.entry->name, "sm90a mma.sync forward");
+  const DecodePlan sm86 = make_decode_plan(make(2, 64, 8, 2, 64, 1024, 3), kSm86);
+  EXPECT_TRUE(sm86.dense);
+  EXPECT_STREQ(sm86.forward.main.entry->name, "sm80 mma.sync forward");
+  EXPECT_EQ(sm86.forward.main.variant, Variant::kv_cache);
+  // the threshold is s_q, not group x s_q (8 x 8 = 64 rows per KV head stay on the decode kernels)
+  EXPECT_FALSE(make_decode_plan(make(2, 63, 32, 8, 128, 1024, 16), kH200).dense);
+  EXPECT_TRUE(make_decode_plan(make(2, 64, 8, 8, 128, 1024, 16), kH200).dense);
+  EXPECT_FALSE(make_decode_plan(make(2, 8, 64, 8, 128, 1024, 16), kH200).dense);
+  EXPECT_NE(make_decode_plan(make(2, 8, 64, 8, 128, 1024, 16), kH200).why.find("the decode kernels"),
+            std::string::npos);
+  // forced either way
+  EXPECT_TRUE(make_decode_plan(make(2, 1, 32, 8, 128, 1024, 16), kH200, {.kv_cache_dense = true}).dense);
+  EXPECT_FALSE(make_decode_plan(make(2, 512, 32, 8, 128, 1024, 16), kH200, {.kv_cache_dense = false}).dense);
+  // a long cache: the fold, its slots in the workspace
+  const DecodePlan longer = make_decode_plan(make(2, 128, 32, 8, 128, 32768, 64), kH200);
+  EXPECT_TRUE(longer.dense);
+  EXPECT_GT(longer.forward.outer_count, 0);
+  EXPECT_EQ(longer.forward.main.variant, Variant::kv_cache_fold);
+  EXPECT_EQ(longer.workspace, longer.forward.workspace.total);
+  EXPECT_GT(longer.workspace, 0u);
+  const DecodePlan longer_c = make_decode_plan(make(2, 128, 32, 8, 128, 32768), kH200);
+  EXPECT_EQ(longer_c.forward.main.variant, Variant::kv_cache_fold);
+  EXPECT_GT(longer_c.forward.outer_count, 0);
+  // the support rule of the dense path is the forward plan's
+  EXPECT_EQ(kv_cache_refusal(make(4, 512, 32, 8, 128, 4096, 16), kH200, {}), std::nullopt);
+  const auto reversed = kv_cache_refusal(make(2, 100, 8, 2, 64, 256, 16, 1, -1), kH200, {});
+  ASSERT_TRUE(reversed.has_value());
+  EXPECT_NE(reversed->find("k_new has a head-dim stride of -1; supported: 1"), std::string::npos) << *reversed;
 }
 
 TEST(DecodePlan, SupportRule) {

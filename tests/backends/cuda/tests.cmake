@@ -6,6 +6,8 @@ strideattn_test(cuda_swizzle_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/swizzle_test
 strideattn_test(cuda_tiles_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiles_test.cpp)
 # The kernels' sequence-relative tensor addressing: plain host-device C++, every build too.
 strideattn_test(cuda_tensor_ref_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/tensor_ref_test.cpp)
+# The KV-cache addressing of the dense forward (fast page divide, paged rows, lengths): every build.
+strideattn_test(cuda_kv_cache_rows_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/kv_cache_rows_test.cpp)
 # The roundings of the backward's P (the forward's LSE, the exponent): host-device C++ too.
 strideattn_test(cuda_lse_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/lse_test.cpp)
 if(STRIDEATTN_HAVE_CUDA)
@@ -55,6 +57,10 @@ if(STRIDEATTN_HAVE_CUDA)
   # KV-cache attention (decode kernels): paged and contiguous caches, appends, broken promises.
   strideattn_test(cuda_kvcache_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_kvcache_test.cpp LABELS gpu)
   target_link_libraries(cuda_kvcache_test PRIVATE strideattn_gpu CUDA::cudart)
+  # KV-cache calls with many query rows (chunked prefill) through the dense forward, against
+  # the reference, and forced onto the decode kernels on the same inputs.
+  strideattn_test(cuda_kvcache_prefill_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_kvcache_prefill_test.cpp LABELS gpu)
+  target_link_libraries(cuda_kvcache_prefill_test PRIVATE strideattn_gpu CUDA::cudart)
   # The device conversion of cu_seqlens arrays into the kernels' tables, on its own.
   strideattn_test(cuda_varlen_tables_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/varlen_tables_test.cpp LABELS gpu)
   target_link_libraries(cuda_varlen_tables_test PRIVATE strideattn_gpu CUDA::cudart)

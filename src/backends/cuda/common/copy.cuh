@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common/kv_cache_rows.hpp"
 #include "backends/cuda/common/tensor_ref.hpp"
 
 namespace strideattn::cuda_impl {
@@ -99,6 +100,67 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& sr
       }
     } else {
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Rows of a KV cache (CacheRef): tokens [token0, token0 + rows) of `head`. A contiguous cache
+// is rows at a fixed stride (the loader above); a paged one has each row's address looked up
+// through the block table, and a row whose page is outside the pool gets `ref.missing` in
+// every element instead of a read.
+struct CacheRows {
+  CacheRef<const uint16_t> ref;
+  int64_t token0 = 0, head = 0;
+  int rows = 0;
+  int cols = 0;
+  bool aligned = false;
+};
+__device__ __forceinline__ CacheRows rows_of(const CacheRef<const uint16_t>& t, int64_t token0, int64_t head, int rows,
+                                             int cols, bool aligned) {
+  return {t, token0, head, rows, cols, aligned};
+}
+
+// load_tile of cache rows: contiguous, the strided loader (its fast path included); paged, the
+// general loop above with each row's address looked up (a multiply-shift divide and one
+// block-table load per row and thread: every thread keeps one column chunk, so it looks up
+// Tile::kRows * kChunksPerRow / NTHREADS rows).
+template <int NTHREADS, class Tile>
+__device__ __forceinline__ void load_tile(const Tile& tile, const CacheRows& src) {
+  if (src.ref.kv->block_table == nullptr) {
+    load_tile<NTHREADS>(
+        tile, GlobalRows{src.ref.row(src.token0, src.head), src.ref.strides->s, src.rows, src.cols, src.aligned});
+    return;
+  }
+  constexpr int kChunksPerRow = Tile::kCols / 8;
+  constexpr int kChunks = Tile::kRows * kChunksPerRow;
+  static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
+  static_assert(NTHREADS % kChunksPerRow == 0, "a thread keeps one column chunk");
+  const uint32_t fill = uint32_t(src.ref.missing) * 0x10001u;
+  // (not unrolled: the lookups of every row at once would hold their addresses in registers
+  // while the kernels' accumulators are live, and spill)
+#pragma unroll 1
+  for (int i = 0; i < kChunks / NTHREADS; ++i) {
+    const int idx = i * NTHREADS + threadIdx.x;
+    const int row = idx / kChunksPerRow;
+    const int col = (idx % kChunksPerRow) * 8;
+    uint16_t* dst = tile.chunk(row, col);
+    const uint16_t* g = row < src.rows && col < src.cols ? src.ref.row(src.token0 + row, src.head) : nullptr;
+    if (row >= src.rows || col >= src.cols) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    } else if (g == nullptr) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(fill, fill, fill, fill);
+    } else if (src.aligned) {
+      cp_async_16(smem_addr(dst), g + col);
+    } else {
+      uint16_t v[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = g[col + e];
+      uint4 packed;
+      packed.x = uint32_t(v[0]) | (uint32_t(v[1]) << 16);
+      packed.y = uint32_t(v[2]) | (uint32_t(v[3]) << 16);
+      packed.z = uint32_t(v[4]) | (uint32_t(v[5]) << 16);
+      packed.w = uint32_t(v[6]) | (uint32_t(v[7]) << 16);
+      *reinterpret_cast<uint4*>(dst) = packed;
     }
   }
 }

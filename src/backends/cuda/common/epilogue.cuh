@@ -19,8 +19,9 @@ namespace strideattn::cuda_impl {
 // row with l = 1 stores exactly its max score and the backward's P of it is exp(0) = 1. Rows
 // whose mask leaves no key visible get O = 0, LSE = -inf; a row that sees keys but has no
 // positive l (NaN scores, or every score -inf) gets NaN, as the definition does (0 / 0).
-// Mods: the feature variant's row_max is a logit L, already scaled (score_mod.cuh).
-template <class T, int MT, int D, bool Mods = false>
+// Mods: the feature variant's row_max is a logit L, already scaled (score_mod.cuh). KvCache:
+// the mask of a KV-cache call's lengths (kernel_params.hpp, mask_of).
+template <class T, int MT, int D, bool Mods = false, bool KvCache = false>
 __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batch, int64_t head, int64_t row0,
                                             int64_t r1, int d_v, const TensorRef<uint16_t>& o,
                                             const float (&o_acc)[MT][D / 8][4], const float (&row_max)[MT][2],
@@ -41,7 +42,7 @@ __device__ __forceinline__ void store_o_lse(const KernelParams& kp, int64_t batc
       // NaN unless the mask leaves it no key (the mask rebuilt here, off the main loop's
       // registers); a NaN l gives NaN through 1 / l.
       const bool no_key = l == 0.f && [&] {
-        const MaskRule m = p.mask(batch);
+        const MaskRule m = mask_of<KvCache>(kp, batch);
         return m.key_end(row) <= m.key_begin(row);
       }();
       const float inv = no_key ? 0.f : 1.f / l;

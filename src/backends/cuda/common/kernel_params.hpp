@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common/kv_cache_rows.hpp"
 #include "common/attention_math.hpp"
 
 namespace strideattn::cuda_impl {
@@ -107,7 +108,21 @@ struct KernelParams {
   int kv_fold_blocks = 0;
   int q_fold_blocks = 0;
   FeatureParams f;  // the training features (the feature variant's)
+  // A KV-cache call through the dense forward (its KvCache instantiation, Variant::kv_cache):
+  // each sequence's lengths come from device memory, not from p.q_seq / p.kv_seq, and K and V
+  // rows through the cache (paged: its block table); the other instantiations never read it.
+  KvCacheParams kv;
 };
+
+// The mask of sequence `batch`: the problem's (p.mask), or in a KV-cache instantiation the one
+// of its lengths read from device memory (kv_seq_lengths; a broken sequence's: no query rows).
+template <bool KvCache>
+SA_HD MaskRule mask_of(const KernelParams& kp, std::int64_t batch) {
+  if constexpr (KvCache)
+    return kv_seq_mask(kv_seq_lengths(kp.kv, batch), kp.p.mask_kind, kp.p.window_left, kp.p.window_right);
+  else
+    return kp.p.mask(batch);
+}
 
 // Keys a forward warp accumulates in registers before folding them into its outer slot.
 inline constexpr std::int64_t kFoldKeys = 8192;

@@ -1,4 +1,5 @@
-// decode_host.hpp: the decode support rule, plan and run.
+// decode_host.hpp: the KV-cache support rule, the choice of kernels (decode or dense
+// forward), the decode plan and its run.
 #include "backends/cuda/decode/decode_host.hpp"
 
 #include <climits>
@@ -58,8 +59,54 @@ std::optional<std::string> decode_refusal(const detail::KvCacheProblem& p, const
   return std::nullopt;
 }
 
-DecodePlan make_decode_plan(const detail::KvCacheProblem& p, const DeviceCaps& caps) {
+bool kv_cache_dense(const detail::KvCacheProblem& p, const PlanForcing& forcing) {
+  if (p.batch == 0 || p.heads == 0 || p.s_q == 0) return false;  // (nothing for a forward to do)
+  return forcing.kv_cache_dense.value_or(p.s_q >= kDenseMinQueryRows);
+}
+
+namespace {
+
+// The dense forward's forcing for a KV-cache call: the test's, without the warp-specialized
+// forward (its TMA maps address dense tensors only).
+PlanForcing dense_forcing(const PlanForcing& forcing) {
+  PlanForcing f = forcing;
+  f.ws_forward = false;
+  return f;
+}
+
+}  // namespace
+
+std::optional<std::string> kv_cache_refusal(const detail::KvCacheProblem& p, const DeviceCaps& caps,
+                                            const PlanForcing& forcing) {
+  if (!kv_cache_dense(p, forcing)) return decode_refusal(p, caps);
+  if (p.appends)  // (the append kernel's rule, as decode_refusal's)
+    for (const auto& [name, v] : {std::pair{"k_new", &p.args.k_new}, std::pair{"v_new", &p.args.v_new}})
+      if (v->shape[kHeadDim] > 1 && v->stride[kHeadDim] != 1)
+        return std::string(name) + " has a head-dim stride of " + std::to_string(v->stride[kHeadDim]) +
+               "; supported: 1";
+  return cuda_plan_refusal(detail::selection_problem(p), caps, dense_forcing(forcing));
+}
+
+DecodePlan make_decode_plan(const detail::KvCacheProblem& p, const DeviceCaps& caps, const PlanForcing& forcing) {
   DecodePlan plan;
+  const std::string rows = std::to_string(p.s_q) + " query rows per sequence and head (" +
+                           std::to_string(p.kv_heads > 0 ? p.group_size() * p.s_q : 0) + " per KV head)";
+  if (kv_cache_dense(p, forcing)) {
+    plan.forward = make_cuda_plan(detail::selection_problem(p), caps, dense_forcing(forcing));
+    if (plan.forward.ok()) {
+      plan.dense = true;
+      plan.bucket = plan.forward.bucket;
+      plan.forward.main.variant = plan.forward.outer_count > 0 ? Variant::kv_cache_fold : Variant::kv_cache;
+      plan.workspace = plan.forward.workspace.total;
+      plan.why = std::string("the dense forward (") + plan.forward.main.entry->name +
+                 (p.paged ? ", KV-cache instantiation, paged" : ", KV-cache instantiation, contiguous") + "): " + rows +
+                 (forcing.kv_cache_dense ? ", forced by a test" : ", at least " + std::to_string(kDenseMinQueryRows));
+      return plan;
+    }
+  }
+  plan.why = "the decode kernels (flash-decoding split kernel): " + rows +
+             (forcing.kv_cache_dense ? ", forced by a test" : ", fewer than " + std::to_string(kDenseMinQueryRows));
+  if (!plan.forward.ok()) plan.why += "; the dense forward has no plan: " + plan.forward.error;
   plan.bucket = head_dim_bucket(p.d_qk, p.d_v);
   plan.row_tiles = int(row_tiles_of(p));
   const DecodeTile tile = decode_tile(plan.bucket);
@@ -135,6 +182,7 @@ Status run_append(const detail::KvCacheProblem& p, cudaStream_t stream) {
 
 Status run_decode(const detail::KvCacheProblem& p, const DecodePlan& plan, int device, cudaStream_t stream,
                   unsigned char* workspace) {
+  if (plan.dense) return run_prefill(p, plan, stream, workspace);
   const KvCacheArgs& a = p.args;
   DecodeParams d = decode_params(p);
   d.row_tiles = plan.row_tiles;

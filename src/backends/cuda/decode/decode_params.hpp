@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common/kv_cache_rows.hpp"
 #include "common/attention_math.hpp"
 
 namespace strideattn::cuda_impl {
@@ -54,35 +55,16 @@ struct DecodeParams {
   std::uint32_t aligned = 0;  // AlignBits (kernel_params.hpp): kVecQ, kVecK, kVecV
 };
 
-// One sequence's lengths as the kernels read them: the attended length L = cache_seqlens +
-// s_new and the query rows used. `broken`: cache_seqlens or seqlens_q outside what the caller
-// promised (docs/semantics.md "KV cache"); the kernels then read no key, append nothing and
-// write NaN to every O and LSE row of the sequence, so a broken promise is loud, never an
-// out-of-bounds access.
-struct SeqLengths {
-  std::int64_t attended = 0, q_rows = 0;
-  bool broken = false;
-};
+// One sequence's lengths as the kernels read them (common/kv_cache_rows.hpp, the rule the
+// dense forward's KV-cache calls share).
 SA_HD SeqLengths seq_lengths(const DecodeParams& p, std::int64_t n) {
-  const std::int64_t cached = p.cache_seqlens[n];
-  const std::int64_t rows = p.seqlens_q != nullptr ? std::int64_t(p.seqlens_q[n]) : p.s_q;
-  SeqLengths s;
-  s.broken = cached < 0 || cached + p.s_new > p.capacity || rows < 0 || rows > p.s_q;
-  s.attended = s.broken ? 0 : cached + p.s_new;
-  s.q_rows = s.broken ? 0 : rows;
-  return s;
+  return kv_seq_lengths(p.cache_seqlens, p.seqlens_q, p.s_q, p.s_new, p.capacity, n);
 }
 
 // The mask of a sequence: its query rows against its attended keys, so that every
 // bottom-right diagonal and window is measured from the attended end.
 SA_HD kernel::MaskRule seq_mask(const DecodeParams& p, const SeqLengths& s) {
-  kernel::MaskRule m;
-  m.s_q = s.q_rows;
-  m.s_kv = s.attended;
-  m.kind = p.mask_kind;
-  m.left = p.window_left;
-  m.right = p.window_right;
-  return m;
+  return kv_seq_mask(s, p.mask_kind, p.window_left, p.window_right);
 }
 
 // Where token t of sequence n lives: the cache row (the sequence, or its page through the block

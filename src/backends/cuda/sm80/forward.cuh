@@ -25,6 +25,7 @@
 #include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
+#include "backends/cuda/common/kv_fill.cuh"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/outer_accumulator.cuh"
 #include "backends/cuda/common/query_block.cuh"
@@ -36,7 +37,7 @@
 
 namespace strideattn::cuda_impl {
 
-template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods>
+template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods, bool KvCache>
 __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   constexpr ForwardTile kTile = forward_tile(A, D);
   constexpr int MT = kTile.mt, Br = kTile.br, Bc = kTile.bc, Stage = kTile.stage;
@@ -55,14 +56,17 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   auto sV = [&](int b) { return StageTile{kv_base + b * 2 * StageTile::kElems + StageTile::kElems}; };
 
   const kernel::AttentionParams& p = kp.p;
-  const QueryBlockWork w = query_block_work<Br, Stage>(kp);
+  const QueryBlockWork w = query_block_work<Br, Stage, KvCache>(kp);
+  if constexpr (KvCache)  // (rows past seqlens_q, or a broken sequence's)
+    if (w.fill_end > w.fill_begin) fill_rows<T>(kp, w, w.head, sequence_ref(p.o, p.o_st, p.q_seq, w.batch));
   if (w.empty) return;
   const int64_t batch = w.batch, head = w.head, kv_head = w.kv_head, r0 = w.r0, r1 = w.r1, s_kv = w.s_kv;
   const MaskRule& mask = w.mask;
   const TileRange& keys = w.keys;
 
-  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch), k = sequence_ref(p.k, p.k_st, p.kv_seq, batch),
-             v = sequence_ref(p.v, p.v_st, p.kv_seq, batch);
+  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch);
+  const auto k = kv_rows<KvCache>(kp, p.k, p.k_st, batch, kMissingK),
+             v = kv_rows<KvCache>(kp, p.v, p.v_st, batch, kMissingV);
   const auto o = sequence_ref(p.o, p.o_st, p.q_seq, batch);
   constexpr bool kFull = FullD && unguarded_full_d(A, D);
   const int d_qk = kFull ? D : int(p.d_qk), d_v = kFull ? D : int(p.d_v);
@@ -153,12 +157,15 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
     if (kp.f.sinks != nullptr) join_sink<MT, D>(kp, mask, head, r0 + warp_row0, o_acc, row_max, row_sum);
   }
   // epilogue: O /= l; LSE
-  store_o_lse<T, MT, D, Mods>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
+  store_o_lse<T, MT, D, Mods, KvCache>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 }
 
-template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods = false>
+// KvCache: a KV-cache call (KernelParams::kv): lengths from device memory, K and V rows
+// through the cache, contiguous or paged (common/kv_fill.cuh); the other instantiations
+// compile none of it.
+template <Arch A, class T, int D, bool FullD, bool Fold, bool Mods = false, bool KvCache = false>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const KernelParams kp) {
-  if constexpr (builds_body<A>) forward_mainloop<A, T, D, FullD, Fold, Mods>(kp);
+  if constexpr (builds_body<A>) forward_mainloop<A, T, D, FullD, Fold, Mods, KvCache>(kp);
 }
 
 // The kernel table's entry of this forward for (A, T, D) (dispatch.hpp). Long key ranges run
@@ -178,6 +185,10 @@ KernelEntry forward_entry() {
   e.fold = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, true>);
   // the feature variant: guarded, with the fold (which runs only where the plan gives slots)
   e.mods = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, true, true>);
+  // KV-cache calls: guarded, without and with the fold (the fold's registers would make the
+  // first spill, and only caches of more than kFoldKeys tokens need it)
+  e.kv_cache = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, false, false, true>);
+  e.kv_cache_fold = reinterpret_cast<const void*>(&forward_kernel<A, T, D, false, true, false, true>);
   return e;
 }
 

@@ -16,6 +16,7 @@
 #include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
+#include "backends/cuda/common/kv_fill.cuh"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/outer_accumulator.cuh"
 #include "backends/cuda/common/query_block.cuh"
@@ -27,7 +28,8 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D, bool Fold, bool Mods = false>
+// KvCache: as sm80/forward.cuh's (a KV-cache call, contiguous or paged cache).
+template <class T, int D, bool Fold, bool Mods = false, bool KvCache = false>
 __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   constexpr ForwardWgmmaTile kTile = forward_wgmma_tile(D);
@@ -46,13 +48,16 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   auto sV = [&](int b) { return KvTile{kv_base + b * 2 * KvTile::kElems + KvTile::kElems}; };
 
   const kernel::AttentionParams& p = kp.p;
-  const QueryBlockWork w = query_block_work<Br, Bc>(kp);
+  const QueryBlockWork w = query_block_work<Br, Bc, KvCache>(kp);
+  if constexpr (KvCache)  // (rows past seqlens_q, or a broken sequence's)
+    if (w.fill_end > w.fill_begin) fill_rows<T>(kp, w, w.head, sequence_ref(p.o, p.o_st, p.q_seq, w.batch));
   if (w.empty) return;
   const int64_t batch = w.batch, head = w.head, kv_head = w.kv_head, r0 = w.r0, r1 = w.r1, s_kv = w.s_kv;
   const MaskRule& mask = w.mask;
 
-  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch), k = sequence_ref(p.k, p.k_st, p.kv_seq, batch),
-             v = sequence_ref(p.v, p.v_st, p.kv_seq, batch);
+  const auto q = sequence_ref(p.q, p.q_st, p.q_seq, batch);
+  const auto k = kv_rows<KvCache>(kp, p.k, p.k_st, batch, kMissingK),
+             v = kv_rows<KvCache>(kp, p.v, p.v_st, batch, kMissingV);
   const auto o = sequence_ref(p.o, p.o_st, p.q_seq, batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);  // (smaller dims: zero columns in the tiles)
 
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     if (kp.f.max_logit != nullptr) record_max_logit<1>(kp, batch, head, r0 + warp_row0, r1, row_max);
     if (kp.f.sinks != nullptr) join_sink<1, D>(kp, mask, head, r0 + warp_row0, o_acc, row_max, row_sum);
   }
-  store_o_lse<T, 1, D, Mods>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
+  store_o_lse<T, 1, D, Mods, KvCache>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 #endif
 }
 
@@ -163,6 +168,8 @@ KernelEntry forward_wgmma_entry() {
   e.guarded = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false>);
   e.fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true>);
   e.mods = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, true>);
+  e.kv_cache = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false, false, true>);
+  e.kv_cache_fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, false, true>);
   return e;
 }
 
