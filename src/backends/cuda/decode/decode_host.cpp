@@ -38,12 +38,23 @@ i64 row_tiles_of(const detail::KvCacheProblem& p) {
 
 }  // namespace
 
-std::optional<std::string> decode_refusal(const detail::KvCacheProblem& p, const DeviceCaps& caps) {
+namespace {
+
+// The append's rule (decode/append.cuh runs before either kernel set): the new tokens need a
+// unit head-dim stride.
+std::optional<std::string> append_refusal(const detail::KvCacheProblem& p) {
   if (p.appends)
     for (const auto& [name, v] : {std::pair{"k_new", &p.args.k_new}, std::pair{"v_new", &p.args.v_new}})
       if (v->shape[kHeadDim] > 1 && v->stride[kHeadDim] != 1)
         return std::string(name) + " has a head-dim stride of " + std::to_string(v->stride[kHeadDim]) +
                "; supported: 1";
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> decode_refusal(const detail::KvCacheProblem& p, const DeviceCaps& caps) {
+  if (auto r = append_refusal(p)) return r;
   const int bucket = head_dim_bucket(p.d_qk, p.d_v);
   const DecodeTile tile = decode_tile(bucket);
   if (caps.smem_optin > 0 && tile.smem_bytes > caps.smem_optin)
@@ -79,11 +90,7 @@ PlanForcing dense_forcing(const PlanForcing& forcing) {
 std::optional<std::string> kv_cache_refusal(const detail::KvCacheProblem& p, const DeviceCaps& caps,
                                             const PlanForcing& forcing) {
   if (!kv_cache_dense(p, forcing)) return decode_refusal(p, caps);
-  if (p.appends)  // (the append kernel's rule, as decode_refusal's)
-    for (const auto& [name, v] : {std::pair{"k_new", &p.args.k_new}, std::pair{"v_new", &p.args.v_new}})
-      if (v->shape[kHeadDim] > 1 && v->stride[kHeadDim] != 1)
-        return std::string(name) + " has a head-dim stride of " + std::to_string(v->stride[kHeadDim]) +
-               "; supported: 1";
+  if (auto r = append_refusal(p)) return r;
   return cuda_plan_refusal(detail::selection_problem(p), caps, dense_forcing(forcing));
 }
 
