@@ -208,9 +208,9 @@ def ext_column(q, k, v, do, mask, backend):
     return Column(f"ext {backend}", "ext", backend, fwd, fwd_bwd)
 
 
-def plan_column(q, k, v, do, mask, backend):
-    """The extension's plans, made once, run with integer addresses as the eager path runs
-    them: no DLPack, no option parsing, workspace from the caching allocator."""
+def make_plans(q, k, v, do, mask, backend, label):
+    """The extension's forward and backward plans of the problem (made once, as the eager
+    path makes them) and the tensors they were made with: (q, k, v, O, LSE, dQ, dK, dV)."""
     from strideattn import _ext
 
     qd, kd, vd = (x.detach() for x in (q, k, v))
@@ -221,12 +221,20 @@ def plan_column(q, k, v, do, mask, backend):
     opts = dict(mask=mask, scale=q.shape[-1] ** -0.5, backend=backend)
     code, msg, fplan = _ext.make_forward_plan(cap(qd), cap(kd), cap(vd), cap(out), cap(lse), **opts)
     if code != "ok":
-        raise RuntimeError(f"plan {backend}: {msg}")
+        raise RuntimeError(f"{label} {backend}: {msg}")
     code, msg, bplan = _ext.make_backward_plan(
         cap(qd), cap(kd), cap(vd), cap(out), cap(do), cap(lse), cap(dq), cap(dk), cap(dv), **opts
     )
     if code != "ok":
-        raise RuntimeError(f"plan {backend}: {msg}")
+        raise RuntimeError(f"{label} {backend}: {msg}")
+    return (qd, kd, vd, out, lse, dq, dk, dv), fplan, bplan
+
+
+def plan_column(q, k, v, do, mask, backend):
+    """The extension's plans, made once, run with integer addresses as the eager path runs
+    them: no DLPack, no option parsing, workspace from the caching allocator."""
+    tensors, fplan, bplan = make_plans(q, k, v, do, mask, backend, "plan")
+    qd, kd, vd, out, lse, dq, dk, dv = tensors
     fws, bws = fplan.workspace_size, bplan.workspace_size
     ws = torch.empty(max(fws, bws, 1), dtype=torch.uint8, device=q.device)
     # The runs take addresses only: the column holds the tensors behind them.
@@ -260,22 +268,8 @@ def fn_column(q, k, v, do, mask, backend):
     torch.empty_strided / torch.empty, runs the plan on the current stream and saves what the
     eager path saves; it looks nothing up and checks nothing. What strideattn.torch.attention
     costs above it is its own Python."""
-    from strideattn import _ext
-
-    qd, kd, vd = (x.detach() for x in (q, k, v))
-    out = torch.empty_like(qd)
-    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
-    dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
-    cap = torch.utils.dlpack.to_dlpack
-    opts = dict(mask=mask, scale=q.shape[-1] ** -0.5, backend=backend)
-    code, msg, fplan = _ext.make_forward_plan(cap(qd), cap(kd), cap(vd), cap(out), cap(lse), **opts)
-    if code != "ok":
-        raise RuntimeError(f"fn {backend}: {msg}")
-    code, msg, bplan = _ext.make_backward_plan(
-        cap(qd), cap(kd), cap(vd), cap(out), cap(do), cap(lse), cap(dq), cap(dk), cap(dv), **opts
-    )
-    if code != "ok":
-        raise RuntimeError(f"fn {backend}: {msg}")
+    tensors, fplan, bplan = make_plans(q, k, v, do, mask, backend, "fn")
+    qd, kd, vd, out, lse, dq, dk, dv = tensors
     fws, bws = fplan.workspace_size, bplan.workspace_size
     o_shape, o_stride, l_shape, l_stride = out.shape, out.stride(), lse.shape, lse.stride()
     g_shapes = [(x.shape, x.stride()) for x in (dq, dk, dv)]
