@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/device_presets.hpp"
 #include "backends/cuda/decode/decode_host.hpp"
 #include "backends/cuda/decode/decode_tiles.hpp"
 #include "problem/kv_cache.hpp"
@@ -17,15 +18,7 @@ using namespace strideattn;
 using namespace strideattn::cuda_impl;
 using i64 = std::int64_t;
 
-constexpr DeviceCaps kSm86{
-    .device = 1, .major = 8, .minor = 6, .sms = 82, .smem_optin = 99 * 1024, .smem_per_sm = 100 * 1024};
-constexpr DeviceCaps kH200{.device = 0,
-                           .major = 9,
-                           .minor = 0,
-                           .sms = 132,
-                           .smem_optin = 227 * 1024,
-                           .smem_per_sm = 228 * 1024,
-                           .sm90a_code = true};
+using namespace strideattn::cuda_impl::test_devices;
 
 // A decode problem: b sequences, s_q query rows, h / hg heads, head dim d, a contiguous cache of
 // s_kv tokens per sequence, or a paged one of `page` tokens a page; optional new tokens.

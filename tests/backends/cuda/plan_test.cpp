@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "backends/cuda/device_presets.hpp"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -30,27 +31,7 @@ using strideattn::detail::Direction;
 using strideattn::detail::Problem;
 using namespace strideattn::cuda_impl;
 
-constexpr DeviceCaps kA100{.device = 0,
-                           .major = 8,
-                           .minor = 0,
-                           .sms = 108,
-                           .smem_optin = 163 * 1024,
-                           .smem_per_sm = 164 * 1024,
-                           .sm90a_code = true};
-constexpr DeviceCaps kSm86{.device = 1,
-                           .major = 8,
-                           .minor = 6,
-                           .sms = 82,
-                           .smem_optin = 99 * 1024,
-                           .smem_per_sm = 100 * 1024,
-                           .sm90a_code = true};
-constexpr DeviceCaps kH200{.device = 0,
-                           .major = 9,
-                           .minor = 0,
-                           .sms = 132,
-                           .smem_optin = 227 * 1024,
-                           .smem_per_sm = 228 * 1024,
-                           .sm90a_code = true};
+using namespace strideattn::cuda_impl::test_devices;
 
 // A dense problem [b, s, h, d] with contiguous views.
 Problem problem(Direction dir, DType t, std::int64_t b, std::int64_t s_q, std::int64_t s_kv, std::int64_t h,
