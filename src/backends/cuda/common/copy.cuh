@@ -120,10 +120,10 @@ __device__ __forceinline__ CacheRows rows_of(const CacheRef<const uint16_t>& t, 
   return {t, token0, head, rows, cols, aligned};
 }
 
-// load_tile of cache rows: contiguous, the strided loader (its fast path included); paged, the
-// general loop above with each row's address looked up (a multiply-shift divide and one
-// block-table load per row and thread: every thread keeps one column chunk, so it looks up
-// Tile::kRows * kChunksPerRow / NTHREADS rows).
+// load_tile of cache rows: contiguous, the strided loader (its fast path included); paged, each
+// row's address looked up (a multiply-shift divide and one block-table load per row and
+// thread: every thread keeps one column chunk, so it looks up Tile::kRows * kChunksPerRow /
+// NTHREADS rows, all of them before any copy).
 template <int NTHREADS, class Tile>
 __device__ __forceinline__ void load_tile(const Tile& tile, const CacheRows& src) {
   if (src.ref.kv->block_table == nullptr) {
@@ -136,20 +136,39 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const CacheRows& src
   static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
   static_assert(NTHREADS % kChunksPerRow == 0, "a thread keeps one column chunk");
   const uint32_t fill = uint32_t(src.ref.missing) * 0x10001u;
-  // (not unrolled: the lookups of every row at once would hold their addresses in registers
-  // while the kernels' accumulators are live, and spill)
-#pragma unroll 1
-  for (int i = 0; i < kChunks / NTHREADS; ++i) {
+  constexpr int kPerThread = kChunks / NTHREADS;
+  // Two phases: first every row's block-table entry (independent loads, all in flight
+  // together, kept as 32-bit page numbers: every row's 64-bit address held at once spilled
+  // next to the kernels' live accumulators), then the copies. One row at a time made each
+  // row's table read a dependent stall on the warps that also run the GEMMs.
+  const KvCacheParams& kv = *src.ref.kv;
+  const kernel::Strides& st = *src.ref.strides;
+  int32_t page[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = i * NTHREADS + threadIdx.x;
+    const int row = idx / kChunksPerRow;
+    const uint32_t t = uint32_t(src.token0 + row);
+    page[i] = row < src.rows ? kv.block_table[src.ref.batch * kv.bt_b + int64_t(kv.page.div(t)) * kv.bt_p] : -1;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
     const int idx = i * NTHREADS + threadIdx.x;
     const int row = idx / kChunksPerRow;
     const int col = (idx % kChunksPerRow) * 8;
     uint16_t* dst = tile.chunk(row, col);
-    const uint16_t* g = row < src.rows && col < src.cols ? src.ref.row(src.token0 + row, src.head) : nullptr;
     if (row >= src.rows || col >= src.cols) {
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    } else if (g == nullptr) {
+      continue;
+    }
+    if (page[i] < 0 || page[i] >= kv.num_pages) {
       *reinterpret_cast<uint4*>(dst) = make_uint4(fill, fill, fill, fill);
-    } else if (src.aligned) {
+      continue;
+    }
+    const uint32_t t = uint32_t(src.token0 + row);
+    const uint16_t* g =
+        src.ref.data + (int64_t(page[i]) * st.b + int64_t(kv.page.mod(t, kv.page.div(t))) * st.s + src.head * st.h);
+    if (src.aligned) {
       cp_async_16(smem_addr(dst), g + col);
     } else {
       uint16_t v[8];
