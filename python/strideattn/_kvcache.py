@@ -48,9 +48,14 @@ def _int32_array(ctx: _Context, values, name: str) -> Any:
         with ctx.like.device:
             return cupy.asarray(items, dtype=cupy.int32)
     if fw == "jax":
-        import jax.numpy as jnp
+        import jax
+        import numpy
 
-        arr = jnp.asarray(items, dtype=jnp.int32)
+        # on q's device: JAX's default device is the GPU where there is one, also when the
+        # caller's arrays live on its CPU device
+        arr = jax.device_put(
+            numpy.asarray(items, dtype=numpy.int32), next(iter(ctx.like.devices()))
+        )
         arr.block_until_ready()
         return arr
     import numpy
