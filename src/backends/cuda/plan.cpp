@@ -116,6 +116,12 @@ bool dbias_direct(const Problem& p) {
   return true;
 }
 
+// The warp-specialized forward's consumer schedule (step 31 of bench/cuda-notes.md): ping-pong
+// up to kWsPingPongMaxKeys keys, overlapped beyond; a test may force one.
+static WsSchedule ws_schedule_for(const Problem& p, const PlanForcing& forcing) {
+  return forcing.ws_schedule.value_or(p.s_kv <= kWsPingPongMaxKeys ? WsSchedule::ping_pong : WsSchedule::overlapped);
+}
+
 std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const DeviceCaps& caps,
                                const PlanForcing& forcing) {
   if (!forcing.ws_forward.value_or(true)) return "forced_off: a test keeps the wgmma forward (PlanForcing::ws_forward)";
@@ -126,9 +132,12 @@ std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const Dev
            " (supported: the 128 bucket, the larger head dim 72..128)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
   if (p.any_feature()) return "features: a training feature is on (supported: the plain forward)";
-  if (p.s_kv > kFoldKeys)
-    return "long_keys: " + std::to_string(p.s_kv) + " keys need the fold (supported: up to " +
-           std::to_string(kFoldKeys) + ")";
+  const KernelEntry* e = find_ws_forward(plan.dtype, plan.bucket, ws_schedule_for(p, forcing));
+  if (e == nullptr) return std::string("schedule: no ") + to_string(ws_schedule_for(p, forcing)) + " instantiation";
+  if (p.s_kv > kFoldKeys && e->fold == nullptr)
+    return "long_keys: " + std::to_string(p.s_kv) + " keys need the fold, which the " +
+           to_string(ws_schedule_for(p, forcing)) + " schedule lacks (supported: up to " + std::to_string(kFoldKeys) +
+           " keys, or the overlapped schedule)";
   const int smem_limit = forcing.smem_optin > 0 ? std::min(forcing.smem_optin, caps.smem_optin) : caps.smem_optin;
   if (ws_forward_tile(plan.bucket).smem_bytes > smem_limit)
     return "shared_memory: needs " + kib(ws_forward_tile(plan.bucket).smem_bytes) + ", the device grants " +
@@ -173,11 +182,10 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
       plan.ws_note = ws_forward_refusal(p, plan, caps, forcing);
       if (plan.ws_note.empty()) {
         plan.ws_fallback = plan.main;
-        plan.main.entry =
-            find_ws_forward(plan.dtype, plan.bucket,
-                            forcing.ws_schedule.value_or(p.s_kv <= kWsPingPongMaxKeys ? WsSchedule::ping_pong
-                                                                                      : WsSchedule::overlapped));
-        plan.main.variant = Variant::guarded;
+        plan.main.entry = find_ws_forward(plan.dtype, plan.bucket, ws_schedule_for(p, forcing));
+        // (the slot pool covers the warps of either kernel that can be resident)
+        if (plan.outer_count > 0) plan.outer_count = std::max(plan.outer_count, resident_warps(*plan.main.entry, caps));
+        plan.main.variant = plan.outer_count > 0 ? Variant::fold : Variant::guarded;
         plan.main.grid = grid_of(*plan.main.entry, p, 1);
       }
     }

@@ -296,6 +296,37 @@ struct ForwardCase {
   }
 };
 
+// Rows over more than kFoldKeys keys (the overlapped schedule's fold instantiation, the plan's
+// default there): O and l go to the warp's global slot every kFoldKeys keys and are merged at
+// the end (common/outer_accumulator.cuh). Random inputs over 17,000-20,000 keys, masks whose
+// rows see from a few keys to all of them, a 9,000-key window, GQA, a head dim under the
+// bucket's, against the fp64 reference; the log shows the fold ran in the warp-specialized kernel. The
+// other schedules refuse such problems (long_keys) and the wgmma forward runs.
+TEST(CudaWsForward, LongKeyRangesFold) {
+  SKIP_UNLESS_SM90A();
+  const CaseSpec cases[] = {
+      dense(DType::bf16, 1, 70, 20000, 4, 2, 128, 128, MaskKind::causal_bottom_right),
+      dense(DType::f16, 2, 40, 17000, 2, 1, 128, 128, MaskKind::none),
+      dense(DType::bf16, 1, 300, 16500, 8, 2, 96, 96, MaskKind::none),
+      dense(DType::bf16, 1, 40, 20000, 2, 1, 128, 128, MaskKind::none, 9000, 0),
+  };
+  for (const CaseSpec& spec : cases) {
+    CaseSpec c = spec;
+    c.grad = false;
+    SCOPED_TRACE(::testing::Message() << strideattn::to_string(c.dtype) << " " << c.sizes.s_q << "x" << c.sizes.s_kv
+                                      << " d " << c.sizes.d_qk);
+    {
+      const std::string log = debug_log_of([&] { strideattn::test_support::expect_backend_ok(Backend::cuda, c); });
+      EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
+      EXPECT_NE(log.find("(folding every 8192 keys)"), std::string::npos) << log;
+    }
+    const ScopedCudaPlanForcing forced(forcing(WsSchedule::ping_pong));
+    const std::string log = debug_log_of([&] { strideattn::test_support::expect_backend_ok(Backend::cuda, c); });
+    EXPECT_NE(log.find("; forward: sm90a wgmma forward"), std::string::npos) << log;
+    EXPECT_NE(log.find("warp-specialized forward not run: long_keys"), std::string::npos) << log;
+  }
+}
+
 // The same math in the same order as the wgmma forward (S = Q K^T k-steps, the softmax code,
 // O += P V k-steps; only the loads differ): O and LSE equal bit for bit.
 TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {

@@ -162,9 +162,15 @@ TEST(CudaPlan, ForwardKernelsAndInstantiations) {
     EXPECT_EQ(a100.outer_slot_floats, std::size_t(32 * 128));  // 2 m-tiles of 16 rows x 128
     EXPECT_EQ(a100.workspace.outer_flags - a100.workspace.outer_slots, std::size_t(432 * 32 * 128 * 4));
     EXPECT_EQ(a100.workspace.total - a100.workspace.outer_flags, std::size_t(1792));  // 432 ints, rounded up
-    const CudaPlan h200 = make_cuda_plan(fwd(DType::bf16, 1, 9000, 2, 1, 128), kH200);
+    const CudaPlan h200 = make_cuda_plan(fwd(DType::bf16, 1, 9000, 2, 1, 128), kH200, PlanForcing{.ws_forward = false});
     EXPECT_EQ(h200.outer_count, 132 * 8);  // one 8-warp CTA per SM
     EXPECT_EQ(h200.outer_slot_floats, std::size_t(16 * 128));
+    // the warp-specialized forward's fold: one 12-warp CTA per SM (8 of them consumers)
+    const CudaPlan ws = make_cuda_plan(fwd(DType::bf16, 1, 9000, 2, 1, 128), kH200);
+    EXPECT_TRUE(ws.main.entry->tma);
+    EXPECT_EQ(ws.main.variant, Variant::fold);
+    EXPECT_EQ(ws.outer_count, 132 * 12);
+    EXPECT_EQ(ws.outer_slot_floats, std::size_t(16 * 128));
   }
 }
 
@@ -604,6 +610,25 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   EXPECT_EQ(a100.ws_note, "");
   Problem long_keys = fwd(DType::bf16, 1, 9000, 2, 2, 128);
   EXPECT_TRUE(starts_with(note_of(long_keys), "long_keys")) << note_of(long_keys);
+  // ... which the overlapped schedule (the default past kWsPingPongMaxKeys) has: its fold
+  // instantiation, with a slot pool that covers the resident warps of it and of its fallback
+  const CudaPlan folding = make_cuda_plan(long_keys, kH200);
+  ASSERT_TRUE(folding.ok()) << folding.error;
+  EXPECT_TRUE(folding.main.entry->tma && folding.main.entry->ws_schedule == WsSchedule::overlapped) << folding.ws_note;
+  EXPECT_EQ(folding.main.variant, Variant::fold);
+  EXPECT_NE(folding.main.entry->fold, nullptr);
+  EXPECT_NE(folding.main.entry->fold, folding.main.entry->guarded);
+  EXPECT_EQ(folding.ws_fallback.variant, Variant::fold);
+  EXPECT_GE(folding.outer_count, make_cuda_plan(long_keys, kH200, PlanForcing{.ws_forward = false}).outer_count);
+  EXPECT_GE(folding.outer_count, kH200.sms * folding.main.entry->threads / 32);  // one CTA per SM
+  EXPECT_GT(folding.workspace.total, 0u);
+  EXPECT_EQ(make_cuda_plan(fwd(DType::bf16, 1, 8192, 2, 2, 128), kH200).main.variant, Variant::guarded);
+  EXPECT_TRUE(starts_with(note_of(long_keys), "long_keys"));
+  {
+    const CudaPlan pp = make_cuda_plan(long_keys, kH200, PlanForcing{.ws_schedule = WsSchedule::ping_pong});
+    EXPECT_FALSE(pp.main.entry->tma);
+    EXPECT_TRUE(starts_with(pp.ws_note, "long_keys")) << pp.ws_note;
+  }
   Problem capped = base;
   capped.softcap = 30;
   EXPECT_TRUE(starts_with(note_of(capped), "features")) << note_of(capped);

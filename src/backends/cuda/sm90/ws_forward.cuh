@@ -1,6 +1,7 @@
 // The warp-specialized forward on sm_90a (the plan runs it wherever it covers the problem,
-// plan.cpp), d <= 128 bucket, the plain variant (no training features, no fold), fixed-length
-// batches whose Q, K and V views TMA can read (tma_maps.hpp says when).
+// plan.cpp), d <= 128 bucket, the plain variant (no training features; the fold over more than
+// kFoldKeys keys in the overlapped schedule), fixed-length batches whose Q, K and V views TMA
+// can read (tma_maps.hpp says when).
 //
 // One CTA of three warpgroups per (block of 128 queries, head, sequence), heaviest blocks
 // first (common/query_block.cuh):
@@ -26,6 +27,7 @@
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
 #include "backends/cuda/common/mask.cuh"
+#include "backends/cuda/common/outer_accumulator.cuh"
 #include "backends/cuda/common/query_block.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
@@ -179,7 +181,12 @@ inline constexpr int kTurnBarrier = 1;
 // P V) is one turn; consumer 1 gives consumer 0 the first turn. Both consumers take n + 1
 // turns (the same key blocks), so the turns alternate to the end; the last pass of a turn
 // is left pending when the CTA exits.
-template <class T, int D, bool PingPong>
+// Fold (rows that see more than kFoldKeys keys, common/outer_accumulator.cuh): every
+// kFoldKeys / Bc blocks, once block j's P V has landed and O is rescaled to block j + 1's
+// max, O (blocks up to j) and l (up to j + 1, whose scores are already summed) go to the
+// warp's slot against that max; both restart from 0, so the slot and the registers add up to
+// the same O and l (only the blocks at which l is cut differ from O's).
+template <class T, int D, bool PingPong, bool Fold = false>
 __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, const WsForwardSmem<D>& sm,
                                                       const QueryBlockWork& w, int cwg) {
   using S = WsForwardSmem<D>;
@@ -195,6 +202,11 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   auto o_slice = [&](int n0) -> float(&)[16][4] { return *reinterpret_cast<float(*)[16][4]>(&o_acc[0][n0 / 8]); };
   const int n = w.n_key_blocks;
   const auto sQ = sm.q();
+  constexpr int kFoldBlocks = int(kFoldKeys / Bc);
+  OuterAccumulator<1, D> outer;
+  if constexpr (Fold)
+    outer.claim(kp, w.keys.end - w.keys.begin,
+                int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * 8 + cwg * 4 + warp);
   auto take_turn = [&] {
     if constexpr (PingPong) named_barrier_sync(kTurnBarrier + cwg, 256);
   };
@@ -271,6 +283,8 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     wgmma_wait<0>();
     pv_landed(it);
     rescale_o<1, D>(o_acc, alpha, raised);
+    if constexpr (Fold)
+      if (outer.slot != nullptr && (it + 1) % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
     accum_to_a<T, 1, Bc>(p_frag, s);
   }
   if (n > 0) {
@@ -280,11 +294,12 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     wgmma_wait<0>();
     pv_landed(n - 1);
   }
+  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
   const auto o = sequence_ref(p.o, p.o_st, p.q_seq, w.batch);
   store_o_lse<T, 1, D>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, int(p.d_v), o, o_acc, row_max, row_sum);
 }
 
-template <class T, int D, WsSchedule Schedule>
+template <class T, int D, WsSchedule Schedule, bool Fold = false>
 __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
     ws_forward_kernel(const __grid_constant__ WsForwardParams prm) {
 #if SA_WGMMA
@@ -317,12 +332,14 @@ __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
   if constexpr (Schedule == WsSchedule::plain)
     ws_consume<T, D>(prm.kp, sm, w, wg - 1);
   else
-    ws_consume_overlapped<T, D, Schedule == WsSchedule::ping_pong>(prm.kp, sm, w, wg - 1);
+    ws_consume_overlapped<T, D, Schedule == WsSchedule::ping_pong, Fold>(prm.kp, sm, w, wg - 1);
 #endif
 }
 
 // The kernel table's entry of this forward for (T, D) (dispatch.hpp): `tma` marks it as the
-// entry find_kernel never returns (the plan asks for it by name: find_ws_forward).
+// entry find_kernel never returns (the plan asks for it by name: find_ws_forward). The
+// overlapped schedule, which the plan picks past kWsPingPongMaxKeys, also has the fold
+// instantiation (Variant::fold); the others cover up to kFoldKeys keys.
 template <class T, int D, WsSchedule Schedule>
 KernelEntry ws_forward_entry() {
   constexpr WsForwardTile kTile = ws_forward_tile(D);
@@ -335,6 +352,8 @@ KernelEntry ws_forward_entry() {
   e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16;
   e.tma = true, e.ws_schedule = Schedule;
   e.guarded = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule>);
+  if constexpr (Schedule == WsSchedule::overlapped)
+    e.fold = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, true>);
   return e;
 }
 
