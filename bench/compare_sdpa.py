@@ -415,7 +415,11 @@ def parse_args(argv=None):
     )
     ap.add_argument("--strideattn", help="path of the CLI (accepted for scripts/gpu-check; unused)")
     ap.add_argument("--quick", action="store_true", help="a subset that runs in a few minutes")
-    ap.add_argument("--only", help="only the shapes whose name contains this (e.g. 'd256', 'seed')")
+    ap.add_argument(
+        "--only",
+        help="only the shapes whose name contains this, or one of these comma-separated parts "
+        "(e.g. 'd256', 'seed', 's16k,s32k')",
+    )
     ap.add_argument(
         "--backends",
         default="cuda,cudnn,auto",
@@ -447,7 +451,7 @@ def parse_args(argv=None):
     shapes = [
         sh
         for sh in design_shapes(args.quick and not args.only)
-        if not args.only or args.only in sh.name
+        if not args.only or any(part and part in sh.name for part in args.only.split(","))
     ]
     if not shapes:
         names = sorted({sh.name for sh in design_shapes(False)})
