@@ -195,10 +195,46 @@ __device__ __forceinline__ void store_dbias_as(const float (&ds)[MT][N / 8][4], 
       base[i * m.dbias_si + j * m.dbias_sj] = __float2bfloat16_rn(d);
   });
 }
+// The same where rows are keys row0 + ..., columns queries col0 + ..., every entry inside the
+// sequence and dbias_sj == 1: per query column one pointer, the thread's keys at immediate
+// offsets from it.
+template <class E, int MT, int N>
+__device__ __forceinline__ void store_dbias_key_rows(const float (&ds)[MT][N / 8][4], const float (&p)[MT][N / 8][4],
+                                                     const ScoreMod& m, int64_t row0, int64_t col0, float mul) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  E* const base = static_cast<E*>(m.dbias) + m.dbias_off + row0 + g;
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      E* const col = base + (col0 + 8 * n + 2 * t + e) * m.dbias_si;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (hidden_pair(p[mt][n][2 * h + e])) continue;
+          const float d = mul * ds[mt][n][2 * h + e];
+          if constexpr (std::is_same_v<E, float>)
+            col[16 * mt + 8 * h] = d;
+          else if constexpr (std::is_same_v<E, __half>)
+            col[16 * mt + 8 * h] = __float2half_rn(d);
+          else
+            col[16 * mt + 8 * h] = __float2bfloat16_rn(d);
+        }
+    }
+}
+
 template <int MT, int N>
 __device__ __forceinline__ void put_dbias(const float (&ds)[MT][N / 8][4], float (&p)[MT][N / 8][4], const ScoreMod& m,
                                           int64_t row0, int64_t col0, bool rows_are_queries, float mul) {
-  if (m.dbias_acc != nullptr) {
+  if (m.dbias != nullptr && !rows_are_queries && m.dbias_sj == 1 && row0 + 16 * MT <= m.s_kv && col0 + N <= m.s_q) {
+    if (m.dbias_dtype == int(DType::f32))
+      store_dbias_key_rows<float, MT, N>(ds, p, m, row0, col0, mul);
+    else if (m.dbias_dtype == int(DType::f16))
+      store_dbias_key_rows<__half, MT, N>(ds, p, m, row0, col0, mul);
+    else
+      store_dbias_key_rows<__nv_bfloat16, MT, N>(ds, p, m, row0, col0, mul);
+  } else if (m.dbias_acc != nullptr) {
     float* const acc = m.dbias_acc + m.dbias_off;
     for_each_pair<MT, N>(p, row0, col0, rows_are_queries, [&](float& x, int64_t i, int64_t j, int slot, int col) {
       if (hidden_pair(x) || i >= m.s_q || j >= m.s_kv) return;
