@@ -7,7 +7,8 @@
 // 64, 128, 256 and 192/128, f16 and bf16, strided feature views, every dK/dV kernel and both
 // backward forms (the plan's test hook), long key ranges (the forward's fold) and planted
 // errors that the checks must catch; bias views of every broadcast shape, f32/f16/bf16, with
-// stride 0 and transposed strides, dBias stored or summed over broadcasts. What cuda does not
+// stride 0 and transposed strides, odd offsets and row strides (each way the kernels read a
+// bias), dBias stored or summed over broadcasts. What cuda does not
 // run (a broadcast dBias in deterministic mode) is refused by name; dropout has its own file
 // (cuda_dropout_test.cpp). Skips when no GPU is present.
 #include <gtest/gtest.h>
@@ -386,6 +387,38 @@ TEST(CudaFeatures, BiasWithEveryFeatureKernelAndLayout) {
   CaseSpec det = full;
   det.options.deterministic = true;
   expect_cuda_ok(det);
+}
+
+// The bias's read paths (src/backends/cuda/common/bias_read.cuh) in every forward, dK/dV
+// and dQ kernel: a contiguous bias [1, 2, 260, 300] (even row stride, offset 0) reads its
+// tiles inside the sequence by pairs (rows = queries: one 32-bit or 64-bit load per column
+// pair; rows = keys: a 16-bit bias by transposed pairs, f32 by key rows) and its edge tiles
+// element by element; the same bias at an odd element offset, or with rows padded to an odd
+// stride, fails the pairs' alignment and reads its inner tiles by the fallbacks (elements;
+// key rows for 16-bit). f32, f16 and bf16, each head-dim bucket, the single-pass backward
+// and the two-pass one (whose dQ pass reads rows as queries again).
+TEST(CudaFeatures, BiasReadPathsAlignedAndUnaligned) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t h = 2, sq = 260, skv = 300;
+  struct View {
+    const char* name;
+    std::int64_t offset, row_stride;
+  };
+  const View views[] = {{"contiguous", 0, skv}, {"odd offset", 1, skv}, {"odd row stride", 0, skv + 1}};
+  for (std::int64_t d : {64, 128, 256})
+    for (DType bias_dtype : {DType::bf16, DType::f16, DType::f32})
+      for (const View& v : views)
+        for (bool single : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << "d " << d << " bias " << strideattn::to_string(bias_dtype) << " "
+                                            << v.name << (single ? " single" : " two-pass"));
+          CaseSpec c = with_bias(dense(d == 128 ? DType::f16 : DType::bf16, 1, sq, skv, h, 1, d, d, MaskKind::causal),
+                                 BiasType::post_scale, {1, h, sq, skv}, {0, 1, 2, 3}, bias_dtype);
+          c.features.bias->offset = v.offset;
+          c.features.bias->stride = {h * sq * v.row_stride, sq * v.row_stride, v.row_stride, 1};
+          if (d == 64) c.options.bias_type = BiasType::pre_scale;
+          const ScopedCudaPlanForcing forced(PlanForcing{.single_pass = single});
+          expect_cuda_ok(c);
+        }
 }
 
 // ------------------------------------------------------------------ what cuda refuses

@@ -3,7 +3,7 @@
 // kernels, forward and backward:
 //   - the logit of a pair from its raw dot product S = q.k (score_mod): T = scale (S + Bpre),
 //     U = c tanh(T / c) with a softcap, L = U + Bpost - slope |i + s_kv - s_q - j|, the bias
-//     read element by element through its strides (stride 0 broadcasts);
+//     read through its strides (stride 0 broadcasts) by bias_read.cuh;
 //   - the sink joining a row's softmax denominator at the end of the forward (join_sink);
 //   - the max-logit output (record_max_logit: a warp's max, one float atomic max);
 //   - the backward's dL -> dT, times the softcap's derivative 1 - tanh^2 (score_grad_*),
@@ -19,6 +19,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backends/cuda/common/bias_read.cuh"
 #include "backends/cuda/common/element.cuh"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/lse.hpp"
@@ -92,6 +93,10 @@ struct ScoreMod {
     return s;
   }
 
+  [[nodiscard]] __device__ __forceinline__ BiasRef bias_ref() const {
+    return BiasRef{bias, bias_dtype, bias_off, bias_si, bias_sj, s_q, s_kv};
+  }
+
   [[nodiscard]] __device__ __forceinline__ bool writes_dbias() const {
     return dbias != nullptr || dbias_acc != nullptr;
   }
@@ -132,31 +137,6 @@ __device__ __forceinline__ void for_each_pair(float (&c)[MT][N / 8][4], int64_t 
     }
 }
 
-__device__ __forceinline__ float as_float(float x) { return x; }
-__device__ __forceinline__ float as_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// x += mul * bias(i, j) for the entries inside the sequence (the tiles' padding rows and
-// keys have none), the bias read as E.
-template <class E, int MT, int N>
-__device__ __forceinline__ void add_bias_as(float (&c)[MT][N / 8][4], const ScoreMod& m, int64_t row0, int64_t col0,
-                                            bool rows_are_queries, float mul) {
-  const E* const base = static_cast<const E*>(m.bias) + m.bias_off;
-  for_each_pair<MT, N>(c, row0, col0, rows_are_queries, [&](float& x, int64_t i, int64_t j, int, int) {
-    if (i < m.s_q && j < m.s_kv) x += mul * as_float(base[i * m.bias_si + j * m.bias_sj]);
-  });
-}
-template <int MT, int N>
-__device__ __forceinline__ void add_bias(float (&c)[MT][N / 8][4], const ScoreMod& m, int64_t row0, int64_t col0,
-                                         bool rows_are_queries, float mul) {
-  if (m.bias_dtype == int(DType::f32))
-    add_bias_as<float, MT, N>(c, m, row0, col0, rows_are_queries, mul);
-  else if (m.bias_dtype == int(DType::f16))
-    add_bias_as<__half, MT, N>(c, m, row0, col0, rows_are_queries, mul);
-  else
-    add_bias_as<__nv_bfloat16, MT, N>(c, m, row0, col0, rows_are_queries, mul);
-}
-
 // x += mul * |i + s_kv - s_q - j|, ALiBi's distance (exact in fp32 below 2^24).
 template <int MT, int N>
 __device__ __forceinline__ void add_distance(float (&c)[MT][N / 8][4], const ScoreMod& m, int64_t row0, int64_t col0,
@@ -179,7 +159,7 @@ __device__ __forceinline__ void score_mod(float (&c)[MT][N / 8][4], const ScoreM
     for (int n = 0; n < N / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) c[mt][n][e] = __fmul_rn(c[mt][n][e], m.scale);
-  if (m.bias_kind == kBiasPre) add_bias<MT, N>(c, m, row0, col0, rows_are_queries, m.scale);
+  if (m.bias_kind == kBiasPre) add_bias<MT, N>(c, m.bias_ref(), row0, col0, rows_are_queries, m.scale);
   if (m.cap > 0.f)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -187,7 +167,7 @@ __device__ __forceinline__ void score_mod(float (&c)[MT][N / 8][4], const ScoreM
       for (int n = 0; n < N / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) c[mt][n][e] = m.cap * tanh_full(c[mt][n][e] * m.inv_cap);
-  if (m.bias_kind == kBiasPost) add_bias<MT, N>(c, m, row0, col0, rows_are_queries, 1.f);
+  if (m.bias_kind == kBiasPost) add_bias<MT, N>(c, m.bias_ref(), row0, col0, rows_are_queries, 1.f);
   if (m.slope != 0.f) add_distance<MT, N>(c, m, row0, col0, rows_are_queries, -m.slope);
 }
 
@@ -215,10 +195,46 @@ __device__ __forceinline__ void store_dbias_as(const float (&ds)[MT][N / 8][4], 
       base[i * m.dbias_si + j * m.dbias_sj] = __float2bfloat16_rn(d);
   });
 }
+// The same where rows are keys row0 + ..., columns queries col0 + ..., every entry inside the
+// sequence and dbias_sj == 1: per query column one pointer, the thread's keys at immediate
+// offsets from it.
+template <class E, int MT, int N>
+__device__ __forceinline__ void store_dbias_key_rows(const float (&ds)[MT][N / 8][4], const float (&p)[MT][N / 8][4],
+                                                     const ScoreMod& m, int64_t row0, int64_t col0, float mul) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  E* const base = static_cast<E*>(m.dbias) + m.dbias_off + row0 + g;
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      E* const col = base + (col0 + 8 * n + 2 * t + e) * m.dbias_si;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (hidden_pair(p[mt][n][2 * h + e])) continue;
+          const float d = mul * ds[mt][n][2 * h + e];
+          if constexpr (std::is_same_v<E, float>)
+            col[16 * mt + 8 * h] = d;
+          else if constexpr (std::is_same_v<E, __half>)
+            col[16 * mt + 8 * h] = __float2half_rn(d);
+          else
+            col[16 * mt + 8 * h] = __float2bfloat16_rn(d);
+        }
+    }
+}
+
 template <int MT, int N>
 __device__ __forceinline__ void put_dbias(const float (&ds)[MT][N / 8][4], float (&p)[MT][N / 8][4], const ScoreMod& m,
                                           int64_t row0, int64_t col0, bool rows_are_queries, float mul) {
-  if (m.dbias_acc != nullptr) {
+  if (m.dbias != nullptr && !rows_are_queries && m.dbias_sj == 1 && row0 + 16 * MT <= m.s_kv && col0 + N <= m.s_q) {
+    if (m.dbias_dtype == int(DType::f32))
+      store_dbias_key_rows<float, MT, N>(ds, p, m, row0, col0, mul);
+    else if (m.dbias_dtype == int(DType::f16))
+      store_dbias_key_rows<__half, MT, N>(ds, p, m, row0, col0, mul);
+    else
+      store_dbias_key_rows<__nv_bfloat16, MT, N>(ds, p, m, row0, col0, mul);
+  } else if (m.dbias_acc != nullptr) {
     float* const acc = m.dbias_acc + m.dbias_off;
     for_each_pair<MT, N>(p, row0, col0, rows_are_queries, [&](float& x, int64_t i, int64_t j, int slot, int col) {
       if (hidden_pair(x) || i >= m.s_q || j >= m.s_kv) return;

@@ -106,6 +106,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     if (it + 1 < n_blocks) load_stage(c0 + Bc, buf ^ 1);
     cp_async_commit();
 
+    // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
+    ScoreMod mod;
+    if constexpr (Mods) mod = ScoreMod::of(kp, mask, batch, head);
+
     // S = Q K^T: this group's 64 rows x Bc keys
     float s[1][Bc / 8][4];
     wgmma_fence();
@@ -120,8 +124,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     wgmma_wait<0>();
     fence_operands(s[0]);
 
-    // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
-    if constexpr (Mods) score_mod<1, Bc>(s, ScoreMod::of(kp, mask, batch, head), r0 + warp_row0, c0, true);
+    if constexpr (Mods) score_mod<1, Bc>(s, mod, r0 + warp_row0, c0, true);
     // masked entries -> -inf (keys past s_kv too: the rule ends every row at s_kv)
     if (!kernel::tile_fully_visible(mask, r0, r1, c0, c0 + Bc))
       apply_mask<1, Bc>(s, mask, r0 + warp_row0, c0, true, -INFINITY);
