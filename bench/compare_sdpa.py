@@ -17,7 +17,12 @@ It needs the strideattn package importable (e.g. PYTHONPATH at a `pip install --
 without it those columns say why they are empty.
 
 Protocol (docs/design.md, "Benchmark protocol"): CUDA events around each run, warm-up first,
-the median of >= 20 runs; fwd+bwd times the forward and the whole backward (every kernel);
+the median of >= 20 runs; fwd+bwd times the forward and the whole backward (every kernel).
+The runs of a shape's measurements are taken in interleaved rounds (--rounds, default 4):
+each round visits every column and mode in turn, so that a drift of the GPU's clock over a
+shape's measurements falls on every column alike (measured one column after another, the
+same kernel moved by up to ~8% with its place in the order,
+bench/results/auto-order/2026-12-03-nvidia-h200-97c8175.md);
 FLOPs: forward 2 * visible_pairs * (d_qk + d_v) summed over batch and query heads, backward
 2.5x forward; bf16 unless a row says otherwise.
 
@@ -34,6 +39,7 @@ import datetime
 import os
 import re
 import subprocess
+import statistics
 import sys
 from dataclasses import dataclass, field
 
@@ -42,7 +48,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the table, the data file format)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
-from timing import time_ms  # noqa: E402  (bench/timing.py: CUDA events, median)
+from timing import event_times  # noqa: E402  (bench/timing.py: CUDA events)
 
 torch = F = SDPBackend = sdpa_kernel = None  # imported by main(): --help works without torch
 
@@ -297,6 +303,7 @@ def run_shape(
     warmup: int,
     modes: list[str],
     user_backends: list[str] = (),
+    rounds: int = 1,
 ) -> Row:
     row = Row(sh)
     torch.manual_seed(0)
@@ -309,20 +316,31 @@ def run_shape(
         impls[be] = lambda be=be: ours_fns(sa, be, sh, q, k, v)
     for be in user_backends:
         impls[f"torch-{be}"] = lambda be=be: user_fns(be, sh, q, k, v)
+    # every column's functions first (their buffers live together), then the runs in rounds
+    fns = {}
     for col, make in impls.items():
         try:
-            fwd, fwd_bwd = make()
+            fns[col] = make()
         except Exception as e:  # noqa: BLE001 - report, keep going
             for m in modes:
                 row.tflops[(col, m)] = f"error: {str(e).splitlines()[0][:80]}"
-            continue
-        for m in modes:
-            try:
-                ms = time_ms(fwd if m == "fwd" else fwd_bwd, runs, warmup)
-                row.tflops[(col, m)] = flops[m] / (ms * 1e-3) / 1e12
-            except Exception as e:  # noqa: BLE001
-                row.tflops[(col, m)] = "n/a: " + str(e).splitlines()[0][:100]
-        torch.cuda.synchronize()
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        per = runs // rounds + (1 if r < runs % rounds else 0)
+        for col, (fwd, fwd_bwd) in fns.items():
+            for m in modes:
+                if isinstance(row.tflops.get((col, m)), str):
+                    continue
+                try:
+                    times.setdefault((col, m), []).extend(
+                        event_times(fwd if m == "fwd" else fwd_bwd, per, warmup)
+                    )
+                except Exception as e:  # noqa: BLE001
+                    row.tflops[(col, m)] = "n/a: " + str(e).splitlines()[0][:100]
+            torch.cuda.synchronize()
+    for (col, m), ts in times.items():
+        if not isinstance(row.tflops.get((col, m)), str):
+            row.tflops[(col, m)] = flops[m] / (statistics.median(ts) * 1e-3) / 1e12
     return row
 
 
@@ -427,7 +445,13 @@ def parse_args(argv=None):
         "speed over the faster of cuda and cudnn in the same run",
     )
     ap.add_argument("--runs", type=int, default=20, help="timed runs per measurement (>= 20)")
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=5, help="untimed calls before each round")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="interleaved rounds a shape's runs are split into (each visits every column)",
+    )
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument(
         "--user-backends",
@@ -448,6 +472,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.runs < 20:
         ap.error("--runs must be >= 20 (the protocol of docs/design.md)")
+    if not 1 <= args.rounds <= args.runs:
+        ap.error(f"--rounds {args.rounds}: must be between 1 and --runs ({args.runs})")
     shapes = [
         sh
         for sh in design_shapes(args.quick and not args.only)
@@ -496,7 +522,7 @@ def main(argv=None) -> int:
     rows = []
     users = [f"torch-{be}" for be in user_backends]
     for sh in shapes:
-        row = run_shape(sh, sa, backends, args.runs, args.warmup, modes, user_backends)
+        row = run_shape(sh, sa, backends, args.runs, args.warmup, modes, user_backends, args.rounds)
         rows.append(row)
         summary = ", ".join(
             f"{c} {render.fmt(row.tflops.get((c, m)))}"
@@ -524,6 +550,7 @@ def main(argv=None) -> int:
         "protocol": {
             "runs": args.runs,
             "warmup": args.warmup,
+            "rounds": args.rounds,
             "timer": "CUDA events",
             "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs",
         },

@@ -10,7 +10,7 @@ the current summary, from the newest data files, into bench/README.md between th
   python3 bench/render.py --check    exit 1 if bench/README.md is not what the data renders
 
 Data file (format "strideattn-bench/1"): date, commit, gpu, command, versions (torch,
-cudnn, ...), protocol (runs, warmup, timer, flops), backends (ours, in column order),
+cudnn, ...), protocol (runs, rounds, warmup, timer, flops), backends (ours, in column order),
 optional user_backends (the user-path columns torch-<be>, rendered as a second table), modes,
 optional transcribed_from (where hand-copied numbers came from), and rows: shape name, b, h,
 hg, s, d, mask, dtype, layout, mode, tflops {column: TFLOP/s}, ratios {"be/flash",
@@ -144,10 +144,16 @@ def user_table(
 def header(data: dict) -> str:
     """The line above the table: GPU, library versions, protocol."""
     v, p = data.get("versions", {}), data.get("protocol", {})
+    # (runs taken in interleaved rounds since the protocol has them; older files: one round)
+    runs = (
+        f"{p.get('runs')} runs in {p['rounds']} interleaved rounds after {p.get('warmup')} "
+        "warm-ups each"
+        if p.get("rounds")
+        else f"{p.get('runs')} runs after {p.get('warmup')} warm-ups"
+    )
     return (
         f"GPU {data['gpu']}, torch {v.get('torch')}, cuDNN {v.get('cudnn')}; "
-        f"TFLOP/s ({p.get('flops')}), median of {p.get('runs')} runs after "
-        f"{p.get('warmup')} warm-ups, {p.get('timer')}"
+        f"TFLOP/s ({p.get('flops')}), median of {runs}, {p.get('timer')}"
     )
 
 

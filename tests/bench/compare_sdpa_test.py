@@ -29,6 +29,7 @@ class CommandLineTest(unittest.TestCase):
             "--only",
             "--backends",
             "--runs",
+            "--rounds",
             "--out",
             "--results-dir",
             "--append-results",
@@ -42,6 +43,20 @@ class CommandLineTest(unittest.TestCase):
         r = run("--runs", "5")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--runs must be >= 20", r.stderr)
+
+    def test_rounds_outside_one_to_runs_are_refused(self):
+        for rounds in ("0", "21"):
+            r = run("--rounds", rounds)
+            self.assertEqual(r.returncode, 2, rounds)
+            self.assertIn(f"--rounds {rounds}: must be between 1 and --runs (20)", r.stderr)
+
+    def test_only_takes_comma_separated_parts(self):
+        args, shapes = cs.parse_args(["--only", "d256 s1k,seed"])
+        names = {sh.name for sh in shapes}
+        self.assertTrue(all("d256 s1k" in n or "seed" in n for n in names), names)
+        self.assertIn("mha d256 s1k", names)
+        self.assertIn("seed strided", names)
+        self.assertEqual(args.rounds, 4)
 
     def test_only_without_match_lists_the_names(self):
         r = run("--only", "no-such-shape")
