@@ -209,6 +209,64 @@ class ShapesAndRecordsTest(unittest.TestCase):
         wide = cs.Shape("x", 2, 4, 3, 3, 8, True, window=100)
         self.assertEqual(wide.flops_fwd(), sh.flops_fwd())
 
+    def test_runs_are_taken_in_interleaved_rounds(self):
+        """run_shape with the GPU parts replaced: each round visits every column and mode,
+        the runs add up to --runs, and a column's TFLOP/s comes from the median of all its
+        runs (a planted slow run in one round does not move it)."""
+        calls, planted = [], []
+        per_round = ["flash_fwd", "flash_bwd", "cudnn_fwd", "cudnn_bwd", "cuda_fwd", "cuda_bwd"]
+
+        class FakeTorch:
+            @staticmethod
+            def manual_seed(_):
+                pass
+
+            class cuda:  # noqa: N801 - torch's name
+                @staticmethod
+                def synchronize():
+                    pass
+
+        def fake_times(fn, runs, warmup):
+            calls.append((fn.__name__, runs))
+            slow = fn.__name__ == "cuda_fwd" and len(calls) <= len(per_round)  # the first round
+            planted.extend([slow] * runs)
+            return [100.0 if slow else 2.0] * runs
+
+        def fns(name):
+            def fwd():
+                pass
+
+            def fwd_bwd():
+                pass
+
+            fwd.__name__, fwd_bwd.__name__ = f"{name}_fwd", f"{name}_bwd"
+            return fwd, fwd_bwd
+
+        saved = {
+            n: getattr(cs, n)
+            for n in ("torch", "make_inputs", "sdpa_fns", "ours_fns", "event_times")
+        }
+        saved["SDPBackend"] = cs.SDPBackend
+        try:
+            cs.torch = FakeTorch
+            cs.SDPBackend = type("B", (), {"FLASH_ATTENTION": "flash", "CUDNN_ATTENTION": "cudnn"})
+            cs.make_inputs = lambda sh: (None, None, None)
+            cs.sdpa_fns = lambda sh, q, k, v, backend: fns(backend)
+            cs.ours_fns = lambda sa, be, sh, q, k, v: fns(be)
+            cs.event_times = fake_times
+            sh = cs.Shape("x", 1, 1024, 2, 2, 64, False)
+            row = cs.run_shape(sh, None, ["cuda"], 21, 1, ["fwd", "fwd+bwd"], rounds=4)
+        finally:
+            for n, v in saved.items():
+                setattr(cs, n, v)
+        order = [name for name, _ in calls]
+        self.assertEqual(sum(planted), 6)  # the slow runs were there
+        self.assertEqual(order, per_round * 4)
+        self.assertEqual([n for _, n in calls[::6]], [6, 5, 5, 5])  # 21 runs over 4 rounds
+        expected = sh.flops_fwd() / (2.0 * 1e-3) / 1e12
+        self.assertAlmostEqual(row.tflops[("cuda", "fwd")], expected)  # 6 slow runs of 21
+        self.assertAlmostEqual(row.tflops[("sdpa-flash", "fwd+bwd")], expected * 3.5)
+
 
 if __name__ == "__main__":
     unittest.main()
