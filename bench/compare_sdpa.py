@@ -536,6 +536,8 @@ def main(argv=None) -> int:
     data = {
         "format": render.FORMAT,
         "date": date,
+        # (UTC: render.py orders one day's runs by it)
+        "time": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"),
         "commit": commit,
         "gpu": gpu,
         "command": "python3 bench/compare_sdpa.py "

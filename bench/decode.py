@@ -271,6 +271,8 @@ def main(argv=None) -> int:
     date, commit = datetime.date.today().isoformat(), git_commit()
     data = {
         "date": date,
+        # (UTC: render.py orders one day's runs by it)
+        "time": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"),
         "commit": commit,
         "gpu": gpu,
         "command": "python3 bench/decode.py " + " ".join(sys.argv[1:] if argv is None else argv),

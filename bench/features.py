@@ -563,6 +563,8 @@ def main(argv=None) -> int:
     data = {
         "format": render.FEATURES_FORMAT,
         "date": date,
+        # (UTC: render.py orders one day's runs by it)
+        "time": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"),
         "commit": commit,
         "gpu": gpu,
         "command": "python3 bench/features.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -527,6 +527,8 @@ def main(argv=None) -> int:
     data = {
         "format": FORMAT,
         "date": date,
+        # (UTC: render.py orders one day's runs by it)
+        "time": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"),
         "commit": commit,
         "machine": machine,
         "device": device,

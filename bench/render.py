@@ -9,7 +9,8 @@ the current summary, from the newest data files, into bench/README.md between th
   python3 bench/render.py            rewrite the summary in bench/README.md
   python3 bench/render.py --check    exit 1 if bench/README.md is not what the data renders
 
-Data file (format "strideattn-bench/1"): date, commit, gpu, command, versions (torch,
+Data file (format "strideattn-bench/1"): date, optional time (UTC; one day's runs are
+ordered by it), commit, gpu, command, versions (torch,
 cudnn, ...), protocol (runs, rounds, warmup, timer, flops), backends (ours, in column order),
 optional user_backends (the user-path columns torch-<be>, rendered as a second table), modes,
 optional transcribed_from (where hand-copied numbers came from), and rows: shape name, b, h,
@@ -157,6 +158,12 @@ def header(data: dict) -> str:
     )
 
 
+def run_order(f: tuple[str, dict]) -> tuple[str, str, str]:
+    """Oldest first: a (path, data) pair by its date, then its time of day (files written
+    before the data had one sort first within their day), then its name."""
+    return (f[1]["date"], f[1].get("time", ""), os.path.basename(f[0]))
+
+
 def load(path: str) -> dict:
     with open(path) as f:
         data = json.load(f)
@@ -183,7 +190,7 @@ def dumps(data: dict) -> str:
 def data_files(results_dir: str) -> list[tuple[str, dict]]:
     """Every data file, oldest first (by date, then file name)."""
     files = [(p, load(p)) for p in glob.glob(os.path.join(results_dir, "*.json"))]
-    return sorted(files, key=lambda f: (f[1]["date"], os.path.basename(f[0])))
+    return sorted(files, key=run_order)
 
 
 def summary(results_dir: str) -> str:
@@ -299,7 +306,7 @@ def host_files(results_dir: str) -> list[tuple[str, dict]]:
             if key not in data:
                 raise ValueError(f"{p}: no {key!r}")
         files.append((p, data))
-    return sorted(files, key=lambda f: (f[1]["date"], os.path.basename(f[0])))
+    return sorted(files, key=run_order)
 
 
 def host_summary(results_dir: str) -> str:
@@ -474,7 +481,7 @@ def features_files(results_dir: str) -> list[tuple[str, dict]]:
             if key not in data:
                 raise ValueError(f"{p}: no {key!r}")
         files.append((p, data))
-    return sorted(files, key=lambda f: (f[1]["date"], os.path.basename(f[0])))
+    return sorted(files, key=run_order)
 
 
 def features_summary(results_dir: str) -> str:

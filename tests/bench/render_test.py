@@ -146,6 +146,24 @@ class RenderTest(unittest.TestCase):
         self.assertTrue(lines[2].endswith("| fffffff |"), lines[2])
         self.assertTrue(lines[3].endswith(f"| {data['commit']} |"), lines[3])
 
+    def test_a_later_run_of_the_same_day_wins_whatever_its_name(self):
+        path, data = newest_file()
+        early, late = copy.deepcopy(data), copy.deepcopy(data)
+        for d, commit, time, value in (
+            (early, "fffffff", "08:00:00", 1111.0),
+            (late, "0000000", "09:30:00", 2222.0),
+        ):
+            d["date"], d["commit"], d["time"] = "9999-12-31", commit, time
+            d["rows"] = [dict(copy.deepcopy(data["rows"][0]), ratios={})]
+            d["rows"][0]["tflops"]["cuda"] = value
+        with tempfile.TemporaryDirectory() as tmp:
+            for d in (early, late):  # the early run's name sorts last
+                with open(os.path.join(tmp, f"9999-12-31-gpu-{d['commit']}.json"), "w") as f:
+                    f.write(render.dumps(d))
+            text = render.summary(tmp)
+        self.assertIn("| 2222 |", text)
+        self.assertNotIn("| 1111 |", text)
+
     def test_user_path_columns_render_as_a_second_table(self):
         path, data = newest_file()
         newer = copy.deepcopy(data)
