@@ -124,8 +124,8 @@ __device__ __forceinline__ CacheRows rows_of(const CacheRef<const uint16_t>& t, 
 // thread keeps one column chunk of kPerThread consecutive rows (tokens), so one block-table
 // lookup (a multiply-shift divide, one table load, one 64-bit address) serves every row of a
 // page it meets, and the next row's address is an increment; a row that starts a new page
-// looks that page up. (One lookup per row, with the rows of a thread kRowsPerPass apart, made
-// the paged prefill execute 2.1x the contiguous one's instructions and take 2x its time.)
+// looks that page up. (Looking up every row on its own costs a divide, a table load and a
+// 64-bit address per row, on the warps that also run the GEMMs.)
 template <int NTHREADS, class Tile>
 __device__ __forceinline__ void load_tile(const Tile& tile, const CacheRows& src) {
   if (src.ref.kv->block_table == nullptr) {
