@@ -132,12 +132,12 @@ std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const Dev
            " (supported: the 128 bucket, the larger head dim 72..128)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
   if (p.any_feature()) return "features: a training feature is on (supported: the plain forward)";
-  const KernelEntry* e = find_ws_forward(plan.dtype, plan.bucket, ws_schedule_for(p, forcing));
-  if (e == nullptr) return std::string("schedule: no ") + to_string(ws_schedule_for(p, forcing)) + " instantiation";
+  const WsSchedule schedule = ws_schedule_for(p, forcing);
+  const KernelEntry* e = find_ws_forward(plan.dtype, plan.bucket, schedule);
+  if (e == nullptr) return std::string("schedule: no ") + to_string(schedule) + " instantiation";
   if (p.s_kv > kFoldKeys && e->fold == nullptr)
-    return "long_keys: " + std::to_string(p.s_kv) + " keys need the fold, which the " +
-           to_string(ws_schedule_for(p, forcing)) + " schedule lacks (supported: up to " + std::to_string(kFoldKeys) +
-           " keys, or the overlapped schedule)";
+    return "long_keys: " + std::to_string(p.s_kv) + " keys need the fold, which the " + to_string(schedule) +
+           " schedule lacks (supported: up to " + std::to_string(kFoldKeys) + " keys, or the overlapped schedule)";
   const int smem_limit = forcing.smem_optin > 0 ? std::min(forcing.smem_optin, caps.smem_optin) : caps.smem_optin;
   if (ws_forward_tile(plan.bucket).smem_bytes > smem_limit)
     return "shared_memory: needs " + kib(ws_forward_tile(plan.bucket).smem_bytes) + ", the device grants " +
