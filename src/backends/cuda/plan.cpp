@@ -117,9 +117,11 @@ bool dbias_direct(const Problem& p) {
 }
 
 // The warp-specialized forward's consumer schedule (step 31 of bench/cuda-notes.md): ping-pong
-// up to kWsPingPongMaxKeys keys, overlapped beyond; a test may force one.
+// up to kWsPingPongMaxKeys keys, overlapped beyond and with a training feature on (only its
+// entry has the features' instantiation); a test may force one.
 static WsSchedule ws_schedule_for(const Problem& p, const PlanForcing& forcing) {
-  return forcing.ws_schedule.value_or(p.s_kv <= kWsPingPongMaxKeys ? WsSchedule::ping_pong : WsSchedule::overlapped);
+  return forcing.ws_schedule.value_or(p.s_kv <= kWsPingPongMaxKeys && !p.any_feature() ? WsSchedule::ping_pong
+                                                                                       : WsSchedule::overlapped);
 }
 
 std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const DeviceCaps& caps,
@@ -131,9 +133,15 @@ std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const Dev
     return "head_dim: bucket " + std::to_string(plan.bucket) +
            " (supported: the 128 bucket, the larger head dim 72..128)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
-  if (p.any_feature()) return "features: a training feature is on (supported: the plain forward)";
   const WsSchedule schedule = ws_schedule_for(p, forcing);
   const KernelEntry* e = find_ws_forward(plan.dtype, plan.bucket, schedule);
+  if (p.any_feature() && e != nullptr && e->mods == nullptr)
+    return std::string("features: a training feature is on, which the ") + to_string(schedule) +
+           " schedule has no instantiation for (supported: the overlapped schedule)";
+  if (p.any_feature() && p.s_kv > kFoldKeys)
+    return "features: a training feature is on over " + std::to_string(p.s_kv) +
+           " keys, which need the fold (supported: up to " + std::to_string(kFoldKeys) +
+           " keys with features; the fold without them)";
   if (e == nullptr) return std::string("schedule: no ") + to_string(schedule) + " instantiation";
   if (p.s_kv > kFoldKeys && e->fold == nullptr)
     return "long_keys: " + std::to_string(p.s_kv) + " keys need the fold, which the " + to_string(schedule) +
@@ -185,7 +193,8 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
         plan.main.entry = find_ws_forward(plan.dtype, plan.bucket, ws_schedule_for(p, forcing));
         // (the slot pool covers the warps of either kernel that can be resident)
         if (plan.outer_count > 0) plan.outer_count = std::max(plan.outer_count, resident_warps(*plan.main.entry, caps));
-        plan.main.variant = plan.outer_count > 0 ? Variant::fold : Variant::guarded;
+        // (features: never with the fold, ws_forward_refusal)
+        plan.main.variant = p.any_feature() ? Variant::mods : plan.outer_count > 0 ? Variant::fold : Variant::guarded;
         plan.main.grid = grid_of(*plan.main.entry, p, 1);
       }
     }

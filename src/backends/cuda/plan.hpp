@@ -107,10 +107,12 @@ struct CudaPlan {
 
 // Why the warp-specialized forward does not cover `problem` under `forcing` with the kernels
 // of `plan` (arch, bucket, dtype chosen), or "" when it does: rule `forced_off` (a
-// test's PlanForcing), then `direction`, `arch`, `head_dim`, `varlen`, `features`, `schedule` (no
-// instantiation of the chosen one), `long_keys` (the fold, past kFoldKeys keys: only the
-// overlapped schedule has it), `shared_memory`, `tma` (a view TMA cannot read:
-// tma_maps.hpp). Pure.
+// test's PlanForcing), then `direction`, `arch`, `head_dim`, `varlen`, `features` (a training
+// feature on in a schedule other than overlapped, the only one with the features'
+// instantiation, or past kFoldKeys keys: fold and features together stay on the wgmma
+// forward), `schedule` (no instantiation of the chosen one), `long_keys` (the fold, past
+// kFoldKeys keys: only the overlapped schedule has it), `shared_memory`, `tma` (a view TMA
+// cannot read: tma_maps.hpp). Pure.
 [[nodiscard]] std::string ws_forward_refusal(const detail::Problem& problem, const CudaPlan& plan,
                                              const DeviceCaps& caps, const PlanForcing& forcing);
 

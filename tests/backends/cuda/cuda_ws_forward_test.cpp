@@ -9,20 +9,27 @@
 // also asserts from the debug log that the forced instantiation really ran (no silent
 // fallback), and planted errors must be caught. Views TMA cannot read fall back to the wgmma
 // forward with the reason logged; the new kernel's O and LSE equal the wgmma forward's bit
-// for bit (same MMA order, same softmax code). DISABLED_Timing times them against the wgmma
-// forward (run it with --gtest_also_run_disabled_tests).
+// for bit (same MMA order, same softmax code). The training features (softcap, post- and
+// pre-scale bias, ALiBi, sinks, max logit, dropout), each alone and all together, run in the
+// overlapped schedule's features instantiation (the plan's choice for them), checked the
+// same way, and equal the wgmma forward's features variant bit for bit (O, LSE, max logit).
+// DISABLED_Timing times them against the wgmma forward (run it with
+// --gtest_also_run_disabled_tests).
 // Skips, saying why, without a GPU, without sm_90a code in the build, or on a GPU that is not
 // compute capability 9.0.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "backends/cuda/test_hook.hpp"
@@ -34,6 +41,7 @@
 namespace {
 
 using strideattn::Backend;
+using strideattn::BiasType;
 using strideattn::DType;
 using strideattn::MaskKind;
 using strideattn::cuda_impl::PlanForcing;
@@ -361,6 +369,241 @@ TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {
       EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
     }
   }
+}
+
+// ------------------------------------------------------------------ training features
+
+// What the log line says when a forward ran a features variant (Variant::mods).
+constexpr const char* kModsMarker = "; the training features' kernel variant";
+
+// Which features a case asks for (cuda_features_test.cpp's, with the bias and dropout).
+struct Feat {
+  const char* name = "";
+  double softcap = 0;
+  std::int64_t alibi_rows = 0;  // 0, 1, or -1: b
+  bool sinks = false, max_logit = false;
+  BiasType bias = BiasType::none;
+  double dropout = 0;
+};
+const Feat kEachFeature[] = {{.name = "softcap", .softcap = 2.5},
+                             {.name = "alibi", .alibi_rows = 1},
+                             {.name = "alibi per batch", .alibi_rows = -1},
+                             {.name = "sinks", .sinks = true},
+                             {.name = "max logit", .max_logit = true},
+                             {.name = "post-scale bias", .bias = BiasType::post_scale},
+                             {.name = "pre-scale bias", .bias = BiasType::pre_scale},
+                             {.name = "dropout 0.1", .dropout = 0.1},
+                             {.name = "dropout 0.5", .dropout = 0.5}};
+const Feat kAllFeatures{.name = "all",
+                        .softcap = 5.0,
+                        .alibi_rows = 1,
+                        .sinks = true,
+                        .max_logit = true,
+                        .bias = BiasType::post_scale,
+                        .dropout = 0.1};
+
+// `s` (forward only) with the features of `f`: the bias [1, h, s_q, s_kv] bf16 (broadcast
+// over the batch), dropout with a seed and an offset whose b * h + head carries.
+CaseSpec with_features(CaseSpec s, const Feat& f) {
+  s.grad = false;
+  s.options.softcap = f.softcap;
+  s.features.alibi_rows = f.alibi_rows < 0 ? s.sizes.batch : f.alibi_rows;
+  s.features.sinks = f.sinks;
+  s.features.max_logit = f.max_logit;
+  if (f.bias != BiasType::none) {
+    const auto& z = s.sizes;
+    s.features.bias =
+        ViewSpec{"bias", 0, {1, z.heads, z.s_q, z.s_kv}, {z.heads * z.s_q * z.s_kv, z.s_q * z.s_kv, z.s_kv, 1}};
+    s.features.bias_dtype = DType::bf16;
+    s.options.bias_type = f.bias;
+  }
+  if (f.dropout > 0) s.options.dropout = {f.dropout, 0x0123456789abcdefull, 0xfffffffffffffffdull, nullptr, nullptr};
+  // logits of a few units (the softcap bends, the sinks matter), as cuda_features_test.cpp's
+  s.input_scale = 1.5;
+  return s;
+}
+
+// `spec` (with features) on cuda as the plan chooses, or under `forced`: passes the
+// correctness rule with every expected output checked (O, LSE, the max logit where asked),
+// and the log shows which forward ran: the overlapped schedule's features instantiation
+// (`ws` true) or the wgmma forward's features variant with the `features` rule named.
+void expect_features_ok(CaseSpec spec, bool ws = true, PlanForcing forced = {}) {
+  ASSERT_TRUE(strideattn::harness::make_layout_views(spec.layout_name, spec.sizes, &spec.views).ok());
+  CaseReport report;
+  const ScopedCudaPlanForcing forcing_scope(forced);
+  const std::string log = debug_log_of([&] {
+    const strideattn::Status st = strideattn::harness::run_case(spec, {Backend::cuda}, &report);
+    ASSERT_TRUE(st.ok()) << st.message();
+  });
+  const std::string repro = strideattn::harness::reproducer(spec, {Backend::cuda});
+  ASSERT_EQ(report.backends.size(), 1u);
+  const auto& r = report.backends[0];
+  EXPECT_EQ(r.status, "ok") << r.reason << "\n  " << repro;
+  EXPECT_TRUE(r.guard_ok) << repro;
+  EXPECT_TRUE(r.written_ok) << repro;
+  std::vector<std::string> checked, want{"lse", "o"};
+  for (const auto& c : r.checks) checked.push_back(c.name);
+  if (spec.features.max_logit) want.push_back("max_logit");
+  std::sort(checked.begin(), checked.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(checked, want) << repro;
+  EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
+  if (ws) {
+    EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
+  } else {
+    EXPECT_NE(log.find("; forward: sm90a wgmma forward"), std::string::npos) << log;
+    EXPECT_NE(log.find("warp-specialized forward not run: features"), std::string::npos) << log;
+  }
+}
+
+TEST(CudaWsForward, FeaturesEachAloneAndAllTogether) {
+  SKIP_UNLESS_SM90A();
+  std::vector<Feat> feats(std::begin(kEachFeature), std::end(kEachFeature));
+  feats.push_back(kAllFeatures);
+  for (DType t : {DType::bf16, DType::f16})
+    for (const Feat& f : feats)
+      for (const auto& [sq, skv, m] : {std::tuple{257, 513, MaskKind::causal}, std::tuple{300, 200, MaskKind::none}}) {
+        SCOPED_TRACE(::testing::Message() << f.name << " " << strideattn::to_string(t) << " " << sq << "x" << skv);
+        expect_features_ok(with_features(dense(t, 2, sq, skv, 4, 2, 128, 128, m), f));
+      }
+}
+
+// Every feature at once over masks, windows (rows that see no key keep O = 0, LSE = -inf
+// with a sink), sizes off the tiles, GQA 8:1, MQA, head dims of the bucket below 128.
+TEST(CudaWsForward, FeaturesMasksWindowsGqaAndHeadDims) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t shapes[][2] = {{77, 77}, {50, 300}, {300, 50}, {1, 129}, {1000, 1000}};
+  for (MaskKind m : kMasks)
+    for (const auto& sh : shapes) {
+      SCOPED_TRACE(::testing::Message() << "mask " << int(m) << " " << sh[0] << "x" << sh[1]);
+      expect_features_ok(with_features(dense(DType::bf16, 2, sh[0], sh[1], 4, 2, 128, 128, m), kAllFeatures));
+    }
+  const std::int64_t windows[][2] = {{0, 0}, {7, 3}, {-1, 50}, {200, 0}, {3, 400}};
+  for (MaskKind m : {MaskKind::none, MaskKind::causal_bottom_right})
+    for (const auto& w : windows) {
+      SCOPED_TRACE(::testing::Message() << "mask " << int(m) << " window " << w[0] << "," << w[1]);
+      expect_features_ok(
+          with_features(dense(DType::f16, 2, 300, 500, 4, 4, 128, 128, m, w[0], w[1], false), kAllFeatures));
+    }
+  expect_features_ok(with_features(dense(DType::bf16, 3, 333, 400, 8, 1, 128, 128, MaskKind::causal_bottom_right),
+                                   kAllFeatures));  // GQA 8:1
+  expect_features_ok(
+      with_features(dense(DType::f16, 2, 200, 200, 16, 1, 128, 128, MaskKind::none), kAllFeatures));  // MQA
+  for (const auto& d : {std::pair<std::int64_t, std::int64_t>{96, 96}, {64, 128}, {128, 80}}) {
+    SCOPED_TRACE(::testing::Message() << "d_qk " << d.first << " d_v " << d.second);
+    expect_features_ok(
+        with_features(dense(DType::bf16, 2, 150, 190, 4, 2, d.first, d.second, MaskKind::causal), kAllFeatures));
+  }
+  // a forced ping-pong or plain schedule has no features instantiation: the wgmma forward's
+  // features variant runs, the log naming the rule
+  for (WsSchedule other : {WsSchedule::ping_pong, WsSchedule::plain})
+    expect_features_ok(with_features(dense(DType::bf16, 2, 257, 513, 4, 2, 128, 128, MaskKind::causal), kAllFeatures),
+                       false, PlanForcing{.ws_schedule = other});
+}
+
+// The checks catch a wrong element, an unwritten one and a write past the end on the
+// features instantiation's outputs, the max logit among them.
+TEST(CudaWsForward, FeaturesPlantedErrorsAreCaught) {
+  SKIP_UNLESS_SM90A();
+  struct P {
+    const char* kind;
+    const char* tensor;
+    double delta;
+  };
+  for (const P& p : {P{"value", "o", 0.25}, P{"unwritten", "o", 0}, P{"value", "lse", 0.25},
+                     P{"value", "max_logit", 0.25}, P{"guard", "o", 0}}) {
+    SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor);
+    CaseSpec c = with_features(dense(DType::bf16, 2, 200, 300, 4, 2, 128, 128, MaskKind::causal), kAllFeatures);
+    c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
+    ASSERT_TRUE(strideattn::harness::make_layout_views(c.layout_name, c.sizes, &c.views).ok());
+    CaseReport report;
+    const std::string log = debug_log_of([&] {
+      const strideattn::Status st = strideattn::harness::run_case(c, {Backend::cuda}, &report);
+      ASSERT_TRUE(st.ok()) << st.message();
+    });
+    EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
+    EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
+    ASSERT_EQ(report.backends.size(), 1u);
+    const auto& r = report.backends[0];
+    EXPECT_TRUE(r.status == "mismatch" || !r.written_ok || !r.guard_ok) << r.status << ": " << r.reason;
+  }
+}
+
+// fp32 device buffer of `n` values (from `fill`).
+struct DeviceFloats {
+  float* ptr = nullptr;
+  std::size_t n = 0;
+  DeviceFloats(std::size_t n_, const std::vector<float>& fill) : n(n_) {
+    EXPECT_EQ(cudaMalloc(&ptr, n * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, fill.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceFloats() { cudaFree(ptr); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  [[nodiscard]] std::vector<float> values() const {
+    std::vector<float> host(n);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+};
+
+// The features instantiation applies the wgmma forward's functions to the same fragments in
+// the same order (score_mod, mask, softmax, dropout's keep, the sink, the max logit): O, LSE
+// and the max logit equal its features variant's bit for bit, with dropout on (same seed and
+// offset) and every other feature at once, then with the pre-scale bias and dropout 0.5.
+TEST(CudaWsForward, FeaturesEqualTheWgmmaForwardBitForBit) {
+  SKIP_UNLESS_SM90A();
+  for (const bool all : {true, false})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      SCOPED_TRACE(::testing::Message() << (all ? "every feature" : "pre-scale bias, dropout 0.5") << ", mask "
+                                        << int(m));
+      ForwardCase c(2, 777, 8, 2, 128, m);
+      const std::int64_t b = c.b, h = c.h, s = c.s;
+      const auto nh = static_cast<std::size_t>(h);
+      std::vector<float> slopes(nh), sinks(nh);
+      std::normal_distribution<float> normal(0.f, 1.f);
+      for (std::size_t i = 0; i < slopes.size(); ++i) slopes[i] = 0.5f / float(i + 1), sinks[i] = normal(c.rng);
+      DeviceFloats alibi(nh, slopes), sink(nh, sinks);
+      DeviceFloats max_logit(std::size_t(b * h), std::vector<float>(std::size_t(b * h), 0.f));
+      DeviceBuffer bias(std::size_t(h * s * s), &c.rng);
+      c.args.bias = {bias.ptr, DType::bf16, {1, h, s, s}, {h * s * s, s * s, s, 1}};
+      c.args.options.bias_type = all ? BiasType::post_scale : BiasType::pre_scale;
+      c.args.options.dropout = {all ? 0.1 : 0.5, 0x0123456789abcdefull, 0xfffffffffffffffdull, nullptr, nullptr};
+      if (all) {
+        c.args.options.softcap = 5.0;
+        c.args.alibi_slopes = {alibi.ptr, {1, h}, {h, 1}};
+        c.args.sinks = {sink.ptr, {1, h}, {h, 1}};
+        c.args.max_logit = {max_logit.ptr, {b, h}, {h, 1}};
+      }
+      const std::string def_log = debug_log_of([&] {
+        const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+        c.run();
+      });
+      EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
+      EXPECT_NE(def_log.find(kModsMarker), std::string::npos) << def_log;
+      const std::vector<std::uint16_t> o_ref = c.o.bytes();
+      const std::vector<float> lse_ref = c.lse_values(), max_ref = max_logit.values();
+      ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
+      ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(max_logit.ptr, 0xff, max_ref.size() * sizeof(float)), cudaSuccess);
+      const std::string log = debug_log_of([&] { c.run(); });  // (the plan's choice)
+      EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
+      EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
+      const std::vector<std::uint16_t> o_ws = c.o.bytes();
+      const std::vector<float> lse_ws = c.lse_values();
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
+      EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's";
+      EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
+      bool nonzero = false;
+      for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
+      EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
+      if (all) {
+        const std::vector<float> max_ws = max_logit.values();
+        EXPECT_EQ(std::memcmp(max_ws.data(), max_ref.data(), max_ws.size() * sizeof(float)), 0) << "max logit differs";
+        for (float x : max_ref) EXPECT_TRUE(std::isfinite(x)) << "max logit " << x;  // (written: not the poison)
+      }
+    }
 }
 
 // Time the wgmma forward (forced) against the two warp-specialized instantiations, bf16,

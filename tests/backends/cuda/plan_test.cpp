@@ -629,9 +629,58 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     EXPECT_FALSE(pp.main.entry->tma);
     EXPECT_TRUE(starts_with(pp.ws_note, "long_keys")) << pp.ws_note;
   }
+  // training features: the overlapped schedule's features instantiation (Variant::mods), the
+  // plan's schedule for them at any key count up to kFoldKeys (ping-pong would be the default
+  // at these 1,000 keys), the wgmma forward's features variant as fallback
   Problem capped = base;
   capped.softcap = 30;
+  Problem dropping = base;
+  dropping.dropout_p = 0.1;
+  for (const Problem& feat : {capped, dropping}) {
+    const CudaPlan mods = make_cuda_plan(feat, kH200);
+    ASSERT_TRUE(mods.ok()) << mods.error;
+    EXPECT_EQ(mods.ws_note, "");
+    ASSERT_TRUE(mods.main.entry->tma);
+    EXPECT_EQ(mods.main.entry->ws_schedule, WsSchedule::overlapped);
+    EXPECT_EQ(mods.main.variant, Variant::mods);
+    EXPECT_NE(mods.main.kernel(), nullptr);
+    EXPECT_NE(mods.main.kernel(), mods.main.entry->guarded);
+    EXPECT_NE(mods.main.kernel(), mods.main.entry->fold);
+    EXPECT_EQ(mods.outer_count, 0);
+    EXPECT_EQ(mods.ws_fallback.variant, Variant::mods);
+    EXPECT_EQ(name_of(mods.ws_fallback), name_of(def.main));
+    EXPECT_EQ(mods.main.grid.x, ws.main.grid.x);
+    EXPECT_EQ(mods.workspace.total, make_cuda_plan(feat, kH200, PlanForcing{.ws_forward = false}).workspace.total);
+  }
+  EXPECT_EQ(find_ws_forward(DType::bf16, 128, WsSchedule::plain)->mods, nullptr);
+  EXPECT_EQ(find_ws_forward(DType::f16, 128, WsSchedule::ping_pong)->mods, nullptr);
+  EXPECT_NE(find_ws_forward(DType::f16, 128, WsSchedule::overlapped)->mods, nullptr);
+  // ... not in the other schedules (forced): `features`, the wgmma forward's features variant
   EXPECT_TRUE(starts_with(note_of(capped), "features")) << note_of(capped);
+  for (WsSchedule other : {WsSchedule::plain, WsSchedule::ping_pong}) {
+    const CudaPlan forced = make_cuda_plan(capped, kH200, PlanForcing{.ws_schedule = other});
+    ASSERT_TRUE(forced.ok()) << forced.error;
+    EXPECT_FALSE(forced.main.entry->tma);
+    EXPECT_EQ(forced.main.variant, Variant::mods);
+    EXPECT_TRUE(starts_with(forced.ws_note, "features")) << forced.ws_note;
+    EXPECT_NE(forced.ws_note.find(to_string(other)), std::string::npos) << forced.ws_note;
+  }
+  // ... nor with the fold (past kFoldKeys keys): the wgmma forward's, which folds
+  {
+    Problem long_capped = long_keys;
+    long_capped.softcap = 30;
+    const CudaPlan lc = make_cuda_plan(long_capped, kH200);
+    ASSERT_TRUE(lc.ok()) << lc.error;
+    EXPECT_FALSE(lc.main.entry->tma);
+    EXPECT_EQ(lc.main.variant, Variant::mods);
+    EXPECT_GT(lc.outer_count, 0);
+    EXPECT_TRUE(starts_with(lc.ws_note, "features")) << lc.ws_note;
+    EXPECT_NE(lc.ws_note.find("8192"), std::string::npos) << lc.ws_note;
+    Problem at_limit = fwd(DType::bf16, 1, kFoldKeys, 2, 2, 128);
+    at_limit.softcap = 30;
+    const CudaPlan al = make_cuda_plan(at_limit, kH200);
+    EXPECT_TRUE(al.main.entry->tma && al.main.variant == Variant::mods) << al.ws_note;
+  }
   Problem vl = base;
   vl.varlen = true, vl.batch = 2, vl.seqlens_q = vl.seqlens_kv = {500, 400}, vl.offsets_q = vl.offsets_kv = {0, 500};
   EXPECT_TRUE(starts_with(note_of(vl), "varlen")) << note_of(vl);

@@ -1,7 +1,8 @@
 // The warp-specialized forward on sm_90a (the plan runs it wherever it covers the problem,
-// plan.cpp), d <= 128 bucket, the plain variant (no training features; the fold over more than
-// kFoldKeys keys in the overlapped schedule), fixed-length batches whose Q, K and V views TMA
-// can read (tma_maps.hpp says when).
+// plan.cpp), d <= 128 bucket, fixed-length batches whose Q, K and V views TMA can read
+// (tma_maps.hpp says when): the plain variant; in the overlapped schedule also the fold over
+// more than kFoldKeys keys and the training features' variant (Variant::mods, up to kFoldKeys
+// keys), which applies them as sm90/forward.cuh's does (common/score_mod.cuh, dropout.cuh).
 //
 // One CTA of three warpgroups per (block of 128 queries, head, sequence), heaviest blocks
 // first (common/query_block.cuh):
@@ -24,11 +25,13 @@
 // through shared memory and a TMA store.
 #pragma once
 
+#include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
 #include "backends/cuda/common/mask.cuh"
 #include "backends/cuda/common/outer_accumulator.cuh"
 #include "backends/cuda/common/query_block.cuh"
+#include "backends/cuda/common/score_mod.cuh"
 #include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -186,7 +189,13 @@ inline constexpr int kTurnBarrier = 1;
 // max, O (blocks up to j) and l (up to j + 1, whose scores are already summed) go to the
 // warp's slot against that max; both restart from 0, so the slot and the registers add up to
 // the same O and l (only the blocks at which l is cut differ from O's).
-template <class T, int D, bool PingPong, bool Fold = false>
+// Mods (the training features, as forward_wgmma_kernel's Mods; never with Fold): in `scores`,
+// S becomes the logit L (score_mod, the ScoreMod made per block as the wgmma forward makes
+// it) before the mask, the softmax runs on L with scale 1, and dropout's keep mask, drawn
+// there while the previous block's P V runs, multiplies P after l is summed (O += (Z P) V);
+// the max logit is recorded and the sink joined before the epilogue. Same functions on the
+// same fragments in the same order as the wgmma forward: the same bits.
+template <class T, int D, bool PingPong, bool Fold = false, bool Mods = false>
 __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, const WsForwardSmem<D>& sm,
                                                       const QueryBlockWork& w, int cwg) {
   using S = WsForwardSmem<D>;
@@ -195,6 +204,9 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   const MaskRule& mask = w.mask;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int warp_row0 = cwg * 64 + warp * 16;
+  static_assert(!(Fold && Mods), "the features' variant covers up to kFoldKeys keys (plan.cpp)");
+  // the softmax's exponent scale: L is already scaled in the feature variant
+  const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
 
   float o_acc[1][D / 8][4];
   zero<1, D>(o_acc);
@@ -226,15 +238,23 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     for (int kk = 0; kk < D / 16; ++kk) wgmma_m64k16<T, 0, 0>(s[0], sQ.k_major(cwg * 64, kk), sK.k_major(0, kk), kk);
     wgmma_commit();
   };
-  // after S of block `it` has landed: K's stage back to the producer, the mask, P and l
+  // after S of block `it` has landed: K's stage back to the producer, (Mods: S -> L), the
+  // mask, P and l (Mods: then P times dropout's Z, O += (Z P) V with l summed without Z; the
+  // keep mask drawn first: drawn after the softmax, ptxas spilled 8 bytes)
   auto scores = [&](int it, float(&alpha)[1][2]) {
     fence_operands(s[0]);
     __syncwarp();
     if (lane == 0) mbar_arrive(sm.k_empty(it % S::kStages));
     const int64_t c0 = w.first_key + int64_t(it) * Bc;
+    KeepMask<1, Bc / 8> keep{};
+    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
+    if (dropping) keep = dropout_mask_rows<1, Bc / 8>(kp, w.batch, w.head, w.r0 + warp_row0, c0);
+    if constexpr (Mods) score_mod<1, Bc>(s, ScoreMod::of(kp, mask, w.batch, w.head), w.r0 + warp_row0, c0, true);
     if (!kernel::tile_fully_visible(mask, w.r0, w.r1, c0, c0 + Bc))
       apply_mask<1, Bc>(s, mask, w.r0 + warp_row0, c0, true, -INFINITY);
-    return online_softmax_scores<1, Bc>(s, row_max, row_sum, kp.scale_log2, alpha);
+    const bool raised = online_softmax_scores<1, Bc>(s, row_max, row_sum, scale_log2, alpha);
+    if (dropping) apply_keep(s, keep, kp.f.dropout_scale);
+    return raised;
   };
 
   // O += P V of block `it` issued (one committed wgmma group), once its V has landed
@@ -284,7 +304,7 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     pv_landed(it);
     rescale_o<1, D>(o_acc, alpha, raised);
     if constexpr (Fold)
-      if (outer.slot != nullptr && (it + 1) % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, kp.scale_log2);
+      if (outer.slot != nullptr && (it + 1) % kFoldBlocks == 0) outer.fold(o_acc, row_max, row_sum, scale_log2);
     accum_to_a<T, 1, Bc>(p_frag, s);
   }
   if (n > 0) {
@@ -294,12 +314,16 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     wgmma_wait<0>();
     pv_landed(n - 1);
   }
-  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, kp.scale_log2);
+  if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, scale_log2);
+  if constexpr (Mods) {
+    if (kp.f.max_logit != nullptr) record_max_logit<1>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, row_max);
+    if (kp.f.sinks != nullptr) join_sink<1, D>(kp, mask, w.head, w.r0 + warp_row0, o_acc, row_max, row_sum);
+  }
   const auto o = sequence_ref(p.o, p.o_st, p.q_seq, w.batch);
-  store_o_lse<T, 1, D>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, int(p.d_v), o, o_acc, row_max, row_sum);
+  store_o_lse<T, 1, D, Mods>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, int(p.d_v), o, o_acc, row_max, row_sum);
 }
 
-template <class T, int D, WsSchedule Schedule, bool Fold = false>
+template <class T, int D, WsSchedule Schedule, bool Fold = false, bool Mods = false>
 __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
     ws_forward_kernel(const __grid_constant__ WsForwardParams prm) {
 #if SA_WGMMA
@@ -332,14 +356,15 @@ __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
   if constexpr (Schedule == WsSchedule::plain)
     ws_consume<T, D>(prm.kp, sm, w, wg - 1);
   else
-    ws_consume_overlapped<T, D, Schedule == WsSchedule::ping_pong, Fold>(prm.kp, sm, w, wg - 1);
+    ws_consume_overlapped<T, D, Schedule == WsSchedule::ping_pong, Fold, Mods>(prm.kp, sm, w, wg - 1);
 #endif
 }
 
 // The kernel table's entry of this forward for (T, D) (dispatch.hpp): `tma` marks it as the
 // entry find_kernel never returns (the plan asks for it by name: find_ws_forward). The
-// overlapped schedule, which the plan picks past kWsPingPongMaxKeys, also has the fold
-// instantiation (Variant::fold); the others cover up to kFoldKeys keys.
+// overlapped schedule, which the plan picks past kWsPingPongMaxKeys and for the training
+// features, also has the fold instantiation (Variant::fold) and the features' one
+// (Variant::mods, up to kFoldKeys keys); the others cover up to kFoldKeys keys, no features.
 template <class T, int D, WsSchedule Schedule>
 KernelEntry ws_forward_entry() {
   constexpr WsForwardTile kTile = ws_forward_tile(D);
@@ -352,8 +377,10 @@ KernelEntry ws_forward_entry() {
   e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16;
   e.tma = true, e.ws_schedule = Schedule;
   e.guarded = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule>);
-  if constexpr (Schedule == WsSchedule::overlapped)
+  if constexpr (Schedule == WsSchedule::overlapped) {
     e.fold = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, true>);
+    e.mods = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, false, true>);
+  }
   return e;
 }
 
