@@ -104,28 +104,67 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const GlobalRows& sr
   }
 }
 
+// CacheRows::first_page when the loader reads the block table itself.
+inline constexpr int32_t kLookUpPage = INT32_MIN;
+
 // Rows of a KV cache (CacheRef): tokens [token0, token0 + rows) of `head`. A contiguous cache
 // is rows at a fixed stride (the loader above); a paged one has each row's address looked up
 // through the block table, and a row whose page is outside the pool gets `ref.missing` in
-// every element instead of a read.
+// every element instead of a read. `first_page`: the table entry of this thread's first row
+// if it was read ahead (page_ahead), else kLookUpPage.
 struct CacheRows {
   CacheRef<const uint16_t> ref;
   int64_t token0 = 0, head = 0;
   int rows = 0;
   int cols = 0;
   bool aligned = false;
+  int32_t first_page = kLookUpPage;
 };
 __device__ __forceinline__ CacheRows rows_of(const CacheRef<const uint16_t>& t, int64_t token0, int64_t head, int rows,
                                              int cols, bool aligned) {
   return {t, token0, head, rows, cols, aligned};
 }
 
+// `src` with its first table entry read ahead (a cache's rows), or as it is (a tensor's rows).
+__device__ __forceinline__ CacheRows with_first_page(CacheRows src, int32_t page) {
+  src.first_page = page;
+  return src;
+}
+__device__ __forceinline__ const GlobalRows& with_first_page(const GlobalRows& src, int32_t) { return src; }
+
+// The paged loader's thread layout (load_tile of CacheRows below): each thread keeps one
+// column chunk of kPerThread consecutive rows, its first one is row first_row().
+template <int NTHREADS, class Tile>
+struct PagedLayout {
+  static constexpr int kChunksPerRow = Tile::kCols / 8;
+  static constexpr int kChunks = Tile::kRows * kChunksPerRow;
+  static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
+  static_assert(NTHREADS % kChunksPerRow == 0, "a thread keeps one column chunk");
+  static constexpr int kPerThread = kChunks / NTHREADS;
+  __device__ __forceinline__ static int first_row() { return int(threadIdx.x / kChunksPerRow) * kPerThread; }
+};
+
+// The block-table entry of this thread's first row of a paged tile of `rows` tokens from
+// `token0` (kLookUpPage for a contiguous cache or a row past `rows`). A forward reads it one
+// key block before it loads the tile, so the dependent table read is off the load path,
+// which runs on the warps that also issue the GEMMs; K and V share it (same tokens, table and
+// tile shape).
+template <int NTHREADS, class Tile>
+__device__ __forceinline__ int32_t page_ahead(const CacheRef<const uint16_t>& ref, int64_t token0, int rows) {
+  const int row0 = PagedLayout<NTHREADS, Tile>::first_row();
+  const KvCacheParams& kv = *ref.kv;
+  if (kv.block_table == nullptr || row0 >= rows) return kLookUpPage;
+  const uint32_t column = kv.page.div(uint32_t(token0 + row0));
+  return kv.block_table[ref.batch * kv.bt_b + int64_t(column) * kv.bt_p];
+}
+
 // load_tile of cache rows: contiguous, the strided loader (its fast path included); paged, each
 // thread keeps one column chunk of kPerThread consecutive rows (tokens), so one block-table
 // lookup (a multiply-shift divide, one table load, one 64-bit address) serves every row of a
 // page it meets, and the next row's address is an increment; a row that starts a new page
-// looks that page up. (Looking up every row on its own costs a divide, a table load and a
-// 64-bit address per row, on the warps that also run the GEMMs.)
+// looks that page up (the first one's entry may come read ahead, src.first_page). (Looking
+// up every row on its own costs a divide, a table load and a 64-bit address per row, on the
+// warps that also run the GEMMs.)
 template <int NTHREADS, class Tile>
 __device__ __forceinline__ void load_tile(const Tile& tile, const CacheRows& src) {
   if (src.ref.kv->block_table == nullptr) {
@@ -133,31 +172,29 @@ __device__ __forceinline__ void load_tile(const Tile& tile, const CacheRows& src
         tile, GlobalRows{src.ref.row(src.token0, src.head), src.ref.strides->s, src.rows, src.cols, src.aligned});
     return;
   }
-  constexpr int kChunksPerRow = Tile::kCols / 8;
-  constexpr int kChunks = Tile::kRows * kChunksPerRow;
-  static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
-  static_assert(NTHREADS % kChunksPerRow == 0, "a thread keeps one column chunk");
-  constexpr int kPerThread = kChunks / NTHREADS;
+  using L = PagedLayout<NTHREADS, Tile>;
+  constexpr int kPerThread = L::kPerThread;
   const uint32_t fill = uint32_t(src.ref.missing) * 0x10001u;
   const KvCacheParams& kv = *src.ref.kv;
   const kernel::Strides& st = *src.ref.strides;
-  const int col = (threadIdx.x % kChunksPerRow) * 8;
-  const int row0 = (threadIdx.x / kChunksPerRow) * kPerThread;
+  const int col = (threadIdx.x % L::kChunksPerRow) * 8;
+  const int row0 = L::first_row();
   const uint32_t t0 = uint32_t(src.token0 + row0);
   uint32_t column = kv.page.div(t0), slot = kv.page.mod(t0, column);
   bool look_up = true, ok = false;  // the current page's entry is still to read; it is valid
   const uint16_t* g = nullptr;
+  auto enter_page = [&](int32_t page) {
+    ok = page >= 0 && page < kv.num_pages;
+    g = src.ref.data + (int64_t(page) * st.b + int64_t(slot) * st.s + src.head * st.h);
+    look_up = false;
+  };
+  if (src.first_page != kLookUpPage) enter_page(src.first_page);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int row = row0 + i;
     uint16_t* dst = tile.chunk(row, col);
     const bool in = row < src.rows;
-    if (in && look_up) {
-      const int32_t page = kv.block_table[src.ref.batch * kv.bt_b + int64_t(column) * kv.bt_p];
-      ok = page >= 0 && page < kv.num_pages;
-      g = src.ref.data + (int64_t(page) * st.b + int64_t(slot) * st.s + src.head * st.h);
-      look_up = false;
-    }
+    if (in && look_up) enter_page(kv.block_table[src.ref.batch * kv.bt_b + int64_t(column) * kv.bt_p]);
     if (!in || col >= src.cols) {
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     } else if (!ok) {

@@ -76,15 +76,24 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
   // the softmax's exponent scale: L is already scaled in the feature variant
   const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
 
-  // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed).
-  auto load_stage = [&](int64_t c0, int buf) {
+  // Stage loads: keys [c0, c0 + Stage) of K and V into buffer `buf` (rows past s_kv zeroed);
+  // a paged cache's first table entry read a stage ahead (`page`, copy.cuh page_ahead).
+  auto load_stage = [&](int64_t c0, int buf, int32_t page) {
     const int rows = int(kernel::min64(Stage, s_kv - c0));
-    load_tile<kThreads>(sK(buf), rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0));
-    load_tile<kThreads>(sV(buf), rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
+    load_tile<kThreads>(sK(buf), with_first_page(rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0), page));
+    load_tile<kThreads>(sV(buf), with_first_page(rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0), page));
   };
 
   const int64_t first_key = w.first_key;
   const int n_stages = w.n_key_blocks;
+  // the table entry of stage `it`'s tile for this thread, read while stage it - 1 computes
+  auto read_ahead = [&](int it) -> int32_t {
+    if constexpr (KvCache) {
+      const int64_t c0 = first_key + int64_t(it) * Stage;
+      if (it < n_stages) return page_ahead<kThreads, StageTile>(k, c0, int(kernel::min64(Stage, s_kv - c0)));
+    }
+    return kLookUpPage;
+  };
 
   float o_acc[MT][D / 8][4];
   zero<MT, D>(o_acc);
@@ -104,9 +113,10 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
 
   if (n_stages > 0) {
     load_tile<kThreads>(sQ, rows_of(q, r0, head, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0));
-    load_stage(first_key, 0);
+    load_stage(first_key, 0, kLookUpPage);
   }
   cp_async_commit();
+  int32_t next_page = read_ahead(1);  // (kLookUpPage but in a paged KV-cache call)
 
   for (int it = 0; it < n_stages; ++it) {
     const int buf = it & 1;
@@ -115,8 +125,9 @@ __device__ __forceinline__ void forward_mainloop(const KernelParams& kp) {
     // load refills while this stage computes.
     cp_async_wait<0>();
     __syncthreads();
-    if (it + 1 < n_stages) load_stage(stage_c0 + Stage, buf ^ 1);
+    if (it + 1 < n_stages) load_stage(stage_c0 + Stage, buf ^ 1, next_page);
     cp_async_commit();
+    next_page = read_ahead(it + 2);
 
 #pragma unroll 1
     for (int sub = 0; sub < Stage / Bc; ++sub) {

@@ -66,14 +66,25 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   // the softmax's exponent scale: L is already scaled in the feature variant
   const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
 
-  // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed).
-  auto load_stage = [&](int64_t c0, int buf) {
+  // Keys [c0, c0 + Bc) of K and V into stage `buf` (rows past s_kv zeroed); a paged cache's
+  // first table entry read a block ahead (`page`, copy.cuh page_ahead).
+  auto load_stage = [&](int64_t c0, int buf, int32_t page) {
     const int rows = int(kernel::min64(Bc, s_kv - c0));
-    load_tile<kKvThreads>(sK(buf), rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0));
-    load_tile<kKvThreads>(sV(buf), rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0));
+    load_tile<kKvThreads>(sK(buf),
+                          with_first_page(rows_of(k, c0, kv_head, rows, d_qk, (kp.aligned & kVecK) != 0), page));
+    load_tile<kKvThreads>(sV(buf),
+                          with_first_page(rows_of(v, c0, kv_head, rows, d_v, (kp.aligned & kVecV) != 0), page));
   };
   const int64_t first_key = w.first_key;
   const int n_blocks = w.n_key_blocks;
+  // the table entry of block `it`'s tile for this thread, read while block it - 1 computes
+  auto read_ahead = [&](int it) -> int32_t {
+    if constexpr (KvCache) {
+      const int64_t c0 = first_key + int64_t(it) * Bc;
+      if (it < n_blocks) return page_ahead<kKvThreads, KvTile>(k, c0, int(kernel::min64(Bc, s_kv - c0)));
+    }
+    return kLookUpPage;
+  };
 
   // This warp's 16 rows of O (the group's m64 x D accumulator), m and l of rows g, g + 8.
   float o_acc[1][D / 8][4];
@@ -91,9 +102,10 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 
   if (n_blocks > 0) {
     load_tile<kKvThreads>(sQ, rows_of(q, r0, head, int(r1 - r0), d_qk, (kp.aligned & kVecQ) != 0));
-    load_stage(first_key, 0);
+    load_stage(first_key, 0, kLookUpPage);
   }
   cp_async_commit();
+  int32_t next_page = read_ahead(1);  // (kLookUpPage but in a paged KV-cache call)
 
   for (int it = 0; it < n_blocks; ++it) {
     const int buf = it & 1;
@@ -103,8 +115,9 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     cp_async_wait<0>();
     fence_async_shared();
     __syncthreads();
-    if (it + 1 < n_blocks) load_stage(c0 + Bc, buf ^ 1);
+    if (it + 1 < n_blocks) load_stage(c0 + Bc, buf ^ 1, next_page);
     cp_async_commit();
+    next_page = read_ahead(it + 2);
 
     // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
     ScoreMod mod;
