@@ -485,6 +485,38 @@ def parse_args(argv=None):
     return args, shapes
 
 
+def run_data(args, argv, sa, gpu, date, commit, backends, user_backends, modes, rows) -> dict:
+    """The data file's content (format render.FORMAT) for the rows measured so far."""
+    return {
+        "format": render.FORMAT,
+        "date": date,
+        # (UTC: render.py orders one day's runs by it)
+        "time": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"),
+        "commit": commit,
+        "gpu": gpu,
+        "command": "python3 bench/compare_sdpa.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "versions": {
+            "torch": torch.__version__,
+            "cudnn": str(torch.backends.cudnn.version()),
+            "cuda": torch.version.cuda,
+            "strideattn": sa.version() if sa else None,
+            "python": sys.version.split()[0],
+        },
+        "protocol": {
+            "runs": args.runs,
+            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "timer": "CUDA events",
+            "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs",
+        },
+        "backends": backends,
+        "user_backends": user_backends,
+        "modes": modes,
+        "rows": data_rows(rows, backends, modes, user_backends),
+    }
+
+
 def main(argv=None) -> int:
     args, shapes = parse_args(argv)
     try:
@@ -521,6 +553,10 @@ def main(argv=None) -> int:
     modes = ["fwd"] if args.fwd_only else ["fwd", "fwd+bwd"]
     rows = []
     users = [f"torch-{be}" for be in user_backends]
+    gpu = torch.cuda.get_device_name()
+    date, commit = datetime.date.today().isoformat(), git_commit()
+    os.makedirs(args.results_dir, exist_ok=True)
+    path = os.path.join(args.results_dir, data_file_name(date, gpu, commit))
     for sh in shapes:
         row = run_shape(sh, sa, backends, args.runs, args.warmup, modes, user_backends, args.rounds)
         rows.append(row)
@@ -530,37 +566,18 @@ def main(argv=None) -> int:
             for c in COLUMNS[:2] + backends + users
         )
         print(f"{sh.name} {sh.mask_name()}: {summary}", flush=True)
+        # the data file after every shape: a run cut short still leaves the rows it measured
+        # (render.py takes each row from the newest file that has it)
+        with open(path, "w") as f:
+            f.write(
+                render.dumps(
+                    run_data(
+                        args, argv, sa, gpu, date, commit, backends, user_backends, modes, rows
+                    )
+                )
+            )
 
-    gpu = torch.cuda.get_device_name()
-    date, commit = datetime.date.today().isoformat(), git_commit()
-    data = {
-        "format": render.FORMAT,
-        "date": date,
-        # (UTC: render.py orders one day's runs by it)
-        "time": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"),
-        "commit": commit,
-        "gpu": gpu,
-        "command": "python3 bench/compare_sdpa.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
-        "versions": {
-            "torch": torch.__version__,
-            "cudnn": str(torch.backends.cudnn.version()),
-            "cuda": torch.version.cuda,
-            "strideattn": sa.version() if sa else None,
-            "python": sys.version.split()[0],
-        },
-        "protocol": {
-            "runs": args.runs,
-            "warmup": args.warmup,
-            "rounds": args.rounds,
-            "timer": "CUDA events",
-            "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs",
-        },
-        "backends": backends,
-        "user_backends": user_backends,
-        "modes": modes,
-        "rows": data_rows(rows, backends, modes, user_backends),
-    }
+    data = run_data(args, argv, sa, gpu, date, commit, backends, user_backends, modes, rows)
     header = render.header(data)
     text = render.table(data["rows"], backends)
     if user_backends:
@@ -572,8 +589,6 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             f.write(header + "\n\n" + text + "\n")
-    os.makedirs(args.results_dir, exist_ok=True)
-    path = os.path.join(args.results_dir, data_file_name(date, gpu, commit))
     with open(path, "w") as f:
         f.write(render.dumps(data))
     print(f"\ncompare_sdpa: data file {path}")

@@ -6,6 +6,7 @@ against the recorded data, and how measured rows become the data file and the ta
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -128,6 +129,46 @@ class ShapesAndRecordsTest(unittest.TestCase):
             table,
         )
         self.assertIn("- gqa 64/8 s8k fwd cudnn: error: graph build failed", table)
+
+    def test_run_data_renders_the_rows_measured_so_far(self):
+        # (the data file main() rewrites after every shape, so a run cut short keeps its rows)
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("no PyTorch: run_data records its version")
+        saved, cs.torch = cs.torch, torch
+        try:
+            args = cs.parse_args(["--runs", "20", "--rounds", "2"])
+            sh = cs.Shape("mha d128 s4k", 4, 4096, 16, 16, 128, False)
+            tflops = {
+                ("sdpa-flash", "fwd"): 311.0,
+                ("sdpa-cudnn", "fwd"): 624.0,
+                ("cuda", "fwd"): 515.0,
+            }
+            data = cs.run_data(
+                args,
+                [],
+                None,
+                "NVIDIA H200",
+                "2026-12-04",
+                "abc1234",
+                ["cuda"],
+                [],
+                ["fwd"],
+                [cs.Row(sh, tflops)],
+            )
+        finally:
+            cs.torch = saved
+        self.assertEqual(
+            (data["format"], data["commit"], data["protocol"]["rounds"]),
+            (render.FORMAT, "abc1234", 2),
+        )
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "run.json")
+            with open(path, "w") as f:
+                f.write(render.dumps(data))
+            self.assertEqual(render.load(path)["rows"], data["rows"])
+        self.assertEqual(data["rows"][0]["tflops"]["cuda"], 515.0)
 
     def test_auto_column_is_judged_against_the_faster_backend(self):
         sh = cs.Shape("d128 s4k", 4, 4096, 16, 16, 128, False)
