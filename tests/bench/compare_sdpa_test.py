@@ -138,7 +138,7 @@ class ShapesAndRecordsTest(unittest.TestCase):
             self.skipTest("no PyTorch: run_data records its version")
         saved, cs.torch = cs.torch, torch
         try:
-            args = cs.parse_args(["--runs", "20", "--rounds", "2"])
+            args, _ = cs.parse_args(["--runs", "20", "--rounds", "2"])
             sh = cs.Shape("mha d128 s4k", 4, 4096, 16, 16, 128, False)
             tflops = {
                 ("sdpa-flash", "fwd"): 311.0,
