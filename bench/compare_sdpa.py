@@ -19,10 +19,12 @@ without it those columns say why they are empty.
 Protocol (docs/design.md, "Benchmark protocol"): CUDA events around each run, warm-up first,
 the median of >= 20 runs; fwd+bwd times the forward and the whole backward (every kernel).
 The runs of a shape's measurements are taken in interleaved rounds (--rounds, default 4):
-each round visits every column and mode in turn, so that a drift of the GPU's clock over a
-shape's measurements falls on every column alike (measured one column after another, the
-same kernel moved by up to ~8% with its place in the order,
-bench/results/auto-order/2026-12-03-nvidia-h200-97c8175.md);
+each round visits every column and mode in turn, starting one column later than the round
+before, so that a drift of the GPU's clock over a shape's measurements, and whatever a
+column leaves behind for the next, falls on every column alike (measured one column after
+another, the same kernel moved by up to ~8% with its place in the order,
+bench/results/auto-order/2026-12-03-nvidia-h200-97c8175.md; interleaved in a fixed order,
+`auto` still measured 0.89-0.93x of the `cudnn` kernel it runs on some rows);
 FLOPs: forward 2 * visible_pairs * (d_qk + d_v) summed over batch and query heads, backward
 2.5x forward; bf16 unless a row says otherwise.
 
@@ -295,6 +297,14 @@ class Row:
     tflops: dict = field(default_factory=dict)  # (column, mode) -> TFLOP/s or error string
 
 
+def round_order(columns: list[str], r: int) -> list[str]:
+    """The columns in round r's order: rotated by r, so that over the rounds each column runs
+    in each place (a column that always ran right after another measured 0.9x of the same
+    kernel run first: the GPU's state, clocks and caches, carries over between columns)."""
+    k = r % len(columns) if columns else 0
+    return columns[k:] + columns[:k]
+
+
 def run_shape(
     sh: Shape,
     sa: Strideattn | None,
@@ -327,7 +337,8 @@ def run_shape(
     times: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         per = runs // rounds + (1 if r < runs % rounds else 0)
-        for col, (fwd, fwd_bwd) in fns.items():
+        for col in round_order(list(fns), r):
+            fwd, fwd_bwd = fns[col]
             for m in modes:
                 if isinstance(row.tflops.get((col, m)), str):
                     continue

@@ -130,6 +130,15 @@ class ShapesAndRecordsTest(unittest.TestCase):
         )
         self.assertIn("- gqa 64/8 s8k fwd cudnn: error: graph build failed", table)
 
+    def test_rounds_rotate_the_column_order(self):
+        cols = ["sdpa-flash", "sdpa-cudnn", "cuda", "cudnn", "auto"]
+        orders = [cs.round_order(cols, r) for r in range(5)]
+        self.assertEqual(orders[0], cols)
+        self.assertEqual(orders[1], ["sdpa-cudnn", "cuda", "cudnn", "auto", "sdpa-flash"])
+        for place in range(5):  # every column in every place once over 5 rounds
+            self.assertEqual(sorted(o[place] for o in orders), sorted(cols))
+        self.assertEqual(cs.round_order([], 3), [])
+
     def test_run_data_renders_the_rows_measured_so_far(self):
         # (the data file main() rewrites after every shape, so a run cut short keeps its rows)
         try:
@@ -251,8 +260,8 @@ class ShapesAndRecordsTest(unittest.TestCase):
         self.assertEqual(wide.flops_fwd(), sh.flops_fwd())
 
     def test_runs_are_taken_in_interleaved_rounds(self):
-        """run_shape with the GPU parts replaced: each round visits every column and mode,
-        the runs add up to --runs, and a column's TFLOP/s comes from the median of all its
+        """run_shape with the GPU parts replaced: each round visits every column and mode (in
+        an order rotated round by round), the runs add up to --runs, and a column's TFLOP/s comes from the median of all its
         runs (a planted slow run in one round does not move it)."""
         calls, planted = [], []
         per_round = ["flash_fwd", "flash_bwd", "cudnn_fwd", "cudnn_bwd", "cuda_fwd", "cuda_bwd"]
@@ -302,7 +311,12 @@ class ShapesAndRecordsTest(unittest.TestCase):
                 setattr(cs, n, v)
         order = [name for name, _ in calls]
         self.assertEqual(sum(planted), 6)  # the slow runs were there
-        self.assertEqual(order, per_round * 4)
+        cols = ["flash", "cudnn", "cuda"]  # each round starts one column later (round_order)
+        self.assertEqual(
+            order,
+            [f"{c}_{m}" for r in range(4) for c in cs.round_order(cols, r) for m in ("fwd", "bwd")],
+        )
+        self.assertEqual(order[:6], per_round)
         self.assertEqual([n for _, n in calls[::6]], [6, 5, 5, 5])  # 21 runs over 4 rounds
         expected = sh.flops_fwd() / (2.0 * 1e-3) / 1e12
         self.assertAlmostEqual(row.tflops[("cuda", "fwd")], expected)  # 6 slow runs of 21
