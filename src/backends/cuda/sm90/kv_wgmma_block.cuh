@@ -1,12 +1,11 @@
-// The per-query-block math of the sm_90a dK/dV pass as one device function, which the
-// warp-specialized ws_backward_kernel (sm90/ws_backward.cuh: a TMA producer warpgroup feeds
-// two consumer warpgroups, which synchronise on a named barrier of their 256 threads) calls
-// once per query block with the block's Q, dO, LSE and delta in shared memory and its own
-// barrier over the 256 computing threads (`sync_block`). The steps are backward_wgmma_kernel's
-// (sm90/backward.cuh), whose header gives their layout over the warpgroups and the reasons;
-// that kernel keeps its own inline copy because calling this function changes its ptxas
-// allocation (bf16, spill stores: d 128 plain 52 -> 16 bytes and fold 52 -> 36, but the
-// features variants 164 -> 180 at d 128 and 316 -> 372 at d 64).
+// The per-query-block math of the sm_90a dK/dV pass, written once for the two kernels that
+// run it: backward_wgmma_kernel (sm90/backward.cuh: both warpgroups load and compute,
+// __syncthreads between) and the warp-specialized ws_backward_kernel (sm90/ws_backward.cuh: a
+// TMA producer warpgroup feeds two consumer warpgroups, which synchronise on a named barrier
+// of their 256 threads). Each calls kv_wgmma_block once per query block with the block's Q,
+// dO, LSE and delta in shared memory and its own barrier over the 256 computing threads
+// (`sync_block`). The steps, their layout over the warpgroups and the reasons are
+// backward.cuh's header.
 #pragma once
 
 #include "backends/cuda/common/dropout.cuh"
@@ -20,7 +19,8 @@
 
 namespace strideattn::cuda_impl {
 
-// Where one of the 256 computing threads (`tid`: 0..255) works in a block of the pass.
+// Where one of the 256 computing threads (`tid`: 0..255) works in a block of the pass
+// (unsigned, as threadIdx.x: with int indices ptxas allocated the wgmma pass differently).
 template <int D>
 struct KvWgmmaLane {
   static constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
@@ -30,8 +30,8 @@ struct KvWgmmaLane {
   int key0;  // this warp's first key row in the block
   // this group's share of dQ = dS K: queries dq_q0.. (64 of them), columns dq_d0.. (DQ)
   int dq_q0, dq_d0;
-  __device__ __forceinline__ explicit KvWgmmaLane(int tid) {
-    warp = tid >> 5, t = tid & 3, g = (tid & 31) >> 2;
+  __device__ __forceinline__ explicit KvWgmmaLane(unsigned tid) {
+    warp = int(tid >> 5), t = int(tid & 3), g = int((tid & 31) >> 2);
     wg = warp >> 2;
     g_key0 = kTile.groups_split_keys ? wg * kTile.key_rows_per_group : 0;
     g_q0 = kTile.groups_split_keys ? 0 : wg * kTile.group_queries;

@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(ws_backward_tile(D).threads, 1)
     return;
   }
   setmaxnreg_inc<kTile.consumer_regs>();
-  const KvWgmmaLane<D> ln(int(threadIdx.x) - 128);
+  const KvWgmmaLane<D> ln(threadIdx.x - 128u);
   const int lane = threadIdx.x & 31, d_qk = int(kp.p.d_qk);
 
   // This warp's 16 keys x GD columns of dK and dV (the group's m64 x GD accumulators).
