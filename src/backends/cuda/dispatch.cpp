@@ -13,7 +13,7 @@ std::span<const KernelEntry> kernel_table() {
          {sm80_forward_entries_f16(), sm80_forward_entries_bf16(), sm90_forward_entries_f16(),
           sm90_forward_entries_bf16(), sm80_backward_entries_f16(), sm80_backward_entries_bf16(),
           sm90_backward_entries_f16(), sm90_backward_entries_bf16(), sm90_ws_forward_entries_f16(),
-          sm90_ws_forward_entries_bf16()})
+          sm90_ws_forward_entries_bf16(), sm90_ws_backward_entries_f16(), sm90_ws_backward_entries_bf16()})
       all.insert(all.end(), part.begin(), part.end());
     return all;
   }();
@@ -33,7 +33,14 @@ const KernelEntry* find_kernel(DType dtype, Arch arch, int bucket, Pass pass, in
 
 const KernelEntry* find_ws_forward(DType dtype, int bucket, WsSchedule schedule) {
   for (const KernelEntry& e : kernel_table())
-    if (e.tma && e.dtype == dtype && e.bucket == bucket && e.ws_schedule == schedule) return &e;
+    if (e.tma && e.pass == Pass::forward && e.dtype == dtype && e.bucket == bucket && e.ws_schedule == schedule)
+      return &e;
+  return nullptr;
+}
+
+const KernelEntry* find_ws_backward(DType dtype, int bucket) {
+  for (const KernelEntry& e : kernel_table())
+    if (e.tma && e.pass == Pass::dkdv && e.dtype == dtype && e.bucket == bucket) return &e;
   return nullptr;
 }
 

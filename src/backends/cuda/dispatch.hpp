@@ -76,10 +76,10 @@ struct KernelEntry {
   bool adds_dq = false;
   int split_target = 0;
   int warp_rows = 0;  // forward: query rows of O one warp owns (the outer accumulator's slot)
-  // The warp-specialized forward (sm90/ws_forward.cuh): its kernel takes WsForwardParams
-  // (TMA tensor maps, then KernelParams) instead of KernelParams, and find_kernel skips it:
-  // the plan asks for it with find_ws_forward where it covers the problem, one entry per
-  // schedule.
+  // The warp-specialized kernels (sm90/ws_forward.cuh, sm90/ws_backward.cuh): the kernel
+  // takes WsForwardParams or WsBackwardParams (TMA tensor maps, then KernelParams) instead of
+  // KernelParams, and find_kernel skips it: the plan asks for it with find_ws_forward (one
+  // entry per schedule) or find_ws_backward where it covers the problem.
   bool tma = false;
   WsSchedule ws_schedule = WsSchedule::plain;  // tma: how its consumers order their GEMMs
   // Instantiations (__global__ function addresses for cudaLaunchKernel); nullptr where the
@@ -113,6 +113,9 @@ struct KernelEntry {
 // blocks overlapped, or nullptr where there is none.
 [[nodiscard]] const KernelEntry* find_ws_forward(DType dtype, int bucket, WsSchedule schedule);
 
+// The warp-specialized dK/dV pass's entry for (dtype, bucket), or nullptr where there is none.
+[[nodiscard]] const KernelEntry* find_ws_backward(DType dtype, int bucket);
+
 // The entries each kernel translation unit contributes.
 std::span<const KernelEntry> sm80_forward_entries_f16();
 std::span<const KernelEntry> sm80_forward_entries_bf16();
@@ -124,5 +127,7 @@ std::span<const KernelEntry> sm90_ws_forward_entries_f16();
 std::span<const KernelEntry> sm90_ws_forward_entries_bf16();
 std::span<const KernelEntry> sm90_backward_entries_f16();
 std::span<const KernelEntry> sm90_backward_entries_bf16();
+std::span<const KernelEntry> sm90_ws_backward_entries_f16();
+std::span<const KernelEntry> sm90_ws_backward_entries_bf16();
 
 }  // namespace strideattn::cuda_impl

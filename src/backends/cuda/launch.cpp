@@ -144,7 +144,8 @@ std::atomic<std::uint64_t>* smem_granted(const KernelLaunch& l) {
 // Launches `l` with `kp` (nothing to launch when its grid is empty), after granting the
 // kernel its dynamic shared memory once per device (cudaFuncSetAttribute is a driver call
 // that every launch would otherwise repeat).
-// `arg` is the kernel's one parameter: the KernelParams, or for a tma entry WsForwardParams.
+// `arg` is the kernel's one parameter: the KernelParams, or for a tma entry WsForwardParams
+// (forward) or WsBackwardParams (dK/dV pass).
 cudaError_t launch_kernel(const KernelLaunch& l, const void* arg, int device, cudaStream_t stream) {
   const void* fn = l.kernel();
   std::atomic<std::uint64_t>* granted = smem_granted(l);
@@ -190,6 +191,8 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
   if (plan.kv_fold_blocks > 0) s += "; dK/dV pass folding every " + std::to_string(plan.kv_fold_blocks) + " blocks";
   if (plan.q_fold_blocks > 0) s += "; dQ pass folding every " + std::to_string(plan.q_fold_blocks) + " blocks";
   s += std::string("; dK/dV pass: ") + plan.main.entry->name;
+  if (plan.main.entry->tma) s += " (TMA loads of q, k, v, do)";
+  if (!plan.ws_note.empty()) s += "; warp-specialized dK/dV pass not run: " + plan.ws_note;
   s += plan.single_pass ? "; single-pass backward (dQ by fp32 atomics)"
                         : std::string("; two-pass backward (deterministic), dQ pass: ") + plan.dq.entry->name;
   return s;
@@ -227,9 +230,17 @@ PreparedLaunch prepare_launch(CudaPlan plan, const Problem& p) {
   }
   // The warp-specialized forward's tensor maps; where the driver cannot make them, the wgmma
   // forward runs instead, and the log says why.
-  if (plan.main.entry != nullptr && plan.main.entry->tma) {
+  if (plan.main.entry != nullptr && plan.main.entry->tma && !plan.backward) {
     const WsForwardTile tile = ws_forward_tile(plan.bucket);
     if (std::string e = encode_forward_maps(p, tile.br, tile.bc, &prep.maps); !e.empty()) {
+      plan.main = plan.ws_fallback;
+      plan.ws_note = "tma: " + e;
+    }
+  }
+  // The same for the warp-specialized dK/dV pass and the wgmma pass.
+  if (plan.main.entry != nullptr && plan.main.entry->tma && plan.backward) {
+    const WsBackwardTile tile = ws_backward_tile(plan.bucket);
+    if (std::string e = encode_backward_maps(p, tile.br, tile.bc, &prep.backward_maps); !e.empty()) {
       plan.main = plan.ws_fallback;
       plan.ws_note = "tma: " + e;
     }
@@ -317,8 +328,16 @@ Status launch(const PreparedLaunch& prep, const Problem& p, cudaStream_t stream,
   // (the two-pass dK/dV pass must not add dQ: its dQ pass owns dq_accum when it folds)
   KernelParams main_kp = kp;
   if (!plan.single_pass) main_kp.dq_accum = nullptr;
-  if (cudaError_t e = launch_kernel(plan.main, &main_kp, device, stream); e != cudaSuccess)
+  if (plan.main.entry->tma) {
+    // (as the forward's: the maps in the parameter block, patched with this run's pointers)
+    WsBackwardParams wp{prep.backward_maps, main_kp};
+    if (std::string e = patch_backward_maps(&wp.maps, p.q.data, p.k.data, p.v.data, p.d_o.data); !e.empty())
+      return Status(StatusCode::backend_error, "cuda backend: the warp-specialized dK/dV pass's tensor maps: " + e);
+    if (cudaError_t e = launch_kernel(plan.main, &wp, device, stream); e != cudaSuccess)
+      return cuda_status(e, "backward kernel launch");
+  } else if (cudaError_t e = launch_kernel(plan.main, &main_kp, device, stream); e != cudaSuccess) {
     return cuda_status(e, "backward kernel launch");
+  }
   if (!plan.single_pass)
     if (cudaError_t e = launch_kernel(plan.dq, &kp, device, stream); e != cudaSuccess)
       return cuda_status(e, "dQ pass launch");

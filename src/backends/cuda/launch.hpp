@@ -29,6 +29,8 @@ struct PreparedLaunch {
   // once here from the views' strides with placeholder addresses; each run patches its
   // pointers into a copy.
   TmaForwardMaps maps{};
+  // The warp-specialized dK/dV pass (a backward plan's main.entry->tma): Q, K, V and dO's.
+  TmaBackwardMaps backward_maps{};
 };
 
 // `problem` is the plan's (its pointers, if any, are not kept).

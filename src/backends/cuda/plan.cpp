@@ -155,6 +155,38 @@ std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const Dev
   return "";
 }
 
+std::string ws_backward_refusal(const Problem& p, const CudaPlan& plan, const DeviceCaps& caps,
+                                const PlanForcing& forcing) {
+  if (!forcing.ws_backward.value_or(true))
+    return "forced_off: a test keeps the wgmma dK/dV pass (PlanForcing::ws_backward)";
+  if (!p.is_backward()) return "direction: forward (a backward pass)";
+  if (plan.arch != Arch::sm90a) return std::string("arch: ") + to_string(plan.arch) + " kernels (needs sm90a)";
+  if (!has_ws_backward(plan.bucket) || find_ws_backward(plan.dtype, plan.bucket) == nullptr)
+    return "head_dim: bucket " + std::to_string(plan.bucket) +
+           " (supported: the 128 bucket, the larger head dim 72..128)";
+  if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
+  if (p.any_feature())
+    return "features: a training feature is on (supported: none; the wgmma pass's features variant runs them)";
+  if (p.deterministic)
+    return "deterministic: deterministic = true asks for the two-pass backward (supported: the single-pass "
+           "backward, dQ by fp32 atomics)";
+  if (!plan.single_pass)
+    return "two_pass: the two-pass backward runs (" + std::to_string(p.s_kv) + " keys, more than " +
+           std::to_string(std::int64_t(kFoldRows) * 2) +
+           ", or forced) (supported: the single-pass backward, dQ by fp32 atomics)";
+  if (plan.kv_fold_blocks > 0)
+    return "fold: the dK/dV pass folds every " + std::to_string(plan.kv_fold_blocks) +
+           " query blocks over a long query range (supported: up to " + std::to_string(kFoldRows) +
+           " query rows times heads per CTA, no fold)";
+  const int smem_limit = forcing.smem_optin > 0 ? std::min(forcing.smem_optin, caps.smem_optin) : caps.smem_optin;
+  if (ws_backward_tile(plan.bucket).smem_bytes > smem_limit)
+    return "shared_memory: needs " + kib(ws_backward_tile(plan.bucket).smem_bytes) + ", the device grants " +
+           kib(smem_limit);
+  for (auto [view, name] : {std::pair{&p.q, "q"}, std::pair{&p.k, "k"}, std::pair{&p.v, "v"}, std::pair{&p.d_o, "d_o"}})
+    if (std::string r = tma_view_refusal(*view, name); !r.empty()) return "tma: " + r;
+  return "";
+}
+
 std::optional<std::string> cuda_plan_refusal(const Problem& p, const DeviceCaps& caps, const PlanForcing& forcing) {
   CudaPlan plan;
   if (choose_kernels(p, caps, forcing, &plan)) return std::nullopt;
@@ -232,6 +264,18 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   // The training features: their variant of each pass, which folds where the fold counts
   // above say so (the plain kernels stay free of the features' code).
   if (p.any_feature()) plan.main.variant = plan.dq.variant = Variant::mods;
+  // The warp-specialized dK/dV pass where it covers the problem (the same grid, group splits
+  // and workspace as the wgmma pass); the wgmma pass stays as its fallback (a view the driver
+  // cannot map, launch.cpp).
+  if (plan.arch == Arch::sm90a && has_ws_backward(plan.bucket)) {
+    plan.ws_note = ws_backward_refusal(p, plan, caps, forcing);
+    if (plan.ws_note.empty()) {
+      plan.ws_fallback = plan.main;
+      plan.main.entry = find_ws_backward(plan.dtype, plan.bucket);
+      plan.main.variant = Variant::guarded;
+      plan.main.grid = grid_of(*plan.main.entry, p, plan.group_splits);
+    }
+  }
   if (plan.group_splits > 1 || plan.kv_fold_blocks > 0)
     plan.partial_rows = p.k.shape[kBatch] * p.kv_heads * p.k.shape[kSeq];
   plan.partial_bytes = std::size_t(plan.partial_rows > 0 ? plan.group_splits : 0) * std::size_t(plan.partial_rows) *

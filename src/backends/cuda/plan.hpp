@@ -37,6 +37,9 @@ struct PlanForcing {
   // With the warp-specialized forward: the instantiation of this consumer schedule (unset: the
   // plan's choice by the key count, kWsPingPongMaxKeys in common/tiles.hpp).
   std::optional<WsSchedule> ws_schedule;
+  // The warp-specialized dK/dV pass (sm90/ws_backward.cuh): unset, the plan's choice (it,
+  // wherever it covers the problem: ws_backward_refusal); false keeps the wgmma pass.
+  std::optional<bool> ws_backward;
   // KV-cache calls: the dense forward (true) or the decode kernels (false) whatever the shape
   // (decode/decode_host.hpp, kv_cache_dense); unset: the shape decides.
   std::optional<bool> kv_cache_dense;
@@ -90,9 +93,10 @@ struct CudaPlan {
   std::size_t dq_accum_bytes = 0;     // (unrounded, for the memset)
   std::size_t dbias_accum_bytes = 0;  // (unrounded, for the memset)
   WorkspaceLayout workspace;
-  // Forward on sm90a at d <= 128: why the warp-specialized forward does not run (its rule, the
-  // value found), "" when it does; then `main` is its entry and ws_fallback the wgmma
-  // forward, which runs instead if its tensor maps cannot be made (prepare_launch).
+  // On sm90a at d <= 128: why the warp-specialized forward (or, in a backward, dK/dV pass)
+  // does not run (its rule, the value found), "" when it does; then `main` is its entry and
+  // ws_fallback the wgmma kernel, which runs instead if its tensor maps cannot be made
+  // (prepare_launch).
   std::string ws_note;
   KernelLaunch ws_fallback;
   [[nodiscard]] bool ok() const { return error.empty(); }
@@ -115,6 +119,17 @@ struct CudaPlan {
 // cannot read: tma_maps.hpp). Pure.
 [[nodiscard]] std::string ws_forward_refusal(const detail::Problem& problem, const CudaPlan& plan,
                                              const DeviceCaps& caps, const PlanForcing& forcing);
+
+// Why the warp-specialized dK/dV pass does not cover the backward `problem` under `forcing`
+// with the kernels of `plan` (arch, bucket, dtype, single pass and folds chosen), or "" when
+// it does: rule `forced_off` (a test's PlanForcing), then `direction`, `arch`, `head_dim`,
+// `varlen`, `features` (any training feature: only the wgmma pass has their variant),
+// `deterministic` (the two-pass backward asked for), `two_pass` (the plan's two-pass
+// backward otherwise: over 2 kFoldRows keys, or forced), `fold` (long query ranges: the
+// plan's kv_fold_blocks), `shared_memory`, `tma` (a view of q, k, v, d_o TMA cannot read).
+// Pure.
+[[nodiscard]] std::string ws_backward_refusal(const detail::Problem& problem, const CudaPlan& plan,
+                                              const DeviceCaps& caps, const PlanForcing& forcing);
 
 [[nodiscard]] CudaPlan make_cuda_plan(const detail::Problem& problem, const DeviceCaps& caps,
                                       const PlanForcing& forcing = {});

@@ -1,4 +1,4 @@
-// TMA tensor maps of the warp-specialized forward (tma_maps.hpp).
+// TMA tensor maps of the warp-specialized kernels (tma_maps.hpp).
 #include "backends/cuda/tma_maps.hpp"
 
 #include <cuda_runtime.h>
@@ -92,6 +92,24 @@ std::string encode_forward_maps(const detail::Problem& p, int q_rows, int kv_row
   if (std::string e = encode_view(p.q, q_rows, &maps->q); !e.empty()) return "q: " + e;
   if (std::string e = encode_view(p.k, kv_rows, &maps->k); !e.empty()) return "k: " + e;
   if (std::string e = encode_view(p.v, kv_rows, &maps->v); !e.empty()) return "v: " + e;
+  return "";
+}
+
+std::string encode_backward_maps(const detail::Problem& p, int q_rows, int kv_rows, TmaBackwardMaps* maps) {
+  if (std::string e = encode_view(p.q, q_rows, &maps->q); !e.empty()) return "q: " + e;
+  if (std::string e = encode_view(p.k, kv_rows, &maps->k); !e.empty()) return "k: " + e;
+  if (std::string e = encode_view(p.v, kv_rows, &maps->v); !e.empty()) return "v: " + e;
+  if (std::string e = encode_view(p.d_o, q_rows, &maps->d_o); !e.empty()) return "d_o: " + e;
+  return "";
+}
+
+std::string patch_backward_maps(TmaBackwardMaps* maps, const void* q, const void* k, const void* v, const void* d_o) {
+  const DriverTma& d = driver_tma();
+  if (d.replace == nullptr) return "the driver has no cuTensorMapReplaceAddress";
+  const std::pair<CUtensorMap*, const void*> all[] = {{&maps->q, q}, {&maps->k, k}, {&maps->v, v}, {&maps->d_o, d_o}};
+  for (auto [map, ptr] : all)
+    if (const CUresult r = d.replace(map, const_cast<void*>(ptr)); r != CUDA_SUCCESS)
+      return "cuTensorMapReplaceAddress returned " + std::to_string(int(r));
   return "";
 }
 

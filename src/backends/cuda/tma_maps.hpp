@@ -1,4 +1,4 @@
-// TMA tensor maps of the warp-specialized forward (sm90/ws_params.hpp): when a view can be
+// TMA tensor maps of the warp-specialized kernels (sm90/ws_params.hpp): when a view can be
 // read by TMA (a pure rule, which make_cuda_plan applies), building its map from the view's
 // real strides once per plan, and patching each run's data pointers into a copy of the maps.
 // The driver's cuTensorMapEncodeTiled and cuTensorMapReplaceAddress are reached through the
@@ -25,6 +25,16 @@ namespace strideattn::cuda_impl {
 // success, else the driver's refusal. Each view must pass tma_view_refusal.
 [[nodiscard]] std::string encode_forward_maps(const detail::Problem& problem, int q_rows, int kv_rows,
                                               TmaForwardMaps* maps);
+
+// The maps of Q, K, V and dO of a backward problem (Q and dO in boxes of `q_rows` tokens, K
+// and V of `kv_rows`, 64 columns, as encode_forward_maps's); "" on success, else the driver's
+// refusal. Each view must pass tma_view_refusal.
+[[nodiscard]] std::string encode_backward_maps(const detail::Problem& problem, int q_rows, int kv_rows,
+                                               TmaBackwardMaps* maps);
+
+// `maps` with the run's data pointers of Q, K, V and dO; as patch_forward_maps.
+[[nodiscard]] std::string patch_backward_maps(TmaBackwardMaps* maps, const void* q, const void* k, const void* v,
+                                              const void* d_o);
 
 // `maps` with the run's data pointers of Q, K and V; "" on success, else why not (a pointer
 // the driver refuses: it must be 16-byte aligned, which the run's alignment check ensures).

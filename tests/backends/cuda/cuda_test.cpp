@@ -527,10 +527,11 @@ std::string debug_log_of(F&& fn) {
 
 // On a 9.0 GPU, in a build with sm_90a code, the forward of the d <= 128 bucket runs the
 // warp-specialized kernel (the wgmma one where the test hook keeps it off), the d <= 256
-// bucket's the wgmma kernel, and every bucket's dK/dV pass the wgmma kernels (so the default
-// runs of every test here, and the default rows of DkDvPassEightAndFourWarps, test them), and
-// the test hook's arch = sm80 the mma.sync ones; the wgmma dK/dV pass is deterministic run to
-// run.
+// bucket's the wgmma kernel; the dK/dV pass is the warp-specialized one in the single-pass
+// backward of the d <= 128 bucket (cuda_ws_backward_test) and the wgmma one everywhere else,
+// the deterministic backward of every bucket among them (so the default runs of every test
+// here, and the default rows of DkDvPassEightAndFourWarps, test those); the test hook's
+// arch = sm80 runs the mma.sync ones; the wgmma dK/dV pass is deterministic run to run.
 TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   SKIP_WITHOUT_GPU();
 #if !defined(STRIDEATTN_CUDA_SM90A)

@@ -7,8 +7,8 @@
 // cu_seqlens problem's plan (grids from the bounds, tables in the workspace); and what a
 // prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
 // problem's tables, no pointer of the problem it was made from; the warp-specialized forward
-// in the default plan wherever it covers the problem, kept off by the test hook, and each
-// rule that keeps it off named.
+// and dK/dV pass in the default plan wherever they cover the problem, kept off by the test
+// hook, and each rule that keeps them off named.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -206,10 +206,12 @@ TEST(CudaPlan, BackwardKernelsPerDevice) {
     // its forward runs (96 KiB)
     EXPECT_TRUE(make_cuda_plan(fwd(DType::f16, 1, 100, 2, 2, 256), kSm86).ok());
   }
-  {  // H200: the wgmma pass in every bucket, single pass; the deterministic one adds the dQ pass
+  {  // H200: the wgmma pass in every bucket (at d 128 the warp-specialized pass, with the wgmma
+     // pass as its fallback), single pass; the deterministic one adds the dQ pass
     for (int d : kBuckets) {
       const CudaPlan plan = make_cuda_plan(bwd(DType::bf16, 2, 700, 4, 4, d), kH200);
-      EXPECT_EQ(name_of(plan.main), "sm90a wgmma dK/dV pass") << d;
+      EXPECT_EQ(name_of(d == 128 ? plan.ws_fallback : plan.main), "sm90a wgmma dK/dV pass") << d;
+      if (d == 128) EXPECT_EQ(name_of(plan.main), "sm90a warp-specialized dK/dV pass");
       EXPECT_TRUE(plan.single_pass) << d;
       const CudaPlan two = make_cuda_plan(bwd(DType::bf16, 2, 700, 4, 4, d, true), kH200);
       EXPECT_EQ(name_of(two.dq), "sm90a dQ pass") << d;
@@ -715,11 +717,163 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     EXPECT_EQ(name_of(prep.plan.main), name_of(def.main));
     EXPECT_TRUE(starts_with(prep.plan.ws_note, "tma: q: ")) << prep.plan.ws_note;
   }
-  // a backward plan never runs it, forced or not
+  // a backward plan never runs it, forced or not (its dK/dV pass is a backward kernel)
   const CudaPlan b = make_cuda_plan(bwd(DType::bf16, 1, 500, 4, 4, 128), kH200, on);
   EXPECT_TRUE(b.ok()) << b.error;
-  EXPECT_FALSE(b.main.entry->tma);
+  EXPECT_EQ(b.main.entry->pass, Pass::dkdv);
   EXPECT_EQ(ws_forward_refusal(bwd(DType::bf16, 1, 500, 4, 4, 128), b, kH200, on).rfind("direction", 0), 0u);
+}
+
+// The warp-specialized TMA dK/dV pass (sm90/ws_backward.cuh): one entry per dtype at d <= 128,
+// sm90a, which find_kernel never returns; the default backward plan runs it wherever it
+// covers the problem, with the wgmma pass as its fallback (same grid, group splits and
+// workspace), the test hook keeps it off, and every problem it does not cover keeps the wgmma
+// pass with the rule named.
+TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
+  for (DType t : {DType::f16, DType::bf16}) {
+    const KernelEntry* e = find_ws_backward(t, 128);
+    ASSERT_NE(e, nullptr);
+    EXPECT_TRUE(e->tma);
+    EXPECT_EQ(e->arch, Arch::sm90a);
+    EXPECT_EQ(e->pass, Pass::dkdv);
+    EXPECT_EQ(e->grid, GridShape::key_blocks);
+    EXPECT_TRUE(e->adds_dq);
+    EXPECT_EQ(e->threads, ws_backward_tile(128).threads);
+    EXPECT_EQ(e->smem_bytes, ws_backward_tile(128).smem_bytes);
+    EXPECT_NE(e->guarded, nullptr);
+    EXPECT_EQ(e->fold, nullptr);
+    EXPECT_EQ(e->mods, nullptr);
+    const KernelEntry* wgmma = find_kernel(t, Arch::sm90a, 128, Pass::dkdv, 1 << 30);
+    ASSERT_NE(wgmma, nullptr);
+    EXPECT_FALSE(wgmma->tma);
+    EXPECT_EQ(e->block_rows, wgmma->block_rows);
+    EXPECT_EQ(e->loop_rows, wgmma->loop_rows);
+    EXPECT_EQ(e->split_target, wgmma->split_target);
+    EXPECT_NE(e->guarded, wgmma->guarded);
+    EXPECT_EQ(find_ws_backward(t, 64), nullptr);
+    EXPECT_EQ(find_ws_backward(t, 256), nullptr);
+    // the forward's lookup never returns it, nor the backward's a forward
+    for (WsSchedule schedule : {WsSchedule::plain, WsSchedule::overlapped, WsSchedule::ping_pong})
+      EXPECT_EQ(find_ws_forward(t, 128, schedule)->pass, Pass::forward);
+  }
+  auto starts_with = [](const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; };
+
+  // the default: the new pass, the wgmma pass's grid, splits and workspace, wgmma as fallback
+  const Problem base = bwd(DType::bf16, 2, 1000, 8, 2, 128);
+  const CudaPlan def = make_cuda_plan(base, kH200, PlanForcing{.ws_backward = false});
+  ASSERT_TRUE(def.ok()) << def.error;
+  EXPECT_FALSE(def.main.entry->tma);
+  EXPECT_TRUE(starts_with(def.ws_note, "forced_off")) << def.ws_note;
+  const CudaPlan ws = make_cuda_plan(base, kH200);
+  ASSERT_TRUE(ws.ok()) << ws.error;
+  ASSERT_TRUE(ws.main.entry->tma) << ws.ws_note;
+  EXPECT_EQ(ws.main.entry->pass, Pass::dkdv);
+  EXPECT_EQ(ws.ws_note, "");
+  EXPECT_EQ(ws.main.variant, Variant::guarded);
+  EXPECT_EQ(ws.main.grid.x, 8u);  // ceil(1000 / 128)
+  EXPECT_EQ(ws.main.grid.x, def.main.grid.x);
+  EXPECT_EQ(ws.main.grid.y, def.main.grid.y);
+  EXPECT_EQ(ws.main.grid.z, 2u);
+  EXPECT_EQ(ws.group_splits, def.group_splits);
+  EXPECT_TRUE(ws.single_pass);
+  EXPECT_EQ(ws.dq.entry, nullptr);
+  EXPECT_EQ(name_of(ws.ws_fallback), name_of(def.main));
+  EXPECT_EQ(ws.workspace.total, def.workspace.total);
+  EXPECT_EQ(ws.kv_fold_blocks, 0);
+  // GQA split over CTAs (partial planes and the reduction, as the wgmma pass's)
+  const Problem mqa = bwd(DType::f16, 1, 512, 16, 1, 128);
+  const CudaPlan split = make_cuda_plan(mqa, kH200);
+  ASSERT_TRUE(split.ok()) << split.error;
+  EXPECT_TRUE(split.main.entry->tma) << split.ws_note;
+  EXPECT_GT(split.group_splits, 1);
+  EXPECT_EQ(split.group_splits, make_cuda_plan(mqa, kH200, PlanForcing{.ws_backward = false}).group_splits);
+  EXPECT_GT(split.partial_rows, 0);
+  EXPECT_EQ(split.main.grid.y, unsigned(split.group_splits));
+  // head dims of the bucket below it (TMA zero-fills the columns past d), d_qk != d_v
+  EXPECT_TRUE(
+      make_cuda_plan(problem(Direction::backward, DType::f16, 1, 100, 300, 4, 4, 96, 128), kH200).main.entry->tma);
+  // the split of a fused QKV buffer [b, s, h + 2 hg, d]: multiples of 16 bytes, read in place
+  Problem fused = bwd(DType::bf16, 2, 256, 16, 1, 128);
+  const std::int64_t row = (16 + 2) * 128;
+  fused.q.stride = {256 * row, row, 128, 1};
+  fused.k.stride = fused.v.stride = {256 * row, row, 128, 1};
+  EXPECT_EQ(make_cuda_plan(fused, kH200).ws_note, "");
+
+  // what keeps it off, each with its rule (the wgmma pass runs, in its own variant)
+  auto note_of = [&](const Problem& p, const PlanForcing& forcing = {}, const DeviceCaps& caps = kH200) {
+    const CudaPlan plan = make_cuda_plan(p, caps, forcing);
+    EXPECT_TRUE(plan.ok()) << plan.error;
+    EXPECT_TRUE(plan.main.entry == nullptr || !plan.main.entry->tma) << plan.ws_note;
+    return plan.ws_note;
+  };
+  EXPECT_TRUE(starts_with(note_of(base, PlanForcing{.ws_backward = false}), "forced_off"));
+  // other buckets and architectures: their kernels, no note
+  for (int d : {64, 256}) EXPECT_EQ(note_of(bwd(DType::bf16, 1, 500, 4, 4, d)), "") << d;
+  EXPECT_EQ(note_of(base, {}, kA100), "");
+  EXPECT_EQ(note_of(base, PlanForcing{.arch = Arch::sm80}), "");
+  // ... but the rules name them when asked
+  {
+    const CudaPlan a100 = make_cuda_plan(base, kA100);
+    EXPECT_TRUE(starts_with(ws_backward_refusal(base, a100, kA100, {}), "arch: sm80")) << a100.ws_note;
+    const Problem d64 = bwd(DType::bf16, 1, 500, 4, 4, 64);
+    EXPECT_TRUE(starts_with(ws_backward_refusal(d64, make_cuda_plan(d64, kH200), kH200, {}), "head_dim: bucket 64"));
+    const Problem f = fwd(DType::bf16, 1, 500, 4, 4, 128);
+    EXPECT_TRUE(starts_with(ws_backward_refusal(f, make_cuda_plan(f, kH200), kH200, {}), "direction: forward"));
+  }
+  Problem vl = base;
+  vl.varlen = true, vl.batch = 2, vl.seqlens_q = vl.seqlens_kv = {500, 400}, vl.offsets_q = vl.offsets_kv = {0, 500};
+  EXPECT_TRUE(starts_with(note_of(vl), "varlen")) << note_of(vl);
+  Problem capped = base;
+  capped.softcap = 30;
+  EXPECT_TRUE(starts_with(note_of(capped), "features")) << note_of(capped);
+  EXPECT_EQ(make_cuda_plan(capped, kH200).main.variant, Variant::mods);
+  Problem dropping = base;
+  dropping.dropout_p = 0.1;
+  EXPECT_TRUE(starts_with(note_of(dropping), "features")) << note_of(dropping);
+  EXPECT_TRUE(starts_with(note_of(bwd(DType::bf16, 2, 1000, 8, 2, 128, true)), "deterministic"));
+  EXPECT_TRUE(starts_with(note_of(base, PlanForcing{.single_pass = false}), "two_pass"));
+  {
+    const Problem long_keys =
+        problem(Direction::backward, DType::bf16, 1, 256, 2 * std::int64_t(kFoldRows) + 1, 2, 2, 128, 128);
+    const std::string n = note_of(long_keys);
+    EXPECT_TRUE(starts_with(n, "two_pass")) << n;
+    EXPECT_NE(n.find(std::to_string(2 * std::int64_t(kFoldRows) + 1)), std::string::npos) << n;
+  }
+  {
+    const Problem long_q = problem(Direction::backward, DType::bf16, 1, std::int64_t(kFoldRows), 1024, 4, 4, 128, 128);
+    const std::string n = note_of(long_q);
+    EXPECT_TRUE(starts_with(n, "fold: the dK/dV pass folds every " + std::to_string(kFoldRows / 64))) << n;
+    EXPECT_EQ(make_cuda_plan(long_q, kH200).main.variant, Variant::fold);
+  }
+  {
+    // (8 bytes short of the new pass, 32 more than the wgmma pass needs)
+    static_assert(ws_backward_tile(128).smem_bytes - 8 >= kv_wgmma_tile(128).smem_bytes);
+    DeviceCaps small = kH200;
+    small.smem_optin = ws_backward_tile(128).smem_bytes - 8;
+    const std::string n = note_of(base, {}, small);
+    EXPECT_TRUE(starts_with(n, "shared_memory: needs 165928 bytes")) << n;
+    EXPECT_TRUE(starts_with(note_of(base, PlanForcing{.smem_optin = small.smem_optin}), "shared_memory"));
+  }
+  Problem odd = base;  // a head stride of 65 elements (130 bytes): not a multiple of 16
+  odd.k.stride = {1000 * 65 * 2, 65 * 2, 65, 1};
+  EXPECT_TRUE(starts_with(note_of(odd), "tma: k: ")) << note_of(odd);
+  Problem odd_do = base;
+  odd_do.d_o.stride = {1000 * 8 * 129, 8 * 129, 129, 1};
+  EXPECT_TRUE(starts_with(note_of(odd_do), "tma: d_o: ")) << note_of(odd_do);
+  Problem unaligned = base;
+  static std::uint16_t buffer[16];
+  unaligned.q.data = reinterpret_cast<std::uint8_t*>(buffer) + (16 - reinterpret_cast<std::uintptr_t>(buffer) % 16) + 8;
+  EXPECT_TRUE(starts_with(note_of(unaligned), "tma: q: data pointer")) << note_of(unaligned);
+
+  // prepare_launch makes the tensor maps; where the driver cannot (a machine without one, as
+  // CI's), the call keeps the wgmma pass and says why
+  const PreparedLaunch prep = prepare_launch(ws, base);
+  if (prep.plan.main.entry->tma) {
+    EXPECT_EQ(prep.plan.ws_note, "");
+  } else {
+    EXPECT_EQ(name_of(prep.plan.main), name_of(def.main));
+    EXPECT_TRUE(starts_with(prep.plan.ws_note, "tma: q: ")) << prep.plan.ws_note;
+  }
 }
 
 }  // namespace

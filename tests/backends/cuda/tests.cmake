@@ -34,6 +34,13 @@ if(STRIDEATTN_HAVE_CUDA)
   if("${CMAKE_CUDA_ARCHITECTURES}" MATCHES "90a")
     target_compile_definitions(cuda_ws_forward_test PRIVATE STRIDEATTN_CUDA_SM90A=1)
   endif()
+  # The warp-specialized TMA dK/dV pass (the default d <= 128 single-pass dK/dV pass on sm_90a)
+  # against the reference and the wgmma pass, and that it really runs; DISABLED_Timing times it.
+  strideattn_test(cuda_ws_backward_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_ws_backward_test.cpp LABELS gpu)
+  target_link_libraries(cuda_ws_backward_test PRIVATE strideattn_gpu CUDA::cudart)
+  if("${CMAKE_CUDA_ARCHITECTURES}" MATCHES "90a")
+    target_compile_definitions(cuda_ws_backward_test PRIVATE STRIDEATTN_CUDA_SM90A=1)
+  endif()
   # The training features cuda runs (softcap, bias, ALiBi, sinks, max logit) against the reference.
   strideattn_test(cuda_features_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_features_test.cpp LABELS gpu)
   target_link_libraries(cuda_features_test PRIVATE strideattn_gpu CUDA::cudart)

@@ -29,6 +29,9 @@ static_assert(kv8_tile(Arch::sm80, 128).smem_bytes == 164864 && kv8_tile(Arch::s
 static_assert(kv_tile(Arch::sm80, 256).smem_bytes == 131584 && kv_tile(Arch::sm80, 256).dim_splits == 2);
 static_assert(kv_wgmma_tile(64).smem_bytes == 166912 && kv_wgmma_tile(128).smem_bytes == 165888 &&
               kv_wgmma_tile(256).smem_bytes == 215040);
+// The warp-specialized dK/dV pass: K, V (32 KiB each), P^T, dS^T (16 KiB each), 2 stages of
+// Q and dO (16 KiB each) and of LSE and delta (256 bytes each), 5 mbarriers, 1 KiB.
+static_assert(ws_backward_tile(128).smem_bytes == 165928 && ws_backward_tile(128).threads == 384);
 static_assert(q_tile(Arch::sm80, 128).smem_bytes == 96 * 1024 && q_tile(Arch::sm80, 256).smem_bytes == 128 * 1024);
 // Only the sm80 kernels at d = 128 compile no unguarded FullD code; only sm_90a prefetches.
 static_assert(!unguarded_full_d(Arch::sm80, 128) && unguarded_full_d(Arch::sm80, 64) &&

@@ -19,20 +19,16 @@
 // the products inside a wgmma sum in the hardware's order, so the bytes differ from the
 // mma.sync kernels' (both pass the fp64 reference; the GPU tests run both).
 // Shared-memory operands written by cp.async or st.shared are made visible to the wgmma
-// (async proxy) by fence.proxy.async before the barrier that publishes them.
+// (async proxy) by fence.proxy.async before the barrier that publishes them. The per-block
+// steps live in sm90/kv_wgmma_block.cuh, which the warp-specialized pass calls too.
 // Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
 // recomputed (with scale 1), dropout's mask Z (common/dropout.cuh) multiplies the P^T
 // stored for dV and dP^T before dS^T, and dS^T is scaled by the softcap's derivative.
 #pragma once
 
-#include "backends/cuda/common/dropout.cuh"
-#include "backends/cuda/common/epilogue.cuh"
-#include "backends/cuda/common/fragment.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
-#include "backends/cuda/common/mask.cuh"
-#include "backends/cuda/common/score_mod.cuh"
-#include "backends/cuda/common/softmax.cuh"
 #include "backends/cuda/dispatch.hpp"
+#include "backends/cuda/sm90/kv_wgmma_block.cuh"
 #include "backends/cuda/sm90/wgmma.cuh"
 
 namespace strideattn::cuda_impl {
@@ -41,9 +37,7 @@ template <class T, int D, bool Fold, bool Mods = false>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
   constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
-  constexpr int Bc = kTile.bc, Br = kTile.br, DQ = kTile.dq_cols, DQC = DQ < 64 ? DQ : 64;
-  constexpr int GQ = kTile.group_queries, GD = kTile.group_cols;
-  constexpr bool kDqSplitsQueries = kTile.dq_splits_queries;
+  constexpr int Bc = kTile.bc, Br = kTile.br, GD = kTile.group_cols;
   using KvTile = Sw128Tile<Bc, D>;
   using QTile = Sw128Tile<Br, D>;
   using PTile = Sw128Tile<Bc, Br>;  // P^T and dS^T: rows = keys, columns = queries
@@ -68,14 +62,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
   const auto do_ref = sequence_ref(p.d_o, p.do_st, p.q_seq, w.batch);
   const int d_qk = int(p.d_qk), d_v = int(p.d_v);
 
-  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
-  const int wg = warp >> 2;  // warpgroup
-  // this group's first key row, query column (of S^T, P^T) and dK / dV column in the block
-  const int g_key0 = kTile.groups_split_keys ? wg * kTile.key_rows_per_group : 0;
-  const int g_q0 = kTile.groups_split_keys ? 0 : wg * GQ, g_d0 = kTile.groups_split_keys ? 0 : wg * GD;
-  const int key0 = g_key0 + (warp & 3) * 16;  // this warp's first key row in the block
-  // this group's share of dQ = dS K: queries dq_q0.. (64 of them), columns dq_d0.. (DQ)
-  const int dq_q0 = kDqSplitsQueries ? wg * 64 : 0, dq_d0 = kDqSplitsQueries ? 0 : wg * DQ;
+  const KvWgmmaLane<D> ln(threadIdx.x);
 
   // Iteration (h, b): query head w.head(h), query block w.first_qblock + b (KvBlockWork).
   auto load_queries = [&](int h, int b, int buf) {
@@ -108,114 +95,17 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     __syncthreads();
     if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
-    const int64_t r0 = int64_t(w.first_qblock + b) * Br;
-    const int64_t r1 = kernel::min64(r0 + Br, w.s_q);
-    const QTile q = sQ(buf), d_o = sDO(buf);
-
-    // ---- S^T = K Q^T and dP^T = V dO^T: this group's 64 keys x GQ queries
-    float st[1][GQ / 8][4], dpt[1][GQ / 8][4];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) wgmma_m64k16<T, 0, 0>(st[0], sK.k_major(g_key0, kk), q.k_major(g_q0, kk), kk);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16<T, 0, 0>(dpt[0], sV.k_major(g_key0, kk), d_o.k_major(g_q0, kk), kk);
-    wgmma_commit();
-    // dropout: the keep mask, drawn while both GEMMs run
-    KeepMask<1, GQ / 8> keep{};
-    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
-    if (dropping) keep = dropout_mask_cols<1, GQ / 8>(kp, w.batch, w.head(h), w.c0 + key0, r0 + g_q0);
-
-    // P^T = exp(round(S^T * scale) - LSE), masked -> -0 (while dP^T is still running)
-    wgmma_wait<1>();
-    fence_operands(st[0]);
-    const float* lse = sLse + buf * Br + g_q0;
-    const float* delta = sDelta + buf * Br + g_q0;
-    ScoreMod mod;
-    if constexpr (Mods) {
-      mod = ScoreMod::of(kp, w.mask, w.batch, w.head(h));
-      score_mod<1, GQ>(st, mod, w.c0 + key0, r0 + g_q0, false);
-    }
-    recompute_p_cols(st, lse, Mods ? 1.f : kp.p.scale);
-    // (keys past s_kv in a partial block too: K is zero there, S^T = 0, and dQ multiplies
-    // dS by those zero rows, so P^T must be 0)
-    if (r0 < w.unmasked.begin || r1 > w.unmasked.end) mask_key_rows(st[0], w.mask, w.c0 + key0, r0 + g_q0);
-    if (dropping) {  // dV takes (Z P)^T; dS^T takes P^T itself
-      float zpt[1][GQ / 8][4];
-      keep_copy(zpt, st, keep, kp.f.dropout_scale);
-      store_accum<T, 1, GQ>(sP, key0, g_q0, zpt);
-    } else {
-      store_accum<T, 1, GQ>(sP, key0, g_q0, st);
-    }
-
-    // dS^T = P^T (dP^T - delta)
-    wgmma_wait<0>();
-    fence_operands(dpt[0]);
-    if (dropping) apply_keep(dpt, keep, kp.f.dropout_scale);  // dS^T = P^T (Z dP^T - delta)
-    ds_cols(dpt, st, delta);
-    if constexpr (Mods)
-      if (mod.cap > 0.f || mod.writes_dbias()) score_grad_cols(dpt, st, lse, mod, w.c0 + key0, r0 + g_q0);
-    store_accum<T, 1, GQ>(sDS, key0, g_q0, dpt);
-    fence_async_shared();
-    __syncthreads();  // P^T and dS^T of the whole block are in shared memory
-
-    // ---- dV += P^T dO, dK += dS^T Q: this group's 64 keys x GD columns, over the Br queries
-    wgmma_fence();
-    fence_operands(dv[0]);
-    fence_operands(dk[0]);
-#pragma unroll
-    for (int kk = 0; kk < Br / 16; ++kk)
-      wgmma_m64k16<T, 0, 1>(dv[0], sP.k_major(g_key0, kk), d_o.mn_major(g_d0, kk), 1);
-#pragma unroll
-    for (int kk = 0; kk < Br / 16; ++kk) wgmma_m64k16<T, 0, 1>(dk[0], sDS.k_major(g_key0, kk), q.mn_major(g_d0, kk), 1);
-    wgmma_commit();
-
-    // ---- single pass: dq_accum += dS K, this group's 64 queries x DQ columns over all Bc keys,
-    // at most 64 columns at a time (at D = 256, 128 dQ floats next to dK and dV spilled)
-    if (kp.dq_accum != nullptr) {
-#pragma unroll
-      for (int chunk = 0; chunk < DQ / DQC; ++chunk) {
-        const int c0 = dq_d0 + chunk * DQC;
-        float dq[DQC / 8][4];
-        if (chunk > 0) wgmma_fence();  // (the registers were just read by the atomics)
-#pragma unroll
-        for (int kk = 0; kk < Bc / 16; ++kk)
-          wgmma_m64k16<T, 1, 1>(dq, sDS.mn_major(dq_q0, kk), sK.mn_major(c0, kk), kk);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_operands(dq);
-        float* const block = kp.dq_accum + delta_index(kp, w.batch, w.head(h), r0) * d_qk;
-        const int rows = int(r1 - r0);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = dq_q0 + (warp & 3) * 16 + g + 8 * hh;
-          if (row >= rows) continue;
-#pragma unroll
-          for (int n = 0; n < DQC / 8; ++n) {
-            const int col = c0 + n * 8 + 2 * t;
-            if (col < d_qk) atomic_add_pair(block + int64_t(row) * d_qk + col, dq[n][2 * hh], dq[n][2 * hh + 1]);
-          }
-        }
-      }
-    }
-    wgmma_wait<0>();
-    fence_operands(dv[0]);
-    fence_operands(dk[0]);
-    if constexpr (Fold)  // long query ranges: fold dK, dV (kernel_params.hpp)
-      if (--fold_left == 0) {
-        fold_dk_dv<1, GD>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
-        fold_left = kp.kv_fold_blocks;
-      }
+    kv_wgmma_block<T, D, Fold, Mods>(kp, w, ln, sK, sV, sP, sDS, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                                     h, b, d_qk, dk, dv, fold_left, [] { __syncthreads(); });
     h = next_h, b = next_b;
   }
 
   // epilogue: this warp's 16 keys (those below c1), the group's GD columns (the feature
   // variant folds only where the plan says so)
   if (!Mods || kp.kv_fold_blocks > 0)
-    store_dk_dv<T, 1, GD, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
+    store_dk_dv<T, 1, GD, Fold>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + ln.key0, w.c1, ln.g_d0, dk, dv);
   else
-    store_dk_dv<T, 1, GD, false>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + key0, w.c1, g_d0, dk, dv);
+    store_dk_dv<T, 1, GD, false>(kp, w.batch, w.kv_head, w.gsplit, w.c0 + ln.key0, w.c1, ln.g_d0, dk, dv);
 #endif
 }
 

@@ -4,12 +4,13 @@
 // completing on an mbarrier), warpgroup register reallocation (setmaxnreg) and the fences
 // around them. Everything compiles to nothing outside sm_90a code (SA_WGMMA == 0, wgmma.cuh).
 //
-// The pipeline protocol the kernels build from these (sm90/ws_forward.cuh): a `full` barrier
-// per ring stage that the producer arms with the stage's byte count (expect_tx) and the TMA
-// completes, and an `empty` barrier per stage on which every consumer warp arrives once it is
-// done reading the stage. Both sides track the phase parity of each barrier (round r of a
-// stage waits for parity r & 1 on `full`; the producer waits for (r & 1) ^ 1 on `empty`,
-// which a fresh barrier satisfies at once, so the first round needs no arrival).
+// The pipeline protocol the kernels build from these (sm90/ws_forward.cuh,
+// sm90/ws_backward.cuh): a `full` barrier per ring stage that the producer arms with the
+// stage's byte count (expect_tx) and the TMA completes, and an `empty` barrier per stage on
+// which every consumer warp arrives once it is done reading the stage. Both sides track the
+// phase parity of each barrier (round r of a stage waits for parity r & 1 on `full`; the
+// producer waits for (r & 1) ^ 1 on `empty`, which a fresh barrier satisfies at once, so the
+// first round needs no arrival).
 #pragma once
 
 #include <cstdint>

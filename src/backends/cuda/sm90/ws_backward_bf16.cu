@@ -1,0 +1,12 @@
+// The bf16 entry of the warp-specialized sm_90a dK/dV pass (sm90/ws_backward.cuh): the d <= 128
+// bucket.
+#include "backends/cuda/sm90/ws_backward.cuh"
+
+namespace strideattn::cuda_impl {
+
+std::span<const KernelEntry> sm90_ws_backward_entries_bf16() {
+  static const KernelEntry entries[] = {ws_backward_entry<__nv_bfloat16, 128>()};
+  return entries;
+}
+
+}  // namespace strideattn::cuda_impl

@@ -1,0 +1,464 @@
+// The warp-specialized sm_90a dK/dV pass (sm90/ws_backward.cuh; the default dK/dV pass of the
+// d <= 128 single-pass backward on sm_90a, kept off here with PlanForcing::ws_backward) against
+// the fp64 reference under the correctness rule, through the harness runner (fresh random
+// inputs, poisoned outputs, guard bands, written checks): s_q != s_kv both ways, sizes off the
+// 128-key and 64-query tiles, every mask kind, bottom-right windows, GQA 8:1 (with its group
+// split over CTAs, forced too), MQA, batch > 1, f16 and bf16, head dims of the 128 bucket
+// below 128, every dense named layout (the splits of packed and fused QKV buffers among them).
+// Every case also asserts from the debug log that the new pass really ran (no silent
+// fallback), and planted errors in dQ, dK and dV must be caught. Views TMA cannot read fall
+// back to the wgmma pass with the reason logged. Against the wgmma pass on the same inputs:
+// both pass the rule, and on device buffers dK and dV equal it bit for bit (the same block
+// math, sm90/kv_wgmma_block.cuh, summed in the same order in registers) while dQ, summed by
+// fp32 atomics in another order, stays within a few bf16 roundings of it.
+// DISABLED_Timing times the two passes (run it with --gtest_also_run_disabled_tests).
+// Skips, saying why, without a GPU, without sm_90a code in the build, or on a GPU that is not
+// compute capability 9.0.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/cuda/test_hook.hpp"
+#include "common/log.hpp"
+#include "harness/runner.hpp"
+#include "harness/views.hpp"
+#include "support/backend_case.hpp"
+
+namespace {
+
+using strideattn::Backend;
+using strideattn::DType;
+using strideattn::MaskKind;
+using strideattn::cuda_impl::PlanForcing;
+using strideattn::cuda_impl::ScopedCudaPlanForcing;
+using strideattn::harness::CaseReport;
+using strideattn::harness::CaseSpec;
+using strideattn::harness::ViewSpec;
+using strideattn::test_support::with_views;
+
+// What the debug log line of a backward says when each dK/dV pass ran.
+constexpr const char* kWsRan = "; dK/dV pass: sm90a warp-specialized dK/dV pass";
+constexpr const char* kWgmmaRan = "; dK/dV pass: sm90a wgmma dK/dV pass";
+constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 18181};
+
+// Why this process cannot run the kernel ("" when it can).
+std::string cannot_run() {
+  if (!strideattn::harness::gpu_available()) return "no CUDA GPU present: the warp-specialized backward tests need one";
+#if !defined(STRIDEATTN_CUDA_SM90A)
+  return "this build carries no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)";
+#else
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return "cannot query the current device";
+  if (major != 9 || minor != 0)
+    return "compute capability " + std::to_string(major) + "." + std::to_string(minor) + ", not 9.0";
+  return "";
+#endif
+}
+#define SKIP_UNLESS_SM90A() \
+  if (const std::string why = cannot_run(); !why.empty()) GTEST_SKIP() << why
+
+std::vector<std::string> g_log;
+void capture_log(std::string_view line) { g_log.emplace_back(line); }
+
+// The debug lines of one run of `fn` (which kernels ran, and why not the new one).
+template <class F>
+std::string debug_log_of(F&& fn) {
+  namespace detail = strideattn::detail;
+  g_log.clear();
+  detail::set_log_sink_for_testing(&capture_log);
+  detail::set_log_level_for_testing(detail::LogLevel::debug);
+  fn();
+  detail::set_log_sink_for_testing(nullptr);
+  detail::set_log_level_for_testing(detail::LogLevel::off);
+  std::string all;
+  for (const auto& line : g_log) all += line + "\n";
+  return all;
+}
+
+// `spec` (forward and backward) on cuda under `forcing`: the report, every output checked
+// (O, LSE, dQ, dK, dV), and the debug log.
+struct CaseRun {
+  CaseReport report;
+  std::string log, repro;
+};
+CaseRun run(CaseSpec spec, const PlanForcing& forcing = {}) {
+  spec.grad = true;
+  CaseRun r;
+  EXPECT_TRUE(strideattn::harness::make_layout_views(spec.layout_name, spec.sizes, &spec.views).ok());
+  const ScopedCudaPlanForcing forced(forcing);
+  r.log = debug_log_of([&] {
+    const strideattn::Status st = strideattn::harness::run_case(spec, {Backend::cuda}, &r.report);
+    EXPECT_TRUE(st.ok()) << st.message();
+  });
+  r.repro = strideattn::harness::reproducer(spec, {Backend::cuda});
+  return r;
+}
+
+// `spec` passes the correctness rule with the new pass (expect_ran), or with the wgmma pass
+// and the log naming why not (`rule`, the start of the refusal).
+void expect_ws(const CaseSpec& spec, bool expect_ran = true, const char* rule = "", const PlanForcing& forcing = {}) {
+  const CaseRun r = run(spec, forcing);
+  ASSERT_EQ(r.report.backends.size(), 1u);
+  const auto& b = r.report.backends[0];
+  EXPECT_EQ(b.status, "ok") << b.reason << "\n  " << r.repro;
+  EXPECT_TRUE(b.guard_ok) << r.repro;
+  EXPECT_TRUE(b.written_ok) << r.repro;
+  EXPECT_EQ(b.checks.size(), 5u) << r.repro;
+  if (expect_ran) {
+    EXPECT_NE(r.log.find(kWsRan), std::string::npos) << "the new pass did not run:\n" << r.log;
+  } else {
+    EXPECT_EQ(r.log.find(kWsRan), std::string::npos) << r.log;
+    EXPECT_NE(r.log.find(kWgmmaRan), std::string::npos) << r.log;
+    EXPECT_NE(r.log.find(std::string("warp-specialized dK/dV pass not run: ") + rule), std::string::npos) << r.log;
+  }
+}
+
+const MaskKind kMasks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right};
+
+TEST(CudaWsBackward, ShapesMasksAndDtypes) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t shapes[][2] = {{128, 128}, {77, 77}, {50, 300}, {300, 50}, {257, 513}, {1000, 1000}, {1, 129}};
+  for (DType t : {DType::bf16, DType::f16})
+    for (MaskKind m : kMasks)
+      for (const auto& sh : shapes) {
+        SCOPED_TRACE(::testing::Message()
+                     << strideattn::to_string(t) << " mask " << int(m) << " " << sh[0] << "x" << sh[1]);
+        expect_ws(dense(t, 2, sh[0], sh[1], 4, 2, 128, 128, m));
+      }
+}
+
+// Bottom-right windows (docs/semantics.md): rows that see nothing (their P is 0), key blocks
+// no query sees (dK = dV = 0: the loop runs no iteration, the epilogue stores zeros), windows
+// narrower than a block.
+TEST(CudaWsBackward, Windows) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t windows[][2] = {{0, 0}, {7, 3}, {100, -1}, {-1, 50}, {200, 0}, {3, 400}};
+  for (MaskKind m : {MaskKind::none, MaskKind::causal_bottom_right})
+    for (const auto& w : windows)
+      for (const auto& sh : {std::pair<std::int64_t, std::int64_t>{300, 500}, {500, 300}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "mask " << int(m) << " window " << w[0] << "," << w[1] << " " << sh.first << "x" << sh.second);
+        expect_ws(dense(DType::bf16, 2, sh.first, sh.second, 4, 4, 128, 128, m, w[0], w[1]));
+      }
+}
+
+// GQA and MQA: the loop over the group's query heads, and the group split over CTAs (fp32
+// partial planes and the reduction), the plan's and forced.
+TEST(CudaWsBackward, GroupedAndMultiQueryBatches) {
+  SKIP_UNLESS_SM90A();
+  expect_ws(dense(DType::bf16, 3, 333, 400, 8, 1, 128, 128, MaskKind::causal_bottom_right));  // GQA 8:1
+  expect_ws(dense(DType::f16, 2, 200, 200, 16, 1, 128, 128, MaskKind::none));                 // MQA
+  expect_ws(dense(DType::bf16, 4, 130, 260, 8, 2, 128, 128, MaskKind::causal));               // 4:1
+  for (int splits : {2, 3, 8}) {
+    SCOPED_TRACE(::testing::Message() << splits << " group splits");
+    expect_ws(dense(DType::bf16, 2, 300, 333, 8, 1, 128, 128, MaskKind::causal), true, "",
+              PlanForcing{.group_splits = splits});
+  }
+}
+
+// Head dims of the 128 bucket below 128 (and d_qk != d_v): TMA zero-fills the columns past d.
+TEST(CudaWsBackward, HeadDimsOfTheBucket) {
+  SKIP_UNLESS_SM90A();
+  for (const auto& d : {std::pair<std::int64_t, std::int64_t>{72, 72}, {96, 96}, {120, 120}, {64, 128}, {128, 80}}) {
+    SCOPED_TRACE(::testing::Message() << "d_qk " << d.first << " d_v " << d.second);
+    expect_ws(dense(DType::bf16, 2, 150, 190, 4, 2, d.first, d.second, MaskKind::causal));
+  }
+}
+
+// Every dense named layout: transposed buffers, the splits of packed QKV / KV buffers and of
+// the fused [s, b, h + 2 hg, d] projection, read in place through their strides.
+TEST(CudaWsBackward, EveryDenseLayout) {
+  SKIP_UNLESS_SM90A();
+  for (const std::string& l : strideattn::harness::layout_names()) {
+    if (l[0] == 't') continue;  // varlen layouts: not covered (the plan says so)
+    SCOPED_TRACE(l);
+    const bool packed_qkv = l.find('3') != std::string::npos;
+    const bool fused = l.find("(h") != std::string::npos;
+    const std::int64_t hg = packed_qkv ? 4 : 2;
+    expect_ws(dense(DType::bf16, 2, 190, packed_qkv || fused ? 190 : 260, 4, hg, 128, 128, MaskKind::causal, -1, -1,
+                    true, l.c_str()));
+  }
+}
+
+// Views TMA cannot read (a base 10 bytes past a 16-byte boundary, a head stride of 129
+// elements): the plan falls back to the wgmma pass, says why, and the answer is right. The
+// problems the new pass does not cover (deterministic, the training features) say so too.
+TEST(CudaWsBackward, WhatItDoesNotCoverFallsBack) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t b = 2, s = 150, h = 4, d = 128;
+  const CaseSpec base = dense(DType::bf16, b, s, s, h, h, d, d, MaskKind::causal);
+  expect_ws(with_views(base,
+                       [&](const char* n, std::int64_t hh) {
+                         return ViewSpec{n, 5, {b, s, hh, d}, {s * hh * d, hh * d, d, 1}};
+                       }),
+            false, "tma");
+  expect_ws(with_views(base,
+                       [&](const char* n, std::int64_t hh) {
+                         return ViewSpec{n, 0, {b, s, hh, d}, {s * hh * 129, hh * 129, 129, 1}};
+                       }),
+            false, "tma");
+  CaseSpec det = base;
+  det.options.deterministic = true;
+  expect_ws(det, false, "deterministic");
+  CaseSpec capped = base;
+  capped.options.softcap = 5.0;
+  expect_ws(capped, false, "features");
+  expect_ws(base, false, "forced_off", PlanForcing{.ws_backward = false});
+}
+
+// The checks catch a wrong element, an unwritten one and a write past the end in each
+// gradient the new pass writes or adds to (dK, dV; dQ through its accumulator).
+TEST(CudaWsBackward, PlantedErrorsAreCaught) {
+  SKIP_UNLESS_SM90A();
+  struct P {
+    const char* kind;
+    const char* tensor;
+    double delta;
+  };
+  for (const P& p : {P{"value", "dk", 1.0}, P{"value", "dv", 1.0}, P{"value", "dq", 1.0}, P{"unwritten", "dk", 0},
+                     P{"unwritten", "dv", 0}, P{"guard", "dv", 0}}) {
+    SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor);
+    CaseSpec c = dense(DType::bf16, 2, 200, 300, 4, 2, 128, 128, MaskKind::causal);
+    c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
+    const CaseRun r = run(c);
+    EXPECT_NE(r.log.find(kWsRan), std::string::npos) << r.log;
+    ASSERT_EQ(r.report.backends.size(), 1u);
+    const auto& b = r.report.backends[0];
+    EXPECT_TRUE(b.status == "mismatch" || !b.written_ok || !b.guard_ok) << b.status << ": " << b.reason;
+  }
+}
+
+// On the same inputs (the same seed) both passes meet the rule, and the new pass's error in
+// each gradient is the wgmma pass's within the tensor's tolerance.
+TEST(CudaWsBackward, MeetsTheRuleWhereTheWgmmaPassDoes) {
+  SKIP_UNLESS_SM90A();
+  for (DType t : {DType::bf16, DType::f16})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      SCOPED_TRACE(::testing::Message() << strideattn::to_string(t) << " mask " << int(m));
+      const CaseSpec spec = dense(t, 2, 700, 900, 8, 2, 128, 128, m);
+      const CaseRun wgmma = run(spec, PlanForcing{.ws_backward = false});
+      const CaseRun ws = run(spec);
+      EXPECT_NE(wgmma.log.find(kWgmmaRan), std::string::npos) << wgmma.log;
+      EXPECT_NE(ws.log.find(kWsRan), std::string::npos) << ws.log;
+      ASSERT_EQ(wgmma.report.backends.size(), 1u);
+      ASSERT_EQ(ws.report.backends.size(), 1u);
+      EXPECT_EQ(wgmma.report.backends[0].status, "ok") << wgmma.report.backends[0].reason;
+      EXPECT_EQ(ws.report.backends[0].status, "ok") << ws.report.backends[0].reason << "\n  " << ws.repro;
+      const auto& a = wgmma.report.backends[0].checks;
+      const auto& c = ws.report.backends[0].checks;
+      ASSERT_EQ(a.size(), c.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i].name, c[i].name);
+        EXPECT_GT(c[i].tol, 0) << c[i].name;
+        EXPECT_LE(c[i].err.max_abs_err, a[i].err.max_abs_err + c[i].tol) << c[i].name;
+      }
+    }
+}
+
+// ------------------------------------------------------------------ public API, device buffers
+
+// Random bf16 device buffer of `elems` elements (normal(0, 1) draws), or zeros.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  std::size_t elems = 0;
+  explicit DeviceBuffer(std::size_t n, std::mt19937_64* rng = nullptr) : elems(n) {
+    std::vector<std::uint16_t> host(n, 0);
+    if (rng != nullptr) {
+      std::normal_distribution<float> dist(0.f, 1.f);
+      for (auto& e : host) {
+        const float f = dist(*rng);
+        std::uint32_t u;
+        std::memcpy(&u, &f, 4);
+        e = static_cast<std::uint16_t>(u >> 16);
+      }
+    }
+    EXPECT_EQ(cudaMalloc(&ptr, n * 2 + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  [[nodiscard]] std::vector<std::uint16_t> bytes() const {
+    std::vector<std::uint16_t> host(elems);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr, elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  void poison() const { EXPECT_EQ(cudaMemset(ptr, 0xff, elems * 2), cudaSuccess); }  // (NaN)
+};
+
+float bf16_value(std::uint16_t x) {
+  const std::uint32_t u = std::uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// A bf16 forward and single-pass backward [b, s, h, d] / [b, s, hg, d], contiguous bshd, on
+// device buffers: O and LSE from one forward, then backward() on them.
+struct BackwardCase {
+  std::int64_t b, s, h, hg, d;
+  std::mt19937_64 rng{4711};
+  DeviceBuffer q, k, v, o, d_o, dq, dk, dv;
+  float* lse = nullptr;
+  strideattn::ForwardArgs fa;
+  strideattn::BackwardArgs ba;
+  BackwardCase(std::int64_t b_, std::int64_t s_, std::int64_t h_, std::int64_t hg_, MaskKind m)
+      : b(b_),
+        s(s_),
+        h(h_),
+        hg(hg_),
+        d(128),
+        q(std::size_t(b * s * h * d), &rng),
+        k(std::size_t(b * s * hg * d), &rng),
+        v(std::size_t(b * s * hg * d), &rng),
+        o(std::size_t(b * s * h * d)),
+        d_o(std::size_t(b * s * h * d), &rng),
+        dq(std::size_t(b * s * h * d)),
+        dk(std::size_t(b * s * hg * d)),
+        dv(std::size_t(b * s * hg * d)) {
+    EXPECT_EQ(cudaMalloc(&lse, std::size_t(b * h * s) * sizeof(float)), cudaSuccess);
+    auto view = [&](void* ptr, std::int64_t heads) {
+      strideattn::TensorView t;
+      t.data = ptr, t.dtype = DType::bf16;
+      t.shape = {b, s, heads, d};
+      t.stride = {s * heads * d, heads * d, d, 1};
+      return t;
+    };
+    fa.q = view(q.ptr, h), fa.k = view(k.ptr, hg), fa.v = view(v.ptr, hg), fa.o = view(o.ptr, h);
+    fa.lse.data = lse;
+    fa.lse.shape = {b, h, s};
+    fa.lse.stride = {h * s, s, 1};
+    fa.options.mask = m;
+    fa.backend = Backend::cuda;
+    fa.memory = strideattn::Memory::device;
+    const strideattn::Status st = strideattn::forward(fa);
+    EXPECT_TRUE(st.ok()) << st.message();
+    ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.lse = fa.lse, ba.d_o = view(d_o.ptr, h);
+    ba.dq = view(dq.ptr, h), ba.dk = view(dk.ptr, hg), ba.dv = view(dv.ptr, hg);
+    ba.options = fa.options;
+    ba.backend = Backend::cuda;
+    ba.memory = strideattn::Memory::device;
+  }
+  ~BackwardCase() { cudaFree(lse); }
+  void backward() {
+    dq.poison(), dk.poison(), dv.poison();
+    const strideattn::Status st = strideattn::backward(ba);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  [[nodiscard]] double flops() const {  // 10 d per visible (query, key) pair: 5 GEMMs
+    const double pairs = fa.options.mask == MaskKind::none ? double(s) * double(s) : double(s) * double(s + 1) / 2;
+    return 10.0 * double(d) * pairs * double(b * h);
+  }
+};
+
+// The same block math in the same order as the wgmma pass (sm90/kv_wgmma_block.cuh; dK and
+// dV summed over the query blocks in one thread's registers, the group splits' partials
+// reduced in a fixed order): dK and dV equal bit for bit. dQ is summed by fp32 atomics, in
+// an order that differs run to run: within 2 bf16 roundings of the largest |dQ| of its row
+// block at every element.
+TEST(CudaWsBackward, DkDvEqualTheWgmmaPassBitForBit) {
+  SKIP_UNLESS_SM90A();
+  struct Shape {
+    std::int64_t b, s, h, hg;
+    MaskKind m;
+  };
+  for (const Shape sh : {Shape{2, 777, 8, 2, MaskKind::none}, Shape{2, 777, 8, 2, MaskKind::causal},
+                         Shape{1, 1000, 16, 1, MaskKind::causal}}) {
+    SCOPED_TRACE(::testing::Message() << "b " << sh.b << " s " << sh.s << " h " << sh.h << "/" << sh.hg << " mask "
+                                      << int(sh.m));
+    BackwardCase c(sh.b, sh.s, sh.h, sh.hg, sh.m);
+    const std::string def_log = debug_log_of([&] {
+      const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_backward = false});
+      c.backward();
+    });
+    EXPECT_NE(def_log.find(kWgmmaRan), std::string::npos) << def_log;
+    EXPECT_NE(def_log.find("warp-specialized dK/dV pass not run: forced_off"), std::string::npos) << def_log;
+    const std::vector<std::uint16_t> dq_ref = c.dq.bytes(), dk_ref = c.dk.bytes(), dv_ref = c.dv.bytes();
+    const std::string log = debug_log_of([&] { c.backward(); });  // (the plan's choice)
+    EXPECT_NE(log.find(kWsRan), std::string::npos) << log;
+    const std::vector<std::uint16_t> dq_ws = c.dq.bytes(), dk_ws = c.dk.bytes(), dv_ws = c.dv.bytes();
+    std::size_t differ_k = 0, differ_v = 0;
+    for (std::size_t i = 0; i < dk_ws.size(); ++i) differ_k += dk_ws[i] != dk_ref[i], differ_v += dv_ws[i] != dv_ref[i];
+    EXPECT_EQ(differ_k, 0u) << "dK elements that differ from the wgmma pass's";
+    EXPECT_EQ(differ_v, 0u) << "dV elements that differ from the wgmma pass's";
+    bool nonzero = false;
+    for (std::uint16_t x : dk_ws) nonzero |= (x & 0x7fff) != 0;
+    EXPECT_TRUE(nonzero) << "dK is all zero: the comparison would pass vacuously";
+    // dQ, per block of 64 rows of one head: |ws - wgmma| <= 2 ulp(bf16) of the block's max
+    const std::size_t row = std::size_t(c.d), rows = dq_ws.size() / row;
+    std::size_t bad = 0, finite = 0;
+    for (std::size_t r0 = 0; r0 < rows; r0 += 64) {
+      double big = 0;
+      for (std::size_t i = r0 * row; i < std::min(rows, r0 + 64) * row; ++i)
+        big = std::max(big, double(std::fabs(bf16_value(dq_ref[i]))));
+      for (std::size_t i = r0 * row; i < std::min(rows, r0 + 64) * row; ++i) {
+        const float a = bf16_value(dq_ws[i]), e = bf16_value(dq_ref[i]);
+        finite += std::isfinite(a) ? 1 : 0;
+        if (!(std::fabs(double(a) - double(e)) <= 2 * big * 0x1p-8)) ++bad;
+      }
+    }
+    EXPECT_EQ(finite, dq_ws.size()) << "dQ elements left at the poison";
+    EXPECT_EQ(bad, 0u) << "dQ elements further from the wgmma pass's than 2 bf16 roundings";
+  }
+}
+
+// Time the wgmma pass (forced) against the warp-specialized one, bf16, d 128, no mask and
+// causal, on the benchmark's d 128 shapes (s 1k to 8k, MHA 16 heads and GQA 64/8): the whole
+// backward call (delta pre-pass, the dK/dV pass, dQ's conversion). Prints TFLOP/s; asserts
+// nothing about speed (a diagnostic; bench/compare_sdpa.py makes the claims). Run with
+// --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
+TEST(CudaWsBackward, DISABLED_Timing) {
+  SKIP_UNLESS_SM90A();
+  struct Shape {
+    std::int64_t b, s, h, hg;
+  };
+  for (const Shape sh : {Shape{16, 1024, 16, 16}, Shape{8, 2048, 16, 16}, Shape{4, 4096, 16, 16},
+                         Shape{2, 8192, 16, 16}, Shape{2, 8192, 64, 8}})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      BackwardCase c(sh.b, sh.s, sh.h, sh.hg, m);
+      auto time_ms = [&] {
+        for (int i = 0; i < 3; ++i) c.backward();
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        constexpr int kRuns = 20;
+        cudaEventRecord(e0);
+        for (int i = 0; i < kRuns; ++i) (void)strideattn::backward(c.ba);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+        return double(ms) / kRuns;
+      };
+      double wgmma = 0;
+      {
+        const ScopedCudaPlanForcing off(PlanForcing{.ws_backward = false});
+        wgmma = time_ms();
+      }
+      const std::string log = debug_log_of([&] { c.backward(); });
+      EXPECT_NE(log.find(kWsRan), std::string::npos) << log;
+      const double ws = time_ms();
+      const double gflop = c.flops() * 1e-9;
+      std::printf(
+          "bf16 b %lld h %lld/%lld s %lld d 128 %s: wgmma backward %.3f ms %.1f TFLOP/s; warp-specialized "
+          "%.3f ms %.1f TFLOP/s (%.2fx)\n",
+          (long long)sh.b, (long long)sh.h, (long long)sh.hg, (long long)sh.s,
+          m == MaskKind::none ? "none  " : "causal", wgmma, gflop / wgmma, ws, gflop / ws, wgmma / ws);
+    }
+}
+
+}  // namespace
