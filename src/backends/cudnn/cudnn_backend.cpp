@@ -10,8 +10,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cudnn/cu_seqlens.hpp"
@@ -85,6 +87,13 @@ GraphKey make_key(const Problem& p, const Band& band, int device) {
   k.band = band;
   k.scale = p.scale;
   k.deterministic = k.backward && p.deterministic;
+  if (p.bias_on()) {  // (post_scale: the bias rule refuses the rest)
+    k.bias = true;
+    k.bias_dtype = p.bias.dtype;
+    k.bias_layout = bias_layout_of(p.bias);
+    k.dbias = k.backward && p.dbias_on;
+    if (k.dbias) k.dbias_layout = bias_layout_of(p.dbias);
+  }
   return k;
 }
 
@@ -336,6 +345,25 @@ std::string write_padding(const Problem& p, const Scratch& sc, const std::byte* 
   return {};
 }
 
+// dBias of a causal problem: elements of keys no query sees are 0 by the definition, and
+// cuDNN's backward skips the tiles above the diagonal, so they are cleared before the graph
+// writes the rest (one 2D memset per head, or one for all when the heads are evenly pitched).
+std::string zero_dbias(const Problem& p, cudaStream_t stream) {
+  const BiasView& v = p.dbias;
+  const std::size_t es = size_of(v.dtype);
+  const std::int64_t heads = v.shape[1], rows = v.shape[2], cols = v.shape[3];
+  const std::int64_t row_stride = rows > 1 ? v.stride[2] : cols;  // (rule: keys contiguous)
+  const bool even = heads <= 1 || v.stride[1] == rows * row_stride;
+  const std::int64_t calls = even ? 1 : heads, height = even ? heads * rows : rows;
+  for (std::int64_t hh = 0; hh < calls; ++hh) {
+    char* base = static_cast<char*>(v.data) + std::size_t(hh * v.stride[1]) * es;
+    cudaError_t e =
+        cudaMemset2DAsync(base, std::size_t(row_stride) * es, 0, std::size_t(cols) * es, std::size_t(height), stream);
+    if (e != cudaSuccess) return cuda_error("clearing dbias", e);
+  }
+  return {};
+}
+
 std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& graph, const Scratch& sc,
                      std::byte* base, cudaStream_t stream) {
   std::byte* tables = base + sc.cudnn_ws;
@@ -367,7 +395,11 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
   ptrs.dq = p.dq.data;
   ptrs.dk = p.dk.data;
   ptrs.dv = p.dv.data;
+  ptrs.bias = key.bias ? p.bias.data : nullptr;
+  ptrs.dbias = key.dbias ? p.dbias.data : nullptr;
   ptrs.workspace = sc.cudnn_ws ? base : nullptr;
+  if (key.dbias && p.mask != MaskKind::none)
+    if (auto e = zero_dbias(p, stream); !e.empty()) return e;
   if (p.varlen) {
     ptrs.seq_len_q = rt.seq_q;
     ptrs.seq_len_kv = rt.seq_kv;
@@ -382,6 +414,8 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
     fix.bf16 = p.dtype == DType::bf16;
     fix.stats = stats;
     fix.exact = exact_recompute_limits();
+    // The exact recompute (exact_backward.cuh) knows no bias: with one, cuDNN's gradients stand.
+    if (key.bias) fix.exact = {INFINITY, -INFINITY, INFINITY};
     if (p.varlen) {
       fix.a.q_seq.seqlens = rt.lens64;  // cuDNN's lengths: 0 queries for a sequence with no keys
       fix.a.q_seq.offsets = rt.offs64;
@@ -408,6 +442,15 @@ class CudnnCall final : public PreparedCall {
   [[nodiscard]] std::size_t workspace_bytes() const override { return sc_.total; }
 
   [[nodiscard]] Status run(const Problem& p) const override {
+    // A plan run checks feature pointers against their element size only; cuDNN's bias loads
+    // need the 16 bytes the bias rule asked of the plan's pointers.
+    for (auto [name, on, ptr] : {std::tuple{"bias", key_.bias, static_cast<const void*>(p.bias.data)},
+                                 std::tuple{"dbias", key_.dbias, static_cast<const void*>(p.dbias.data)}})
+      if (on && reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
+        return Status(StatusCode::invalid_argument,
+                      std::string("cudnn: ") + name + " data pointer is " +
+                          std::to_string(reinterpret_cast<std::uintptr_t>(ptr) % 16) +
+                          " bytes past a 16-byte boundary; supported: 16-byte aligned (cuDNN's bias loads)");
     cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
     std::byte* base = nullptr;
     bool owned = false;

@@ -1,8 +1,8 @@
 // cuDNN graph description and cache interface of the `cudnn` backend. The key holds every
 // tensor's real logical dims and strides in cuDNN's [b, h, s, d] order (permuted from our
 // [b, s, h, d] views by the caller, never rebuilt from a layout name), the mask as cuDNN's
-// diagonal band, and the options; graph.cpp (the one translation unit that includes the
-// cuDNN frontend) builds, caches and executes the graph for a key.
+// diagonal band, the options and the post-scale bias (with its dBias); graph.cpp (the one translation unit that
+// includes the cuDNN frontend) builds, caches and executes the graph for a key.
 #pragma once
 
 #include <array>
@@ -51,6 +51,11 @@ struct GraphKey {
   Band band;
   double scale = 1.0;
   bool deterministic = false;
+  // Post-scale bias [1 or b, 1 or h, s_q, s_kv] (rules.hpp bias_layout_of) in `bias_dtype`;
+  // backward: dBias [1, h, s_q, s_kv] in the same dtype when `dbias`.
+  bool bias = false, dbias = false;
+  DType bias_dtype = DType::bf16;
+  TensorLayout bias_layout, dbias_layout;
   bool operator==(const GraphKey&) const = default;
 };
 
@@ -76,7 +81,9 @@ struct GraphPointers {
   std::array<const std::int32_t*, 8> ragged{};
   const std::int32_t* page_table_k = nullptr;  // paged KV cache: [b, table_pages]
   const std::int32_t* page_table_v = nullptr;
-  void* workspace = nullptr;  // at least prepare()'s workspace bytes
+  const void* bias = nullptr;  // with GraphKey::bias
+  void* dbias = nullptr;       // with GraphKey::dbias
+  void* workspace = nullptr;   // at least prepare()'s workspace bytes
 };
 enum RaggedSlot : int { kRagQ = 0, kRagK, kRagV, kRagO, kRagDO, kRagDQ, kRagDK, kRagDV };
 

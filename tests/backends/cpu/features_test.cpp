@@ -481,8 +481,10 @@ TEST(FeaturesValidation, DbiasAndDsinksNeedTheirInputs) {
 
 // ------------------------------------------------------------------------------ refusals
 
-// cudnn refuses every feature by name; no rule of cuda's stands in the way of any (its kernels
-// run softcap, dropout, bias, ALiBi, sinks and the max logit).
+// cudnn refuses every feature but the bias by name (alibi, dropout and softcap saying why cuDNN
+// cannot, the rest "not yet"; its bias rule is its own, tests/backends/cudnn/rules_test.cpp);
+// no rule of cuda's stands in the way of any (its kernels run softcap, dropout, bias, ALiBi,
+// sinks and the max logit).
 TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
   FeatureCase c;
   c.fill(95);
@@ -531,6 +533,10 @@ TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
       // the reason names the backends that run it
       EXPECT_EQ(v.reason.find("and cuda") != std::string::npos, w.cuda_runs) << v.reason;
       EXPECT_NE(v.reason.find(std::string(to_string(be))), std::string::npos) << v.reason;
+      // what cuDNN cannot express is said so, not "not yet"
+      const bool definitive =
+          be == Backend::cudnn && std::string(w.rule) != "sinks" && std::string(w.rule) != "max_logit";
+      EXPECT_EQ(v.reason.find("not yet") == std::string::npos, definitive) << v.reason;
     }
     // Bias, with its shape in the reason.
     FeatureCase bc = c;
@@ -542,7 +548,8 @@ TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
     detail::Problem p;
     ASSERT_TRUE(detail::make_problem(a, &p).ok());
     const Verdict v = detail::evaluate_rules(be, rules, p);
-    if (be == Backend::cuda) {
+    if (be == Backend::cuda || be == Backend::cudnn) {
+      // cudnn: no generic rule; its own `bias` rule (backends/cudnn/rules.cpp) decides
       EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
     } else {
       EXPECT_EQ(v.rule, "bias");
