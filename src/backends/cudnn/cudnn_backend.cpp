@@ -94,6 +94,8 @@ GraphKey make_key(const Problem& p, const Band& band, int device) {
     k.dbias = k.backward && p.dbias_on;
     if (k.dbias) k.dbias_layout = bias_layout_of(p.dbias);
   }
+  k.sinks = p.sinks_on;  // (dense, contiguous: the sinks rule)
+  k.d_sinks = k.backward && p.d_sinks_on;
   return k;
 }
 
@@ -397,6 +399,8 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
   ptrs.dv = p.dv.data;
   ptrs.bias = key.bias ? p.bias.data : nullptr;
   ptrs.dbias = key.dbias ? p.dbias.data : nullptr;
+  ptrs.sinks = key.sinks ? p.sinks.data : nullptr;
+  ptrs.d_sinks = key.d_sinks ? p.d_sinks.data : nullptr;
   ptrs.workspace = sc.cudnn_ws ? base : nullptr;
   if (key.dbias && p.mask != MaskKind::none)
     if (auto e = zero_dbias(p, stream); !e.empty()) return e;
@@ -414,8 +418,9 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
     fix.bf16 = p.dtype == DType::bf16;
     fix.stats = stats;
     fix.exact = exact_recompute_limits();
-    // The exact recompute (exact_backward.cuh) knows no bias: with one, cuDNN's gradients stand.
-    if (key.bias) fix.exact = {INFINITY, -INFINITY, INFINITY};
+    // The exact recompute (exact_backward.cuh) knows no bias or sink: with one, cuDNN's
+    // gradients stand.
+    if (key.bias || key.sinks) fix.exact = {INFINITY, -INFINITY, INFINITY};
     if (p.varlen) {
       fix.a.q_seq.seqlens = rt.lens64;  // cuDNN's lengths: 0 queries for a sequence with no keys
       fix.a.q_seq.offsets = rt.offs64;
@@ -442,15 +447,17 @@ class CudnnCall final : public PreparedCall {
   [[nodiscard]] std::size_t workspace_bytes() const override { return sc_.total; }
 
   [[nodiscard]] Status run(const Problem& p) const override {
-    // A plan run checks feature pointers against their element size only; cuDNN's bias loads
-    // need the 16 bytes the bias rule asked of the plan's pointers.
+    // A plan run checks feature pointers against their element size only; the bias and sinks
+    // rules asked 16 bytes of the plan's pointers, which the graph may rely on.
     for (auto [name, on, ptr] : {std::tuple{"bias", key_.bias, static_cast<const void*>(p.bias.data)},
-                                 std::tuple{"dbias", key_.dbias, static_cast<const void*>(p.dbias.data)}})
+                                 std::tuple{"dbias", key_.dbias, static_cast<const void*>(p.dbias.data)},
+                                 std::tuple{"sinks", key_.sinks, static_cast<const void*>(p.sinks.data)},
+                                 std::tuple{"d_sinks", key_.d_sinks, static_cast<const void*>(p.d_sinks.data)}})
       if (on && reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
         return Status(StatusCode::invalid_argument,
                       std::string("cudnn: ") + name + " data pointer is " +
                           std::to_string(reinterpret_cast<std::uintptr_t>(ptr) % 16) +
-                          " bytes past a 16-byte boundary; supported: 16-byte aligned (cuDNN's bias loads)");
+                          " bytes past a 16-byte boundary; supported: 16-byte aligned (what the plan was made for)");
     cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
     std::byte* base = nullptr;
     bool owned = false;

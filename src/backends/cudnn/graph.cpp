@@ -45,6 +45,8 @@ enum Uid : std::int64_t {
   kUidPageTableV,
   kUidBias,
   kUidDBias,
+  kUidSink,
+  kUidDSink,
   kUidEnd,
 };
 
@@ -58,6 +60,7 @@ struct GraphHandle {
   std::shared_ptr<fe::graph::Graph> graph;
   cudnnHandle_t handle = nullptr;
   bool backward = false, stats = false, varlen = false, kv = false, paged = false, bias = false, dbias = false;
+  bool sinks = false, d_sinks = false;
   mutable std::vector<std::int64_t> sorted_uids;  // empty until the first run fills it (under the run lock)
 };
 
@@ -191,6 +194,16 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
     bias = make_tensor(*g, "Bias", kUidBias, key.bias_layout);
     bias->set_data_type(io_type(key.bias_dtype));
   }
+  auto sink_tensor = [&](const char* name, std::int64_t uid) {
+    return g->tensor(Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({1, h, 1, 1})
+                         .set_stride({h, 1, 1, 1})
+                         .set_data_type(fe::DataType_t::FLOAT));
+  };
+  std::shared_ptr<Tensor_attributes> sink;
+  if (key.sinks) sink = sink_tensor("sink", kUidSink);
 
   if (!key.backward) {
     auto attrs = fe::graph::SDPA_attributes()
@@ -203,6 +216,7 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
           .set_paged_attention_v_table(page_table("page_table_v", kUidPageTableV))
           .set_paged_attention_max_seq_len_kv(static_cast<int>(key.max_seq_kv));
     if (bias) attrs.set_bias(bias);
+    if (sink) attrs.set_sink_token(sink);
     apply_band(attrs, key.band);
     auto [O, Stats] = g->sdpa(Q, K, V, attrs);
     O->set_output(true).set_uid(kUidO).set_dim(vec(key.o.dim)).set_stride(vec(key.o.stride));
@@ -238,9 +252,16 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
       dBias->set_data_type(io_type(key.bias_dtype));
       attrs.set_dbias(dBias);
     }
+    std::shared_ptr<Tensor_attributes> dSink;
+    if (sink) attrs.set_sink_token(sink);
+    if (key.d_sinks) {
+      dSink = sink_tensor("dsink", kUidDSink);
+      attrs.set_dsink_token(dSink);
+    }
     apply_band(attrs, key.band);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, attrs);
     if (dBias) dBias->set_output(true);
+    if (dSink) dSink->set_output(true);
     dQ->set_output(true).set_uid(kUidDQ).set_dim(vec(key.dq.dim)).set_stride(vec(key.dq.stride));
     dK->set_output(true).set_uid(kUidDK).set_dim(vec(key.dk.dim)).set_stride(vec(key.dk.stride));
     dV->set_output(true).set_uid(kUidDV).set_dim(vec(key.dv.dim)).set_stride(vec(key.dv.stride));
@@ -307,6 +328,8 @@ std::size_t GraphKeyHash::operator()(const GraphKey& k) const {
   mix(std::uint64_t(k.bias_dtype));
   mix_layout(k.bias_layout);
   mix_layout(k.dbias_layout);
+  mix(k.sinks);
+  mix(k.d_sinks);
   return static_cast<std::size_t>(h);
 }
 
@@ -337,6 +360,8 @@ PrepareResult prepare(const GraphKey& key) {
       entry.handle->paged = key.paged;
       entry.handle->bias = key.bias;
       entry.handle->dbias = key.dbias;
+      entry.handle->sinks = key.sinks;
+      entry.handle->d_sinks = key.d_sinks;
     }
     cache.insert(key, std::move(entry));
     return r;
@@ -399,6 +424,8 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
     by_uid[kUidPageTableV] = const_cast<std::int32_t*>(p.page_table_v);
     by_uid[kUidBias] = const_cast<void*>(p.bias);
     by_uid[kUidDBias] = p.dbias;
+    by_uid[kUidSink] = const_cast<float*>(p.sinks);
+    by_uid[kUidDSink] = p.d_sinks;
     std::lock_guard<std::mutex> lock(run_mutex());
     cudnnStatus_t st = cudnnSetStream(g.handle, static_cast<cudaStream_t>(stream));
     if (st != CUDNN_STATUS_SUCCESS) return std::string("cudnnSetStream: ") + cudnnGetErrorString(st);
@@ -419,6 +446,8 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
       if (g.kv) pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];
       if (g.bias) pack[kUidBias] = by_uid[kUidBias];
       if (g.dbias) pack[kUidDBias] = by_uid[kUidDBias];
+      if (g.sinks) pack[kUidSink] = by_uid[kUidSink];
+      if (g.d_sinks) pack[kUidDSink] = by_uid[kUidDSink];
       if (g.paged) pack[kUidPageTableK] = by_uid[kUidPageTableK], pack[kUidPageTableV] = by_uid[kUidPageTableV];
       if (g.varlen) {
         pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];

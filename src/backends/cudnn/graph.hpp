@@ -1,8 +1,8 @@
 // cuDNN graph description and cache interface of the `cudnn` backend. The key holds every
 // tensor's real logical dims and strides in cuDNN's [b, h, s, d] order (permuted from our
 // [b, s, h, d] views by the caller, never rebuilt from a layout name), the mask as cuDNN's
-// diagonal band, the options and the post-scale bias (with its dBias); graph.cpp (the one translation unit that
-// includes the cuDNN frontend) builds, caches and executes the graph for a key.
+// diagonal band, the options, the post-scale bias (with its dBias) and the sink token; graph.cpp (the one translation
+// unit that includes the cuDNN frontend) builds, caches and executes the graph for a key.
 #pragma once
 
 #include <array>
@@ -56,6 +56,8 @@ struct GraphKey {
   bool bias = false, dbias = false;
   DType bias_dtype = DType::bf16;
   TensorLayout bias_layout, dbias_layout;
+  // Sink token: fp32 [1, h, 1, 1], contiguous; backward: its gradient when `d_sinks`.
+  bool sinks = false, d_sinks = false;
   bool operator==(const GraphKey&) const = default;
 };
 
@@ -81,9 +83,11 @@ struct GraphPointers {
   std::array<const std::int32_t*, 8> ragged{};
   const std::int32_t* page_table_k = nullptr;  // paged KV cache: [b, table_pages]
   const std::int32_t* page_table_v = nullptr;
-  const void* bias = nullptr;  // with GraphKey::bias
-  void* dbias = nullptr;       // with GraphKey::dbias
-  void* workspace = nullptr;   // at least prepare()'s workspace bytes
+  const void* bias = nullptr;    // with GraphKey::bias
+  void* dbias = nullptr;         // with GraphKey::dbias
+  const float* sinks = nullptr;  // with GraphKey::sinks
+  float* d_sinks = nullptr;      // with GraphKey::d_sinks
+  void* workspace = nullptr;     // at least prepare()'s workspace bytes
 };
 enum RaggedSlot : int { kRagQ = 0, kRagK, kRagV, kRagO, kRagDO, kRagDQ, kRagDK, kRagDV };
 

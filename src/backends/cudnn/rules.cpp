@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "common/attention_math.hpp"
 #include "dispatch/select.hpp"
@@ -381,6 +382,40 @@ Check check_bias(const DeviceInfo& d, const Problem& p) {
   return std::nullopt;
 }
 
+// cuDNN's sink token (cuDNN 9.13+, frontend set_sink_token / set_dsink_token): an fp32 [1, h,
+// 1, 1] tensor joining every row's softmax denominator, and in the backward its gradient of the
+// same shape, summed over batches and rows. The frontend refuses a sink with one query row
+// (its decode path) and, before cuDNN 9.26, a backward with ragged offsets and a sink; this
+// backend passes sinks with dense tensors only. The views must be contiguous along heads and
+// 16-byte aligned (as TransformerEngine passes them).
+Check check_sinks(const DeviceInfo& d, const Problem& p) {
+  if (!p.sinks_on) return std::nullopt;
+  const std::string what =
+      std::string("attention sinks [1, ") + str(p.sinks.shape[1]) + "]" + (p.d_sinks_on ? " with d_sinks" : "");
+  if (d.cudnn_version < 91300)
+    return what + " on cuDNN " + version_string(d.cudnn_version) +
+           "; supported: cuDNN >= 9.13 (its sink token), or the reference, cpu and cuda backends";
+  if (p.kv_cache != nullptr || p.varlen)
+    return what + " with " + (p.kv_cache != nullptr ? "KV-cache attention" : "varlen tensors") +
+           ": this backend passes cuDNN a sink only with dense tensors (cuDNN's backward with ragged offsets and "
+           "a sink needs 9.26); supported: dense q/k/v (or the reference, cpu and cuda backends)";
+  if (p.s_q == 1)
+    return what +
+           " with s_q 1: cuDNN's single-query path takes no sink (the frontend's own limit); supported: s_q "
+           ">= 2 (or the reference, cpu and cuda backends)";
+  for (auto [name, view, on] : {std::tuple{"sinks", &p.sinks, true}, std::tuple{"d_sinks", &p.d_sinks, p.d_sinks_on}}) {
+    if (!on) continue;
+    if (view->shape[1] > 1 && view->stride[1] != 1)
+      return std::string(name) + " head stride " + str(view->stride[1]) +
+             "; supported: 1 (cuDNN's [1, h, 1, 1] sink tensor, contiguous)";
+    const auto addr = reinterpret_cast<std::uintptr_t>(view->data);
+    if (addr % 16 != 0)
+      return std::string(name) + " data pointer is " + str(std::int64_t(addr % 16)) +
+             " bytes past a 16-byte boundary; supported: 16-byte aligned";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 TensorLayout bias_layout_of(const BiasView& v) {
@@ -505,6 +540,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("varlen_version", check_varlen_versions),
                                                 rule("varlen_wide_qk", check_varlen_wide_qk),
                                                 rule("bias", check_bias),
+                                                rule("sinks", check_sinks),
                                             });
 }
 

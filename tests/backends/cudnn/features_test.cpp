@@ -1,11 +1,11 @@
 // The `cudnn` backend's training features on a GPU (docs/backends.md, "cudnn"): the post-scale
-// bias against the fp64 reference under the correctness rule, through the harness runner
-// (device buffers, fresh random inputs, NaN-poisoned outputs, guard bands, written checks):
-// every batch/head broadcast cuDNN takes forward, dBias of [1, h, s_q, s_kv] backward, masks
-// none and causal, GQA and MQA, head dims 64/128/192-128, f16 and bf16, padded bias rows and a
-// stride-0 batch; the shapes, types and masks cuDNN does not take come back "unsupported"
-// naming the rule `bias`; planted errors in O, dQ and dBias must be caught. Skips when no GPU
-// is present.
+// bias and the attention sinks against the fp64 reference under the correctness rule, through
+// the harness runner (device buffers, fresh random inputs, NaN-poisoned outputs, guard bands,
+// written checks): every batch/head broadcast cuDNN takes forward, dBias of [1, h, s_q, s_kv]
+// backward, masks none and causal, GQA and MQA, head dims 64/128/192-128, f16 and bf16, padded
+// bias rows and a stride-0 batch; sinks with d_sinks under every mask, with a window and with a
+// bias; what cuDNN does not take comes back "unsupported" naming the rule (`bias`, `sinks`);
+// planted errors in O, dQ, dBias and d_sinks must be caught. Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,7 +60,8 @@ strideattn::Status run_on_cudnn(CaseSpec spec, CaseReport* report) {
 }
 
 // cudnn runs `spec` and passes: status ok, every output written, guards intact, and exactly
-// the expected outputs checked (o, lse; with grad dq, dk, dv and dbias), never vacuously.
+// the expected outputs checked (o, lse; with grad dq, dk, dv, dbias with a bias, d_sinks with
+// sinks), never vacuously.
 void expect_cudnn_ok(const CaseSpec& spec) {
   CaseReport report;
   const strideattn::Status s = run_on_cudnn(spec, &report);
@@ -72,22 +73,30 @@ void expect_cudnn_ok(const CaseSpec& spec) {
   EXPECT_TRUE(r.guard_ok) << repro;
   EXPECT_TRUE(r.written_ok) << repro;
   std::vector<std::string> checked, want{"o", "lse"};
-  if (spec.grad) want.insert(want.end(), {"dq", "dk", "dv", "dbias"});
+  if (spec.grad) want.insert(want.end(), {"dq", "dk", "dv"});
+  if (spec.grad && spec.features.bias) want.push_back("dbias");
+  if (spec.grad && spec.features.sinks) want.push_back("d_sinks");
   for (const auto& c : r.checks) checked.push_back(c.name);
   std::sort(checked.begin(), checked.end());
   std::sort(want.begin(), want.end());
   EXPECT_EQ(checked, want) << repro;
 }
 
-// cudnn refuses `spec` by its rule `bias`, the reason containing `text` and what is supported.
-void expect_cudnn_refuses(const CaseSpec& spec, const std::string& text) {
+CaseSpec with_sinks(CaseSpec s) {
+  s.features.sinks = true;
+  s.input_scale = 1.5;  // logits of a few units: the sinks matter
+  return s;
+}
+
+// cudnn refuses `spec` by its rule `rule`, the reason containing `text` and what is supported.
+void expect_cudnn_refuses(const CaseSpec& spec, const std::string& text, const std::string& rule = "bias") {
   CaseReport report;
   const strideattn::Status s = run_on_cudnn(spec, &report);
   ASSERT_TRUE(s.ok()) << s.message();
   ASSERT_EQ(report.backends.size(), 1u);
   const auto& r = report.backends[0];
   EXPECT_EQ(r.status, "unsupported") << r.reason;
-  EXPECT_NE(r.reason.find("bias"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find(rule), std::string::npos) << r.reason;
   EXPECT_NE(r.reason.find(text), std::string::npos) << r.reason;
   EXPECT_NE(r.reason.find("supported"), std::string::npos) << r.reason;
 }
@@ -168,18 +177,45 @@ TEST(CudnnFeatures, WhatCudnnCannotTakeIsRefusedByRule) {
                        "window 8,0");
 }
 
+// ------------------------------------------------------------------ sinks and d_sinks
+
+TEST(CudnnFeatures, SinksForwardAndBackwardEveryMask) {
+  SKIP_WITHOUT_GPU();
+  for (DType t : {DType::f16, DType::bf16})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right}) {
+      SCOPED_TRACE(::testing::Message() << strideattn::to_string(t) << " mask " << int(m));
+      expect_cudnn_ok(with_sinks(dense(t, 2, 130, 200, 4, 2, 64, 64, m, -1, -1, /*grad=*/false)));
+      expect_cudnn_ok(with_sinks(dense(t, 2, 128, 192, 4, 2, 64, 64, m)));    // GQA 2, d_sinks
+      expect_cudnn_ok(with_sinks(dense(t, 1, 136, 136, 8, 1, 128, 128, m)));  // MQA
+    }
+  // A window, more queries than keys (top-left causal), and the bias together with sinks.
+  expect_cudnn_ok(with_sinks(dense(DType::bf16, 2, 128, 128, 4, 2, 64, 64, MaskKind::causal_bottom_right, 16, 0)));
+  expect_cudnn_ok(with_sinks(dense(DType::f16, 1, 200, 120, 4, 2, 64, 64, MaskKind::causal)));
+  expect_cudnn_ok(
+      with_sinks(with_bias(dense(DType::bf16, 2, 128, 128, 4, 2, 64, 64, MaskKind::causal), {1, 4, 128, 128})));
+}
+
+TEST(CudnnFeatures, SinksCudnnCannotTakeAreRefusedByRule) {
+  SKIP_WITHOUT_GPU();
+  // One query row: cuDNN's decode path takes no sink.
+  expect_cudnn_refuses(with_sinks(dense(DType::bf16, 2, 1, 128, 4, 2, 64, 64, MaskKind::none, -1, -1, false)),
+                       "with s_q 1", "sinks");
+}
+
 // ------------------------------------------------------------------ the checks catch errors
 
 TEST(CudnnFeatures, PlantedErrorsAreCaught) {
   SKIP_WITHOUT_GPU();
-  const CaseSpec base = with_bias(dense(DType::bf16, 2, 100, 120, 4, 2, 64, 64, MaskKind::causal), {1, 4, 100, 120});
+  const CaseSpec base =
+      with_sinks(with_bias(dense(DType::bf16, 2, 100, 120, 4, 2, 64, 64, MaskKind::causal), {1, 4, 100, 120}));
   expect_cudnn_ok(base);  // unplanted, the same case passes
   struct P {
     const char* kind;
     const char* tensor;
     double delta;
   };
-  const P plants[] = {{"value", "o", 0.5}, {"value", "dq", 1.0}, {"value", "dbias", 1.0}, {"unwritten", "dbias", 0}};
+  const P plants[] = {{"value", "o", 0.5},       {"value", "dq", 1.0},      {"value", "dbias", 1.0},
+                      {"unwritten", "dbias", 0}, {"value", "d_sinks", 5.0}, {"unwritten", "d_sinks", 0}};
   for (const P& p : plants) {
     SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor);
     CaseSpec c = base;

@@ -497,6 +497,59 @@ TEST(CudnnRules, PostScaleBiasWithVarlenIsRefused) {
   expect_refused(verdict(hopper(), p), "bias", "post_scale bias with varlen tensors");
 }
 
+// ------------------------------------------------------------------ sinks
+
+Problem with_sinks(Fixture& f, bool backward = false, bool d_sinks = false) {
+  Problem p = f.problem();
+  auto head_view = [&](std::int64_t stride) {
+    HeadView v;
+    f.keep.emplace_back(std::aligned_alloc(256, 4096));
+    v.data = static_cast<float*>(f.keep.back().get());
+    v.shape = {1, f.h};
+    v.stride = {f.h * stride, stride};
+    return v;
+  };
+  p.sinks = head_view(1);
+  p.sinks_on = true;
+  if (backward) p.direction = strideattn::detail::Direction::backward;
+  if (d_sinks) {
+    p.d_sinks = head_view(1);
+    p.d_sinks_on = true;
+  }
+  return p;
+}
+
+// Dense sinks run forward and backward (with d_sinks) from cuDNN 9.13, every mask; the rule
+// `sinks` refuses older versions, varlen, one query row and strided or misaligned views.
+TEST(CudnnRules, SinksOnDenseTensorsFromCudnn913) {
+  for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right}) {
+    Fixture f;
+    f.mask = m;
+    SCOPED_TRACE(::testing::Message() << "mask " << int(m));
+    Verdict v = verdict(hopper(), with_sinks(f));
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+    v = verdict(hopper(), with_sinks(f, true, true));
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+  }
+  Fixture f;
+  expect_refused(verdict(hopper(91200), with_sinks(f)), "sinks", "supported: cuDNN >= 9.13");
+  Problem p = with_sinks(f, true, true);
+  p.d_sinks.stride[1] = 2;
+  expect_refused(verdict(hopper(), p), "sinks", "d_sinks head stride 2; supported: 1");
+  p = with_sinks(f);
+  p.sinks.data += 1;
+  expect_refused(verdict(hopper(), p), "sinks", "sinks data pointer is 4 bytes past a 16-byte boundary");
+  Fixture one;
+  one.sq = 1;
+  expect_refused(verdict(hopper(), with_sinks(one)), "sinks", "with s_q 1");
+  Fixture vl;
+  vl.varlen.seqlens_q = {64, 32};
+  vl.varlen.seqlens_kv = {64, 32};
+  vl.varlen.offsets_q = {0, 64};
+  vl.varlen.offsets_kv = {0, 64};
+  expect_refused(verdict(hopper(), with_sinks(vl)), "sinks", "with varlen tensors");
+}
+
 TEST(CudnnBand, MappingValues) {
   std::string why;
   Fixture f;
