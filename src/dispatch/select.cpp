@@ -169,7 +169,7 @@ bool cuda_runs(std::string_view feature) {
 
 // The training features `cudnn` runs where cuDNN's SDPA has them; its own rule of that name
 // (src/backends/cudnn/rules.cpp) refuses the shapes, strides and masks cuDNN does not take.
-bool cudnn_runs(std::string_view feature) { return feature == "bias" || feature == "sinks"; }
+bool cudnn_runs(std::string_view feature) { return feature == "bias" || feature == "sinks" || feature == "max_logit"; }
 
 // Why `cudnn` refuses a feature it does not run: what cuDNN has instead and why that is not
 // the definition (docs/backends.md, "cudnn").

@@ -416,6 +416,25 @@ Check check_sinks(const DeviceInfo& d, const Problem& p) {
   return std::nullopt;
 }
 
+// The max logit comes from cuDNN's per-row `Max` output (the max of the scaled, biased,
+// masked logits), reduced per (batch, head) by max_logit.hpp. With a sink the frontend's Max
+// is the max with the sink too, which the definition's max logit excludes; varlen and KV-cache
+// rows are not passed to the reduction.
+Check check_max_logit(const DeviceInfo&, const Problem& p) {
+  if (!p.max_logit_on) return std::nullopt;
+  if (p.sinks_on)
+    return std::string(
+        "the max-logit output with attention sinks: cuDNN's row max includes the sink, the max "
+        "logit does not; supported: the max logit without sinks (or the reference, cpu and cuda "
+        "backends)");
+  if (p.kv_cache != nullptr || p.varlen)
+    return std::string("the max-logit output with ") +
+           (p.kv_cache != nullptr ? "KV-cache attention" : "varlen tensors") +
+           ": this backend reduces cuDNN's row max for dense tensors only; supported: dense q/k/v (or the "
+           "reference, cpu and cuda backends)";
+  return std::nullopt;
+}
+
 }  // namespace
 
 TensorLayout bias_layout_of(const BiasView& v) {
@@ -541,6 +560,7 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("varlen_wide_qk", check_varlen_wide_qk),
                                                 rule("bias", check_bias),
                                                 rule("sinks", check_sinks),
+                                                rule("max_logit", check_max_logit),
                                             });
 }
 
