@@ -148,8 +148,8 @@ TEST(CudnnFeatures, BiasBackwardWithDBiasMasksAndGroups) {
     }
   // Keys no query sees (top-left causal, s_q < s_kv): their dBias columns are 0.
   expect_cudnn_ok(with_bias(dense(DType::bf16, 2, 64, 256, 4, 4, 64, 64, MaskKind::causal), {1, 4, 64, 256}));
-  // Padded rows of bias and dBias alike (the harness's dBias view mirrors the bias's strides
-  // when none is given: here it is given).
+  // Padded rows of bias and dBias alike (without a view of its own the harness's dBias is
+  // contiguous).
   CaseSpec padded = with_bias(dense(DType::f16, 2, 128, 128, 4, 4, 64, 64, MaskKind::causal), {1, 4, 128, 128}, 136);
   padded.features.dbias = ViewSpec{"dbias", 0, {1, 4, 128, 128}, {4 * 128 * 136, 128 * 136, 136, 1}};
   expect_cudnn_ok(padded);
