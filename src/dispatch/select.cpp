@@ -112,6 +112,11 @@ SpeedClass speed_class(const Problem& problem) {
             {Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference},
             "cuda's decode kernels (split over the keys, every page size and stride, broken promises made NaN "
             "per row) first; cudnn's paged SDPA is not measured against them yet"};
+  if (problem.any_feature())
+    return {"training features, device memory",
+            {Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference},
+            "cuda runs every feature; cudnn's bias, sinks and max logit are not measured against cuda's (the "
+            "measured rows have no features), so auto keeps the order it had while cudnn refused them"};
   if (plat.sm >= 90) {
     const std::string name = "sm" + std::to_string(plat.sm) + " device";
     if (const char* env = std::getenv("STRIDEATTN_AUTO"); env && std::string_view(env) == "fixed")
