@@ -112,6 +112,11 @@ SpeedClass speed_class(const Problem& problem) {
             {Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference},
             "cuda's decode kernels (split over the keys, every page size and stride, broken promises made NaN "
             "per row) first; cudnn's paged SDPA is not measured against them yet"};
+  if (problem.any_feature())
+    return {"training features, device memory",
+            {Backend::cuda, Backend::cudnn, Backend::cpu, Backend::reference},
+            "cuda runs every feature; cudnn's bias, sinks and max logit are not measured against cuda's (the "
+            "measured rows have no features), so auto keeps the order it had while cudnn refused them"};
   if (plat.sm >= 90) {
     const std::string name = "sm" + std::to_string(plat.sm) + " device";
     if (const char* env = std::getenv("STRIDEATTN_AUTO"); env && std::string_view(env) == "fixed")
@@ -167,10 +172,28 @@ bool cuda_runs(std::string_view feature) {
          feature == "max_logit" || feature == "dropout";
 }
 
+// The training features `cudnn` runs where cuDNN's SDPA has them; its own rule of that name
+// (src/backends/cudnn/rules.cpp) refuses the shapes, strides and masks cuDNN does not take.
+bool cudnn_runs(std::string_view feature) { return feature == "bias" || feature == "sinks" || feature == "max_logit"; }
+
+// Why `cudnn` refuses a feature it does not run: what cuDNN has instead and why that is not
+// the definition (docs/backends.md, "cudnn").
+std::string cudnn_cannot(std::string_view feature) {
+  if (feature == "alibi")
+    return "; not on cudnn: cuDNN computes its own ALiBi slopes (its alibi_mask) and takes none from the caller";
+  if (feature == "dropout")
+    return "; not on cudnn: cuDNN's dropout draws its own random mask, not the Philox mask of the definition "
+           "that the other backends and the backward regenerate";
+  if (feature == "softcap")
+    return "; not on cudnn: cuDNN has a softcap only as a custom score-modifier graph, which this backend does "
+           "not build";
+  return ", not yet on cudnn";
+}
+
 std::vector<SupportRule> feature_rules(Backend backend) {
   const std::string not_yet = ", not yet on " + std::string(to_string(backend));
   const std::string host_only = "; supported on the reference and cpu backends (host memory)" + not_yet;
-  const std::string with_cuda = "; supported on the reference and cpu backends (host memory) and cuda" + not_yet;
+  const std::string with_cuda = "; supported on the reference and cpu backends (host memory) and cuda";
   auto num = [](double x) {
     std::ostringstream os;
     os << x;
@@ -180,7 +203,10 @@ std::vector<SupportRule> feature_rules(Backend backend) {
     return "[" + std::to_string(v.shape[0]) + ", " + std::to_string(v.shape[1]) + ", " + std::to_string(v.shape[2]) +
            ", " + std::to_string(v.shape[3]) + "]";
   };
-  auto where = [=](std::string_view feature) { return cuda_runs(feature) ? with_cuda : host_only; };
+  auto where = [=](std::string_view feature) {
+    if (!cuda_runs(feature)) return host_only;
+    return with_cuda + (backend == Backend::cudnn ? cudnn_cannot(feature) : not_yet);
+  };
   std::vector<SupportRule> rules = {
       {"softcap",
        [=](const Problem& p) -> std::optional<std::string> {
@@ -218,6 +244,8 @@ std::vector<SupportRule> feature_rules(Backend backend) {
   };
   // cuda: no rule for what its kernels run
   if (backend == Backend::cuda) std::erase_if(rules, [](const SupportRule& r) { return cuda_runs(r.name); });
+  // cudnn: its own rules (rules.cpp) for what it runs
+  if (backend == Backend::cudnn) std::erase_if(rules, [](const SupportRule& r) { return cudnn_runs(r.name); });
   return rules;
 }
 
@@ -226,7 +254,7 @@ bool runs_feature(Backend backend, std::string_view feature) {
     case Backend::cuda:
       return cuda_runs(feature);
     case Backend::cudnn:
-      return false;
+      return cudnn_runs(feature);
     default:
       return true;
   }

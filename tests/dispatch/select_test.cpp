@@ -353,6 +353,21 @@ TEST(SpeedTable, EachRowIsItsOwnNearestAndDecidesTheOrder) {
     }
 }
 
+// A problem with a training feature keeps cuda first on a GPU, whatever its nearest row says:
+// cudnn runs some features but they are not measured against cuda's.
+TEST(SpeedTable, TrainingFeaturesKeepCudaFirst) {
+  ScopedBackendOverride o({}, Platform{true, 90, "Fake H200"});
+  for (const SpeedRow& r : speed_rows()) {
+    Problem p = bench_problem(Direction::forward, r.s, r.d, r.heads, r.kv_heads, r.causal, r.window);
+    p.dtype = r.dtype;
+    p.max_logit_on = true;
+    const SpeedClass cls = speed_class(p);
+    ASSERT_GE(cls.order.size(), 2u);
+    EXPECT_EQ(cls.order[0], Backend::cuda) << r.shape << ": " << cls.name;
+    EXPECT_EQ(cls.name, "training features, device memory");
+  }
+}
+
 TEST(SpeedTable, WindowsFollowTheWindowRows) {
   ScopedBackendOverride o({}, Platform{true, 90, "Fake H200"});
   // a window of 512 over 8k tokens at d 128: nearest to a window row, never to a full mask

@@ -207,8 +207,14 @@ TEST(FuzzFeatures, DrawsOnlyWhatTheBackendsRun) {
   EXPECT_GT(alibi, 50);
   EXPECT_GT(sinks, 50);
   EXPECT_GT(max_logit, 50);
-  // cudnn runs none yet: its cases are the plain ones.
-  EXPECT_FALSE(random_case(78, 3, true, true, true, {Backend::cudnn}).any_feature());
+  // cudnn runs the bias, sinks and the max logit: its cases ask for those only, at least one.
+  for (std::int64_t i = 0; i < 50; ++i) {
+    const harness::CaseSpec c = random_case(78, i, true, true, true, {Backend::cudnn});
+    EXPECT_TRUE(c.any_feature()) << i;
+    EXPECT_EQ(c.options.softcap, 0) << i;
+    EXPECT_EQ(c.options.dropout.p, 0) << i;
+    EXPECT_EQ(c.features.alibi_rows, 0) << i;
+  }
 }
 
 }  // namespace

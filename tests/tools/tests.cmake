@@ -116,6 +116,16 @@ foreach(_part 1 2 3 4)
   set_tests_properties(cli_fuzz_cudnn_grad_${_part} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 endforeach()
 
+# The training features cudnn runs (post-scale bias with dBias, sinks with d_sinks, the max
+# logit; docs/backends.md "cudnn"), drawn at random with the rest of the case: the features it
+# does not run are dropped, the shapes and masks cuDNN does not take are refused by rule, and
+# 150 cases must run. Finite inputs: the non-finite fix-ups (nonfinite.hpp) find a NaN row by
+# cuDNN's stats, which a sink may keep finite (docs/backends.md, "cudnn", sinks).
+add_test(NAME cli_fuzz_features_cudnn_grad
+         COMMAND ${_cli} fuzz --features --cases 300 --min-ran 150 --grad --backends cudnn --seed 31 --require-gpu
+                 --require-ran --finite-inputs)
+set_tests_properties(cli_fuzz_features_cudnn_grad PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
+
 # cudnn and cuda through plans, varlen cases with cu_seqlens arrays in device memory, which
 # both read on the device (cudnn refuses the masks under which a row could see no key).
 add_test(NAME cli_fuzz_gpu_plans_cu_seqlens

@@ -10,14 +10,17 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cudnn/cu_seqlens.hpp"
 #include "backends/cudnn/fixup.hpp"
 #include "backends/cudnn/graph.hpp"
 #include "backends/cudnn/kvcache.hpp"
+#include "backends/cudnn/max_logit.hpp"
 #include "backends/cudnn/nonfinite.hpp"
 #include "backends/cudnn/rules.hpp"
 #include "backends/stream_workspace.hpp"
@@ -85,6 +88,16 @@ GraphKey make_key(const Problem& p, const Band& band, int device) {
   k.band = band;
   k.scale = p.scale;
   k.deterministic = k.backward && p.deterministic;
+  if (p.bias_on()) {  // (post_scale: the bias rule refuses the rest)
+    k.bias = true;
+    k.bias_dtype = p.bias.dtype;
+    k.bias_layout = bias_layout_of(p.bias);
+    k.dbias = k.backward && p.dbias_on;
+    if (k.dbias) k.dbias_layout = bias_layout_of(p.dbias);
+  }
+  k.sinks = p.sinks_on;  // (dense, contiguous: the sinks rule)
+  k.d_sinks = k.backward && p.d_sinks_on;
+  k.max = !k.backward && p.max_logit_on;  // (dense, no sinks: the max_logit rule)
   return k;
 }
 
@@ -118,12 +131,12 @@ std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign;
 
 // Everything one call needs beside the caller's tensors: cuDNN's workspace, the int32 tables
 // cuDNN reads (seq lens, ragged offsets), the int64 tables of the fix-up kernels, the packed
-// stats when the caller's LSE cannot be used directly (or the caller wants none), and the
-// non-finite backward fix-up's flags. Laid out in one allocation. Varlen lists: the tables
-// are built here once and uploaded by each run; cu_seqlens arrays: the tables area is what
-// cu_seqlens.hpp's kernels fill on the device.
+// stats when the caller's LSE cannot be used directly (or the caller wants none), the
+// non-finite backward fix-up's flags, and cuDNN's per-row Max for the max logit. Laid out in
+// one allocation. Varlen lists: the tables are built here once and uploaded by each run;
+// cu_seqlens arrays: the tables area is what cu_seqlens.hpp's kernels fill on the device.
 struct Scratch {
-  std::size_t cudnn_ws = 0, tables = 0, stats = 0, nonfinite = 0, total = 0;
+  std::size_t cudnn_ws = 0, tables = 0, stats = 0, nonfinite = 0, max = 0, total = 0;
   bool cu = false;                     // cu_seqlens: tables made on the device
   std::vector<std::byte> host_tables;  // uploaded to [tables, tables + size)
   // byte offsets within host_tables
@@ -209,7 +222,8 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   if (!s.cu) s.tables = align_up(s.host_tables.size());
   if (s.temp_stats) s.stats = align_up(std::size_t(p.batch * p.heads * p.s_q) * sizeof(float));
   if (p.is_backward()) s.nonfinite = align_up(nonfinite_backward_scratch(make_params(p)));
-  s.total = s.cudnn_ws + s.tables + s.stats + s.nonfinite;
+  if (p.max_logit_on && !p.is_backward()) s.max = align_up(std::size_t(p.batch * p.heads * p.s_q) * sizeof(float));
+  s.total = s.cudnn_ws + s.tables + s.stats + s.nonfinite + s.max;
   return s;
 }
 
@@ -336,6 +350,25 @@ std::string write_padding(const Problem& p, const Scratch& sc, const std::byte* 
   return {};
 }
 
+// dBias of a causal problem: elements of keys no query sees are 0 by the definition, and
+// cuDNN's backward skips the tiles above the diagonal, so they are cleared before the graph
+// writes the rest (one 2D memset per head, or one for all when the heads are evenly pitched).
+std::string zero_dbias(const Problem& p, cudaStream_t stream) {
+  const BiasView& v = p.dbias;
+  const std::size_t es = size_of(v.dtype);
+  const std::int64_t heads = v.shape[1], rows = v.shape[2], cols = v.shape[3];
+  const std::int64_t row_stride = rows > 1 ? v.stride[2] : cols;  // (rule: keys contiguous)
+  const bool even = heads <= 1 || v.stride[1] == rows * row_stride;
+  const std::int64_t calls = even ? 1 : heads, height = even ? heads * rows : rows;
+  for (std::int64_t hh = 0; hh < calls; ++hh) {
+    char* base = static_cast<char*>(v.data) + std::size_t(hh * v.stride[1]) * es;
+    cudaError_t e =
+        cudaMemset2DAsync(base, std::size_t(row_stride) * es, 0, std::size_t(cols) * es, std::size_t(height), stream);
+    if (e != cudaSuccess) return cuda_error("clearing dbias", e);
+  }
+  return {};
+}
+
 std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& graph, const Scratch& sc,
                      std::byte* base, cudaStream_t stream) {
   std::byte* tables = base + sc.cudnn_ws;
@@ -367,7 +400,16 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
   ptrs.dq = p.dq.data;
   ptrs.dk = p.dk.data;
   ptrs.dv = p.dv.data;
+  ptrs.bias = key.bias ? p.bias.data : nullptr;
+  ptrs.dbias = key.dbias ? p.dbias.data : nullptr;
+  ptrs.sinks = key.sinks ? p.sinks.data : nullptr;
+  ptrs.d_sinks = key.d_sinks ? p.d_sinks.data : nullptr;
+  // cuDNN's per-row Max: the last part of the scratch (after the non-finite flags)
+  float* row_max = key.max ? reinterpret_cast<float*>(tables + sc.tables + sc.stats + sc.nonfinite) : nullptr;
+  ptrs.max = row_max;
   ptrs.workspace = sc.cudnn_ws ? base : nullptr;
+  if (key.dbias && p.mask != MaskKind::none)
+    if (auto e = zero_dbias(p, stream); !e.empty()) return e;
   if (p.varlen) {
     ptrs.seq_len_q = rt.seq_q;
     ptrs.seq_len_kv = rt.seq_kv;
@@ -382,6 +424,9 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
     fix.bf16 = p.dtype == DType::bf16;
     fix.stats = stats;
     fix.exact = exact_recompute_limits();
+    // The exact recompute (exact_backward.cuh) knows no bias or sink: with one, cuDNN's
+    // gradients stand.
+    if (key.bias || key.sinks) fix.exact = {INFINITY, -INFINITY, INFINITY};
     if (p.varlen) {
       fix.a.q_seq.seqlens = rt.lens64;  // cuDNN's lengths: 0 queries for a sequence with no keys
       fix.a.q_seq.offsets = rt.offs64;
@@ -396,6 +441,12 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
   if (!p.is_backward() && sc.temp_stats && p.writes_lse())
     if (auto e = lse_copy(copy, /*packed_to_user=*/true, stream); !e.empty()) return e;
 
+  if (key.max)
+    if (auto e = reduce_max_logit(row_max, p.batch, p.heads, p.s_q, p.max_logit.data, p.max_logit.stride[0],
+                                  p.max_logit.stride[1], stream);
+        !e.empty())
+      return e;
+
   return write_padding(p, sc, tables, rt, stream);
 }
 
@@ -408,6 +459,17 @@ class CudnnCall final : public PreparedCall {
   [[nodiscard]] std::size_t workspace_bytes() const override { return sc_.total; }
 
   [[nodiscard]] Status run(const Problem& p) const override {
+    // A plan run checks feature pointers against their element size only; the bias and sinks
+    // rules asked 16 bytes of the plan's pointers, which the graph may rely on.
+    for (auto [name, on, ptr] : {std::tuple{"bias", key_.bias, static_cast<const void*>(p.bias.data)},
+                                 std::tuple{"dbias", key_.dbias, static_cast<const void*>(p.dbias.data)},
+                                 std::tuple{"sinks", key_.sinks, static_cast<const void*>(p.sinks.data)},
+                                 std::tuple{"d_sinks", key_.d_sinks, static_cast<const void*>(p.d_sinks.data)}})
+      if (on && reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
+        return Status(StatusCode::invalid_argument,
+                      std::string("cudnn: ") + name + " data pointer is " +
+                          std::to_string(reinterpret_cast<std::uintptr_t>(ptr) % 16) +
+                          " bytes past a 16-byte boundary; supported: 16-byte aligned (what the plan was made for)");
     cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
     std::byte* base = nullptr;
     bool owned = false;

@@ -43,6 +43,11 @@ enum Uid : std::int64_t {
   kUidRagged0,  // + RaggedSlot
   kUidPageTableK = kUidRagged0 + 8,
   kUidPageTableV,
+  kUidBias,
+  kUidDBias,
+  kUidSink,
+  kUidDSink,
+  kUidMax,
   kUidEnd,
 };
 
@@ -55,7 +60,8 @@ std::vector<std::int64_t> vec(const std::array<std::int64_t, 4>& a) { return {a.
 struct GraphHandle {
   std::shared_ptr<fe::graph::Graph> graph;
   cudnnHandle_t handle = nullptr;
-  bool backward = false, stats = false, varlen = false, kv = false, paged = false;
+  bool backward = false, stats = false, varlen = false, kv = false, paged = false, bias = false, dbias = false;
+  bool sinks = false, d_sinks = false, max = false;
   mutable std::vector<std::int64_t> sorted_uids;  // empty until the first run fills it (under the run lock)
 };
 
@@ -184,6 +190,21 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
                          .set_data_type(fe::DataType_t::INT32));
   };
   const std::vector<std::int64_t> stats_dim{b, h, s_q, 1}, stats_stride{h * s_q, s_q, 1, 1};
+  std::shared_ptr<Tensor_attributes> bias;
+  if (key.bias) {
+    bias = make_tensor(*g, "Bias", kUidBias, key.bias_layout);
+    bias->set_data_type(io_type(key.bias_dtype));
+  }
+  auto sink_tensor = [&](const char* name, std::int64_t uid) {
+    return g->tensor(Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({1, h, 1, 1})
+                         .set_stride({h, 1, 1, 1})
+                         .set_data_type(fe::DataType_t::FLOAT));
+  };
+  std::shared_ptr<Tensor_attributes> sink;
+  if (key.sinks) sink = sink_tensor("sink", kUidSink);
 
   if (!key.backward) {
     auto attrs = fe::graph::SDPA_attributes()
@@ -195,8 +216,21 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
       attrs.set_paged_attention_k_table(page_table("page_table_k", kUidPageTableK))
           .set_paged_attention_v_table(page_table("page_table_v", kUidPageTableV))
           .set_paged_attention_max_seq_len_kv(static_cast<int>(key.max_seq_kv));
+    if (bias) attrs.set_bias(bias);
+    if (sink) attrs.set_sink_token(sink);
+    std::shared_ptr<Tensor_attributes> Max;
+    if (key.max) {
+      Max = g->tensor(Tensor_attributes()
+                          .set_name("Max")
+                          .set_uid(kUidMax)
+                          .set_dim(stats_dim)
+                          .set_stride(stats_stride)
+                          .set_data_type(fe::DataType_t::FLOAT));
+      attrs.set_logit_max(Max);
+    }
     apply_band(attrs, key.band);
     auto [O, Stats] = g->sdpa(Q, K, V, attrs);
+    if (Max) Max->set_output(true);
     O->set_output(true).set_uid(kUidO).set_dim(vec(key.o.dim)).set_stride(vec(key.o.stride));
     if (key.varlen) O->set_ragged_offset(ragged(kRagO, "ragged_o"));
     if (key.stats && Stats)
@@ -223,8 +257,23 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
                      .set_attn_scale(static_cast<float>(key.scale))
                      .set_deterministic_algorithm(key.deterministic);
     if (key.varlen) attrs.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+    std::shared_ptr<Tensor_attributes> dBias;
+    if (bias) attrs.set_bias(bias);
+    if (key.dbias) {
+      dBias = make_tensor(*g, "dBias", kUidDBias, key.dbias_layout);
+      dBias->set_data_type(io_type(key.bias_dtype));
+      attrs.set_dbias(dBias);
+    }
+    std::shared_ptr<Tensor_attributes> dSink;
+    if (sink) attrs.set_sink_token(sink);
+    if (key.d_sinks) {
+      dSink = sink_tensor("dsink", kUidDSink);
+      attrs.set_dsink_token(dSink);
+    }
     apply_band(attrs, key.band);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, attrs);
+    if (dBias) dBias->set_output(true);
+    if (dSink) dSink->set_output(true);
     dQ->set_output(true).set_uid(kUidDQ).set_dim(vec(key.dq.dim)).set_stride(vec(key.dq.stride));
     dK->set_output(true).set_uid(kUidDK).set_dim(vec(key.dk.dim)).set_stride(vec(key.dk.stride));
     dV->set_output(true).set_uid(kUidDV).set_dim(vec(key.dv.dim)).set_stride(vec(key.dv.stride));
@@ -286,6 +335,14 @@ std::size_t GraphKeyHash::operator()(const GraphKey& k) const {
   std::memcpy(&scale_bits, &k.scale, sizeof(scale_bits));
   mix(scale_bits);
   mix(k.deterministic);
+  mix(k.bias);
+  mix(k.dbias);
+  mix(std::uint64_t(k.bias_dtype));
+  mix_layout(k.bias_layout);
+  mix_layout(k.dbias_layout);
+  mix(k.sinks);
+  mix(k.d_sinks);
+  mix(k.max);
   return static_cast<std::size_t>(h);
 }
 
@@ -314,6 +371,11 @@ PrepareResult prepare(const GraphKey& key) {
       entry.handle->varlen = key.varlen;
       entry.handle->kv = key.kv;
       entry.handle->paged = key.paged;
+      entry.handle->bias = key.bias;
+      entry.handle->dbias = key.dbias;
+      entry.handle->sinks = key.sinks;
+      entry.handle->d_sinks = key.d_sinks;
+      entry.handle->max = key.max;
     }
     cache.insert(key, std::move(entry));
     return r;
@@ -374,6 +436,11 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
     for (int s = 0; s < 8; ++s) by_uid[kUidRagged0 + s] = const_cast<std::int32_t*>(p.ragged[std::size_t(s)]);
     by_uid[kUidPageTableK] = const_cast<std::int32_t*>(p.page_table_k);
     by_uid[kUidPageTableV] = const_cast<std::int32_t*>(p.page_table_v);
+    by_uid[kUidBias] = const_cast<void*>(p.bias);
+    by_uid[kUidDBias] = p.dbias;
+    by_uid[kUidSink] = const_cast<float*>(p.sinks);
+    by_uid[kUidDSink] = p.d_sinks;
+    by_uid[kUidMax] = p.max;
     std::lock_guard<std::mutex> lock(run_mutex());
     cudnnStatus_t st = cudnnSetStream(g.handle, static_cast<cudaStream_t>(stream));
     if (st != CUDNN_STATUS_SUCCESS) return std::string("cudnnSetStream: ") + cudnnGetErrorString(st);
@@ -392,6 +459,11 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
       if (g.backward)
         for (std::int64_t u : {kUidDO, kUidDQ, kUidDK, kUidDV}) pack[u] = by_uid[u];
       if (g.kv) pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];
+      if (g.bias) pack[kUidBias] = by_uid[kUidBias];
+      if (g.dbias) pack[kUidDBias] = by_uid[kUidDBias];
+      if (g.sinks) pack[kUidSink] = by_uid[kUidSink];
+      if (g.d_sinks) pack[kUidDSink] = by_uid[kUidDSink];
+      if (g.max) pack[kUidMax] = by_uid[kUidMax];
       if (g.paged) pack[kUidPageTableK] = by_uid[kUidPageTableK], pack[kUidPageTableV] = by_uid[kUidPageTableV];
       if (g.varlen) {
         pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];

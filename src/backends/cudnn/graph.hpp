@@ -1,8 +1,9 @@
 // cuDNN graph description and cache interface of the `cudnn` backend. The key holds every
 // tensor's real logical dims and strides in cuDNN's [b, h, s, d] order (permuted from our
 // [b, s, h, d] views by the caller, never rebuilt from a layout name), the mask as cuDNN's
-// diagonal band, and the options; graph.cpp (the one translation unit that includes the
-// cuDNN frontend) builds, caches and executes the graph for a key.
+// diagonal band, the options, the post-scale bias (with its dBias), the sink token and the
+// per-row Max output; graph.cpp (the one translation
+// unit that includes the cuDNN frontend) builds, caches and executes the graph for a key.
 #pragma once
 
 #include <array>
@@ -51,6 +52,15 @@ struct GraphKey {
   Band band;
   double scale = 1.0;
   bool deterministic = false;
+  // Post-scale bias [1 or b, 1 or h, s_q, s_kv] (rules.hpp bias_layout_of) in `bias_dtype`;
+  // backward: dBias [1, h, s_q, s_kv] in the same dtype when `dbias`.
+  bool bias = false, dbias = false;
+  DType bias_dtype = DType::bf16;
+  TensorLayout bias_layout, dbias_layout;
+  // Sink token: fp32 [1, h, 1, 1], contiguous; backward: its gradient when `d_sinks`.
+  bool sinks = false, d_sinks = false;
+  // Forward: cuDNN's per-row Max output, packed [b, h, s_q, 1] fp32 (for the max logit).
+  bool max = false;
   bool operator==(const GraphKey&) const = default;
 };
 
@@ -76,7 +86,12 @@ struct GraphPointers {
   std::array<const std::int32_t*, 8> ragged{};
   const std::int32_t* page_table_k = nullptr;  // paged KV cache: [b, table_pages]
   const std::int32_t* page_table_v = nullptr;
-  void* workspace = nullptr;  // at least prepare()'s workspace bytes
+  const void* bias = nullptr;    // with GraphKey::bias
+  void* dbias = nullptr;         // with GraphKey::dbias
+  const float* sinks = nullptr;  // with GraphKey::sinks
+  float* d_sinks = nullptr;      // with GraphKey::d_sinks
+  float* max = nullptr;          // with GraphKey::max: packed [b, h, s_q, 1]
+  void* workspace = nullptr;     // at least prepare()'s workspace bytes
 };
 enum RaggedSlot : int { kRagQ = 0, kRagK, kRagV, kRagO, kRagDO, kRagDQ, kRagDK, kRagDV };
 

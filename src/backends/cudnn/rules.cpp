@@ -5,8 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "common/attention_math.hpp"
 #include "dispatch/select.hpp"
@@ -301,7 +303,152 @@ Check check_kv_page_size(const DeviceInfo&, const Problem& p) {
   return "page size " + str(size) + " tokens; supported: a power of two (cuDNN's paged attention), or backend cuda";
 }
 
+std::string dims4(const Dims4& d) {
+  std::string s = "[";
+  for (int i = 0; i < 4; ++i) s += (i ? ", " : "") + str(d[std::size_t(i)]);
+  return s + "]";
+}
+
+// The layout cuDNN can read a bias view in, or why not: extents from bias_layout_of (full or
+// broadcast batch and heads, full rows and keys), keys contiguous (the frontend's stride-1
+// check on the last dimension), no reversed dimension, and 16-byte aligned data and outer
+// strides (cuDNN's vector and TMA loads, as for Q/K/V).
+Check bias_view_check(const char* name, const BiasView& v, const Problem& p) {
+  const TensorLayout l = bias_layout_of(v);
+  const std::string what = std::string(name) + " " + dims4(v.shape) + " strides " + dims4(v.stride);
+  if (l.dim[2] != p.s_q || l.dim[3] != p.s_kv)
+    return what + " broadcasts over " + (l.dim[2] != p.s_q ? "query rows" : "keys") +
+           "; supported: [1 or b, 1 or h, s_q, s_kv] (cuDNN's bias is broadcast over batch and heads only)";
+  if (v.dtype != p.dtype)
+    return what + " in " + std::string(to_string(v.dtype)) + " with " + std::string(to_string(p.dtype)) +
+           " tensors; supported: the tensors' dtype (cuDNN reads the bias in its I/O type)";
+  if (v.shape[3] > 1 && v.stride[3] != 1)
+    return what + " has key stride " + str(v.stride[3]) + "; supported: 1 (cuDNN's bias is contiguous along keys)";
+  const std::int64_t esize = std::int64_t(size_of(v.dtype));
+  static constexpr const char* dim_names[3] = {"batch", "head", "row"};
+  for (int i = 0; i < 3; ++i) {
+    if (l.dim[i] <= 1) continue;
+    if (v.stride[i] < 0)
+      return what + " has " + dim_names[i] + " stride " + str(v.stride[i]) +
+             "; supported: >= 0 (cuDNN takes no reversed views)";
+    if ((v.stride[i] * esize) % 16 != 0)
+      return what + " has " + dim_names[i] + " stride " + str(v.stride[i]) + " elements (" + str(v.stride[i] * esize) +
+             " bytes); supported: multiples of 16 bytes (cuDNN's vector loads)";
+  }
+  const auto addr = reinterpret_cast<std::uintptr_t>(v.data);
+  if (addr % 16 != 0)
+    return what + " data pointer is " + str(std::int64_t(addr % 16)) +
+           " bytes past a 16-byte boundary; supported: 16-byte aligned";
+  return std::nullopt;
+}
+
+// cuDNN's SDPA adds a post-scale bias (L = scale Q K^T + B) of shape [1 or b, 1 or h, s_q,
+// s_kv] and, in the backward, writes dBias of shape [1, h, s_q, s_kv] only (summed over the
+// batch; TransformerEngine keeps the other shapes off cuDNN for the same reason). The
+// frontend refuses a bias with a bottom-right diagonal, and with a band's left bound before
+// 9.10.2 (sdpa_support_surface.h); our windows are all aligned bottom-right, so a bias goes
+// with no mask or the top-left causal mask. A pre-scale bias would need scale * B added, a
+// rounded copy of the bias, not the definition's exact sum.
+Check check_bias(const DeviceInfo& d, const Problem& p) {
+  if (!p.bias_on()) return std::nullopt;
+  if (p.bias_type != BiasType::post_scale)
+    return std::string(to_string(p.bias_type)) +
+           " bias: cuDNN adds its bias after the scale and cannot scale it exactly; supported: post_scale (or "
+           "pre_scale on the reference, cpu and cuda backends)";
+  if (p.kv_cache != nullptr || p.varlen)
+    return std::string("post_scale bias with ") + (p.kv_cache != nullptr ? "KV-cache attention" : "varlen tensors") +
+           ": this backend passes cuDNN a bias only with dense tensors; supported: dense q/k/v (or the reference, "
+           "cpu and cuda backends)";
+  if (p.mask == MaskKind::causal_bottom_right || !p.window.unbounded())
+    return "post_scale bias with mask " + std::string(to_string(p.mask)) + " and window " + str(p.window.left) + "," +
+           str(p.window.right) +
+           ": cuDNN's SDPA takes no bias with a bottom-right aligned diagonal (every window is one); supported with "
+           "a bias: mask none or causal without a window (or the reference, cpu and cuda backends)";
+  if (auto why = bias_view_check("bias", p.bias, p)) return why;
+  if (!p.dbias_on) return std::nullopt;
+  // (dBias has the bias's shape; a bias broadcast by a stride 0 still has a dBias per index)
+  const TensorLayout l = bias_layout_of(p.dbias);
+  if (l.dim[0] != 1 || l.dim[1] != p.heads)
+    return "dbias " + dims4(p.dbias.shape) +
+           ": cuDNN writes dBias of shape [1, h, s_q, s_kv] only; supported with dbias: a bias [1, " + str(p.heads) +
+           ", " + str(p.s_q) + ", " + str(p.s_kv) + "] (or the reference, cpu and cuda backends)";
+  if (auto why = bias_view_check("dbias", p.dbias, p)) return why;
+  if (d.cudnn_version < 90500 && (p.s_q % 64 != 0 || p.s_kv % 64 != 0))
+    return "dbias with s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) + " on cuDNN " + version_string(d.cudnn_version) +
+           "; supported: multiples of 64 below cuDNN 9.5";
+  if (p.deterministic && d.sm / 10 == 10)
+    return "deterministic backward with dbias on sm" + str(d.sm) +
+           " (the cuDNN frontend's own limit); supported: deterministic = false, or sm80/sm90";
+  return std::nullopt;
+}
+
+// cuDNN's sink token (cuDNN 9.13+, frontend set_sink_token / set_dsink_token): an fp32 [1, h,
+// 1, 1] tensor joining every row's softmax denominator, and in the backward its gradient of the
+// same shape, summed over batches and rows. The frontend refuses a sink with one query row
+// (its decode path) and, before cuDNN 9.26, a backward with ragged offsets and a sink; this
+// backend passes sinks with dense tensors only. The views must be contiguous along heads and
+// 16-byte aligned (as TransformerEngine passes them).
+Check check_sinks(const DeviceInfo& d, const Problem& p) {
+  if (!p.sinks_on) return std::nullopt;
+  const std::string what =
+      std::string("attention sinks [1, ") + str(p.sinks.shape[1]) + "]" + (p.d_sinks_on ? " with d_sinks" : "");
+  if (d.cudnn_version < 91300)
+    return what + " on cuDNN " + version_string(d.cudnn_version) +
+           "; supported: cuDNN >= 9.13 (its sink token), or the reference, cpu and cuda backends";
+  if (p.kv_cache != nullptr || p.varlen)
+    return what + " with " + (p.kv_cache != nullptr ? "KV-cache attention" : "varlen tensors") +
+           ": this backend passes cuDNN a sink only with dense tensors (cuDNN's backward with ragged offsets and "
+           "a sink needs 9.26); supported: dense q/k/v (or the reference, cpu and cuda backends)";
+  if (p.s_q == 1)
+    return what +
+           " with s_q 1: cuDNN's single-query path takes no sink (the frontend's own limit); supported: s_q "
+           ">= 2 (or the reference, cpu and cuda backends)";
+  for (auto [name, view, on] : {std::tuple{"sinks", &p.sinks, true}, std::tuple{"d_sinks", &p.d_sinks, p.d_sinks_on}}) {
+    if (!on) continue;
+    if (view->shape[1] > 1 && view->stride[1] != 1)
+      return std::string(name) + " head stride " + str(view->stride[1]) +
+             "; supported: 1 (cuDNN's [1, h, 1, 1] sink tensor, contiguous)";
+    const auto addr = reinterpret_cast<std::uintptr_t>(view->data);
+    if (addr % 16 != 0)
+      return std::string(name) + " data pointer is " + str(std::int64_t(addr % 16)) +
+             " bytes past a 16-byte boundary; supported: 16-byte aligned";
+  }
+  return std::nullopt;
+}
+
+// The max logit comes from cuDNN's per-row `Max` output (the max of the scaled, biased,
+// masked logits), reduced per (batch, head) by max_logit.hpp. With a sink the frontend's Max
+// is the max with the sink too, which the definition's max logit excludes; varlen and KV-cache
+// rows are not passed to the reduction.
+Check check_max_logit(const DeviceInfo&, const Problem& p) {
+  if (!p.max_logit_on) return std::nullopt;
+  if (p.sinks_on)
+    return std::string(
+        "the max-logit output with attention sinks: cuDNN's row max includes the sink, the max "
+        "logit does not; supported: the max logit without sinks (or the reference, cpu and cuda "
+        "backends)");
+  if (p.kv_cache != nullptr || p.varlen)
+    return std::string("the max-logit output with ") +
+           (p.kv_cache != nullptr ? "KV-cache attention" : "varlen tensors") +
+           ": this backend reduces cuDNN's row max for dense tensors only; supported: dense q/k/v (or the "
+           "reference, cpu and cuda backends)";
+  return std::nullopt;
+}
+
 }  // namespace
+
+TensorLayout bias_layout_of(const BiasView& v) {
+  TensorLayout l;
+  std::int64_t span = 1;
+  for (int i = 0; i < 4; ++i)
+    if (v.shape[i] > 1 && v.stride[i] != 0) span = std::max(span, v.shape[i] * v.stride[i]);
+  for (int i = 0; i < 4; ++i) {
+    const bool broadcast = v.shape[i] <= 1 || v.stride[i] == 0;
+    l.dim[i] = broadcast ? 1 : v.shape[i];
+    l.stride[i] = broadcast ? (i == 3 ? 1 : span) : v.stride[i];  // the frontend wants key stride 1
+  }
+  return l;
+}
 
 std::string version_string(std::int64_t v) {
   if (v < 10000)  // cuDNN 8 numbering: major * 1000 + minor * 100 + patch
@@ -411,6 +558,9 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("band_version", check_band_versions),
                                                 rule("varlen_version", check_varlen_versions),
                                                 rule("varlen_wide_qk", check_varlen_wide_qk),
+                                                rule("bias", check_bias),
+                                                rule("sinks", check_sinks),
+                                                rule("max_logit", check_max_logit),
                                             });
 }
 

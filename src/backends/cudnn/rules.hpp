@@ -31,6 +31,11 @@ struct DeviceInfo {
 // Our mask + window as cuDNN's diagonal band, or nullopt with the reason it does not map.
 [[nodiscard]] std::optional<Band> band_for(const Problem& problem, std::string* why_not);
 
+// A bias (or dBias) view as cuDNN's [b, h, s_q, s_kv] tensor: a dimension of extent 1 or of
+// stride 0 (the same elements for every index) becomes extent 1, which cuDNN broadcasts; the
+// stride of such a dimension is never used and is given the view's span.
+[[nodiscard]] TensorLayout bias_layout_of(const BiasView& view);
+
 // "9.19.0" from 91900.
 [[nodiscard]] std::string version_string(std::int64_t version);
 

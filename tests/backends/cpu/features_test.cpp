@@ -481,8 +481,10 @@ TEST(FeaturesValidation, DbiasAndDsinksNeedTheirInputs) {
 
 // ------------------------------------------------------------------------------ refusals
 
-// cudnn refuses every feature by name; no rule of cuda's stands in the way of any (its kernels
-// run softcap, dropout, bias, ALiBi, sinks and the max logit).
+// cudnn refuses alibi, dropout and softcap by name, saying why cuDNN cannot (its bias, sinks and
+// max-logit rules are its own, tests/backends/cudnn/rules_test.cpp);
+// no rule of cuda's stands in the way of any (its kernels run softcap, dropout, bias, ALiBi,
+// sinks and the max logit).
 TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
   FeatureCase c;
   c.fill(95);
@@ -521,7 +523,9 @@ TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
       detail::Problem p;
       ASSERT_TRUE(detail::make_problem(a, &p).ok());
       const Verdict v = detail::evaluate_rules(be, rules, p);
-      if (be == Backend::cuda && w.cuda_runs) {
+      if ((be == Backend::cuda && w.cuda_runs) ||
+          (be == Backend::cudnn && (std::string(w.rule) == "sinks" || std::string(w.rule) == "max_logit"))) {
+        // (cudnn's own `sinks` and `max_logit` rules, backends/cudnn/rules.cpp, decide what it runs)
         EXPECT_TRUE(v.supported) << w.rule << ": " << v.rule << ": " << v.reason;
         continue;
       }
@@ -531,6 +535,9 @@ TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
       // the reason names the backends that run it
       EXPECT_EQ(v.reason.find("and cuda") != std::string::npos, w.cuda_runs) << v.reason;
       EXPECT_NE(v.reason.find(std::string(to_string(be))), std::string::npos) << v.reason;
+      // what cuDNN cannot express is said so, not "not yet"
+      const bool definitive = be == Backend::cudnn;
+      EXPECT_EQ(v.reason.find("not yet") == std::string::npos, definitive) << v.reason;
     }
     // Bias, with its shape in the reason.
     FeatureCase bc = c;
@@ -542,7 +549,8 @@ TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
     detail::Problem p;
     ASSERT_TRUE(detail::make_problem(a, &p).ok());
     const Verdict v = detail::evaluate_rules(be, rules, p);
-    if (be == Backend::cuda) {
+    if (be == Backend::cuda || be == Backend::cudnn) {
+      // cudnn: no generic rule; its own `bias` rule (backends/cudnn/rules.cpp) decides
       EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
     } else {
       EXPECT_EQ(v.rule, "bias");

@@ -384,6 +384,193 @@ TEST(CudnnRules, KvCacheRules) {
   }
 }
 
+// ------------------------------------------------------------------ the post-scale bias
+
+// A bias view [bb, hh, sq, skv] on its own 256-byte aligned buffer, contiguous, in `dtype`.
+BiasView bias_view(Fixture& f, Dims4 shape, DType dtype) {
+  BiasView v;
+  const std::size_t bytes = std::size_t(shape[0] * shape[1] * shape[2] * shape[3]) * size_of(dtype) + 512;
+  f.keep.emplace_back(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
+  v.data = f.keep.back().get();
+  v.dtype = dtype;
+  v.shape = shape;
+  v.stride = {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
+  return v;
+}
+
+Problem with_bias(Fixture& f, Dims4 shape, bool backward = false, bool dbias = false) {
+  Problem p = f.problem();
+  p.bias_type = BiasType::post_scale;
+  p.bias = bias_view(f, shape, f.dtype);
+  if (backward) p.direction = strideattn::detail::Direction::backward;
+  if (dbias) {
+    p.dbias = bias_view(f, shape, f.dtype);
+    p.dbias_on = true;
+  }
+  return p;
+}
+
+// Every shape cuDNN broadcasts (batch and heads) runs forward, and backward without dBias;
+// dBias only of [1, h, s_q, s_kv]; the rest is refused by the rule `bias` naming the value.
+TEST(CudnnRules, PostScaleBiasShapes) {
+  Fixture f;  // b 2, h 4, s_q = s_kv = 64
+  for (Dims4 shape : {Dims4{2, 4, 64, 64}, Dims4{1, 4, 64, 64}, Dims4{2, 1, 64, 64}, Dims4{1, 1, 64, 64}}) {
+    SCOPED_TRACE(::testing::Message() << shape[0] << "," << shape[1]);
+    Verdict v = verdict(hopper(), with_bias(f, shape));
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+    v = verdict(hopper(), with_bias(f, shape, /*backward=*/true));
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+    v = verdict(hopper(), with_bias(f, shape, true, /*dbias=*/true));
+    if (shape[0] == 1 && shape[1] == 4) {
+      EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+    } else {
+      expect_refused(v, "bias", "cuDNN writes dBias of shape [1, h, s_q, s_kv] only");
+      EXPECT_NE(v.reason.find("[1, 4, 64, 64]"), std::string::npos) << v.reason;
+    }
+  }
+  {
+    SCOPED_TRACE("rows");
+    expect_refused(verdict(hopper(), with_bias(f, {2, 4, 1, 64})), "bias", "broadcasts over query rows");
+  }
+  {
+    SCOPED_TRACE("keys");
+    expect_refused(verdict(hopper(), with_bias(f, {2, 4, 64, 1})), "bias", "broadcasts over keys");
+  }
+  // A stride-0 batch (one slab for every batch) is the broadcast [1, h, ...], dBias too.
+  Problem p = with_bias(f, {2, 4, 64, 64}, true, true);
+  p.bias.stride[0] = 0;
+  Verdict v = verdict(hopper(), p);
+  expect_refused(v, "bias", "dbias [2, 4, 64, 64]: cuDNN writes");  // a dBias per batch, not their sum
+  p.dbias.shape[0] = 1;
+  p.bias.shape[0] = 1;
+  EXPECT_TRUE(verdict(hopper(), p).supported) << verdict(hopper(), p).reason;
+  const TensorLayout l = bias_layout_of(p.bias);
+  EXPECT_EQ(l.dim, (std::array<std::int64_t, 4>{1, 4, 64, 64}));
+  EXPECT_EQ(l.stride[3], 1);
+}
+
+TEST(CudnnRules, PostScaleBiasTypeDtypeStridesAndMasks) {
+  Fixture f;
+  Problem p = with_bias(f, {1, 4, 64, 64});
+  p.bias_type = BiasType::pre_scale;
+  expect_refused(verdict(hopper(), p), "bias", "pre_scale bias: cuDNN adds its bias after the scale");
+  p = with_bias(f, {1, 4, 64, 64});
+  p.bias.dtype = DType::f32;
+  expect_refused(verdict(hopper(), p), "bias", "in f32 with bf16 tensors; supported: the tensors' dtype");
+  p = with_bias(f, {1, 4, 64, 64});
+  p.bias.stride = {1, 64, 4 * 64, 4};  // keys strided: [s_q, s_kv, h] in memory
+  expect_refused(verdict(hopper(), p), "bias", "key stride 4; supported: 1");
+  p = with_bias(f, {1, 4, 64, 64});
+  p.bias.stride = {0, 64 * 68, 68, 1};  // padded rows of 68 elements: 136 bytes
+  expect_refused(verdict(hopper(), p), "bias", "row stride 68 elements (136 bytes); supported: multiples of 16");
+  p.bias.stride = {0, 64 * 72, 72, 1};  // rows of 72: 144 bytes
+  EXPECT_TRUE(verdict(hopper(), p).supported) << verdict(hopper(), p).reason;
+  p.bias.data = static_cast<char*>(p.bias.data) + 2;
+  expect_refused(verdict(hopper(), p), "bias", "data pointer is 2 bytes past a 16-byte boundary");
+  p = with_bias(f, {1, 4, 64, 64}, true, true);
+  p.dbias.stride = {0, 64 * 68, 68, 1};
+  expect_refused(verdict(hopper(), p), "bias", "dbias [1, 4, 64, 64] strides [0, 4352, 68, 1] has row stride 68");
+  // Masks: none and top-left causal; bottom-right and windows are refused by name.
+  f.mask = MaskKind::causal;
+  EXPECT_TRUE(verdict(hopper(), with_bias(f, {1, 4, 64, 64}, true, true)).supported);
+  f.mask = MaskKind::causal_bottom_right;
+  expect_refused(verdict(hopper(), with_bias(f, {1, 4, 64, 64})), "bias", "no bias with a bottom-right");
+  f.mask = MaskKind::none;
+  f.window = {16, 0};
+  expect_refused(verdict(hopper(), with_bias(f, {1, 4, 64, 64})), "bias", "window 16,0");
+  // Versions: dBias on lengths that are not multiples of 64 below 9.5.
+  Fixture g;
+  g.sq = g.skv = 104;  // rows of 208 bytes
+  expect_refused(verdict(hopper(90400), with_bias(g, {1, 4, 104, 104}, true, true)), "bias",
+                 "supported: multiples of 64 below cuDNN 9.5");
+  EXPECT_TRUE(verdict(hopper(90500), with_bias(g, {1, 4, 104, 104}, true, true)).supported);
+}
+
+TEST(CudnnRules, PostScaleBiasWithVarlenIsRefused) {
+  Fixture f;
+  f.b = 2;
+  f.varlen.seqlens_q = {64, 32};
+  f.varlen.seqlens_kv = {64, 32};
+  f.varlen.offsets_q = {0, 64};
+  f.varlen.offsets_kv = {0, 64};
+  Problem p = with_bias(f, {2, 4, 64, 64});
+  expect_refused(verdict(hopper(), p), "bias", "post_scale bias with varlen tensors");
+}
+
+// ------------------------------------------------------------------ sinks
+
+Problem with_sinks(Fixture& f, bool backward = false, bool d_sinks = false) {
+  Problem p = f.problem();
+  auto head_view = [&](std::int64_t stride) {
+    HeadView v;
+    f.keep.emplace_back(std::aligned_alloc(256, 4096));
+    v.data = static_cast<float*>(f.keep.back().get());
+    v.shape = {1, f.h};
+    v.stride = {f.h * stride, stride};
+    return v;
+  };
+  p.sinks = head_view(1);
+  p.sinks_on = true;
+  if (backward) p.direction = strideattn::detail::Direction::backward;
+  if (d_sinks) {
+    p.d_sinks = head_view(1);
+    p.d_sinks_on = true;
+  }
+  return p;
+}
+
+// Dense sinks run forward and backward (with d_sinks) from cuDNN 9.13, every mask; the rule
+// `sinks` refuses older versions, varlen, one query row and strided or misaligned views.
+TEST(CudnnRules, SinksOnDenseTensorsFromCudnn913) {
+  for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right}) {
+    Fixture f;
+    f.mask = m;
+    SCOPED_TRACE(::testing::Message() << "mask " << int(m));
+    Verdict v = verdict(hopper(), with_sinks(f));
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+    v = verdict(hopper(), with_sinks(f, true, true));
+    EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+  }
+  Fixture f;
+  expect_refused(verdict(hopper(91200), with_sinks(f)), "sinks", "supported: cuDNN >= 9.13");
+  Problem p = with_sinks(f, true, true);
+  p.d_sinks.stride[1] = 2;
+  expect_refused(verdict(hopper(), p), "sinks", "d_sinks head stride 2; supported: 1");
+  p = with_sinks(f);
+  p.sinks.data += 1;
+  expect_refused(verdict(hopper(), p), "sinks", "sinks data pointer is 4 bytes past a 16-byte boundary");
+  Fixture one;
+  one.sq = 1;
+  expect_refused(verdict(hopper(), with_sinks(one)), "sinks", "with s_q 1");
+  Fixture vl;
+  vl.varlen.seqlens_q = {64, 32};
+  vl.varlen.seqlens_kv = {64, 32};
+  vl.varlen.offsets_q = {0, 64};
+  vl.varlen.offsets_kv = {0, 64};
+  expect_refused(verdict(hopper(), with_sinks(vl)), "sinks", "with varlen tensors");
+}
+
+// The max logit runs on dense problems without sinks (cuDNN's row max includes the sink).
+TEST(CudnnRules, MaxLogitDenseWithoutSinks) {
+  Fixture f;
+  f.mask = MaskKind::causal;
+  Problem p = f.problem();
+  p.max_logit_on = true;
+  Verdict v = verdict(hopper(), p);
+  EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
+  p = with_sinks(f);
+  p.max_logit_on = true;
+  expect_refused(verdict(hopper(), p), "max_logit", "cuDNN's row max includes the sink");
+  Fixture vl;
+  vl.varlen.seqlens_q = {64, 32};
+  vl.varlen.seqlens_kv = {64, 32};
+  vl.varlen.offsets_q = {0, 64};
+  vl.varlen.offsets_kv = {0, 64};
+  p = vl.problem();
+  p.max_logit_on = true;
+  expect_refused(verdict(hopper(), p), "max_logit", "with varlen tensors");
+}
+
 TEST(CudnnBand, MappingValues) {
   std::string why;
   Fixture f;

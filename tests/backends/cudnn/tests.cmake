@@ -10,6 +10,8 @@
 #    exact recompute of the backward at its default limits, off and on every group.
 #  - cudnn_plan_gpu_test (label gpu): cudnn and cuda through plans, cudnn with cu_seqlens
 #    arrays in device memory (and arrays that break the promise staying inside the views).
+#  - cudnn_features_test (label gpu): the training features cudnn runs (the post-scale bias,
+#    dBias) against the fp64 reference, the rest refused by rule; skips without a GPU.
 #  - cudnn_kvcache_test (label gpu): KV-cache attention (contiguous and paged caches, appends,
 #    masks, broken promises, a CUDA-graph replay) against the fp64 reference; skips without a GPU.
 get_property(_have_cudnn GLOBAL PROPERTY STRIDEATTN_HAVE_CUDNN)
@@ -23,6 +25,7 @@ if(_have_cudnn)
   target_link_libraries(cudnn_large_logits_test PRIVATE strideattn_gpu)
   strideattn_test(cudnn_plan_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_gpu_test.cpp LABELS gpu)
   target_link_libraries(cudnn_plan_gpu_test PRIVATE CUDA::cudart)
+  strideattn_test(cudnn_features_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/features_test.cpp LABELS gpu)
   strideattn_test(cudnn_kvcache_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/kvcache_test.cpp LABELS gpu)
   target_link_libraries(cudnn_kvcache_test PRIVATE CUDA::cudart)
 endif()
