@@ -130,8 +130,7 @@ std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const Dev
   if (p.is_backward()) return "direction: backward (a forward kernel)";
   if (plan.arch != Arch::sm90a) return std::string("arch: ") + to_string(plan.arch) + " kernels (needs sm90a)";
   if (!has_ws_forward(plan.bucket) || find_ws_forward(plan.dtype, plan.bucket, WsSchedule::plain) == nullptr)
-    return "head_dim: bucket " + std::to_string(plan.bucket) +
-           " (supported: the 64 and 128 buckets, the larger head dim up to 128)";
+    return "head_dim: bucket " + std::to_string(plan.bucket) + " (supported: the 64, 128 and 256 buckets)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
   const WsSchedule schedule = ws_schedule_for(p, forcing);
   const KernelEntry* e = find_ws_forward(plan.dtype, plan.bucket, schedule);
@@ -185,7 +184,7 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
                                                                                    : Variant::guarded;
     plan.main.grid = grid_of(*e, p, 1);
     // The warp-specialized forward where it covers the problem; the bucket's other forward
-    // (wgmma at d <= 128, mma.sync at d <= 64) stays as its fallback (a view the driver
+    // (mma.sync at d <= 64, wgmma above) stays as its fallback (a view the driver
     // cannot map, launch.cpp).
     if (plan.arch == Arch::sm90a && has_ws_forward(plan.bucket)) {
       plan.ws_note = ws_forward_refusal(p, plan, caps, forcing);

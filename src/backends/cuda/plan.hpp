@@ -32,7 +32,7 @@ struct PlanForcing {
                                     // the lengths (the dQ pass too where it runs); < 0 never
   // The warp-specialized TMA forward (sm90/ws_forward.cuh): unset, the plan's choice (it,
   // wherever it covers the problem: ws_forward_refusal); false keeps the bucket's other forward
-  // (wgmma at d <= 128, mma.sync at d <= 64), so a test can compare the two.
+  // (mma.sync at d <= 64, wgmma above), so a test can compare the two.
   std::optional<bool> ws_forward;
   // With the warp-specialized forward: the instantiation of this consumer schedule (unset: the
   // plan's choice by the key count, kWsPingPongMaxKeys in common/tiles.hpp).
@@ -90,9 +90,9 @@ struct CudaPlan {
   std::size_t dq_accum_bytes = 0;     // (unrounded, for the memset)
   std::size_t dbias_accum_bytes = 0;  // (unrounded, for the memset)
   WorkspaceLayout workspace;
-  // Forward on sm90a at d <= 128: why the warp-specialized forward does not run (its rule, the
+  // Forward on sm90a: why the warp-specialized forward does not run (its rule, the
   // value found), "" when it does; then `main` is its entry and ws_fallback the bucket's
-  // other forward (wgmma at d <= 128, mma.sync at d <= 64), which runs instead if its tensor
+  // other forward (mma.sync at d <= 64, wgmma above), which runs instead if its tensor
   // maps cannot be made (prepare_launch).
   std::string ws_note;
   KernelLaunch ws_fallback;

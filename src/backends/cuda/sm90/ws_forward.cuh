@@ -1,5 +1,5 @@
 // The warp-specialized forward on sm_90a (the plan runs it wherever it covers the problem,
-// plan.cpp), d <= 64 and d <= 128 buckets, fixed-length batches whose Q, K and V views TMA can read
+// plan.cpp), d <= 64, 128 and 256 buckets, fixed-length batches whose Q, K and V views TMA can read
 // (tma_maps.hpp says when): the plain variant; in the overlapped schedule also the fold over
 // more than kFoldKeys keys and the training features' variant (Variant::mods, up to kFoldKeys
 // keys), which applies them as sm90/forward.cuh's does (common/score_mod.cuh, dropout.cuh).
