@@ -1,22 +1,23 @@
-// The warp-specialized sm_90a forward (sm90/ws_forward.cuh; the default forward of the d <= 64
-// and d <= 128 buckets, each instantiation forced here with PlanForcing::ws_forward /
+// The warp-specialized sm_90a forward (sm90/ws_forward.cuh; the default forward of the d <= 64,
+// d <= 128 and d <= 256 buckets, each instantiation forced here with PlanForcing::ws_forward /
 // ws_schedule) against the fp64 reference under the correctness rule, through the harness
-// runner (fresh random inputs, poisoned outputs, guard bands, written checks), in both
-// buckets (d 128 and d 64): s_q != s_kv both ways, sizes off the 128-row tiles, every mask
+// runner (fresh random inputs, poisoned outputs, guard bands, written checks), in the three
+// buckets (d 128, 64 and 256): s_q != s_kv both ways, sizes off the 128-row tiles, every mask
 // kind, bottom-right windows, GQA 8:1, MQA (the seed's 16/1 at d 64), batch > 1, f16 and
-// bf16, head dims of each bucket below it (d 8 to 48 in the 64 bucket), every dense named
-// layout (the splits of packed and fused QKV buffers among them), each with every consumer
-// schedule (plain, overlapped, ping-pong). Every case also asserts from the debug log that
-// the forced instantiation really ran (no silent fallback), and planted errors must be
-// caught. Views TMA cannot read fall back to the bucket's other forward (wgmma at d 128,
-// mma.sync at d 64) with the reason logged. At d 128 the new kernel's O and LSE equal the
-// wgmma forward's bit for bit (same MMA order, same softmax code); at d 64, where no wgmma
-// forward exists, the three schedules equal each other bit for bit. The training features
-// (softcap, post- and pre-scale bias, ALiBi, sinks, max logit, dropout), each alone and all
-// together, run in the overlapped schedule's features instantiation (the plan's choice for
-// them), checked the same way, and at d 128 equal the wgmma forward's features variant bit
-// for bit (O, LSE, max logit). DISABLED_Timing times them against the bucket's other forward
-// (run it with --gtest_also_run_disabled_tests).
+// bf16, head dims of each bucket below it (d 8 to 56 in the 64 bucket, 136 to 248 in the
+// 256 one), every dense named layout (the splits of packed and fused QKV buffers among them),
+// each with every consumer schedule (plain, overlapped, ping-pong). Every case also asserts
+// from the debug log that the forced instantiation really ran (no silent fallback), and
+// planted errors must be caught. Views TMA cannot read fall back to the bucket's other
+// forward (mma.sync at d 64, wgmma above) with the reason logged. At d 128 and 256 the new
+// kernel's O and LSE equal the wgmma forward's bit for bit (same MMA order, same softmax
+// code); at d 64, where no wgmma forward exists, the three schedules equal each other bit for
+// bit. The training features (softcap, post- and pre-scale bias, ALiBi, sinks, max logit,
+// dropout), each alone and all together, run in the overlapped schedule's features
+// instantiation (the plan's choice for them), checked the same way, and at d 128 and 256
+// equal the wgmma forward's features variant bit for bit (O, LSE, max logit).
+// DISABLED_Timing times them against the bucket's other forward (run it with
+// --gtest_also_run_disabled_tests).
 // Skips, saying why, without a GPU, without sm_90a code in the build, or on a GPU that is not
 // compute capability 9.0.
 #include <gtest/gtest.h>
@@ -65,7 +66,7 @@ std::string ran_marker(WsSchedule s) {
 PlanForcing forcing(WsSchedule s) { return PlanForcing{.ws_forward = true, .ws_schedule = s}; }
 // The head-dim buckets the kernel covers, each at its full width, and what the log says when
 // the bucket's other forward (its fallback) ran.
-constexpr std::int64_t kBucketDims[] = {128, 64};
+constexpr std::int64_t kBucketDims[] = {128, 64, 256};
 std::string fallback_marker(std::int64_t d) {
   return d <= 64 ? "; forward: sm90a mma.sync forward" : "; forward: sm90a wgmma forward";
 }
@@ -136,6 +137,7 @@ TEST(CudaWsForward, ShapesMasksAndDtypes) {
     for (DType t : {DType::bf16, DType::f16})
       for (MaskKind m : kMasks)
         for (const auto& sh : shapes) {
+          if (d == 256 && t == DType::f16 && sh[0] > 300) continue;  // (the reference's time)
           SCOPED_TRACE(::testing::Message() << "d " << d << " " << strideattn::to_string(t) << " mask " << int(m) << " "
                                             << sh[0] << "x" << sh[1]);
           expect_ws(dense(t, 2, sh[0], sh[1], 4, 2, d, d, m));
@@ -183,7 +185,12 @@ TEST(CudaWsForward, HeadDimsOfTheBucket) {
                         {8, 8},
                         {56, 56},
                         {64, 32},
-                        {48, 64}}) {
+                        {48, 64},
+                        {136, 136},
+                        {160, 160},
+                        {192, 128},
+                        {200, 256},
+                        {256, 192}}) {
     SCOPED_TRACE(::testing::Message() << "d_qk " << d.first << " d_v " << d.second);
     expect_ws(dense(DType::bf16, 2, 150, 190, 4, 2, d.first, d.second, MaskKind::causal));
   }
@@ -352,6 +359,7 @@ TEST(CudaWsForward, LongKeyRangesFold) {
       dense(DType::bf16, 1, 40, 20000, 2, 1, 128, 128, MaskKind::none, 9000, 0),
       dense(DType::bf16, 1, 70, 20000, 4, 1, 64, 64, MaskKind::causal_bottom_right),
       dense(DType::f16, 1, 300, 16500, 8, 2, 48, 48, MaskKind::none),
+      dense(DType::bf16, 1, 40, 17000, 2, 1, 256, 256, MaskKind::causal_bottom_right),
   };
   for (const CaseSpec& spec : cases) {
     CaseSpec c = spec;
@@ -374,36 +382,38 @@ TEST(CudaWsForward, LongKeyRangesFold) {
 // O += P V k-steps; only the loads differ): O and LSE equal bit for bit.
 TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {
   SKIP_UNLESS_SM90A();
-  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-    ForwardCase c(2, 777, 8, 2, 128, m);
-    const std::string def_log = debug_log_of([&] {
-      const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
-      c.run();
-    });
-    EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
-    EXPECT_NE(def_log.find("warp-specialized forward not run: forced_off"), std::string::npos) << def_log;
-    const std::vector<std::uint16_t> o_ref = c.o.bytes();
-    const std::vector<float> lse_ref = c.lse_values();
-    for (WsSchedule schedule : kSchedules) {
-      SCOPED_TRACE(::testing::Message() << to_string(schedule) << " consumers");
-      ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
-      ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
-      {
-        const ScopedCudaPlanForcing forced(forcing(schedule));
-        const std::string log = debug_log_of([&] { c.run(); });
-        EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
+  for (std::int64_t d : {128, 256})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      SCOPED_TRACE(::testing::Message() << "d " << d);
+      ForwardCase c(2, 777, 8, 2, d, m);
+      const std::string def_log = debug_log_of([&] {
+        const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+        c.run();
+      });
+      EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
+      EXPECT_NE(def_log.find("warp-specialized forward not run: forced_off"), std::string::npos) << def_log;
+      const std::vector<std::uint16_t> o_ref = c.o.bytes();
+      const std::vector<float> lse_ref = c.lse_values();
+      for (WsSchedule schedule : kSchedules) {
+        SCOPED_TRACE(::testing::Message() << to_string(schedule) << " consumers");
+        ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
+        ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
+        {
+          const ScopedCudaPlanForcing forced(forcing(schedule));
+          const std::string log = debug_log_of([&] { c.run(); });
+          EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
+        }
+        const std::vector<std::uint16_t> o_ws = c.o.bytes();
+        const std::vector<float> lse_ws = c.lse_values();
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
+        EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's (mask " << int(m) << ")";
+        EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
+        bool nonzero = false;
+        for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
+        EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
       }
-      const std::vector<std::uint16_t> o_ws = c.o.bytes();
-      const std::vector<float> lse_ws = c.lse_values();
-      std::size_t differ = 0;
-      for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
-      EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's (mask " << int(m) << ")";
-      EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
-      bool nonzero = false;
-      for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
-      EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
     }
-  }
 }
 
 // The 64 bucket has no wgmma forward to compare with (its other forward is the mma.sync one,
@@ -639,57 +649,59 @@ struct DeviceFloats {
 // offset) and every other feature at once, then with the pre-scale bias and dropout 0.5.
 TEST(CudaWsForward, FeaturesEqualTheWgmmaForwardBitForBit) {
   SKIP_UNLESS_SM90A();
-  for (const bool all : {true, false})
-    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-      SCOPED_TRACE(::testing::Message() << (all ? "every feature" : "pre-scale bias, dropout 0.5") << ", mask "
-                                        << int(m));
-      ForwardCase c(2, 777, 8, 2, 128, m);
-      const std::int64_t b = c.b, h = c.h, s = c.s;
-      const auto nh = static_cast<std::size_t>(h);
-      std::vector<float> slopes(nh), sinks(nh);
-      std::normal_distribution<float> normal(0.f, 1.f);
-      for (std::size_t i = 0; i < slopes.size(); ++i) slopes[i] = 0.5f / float(i + 1), sinks[i] = normal(c.rng);
-      DeviceFloats alibi(nh, slopes), sink(nh, sinks);
-      DeviceFloats max_logit(std::size_t(b * h), std::vector<float>(std::size_t(b * h), 0.f));
-      DeviceBuffer bias(std::size_t(h * s * s), &c.rng);
-      c.args.bias = {bias.ptr, DType::bf16, {1, h, s, s}, {h * s * s, s * s, s, 1}};
-      c.args.options.bias_type = all ? BiasType::post_scale : BiasType::pre_scale;
-      c.args.options.dropout = {all ? 0.1 : 0.5, 0x0123456789abcdefull, 0xfffffffffffffffdull, nullptr, nullptr};
-      if (all) {
-        c.args.options.softcap = 5.0;
-        c.args.alibi_slopes = {alibi.ptr, {1, h}, {h, 1}};
-        c.args.sinks = {sink.ptr, {1, h}, {h, 1}};
-        c.args.max_logit = {max_logit.ptr, {b, h}, {h, 1}};
+  for (std::int64_t d : {128, 256})
+    for (const bool all : {true, false})
+      for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (all ? "every feature" : "pre-scale bias, dropout 0.5") << ", mask " << int(m) << ", d " << d);
+        ForwardCase c(2, 777, 8, 2, d, m);
+        const std::int64_t b = c.b, h = c.h, s = c.s;
+        const auto nh = static_cast<std::size_t>(h);
+        std::vector<float> slopes(nh), sinks(nh);
+        std::normal_distribution<float> normal(0.f, 1.f);
+        for (std::size_t i = 0; i < slopes.size(); ++i) slopes[i] = 0.5f / float(i + 1), sinks[i] = normal(c.rng);
+        DeviceFloats alibi(nh, slopes), sink(nh, sinks);
+        DeviceFloats max_logit(std::size_t(b * h), std::vector<float>(std::size_t(b * h), 0.f));
+        DeviceBuffer bias(std::size_t(h * s * s), &c.rng);
+        c.args.bias = {bias.ptr, DType::bf16, {1, h, s, s}, {h * s * s, s * s, s, 1}};
+        c.args.options.bias_type = all ? BiasType::post_scale : BiasType::pre_scale;
+        c.args.options.dropout = {all ? 0.1 : 0.5, 0x0123456789abcdefull, 0xfffffffffffffffdull, nullptr, nullptr};
+        if (all) {
+          c.args.options.softcap = 5.0;
+          c.args.alibi_slopes = {alibi.ptr, {1, h}, {h, 1}};
+          c.args.sinks = {sink.ptr, {1, h}, {h, 1}};
+          c.args.max_logit = {max_logit.ptr, {b, h}, {h, 1}};
+        }
+        const std::string def_log = debug_log_of([&] {
+          const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+          c.run();
+        });
+        EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
+        EXPECT_NE(def_log.find(kModsMarker), std::string::npos) << def_log;
+        const std::vector<std::uint16_t> o_ref = c.o.bytes();
+        const std::vector<float> lse_ref = c.lse_values(), max_ref = max_logit.values();
+        ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
+        ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
+        ASSERT_EQ(cudaMemset(max_logit.ptr, 0xff, max_ref.size() * sizeof(float)), cudaSuccess);
+        const std::string log = debug_log_of([&] { c.run(); });  // (the plan's choice)
+        EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
+        EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
+        const std::vector<std::uint16_t> o_ws = c.o.bytes();
+        const std::vector<float> lse_ws = c.lse_values();
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
+        EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's";
+        EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
+        bool nonzero = false;
+        for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
+        EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
+        if (all) {
+          const std::vector<float> max_ws = max_logit.values();
+          EXPECT_EQ(std::memcmp(max_ws.data(), max_ref.data(), max_ws.size() * sizeof(float)), 0)
+              << "max logit differs";
+          for (float x : max_ref) EXPECT_TRUE(std::isfinite(x)) << "max logit " << x;  // (written: not the poison)
+        }
       }
-      const std::string def_log = debug_log_of([&] {
-        const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
-        c.run();
-      });
-      EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
-      EXPECT_NE(def_log.find(kModsMarker), std::string::npos) << def_log;
-      const std::vector<std::uint16_t> o_ref = c.o.bytes();
-      const std::vector<float> lse_ref = c.lse_values(), max_ref = max_logit.values();
-      ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
-      ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
-      ASSERT_EQ(cudaMemset(max_logit.ptr, 0xff, max_ref.size() * sizeof(float)), cudaSuccess);
-      const std::string log = debug_log_of([&] { c.run(); });  // (the plan's choice)
-      EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
-      EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
-      const std::vector<std::uint16_t> o_ws = c.o.bytes();
-      const std::vector<float> lse_ws = c.lse_values();
-      std::size_t differ = 0;
-      for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
-      EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's";
-      EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
-      bool nonzero = false;
-      for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
-      EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
-      if (all) {
-        const std::vector<float> max_ws = max_logit.values();
-        EXPECT_EQ(std::memcmp(max_ws.data(), max_ref.data(), max_ws.size() * sizeof(float)), 0) << "max logit differs";
-        for (float x : max_ref) EXPECT_TRUE(std::isfinite(x)) << "max logit " << x;  // (written: not the poison)
-      }
-    }
 }
 
 // Time the bucket's other forward (forced: wgmma at d 128, mma.sync at d 64) against the
@@ -702,10 +714,10 @@ TEST(CudaWsForward, DISABLED_Timing) {
   struct Shape {
     std::int64_t b, s, h, hg, d;
   };
-  for (const Shape sh :
-       {Shape{16, 1024, 16, 16, 128}, Shape{8, 2048, 16, 16, 128}, Shape{4, 4096, 16, 16, 128},
-        Shape{2, 8192, 16, 16, 128}, Shape{2, 8192, 64, 8, 128}, Shape{8, 2048, 16, 1, 64}, Shape{16, 1024, 16, 16, 64},
-        Shape{8, 2048, 16, 16, 64}, Shape{4, 4096, 16, 16, 64}, Shape{2, 8192, 16, 16, 64}})
+  for (const Shape sh : {Shape{16, 1024, 16, 16, 128}, Shape{8, 2048, 16, 16, 128}, Shape{4, 4096, 16, 16, 128},
+                         Shape{2, 8192, 16, 16, 128}, Shape{2, 8192, 64, 8, 128}, Shape{8, 2048, 16, 1, 64},
+                         Shape{16, 1024, 16, 16, 64}, Shape{8, 2048, 16, 16, 64}, Shape{4, 4096, 16, 16, 64},
+                         Shape{2, 8192, 16, 16, 64}, Shape{8, 2048, 16, 16, 256}, Shape{4, 4096, 16, 16, 256}})
     for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
       ForwardCase c(sh.b, sh.s, sh.h, sh.hg, sh.d, m);
       auto time_ms = [&] {

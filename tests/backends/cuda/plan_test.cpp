@@ -108,16 +108,16 @@ TEST(CudaPlan, ForwardKernelsAndInstantiations) {
     EXPECT_EQ(make_cuda_plan(fwd(DType::f16, 1, 300, 2, 1, 64), kA100).main.variant, Variant::full_d);
     EXPECT_EQ(make_cuda_plan(fwd(DType::f16, 1, 300, 2, 1, 40), kA100).main.variant, Variant::guarded);
   }
-  {  // H200: d 64 the mma.sync forward (the wgmma one lost there; the warp-specialized
-     // forward's fallback), d 128 / 256 the wgmma one (at d 128 that fallback)
+  {  // H200: the warp-specialized forward, with as its fallback at d 64 the mma.sync forward
+     // (the wgmma one lost there), at d 128 / 256 the wgmma one
     const CudaPlan p64 = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, 64), kH200);
     EXPECT_TRUE(p64.main.entry->tma);
     EXPECT_EQ(name_of(p64.ws_fallback), "sm90a mma.sync forward");
     EXPECT_EQ(p64.ws_fallback.variant, Variant::full_d);
     for (int d : {128, 256}) {
       const CudaPlan p = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, d), kH200);
-      const KernelLaunch& wgmma = d == 128 ? p.ws_fallback : p.main;
-      EXPECT_EQ(d == 128, p.main.entry->tma) << d;
+      const KernelLaunch& wgmma = p.ws_fallback;
+      EXPECT_TRUE(p.main.entry->tma) << d;
       EXPECT_EQ(name_of(wgmma), "sm90a wgmma forward") << d;
       EXPECT_EQ(wgmma.variant, Variant::guarded) << d;
       EXPECT_EQ(wgmma.entry->threads, kKvThreads) << d;

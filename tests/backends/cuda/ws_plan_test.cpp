@@ -1,5 +1,5 @@
 // The warp-specialized sm_90a forward's place in make_cuda_plan, without a GPU (part of
-// cuda_plan_test): its kernel table entries per dtype, bucket (d <= 64, d <= 128) and consumer
+// cuda_plan_test): its kernel table entries per dtype, bucket (d <= 64, 128, 256) and consumer
 // schedule, the default plan running it wherever it covers the problem with the bucket's other
 // forward as fallback, the test hook keeping it off or picking a schedule, the fold and the
 // training features' instantiations, and each rule that keeps it off named.
@@ -30,7 +30,7 @@ using namespace strideattn::cuda_impl::test_devices;
 using namespace strideattn::cuda_impl::test_problems;
 
 // The warp-specialized TMA forward (sm90/ws_forward.cuh): one entry per dtype and schedule at
-// d <= 128 (and at d <= 64: WarpSpecializedForwardCoversTheD64Bucket), sm90a, which find_kernel
+// d <= 128 (d <= 64 and d <= 256: the tests below), sm90a, which find_kernel
 // never returns; the default plan runs its overlapped instantiation
 // wherever it covers the problem, with the wgmma forward as its fallback, the test hook keeps
 // it off or picks the plain one, and every problem it does not cover keeps the wgmma forward
@@ -55,8 +55,6 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
                 e->ws_schedule == WsSchedule::plain);
     EXPECT_NE(overlapped->guarded, e->guarded);
     EXPECT_EQ(overlapped->smem_bytes, e->smem_bytes);
-    EXPECT_EQ(find_ws_forward(t, 256, WsSchedule::plain), nullptr);
-    EXPECT_EQ(find_ws_forward(t, 256, WsSchedule::overlapped), nullptr);
     EXPECT_FALSE(find_kernel(t, Arch::sm90a, 128, Pass::forward, 1 << 30)->tma);
   }
   const PlanForcing on{.ws_forward = true, .ws_schedule = WsSchedule::plain};
@@ -110,12 +108,7 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     EXPECT_TRUE(plan.main.entry == nullptr || !plan.main.entry->tma);
     return plan.ws_note;
   };
-  // other buckets and architectures: their kernels, no note
-  {
-    const CudaPlan other = make_cuda_plan(fwd(DType::bf16, 1, 500, 4, 4, 256), kH200, on);
-    EXPECT_FALSE(other.main.entry->tma);
-    EXPECT_EQ(other.ws_note, "");
-  }
+  // other architectures: their kernels, no note
   const CudaPlan a100 = make_cuda_plan(fwd(DType::bf16, 1, 500, 4, 4, 128), kA100, on);
   EXPECT_FALSE(a100.main.entry->tma);
   EXPECT_EQ(a100.ws_note, "");
@@ -237,7 +230,7 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
 // overlapped one with its fold and features instantiations), the 64 bucket's tile; the
 // default plan runs it on the seed case (MQA 16/1, s 2048) and on head dims below 64 (TMA
 // zero-fills the columns past d), with the mma.sync forward as its fallback; the rules still
-// keep it off where they did at d 128, and the 256 bucket is refused by name.
+// keep it off where they did at d 128, and an A100 runs its own kernels.
 TEST(CudaPlan, WarpSpecializedForwardCoversTheD64Bucket) {
   for (DType t : {DType::f16, DType::bf16})
     for (WsSchedule s : {WsSchedule::plain, WsSchedule::overlapped, WsSchedule::ping_pong}) {
@@ -330,14 +323,54 @@ TEST(CudaPlan, WarpSpecializedForwardCoversTheD64Bucket) {
   EXPECT_TRUE(starts_with(note_of(fwd(DType::bf16, 1, 9000, 2, 1, 64), PlanForcing{.ws_schedule = WsSchedule::plain}),
                           "long_keys"));
   EXPECT_TRUE(starts_with(note_of(seed, PlanForcing{.smem_optin = 100 * 1024}), "shared_memory"));
-  // an A100 and the 256 bucket: their kernels; the 256 bucket's refusal names the buckets
+  // an A100: its kernels
   EXPECT_FALSE(make_cuda_plan(seed, kA100).main.entry->tma);
-  const Problem d256 = fwd(DType::bf16, 1, 500, 4, 4, 256);
-  const CudaPlan p256 = make_cuda_plan(d256, kH200);
-  EXPECT_FALSE(p256.main.entry->tma);
-  const std::string why = ws_forward_refusal(d256, p256, kH200, PlanForcing{});
-  EXPECT_TRUE(starts_with(why, "head_dim: bucket 256")) << why;
-  EXPECT_NE(why.find("supported: the 64 and 128 buckets"), std::string::npos) << why;
+}
+
+// The d <= 256 bucket: its entries (Bc 64, 24 / 240 registers), the default plan with the
+// wgmma forward as fallback (the same block order), head dims 136..248 by TMA's zero fill, the
+// fold with a slot of 16 rows x 256 columns per consumer warp, the features variant, and a GPU
+// granting the wgmma forward's 197,632 bytes but not this kernel's 197,704 keeping the wgmma one.
+TEST(CudaPlan, WarpSpecializedForwardCoversTheD256Bucket) {
+  for (DType t : {DType::f16, DType::bf16})
+    for (WsSchedule s : {WsSchedule::plain, WsSchedule::overlapped, WsSchedule::ping_pong}) {
+      SCOPED_TRACE(::testing::Message() << strideattn::to_string(t) << " " << to_string(s));
+      const KernelEntry* e = find_ws_forward(t, 256, s);
+      ASSERT_NE(e, nullptr);
+      EXPECT_TRUE(e->tma && e->bucket == 256 && e->ws_schedule == s);
+      EXPECT_EQ(e->smem_bytes, ws_forward_tile(256).smem_bytes);
+      EXPECT_EQ(e->fold != nullptr, s == WsSchedule::overlapped);
+      EXPECT_EQ(e->mods != nullptr, s == WsSchedule::overlapped);
+    }
+  auto starts_with = [](const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; };
+  const Problem base = fwd(DType::bf16, 2, 1000, 8, 2, 256);
+  const CudaPlan plan = make_cuda_plan(base, kH200);
+  ASSERT_TRUE(plan.ok()) << plan.error;
+  ASSERT_TRUE(plan.main.entry->tma) << plan.ws_note;
+  EXPECT_EQ(plan.main.entry->ws_schedule, WsSchedule::ping_pong);
+  EXPECT_EQ(plan.main.grid.x, 8u);
+  const CudaPlan off = make_cuda_plan(base, kH200, PlanForcing{.ws_forward = false});
+  EXPECT_EQ(name_of(off.main), "sm90a wgmma forward");
+  EXPECT_EQ(name_of(plan.ws_fallback), name_of(off.main));
+  for (auto [d_qk, d_v] : {std::pair{136, 136}, std::pair{160, 160}, std::pair{192, 128}, std::pair{200, 256}}) {
+    const CudaPlan p = make_cuda_plan(problem(Direction::forward, DType::f16, 2, 300, 500, 4, 2, d_qk, d_v), kH200);
+    EXPECT_TRUE(p.main.entry->tma && p.main.entry->bucket == 256) << d_qk << " " << d_v << ": " << p.ws_note;
+  }
+  const CudaPlan folding = make_cuda_plan(fwd(DType::bf16, 1, 9000, 2, 1, 256), kH200);
+  ASSERT_TRUE(folding.main.entry->tma) << folding.ws_note;
+  EXPECT_EQ(folding.main.variant, Variant::fold);
+  EXPECT_GE(folding.outer_slot_floats, std::size_t(16 * 256));
+  EXPECT_GE(folding.outer_count, 132 * 12);
+  Problem capped = base;
+  capped.softcap = 30;
+  const CudaPlan mods = make_cuda_plan(capped, kH200);
+  ASSERT_TRUE(mods.main.entry->tma) << mods.ws_note;
+  EXPECT_EQ(mods.main.variant, Variant::mods);
+  const CudaPlan small = make_cuda_plan(base, kH200, PlanForcing{.smem_optin = 193 * 1024});
+  ASSERT_TRUE(small.ok()) << small.error;
+  ASSERT_NE(small.main.entry, nullptr);
+  EXPECT_FALSE(small.main.entry->tma);
+  EXPECT_TRUE(starts_with(small.ws_note, "shared_memory")) << small.ws_note;
 }
 
 }  // namespace
