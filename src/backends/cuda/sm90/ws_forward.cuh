@@ -184,7 +184,7 @@ inline constexpr int kTurnBarrier = 1;
 // block j's O += P V, and block j + 1's mask and softmax scores (online_softmax_scores) run
 // while that P V is in flight; O is rescaled (rescale_o) only once it has landed. The sums
 // are the plain consumer's in the same order (O = (O alpha_j + P_j V_j) ...), so O and LSE are
-// the same bits. Registers across the loop: S of the next block (64), P of this one (32), O
+// the same bits. Registers across the loop (d 128): S of the next block (64), P of this one (32), O
 // (64). PingPong: each issue of GEMMs (the first S, then S and P V of each block, the last
 // P V) is one turn; consumer 1 gives consumer 0 the first turn. Both consumers take n + 1
 // turns (the same key blocks), so the turns alternate to the end; the last pass of a turn
