@@ -228,8 +228,8 @@ PreparedLaunch prepare_launch(CudaPlan plan, const Problem& p) {
       prep.host_tables[3 * n + i] = p.offsets_kv[i];
     }
   }
-  // The warp-specialized forward's tensor maps; where the driver cannot make them, the wgmma
-  // forward runs instead, and the log says why.
+  // The warp-specialized forward's tensor maps; where the driver cannot make them, the
+  // fallback forward (CudaPlan::ws_fallback) runs instead, and the log says why.
   if (plan.main.entry != nullptr && plan.main.entry->tma && !plan.backward) {
     const WsForwardTile tile = ws_forward_tile(plan.bucket);
     if (std::string e = encode_forward_maps(p, tile.br, tile.bc, &prep.maps); !e.empty()) {

@@ -126,12 +126,11 @@ static WsSchedule ws_schedule_for(const Problem& p, const PlanForcing& forcing) 
 
 std::string ws_forward_refusal(const Problem& p, const CudaPlan& plan, const DeviceCaps& caps,
                                const PlanForcing& forcing) {
-  if (!forcing.ws_forward.value_or(true)) return "forced_off: a test keeps the wgmma forward (PlanForcing::ws_forward)";
+  if (!forcing.ws_forward.value_or(true)) return "forced_off: a test keeps the other forward (PlanForcing::ws_forward)";
   if (p.is_backward()) return "direction: backward (a forward kernel)";
   if (plan.arch != Arch::sm90a) return std::string("arch: ") + to_string(plan.arch) + " kernels (needs sm90a)";
   if (!has_ws_forward(plan.bucket) || find_ws_forward(plan.dtype, plan.bucket, WsSchedule::plain) == nullptr)
-    return "head_dim: bucket " + std::to_string(plan.bucket) +
-           " (supported: the 128 bucket, the larger head dim 72..128)";
+    return "head_dim: bucket " + std::to_string(plan.bucket) + " (supported: the 64, 128 and 256 buckets)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
   const WsSchedule schedule = ws_schedule_for(p, forcing);
   const KernelEntry* e = find_ws_forward(plan.dtype, plan.bucket, schedule);
@@ -216,8 +215,9 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
                         : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
                                                                                    : Variant::guarded;
     plan.main.grid = grid_of(*e, p, 1);
-    // The warp-specialized forward where it covers the problem; the wgmma forward stays as
-    // its fallback (a view the driver cannot map, launch.cpp).
+    // The warp-specialized forward where it covers the problem; the bucket's other forward
+    // (mma.sync at d <= 64, wgmma above) stays as its fallback (a view the driver
+    // cannot map, launch.cpp).
     if (plan.arch == Arch::sm90a && has_ws_forward(plan.bucket)) {
       plan.ws_note = ws_forward_refusal(p, plan, caps, forcing);
       if (plan.ws_note.empty()) {

@@ -31,8 +31,8 @@ struct PlanForcing {
   int fold_blocks = 0;              // backward: > 0 folds every that many iterations whatever
                                     // the lengths (the dQ pass too where it runs); < 0 never
   // The warp-specialized TMA forward (sm90/ws_forward.cuh): unset, the plan's choice (it,
-  // wherever it covers the problem: ws_forward_refusal); false keeps the wgmma forward, so a
-  // test can compare the two.
+  // wherever it covers the problem: ws_forward_refusal); false keeps the bucket's other forward
+  // (mma.sync at d <= 64, wgmma above), so a test can compare the two.
   std::optional<bool> ws_forward;
   // With the warp-specialized forward: the instantiation of this consumer schedule (unset: the
   // plan's choice by the key count, kWsPingPongMaxKeys in common/tiles.hpp).
@@ -93,10 +93,10 @@ struct CudaPlan {
   std::size_t dq_accum_bytes = 0;     // (unrounded, for the memset)
   std::size_t dbias_accum_bytes = 0;  // (unrounded, for the memset)
   WorkspaceLayout workspace;
-  // On sm90a at d <= 128: why the warp-specialized forward (or, in a backward, dK/dV pass)
+  // On sm90a: why the warp-specialized forward (or, in a backward at d <= 128, dK/dV pass)
   // does not run (its rule, the value found), "" when it does; then `main` is its entry and
-  // ws_fallback the wgmma kernel, which runs instead if its tensor maps cannot be made
-  // (prepare_launch).
+  // ws_fallback the other kernel (forward: mma.sync at d <= 64, wgmma above; backward: the
+  // wgmma pass), which runs instead if its tensor maps cannot be made (prepare_launch).
   std::string ws_note;
   KernelLaunch ws_fallback;
   [[nodiscard]] bool ok() const { return error.empty(); }

@@ -525,13 +525,14 @@ std::string debug_log_of(F&& fn) {
   return all;
 }
 
-// On a 9.0 GPU, in a build with sm_90a code, the forward of the d <= 128 bucket runs the
-// warp-specialized kernel (the wgmma one where the test hook keeps it off), the d <= 256
-// bucket's the wgmma kernel; the dK/dV pass is the warp-specialized one in the single-pass
-// backward of the d <= 128 bucket (cuda_ws_backward_test) and the wgmma one everywhere else,
-// the deterministic backward of every bucket among them (so the default runs of every test
-// here, and the default rows of DkDvPassEightAndFourWarps, test those); the test hook's
-// arch = sm80 runs the mma.sync ones; the wgmma dK/dV pass is deterministic run to run.
+// On a 9.0 GPU, in a build with sm_90a code, the forward of every bucket runs the
+// warp-specialized kernel (at d <= 128 and d <= 256 the wgmma one where the test hook keeps
+// it off, at d <= 64 the mma.sync one); the dK/dV pass is the warp-specialized one in the
+// single-pass backward of the d <= 128 bucket (cuda_ws_backward_test) and the wgmma one
+// everywhere else, the deterministic backward of every bucket among them (so the default runs
+// of every test here, and the default rows of DkDvPassEightAndFourWarps, test those); the
+// test hook's arch = sm80 runs the mma.sync ones; the wgmma dK/dV pass is deterministic run to
+// run.
 TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
   SKIP_WITHOUT_GPU();
 #if !defined(STRIDEATTN_CUDA_SM90A)
@@ -567,7 +568,20 @@ TEST(CudaBackend, Sm90aRunsTheWgmmaKernels) {
 
   FixedBackwardCase c256(256);  // the d <= 256 bucket
   const std::string fwd256 = debug_log_of([&] { c256.forward(); });
-  EXPECT_NE(fwd256.find("; forward: sm90a wgmma forward"), std::string::npos) << fwd256;
+  EXPECT_NE(fwd256.find("; forward: sm90a warp-specialized ping-pong forward"), std::string::npos) << fwd256;
+  {
+    const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+    const std::string kept = debug_log_of([&] { c256.forward(); });
+    EXPECT_NE(kept.find("; forward: sm90a wgmma forward"), std::string::npos) << kept;
+  }
+  FixedBackwardCase c64(64);  // the d <= 64 bucket: the mma.sync forward where it is kept off
+  const std::string fwd64 = debug_log_of([&] { c64.forward(); });
+  EXPECT_NE(fwd64.find("; forward: sm90a warp-specialized ping-pong forward"), std::string::npos) << fwd64;
+  {
+    const ScopedCudaPlanForcing kept_off(PlanForcing{.ws_forward = false});
+    const std::string kept = debug_log_of([&] { c64.forward(); });
+    EXPECT_NE(kept.find("; forward: sm90a mma.sync forward"), std::string::npos) << kept;
+  }
   const std::string bwd256 = debug_log_of([&] { EXPECT_TRUE(any_nonzero(c256.backward())); });
   EXPECT_NE(bwd256.find("; dK/dV pass: sm90a wgmma dK/dV pass"), std::string::npos) << bwd256;
   {

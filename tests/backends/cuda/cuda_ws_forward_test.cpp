@@ -1,19 +1,22 @@
-// The warp-specialized sm_90a forward (sm90/ws_forward.cuh; the default forward of the d <= 128
-// bucket, each instantiation forced here with PlanForcing::ws_forward / ws_schedule) against the fp64
-// reference under the correctness rule, through the harness runner (fresh random inputs,
-// poisoned outputs, guard bands, written checks): s_q != s_kv both ways, sizes off the
-// 128-row tiles, every mask kind, bottom-right windows, GQA 8:1, MQA, batch > 1, f16 and bf16,
-// head dims of the 128 bucket below 128, every dense named layout (the splits of packed and
-// fused QKV buffers among them), each with every consumer schedule (plain, overlapped,
-// ping-pong). Every case
-// also asserts from the debug log that the forced instantiation really ran (no silent
-// fallback), and planted errors must be caught. Views TMA cannot read fall back to the wgmma
-// forward with the reason logged; the new kernel's O and LSE equal the wgmma forward's bit
-// for bit (same MMA order, same softmax code). The training features (softcap, post- and
-// pre-scale bias, ALiBi, sinks, max logit, dropout), each alone and all together, run in the
-// overlapped schedule's features instantiation (the plan's choice for them), checked the
-// same way, and equal the wgmma forward's features variant bit for bit (O, LSE, max logit).
-// DISABLED_Timing times them against the wgmma forward (run it with
+// The warp-specialized sm_90a forward (sm90/ws_forward.cuh; the default forward of the d <= 64,
+// d <= 128 and d <= 256 buckets, each instantiation forced here with PlanForcing::ws_forward /
+// ws_schedule) against the fp64 reference under the correctness rule, through the harness
+// runner (fresh random inputs, poisoned outputs, guard bands, written checks), in the three
+// buckets (d 128, 64 and 256): s_q != s_kv both ways, sizes off the 128-row tiles, every mask
+// kind, bottom-right windows, GQA 8:1, MQA (the seed's 16/1 at d 64), batch > 1, f16 and
+// bf16, head dims of each bucket below it (d 8 to 56 in the 64 bucket, 136 to 248 in the
+// 256 one), every dense named layout (the splits of packed and fused QKV buffers among them),
+// each with every consumer schedule (plain, overlapped, ping-pong). Every case also asserts
+// from the debug log that the forced instantiation really ran (no silent fallback), and
+// planted errors must be caught. Views TMA cannot read fall back to the bucket's other
+// forward (mma.sync at d 64, wgmma above) with the reason logged. At d 128 and 256 the new
+// kernel's O and LSE equal the wgmma forward's bit for bit (same MMA order, same softmax
+// code); at d 64, where no wgmma forward exists, the three schedules equal each other bit for
+// bit. The training features (softcap, post- and pre-scale bias, ALiBi, sinks, max logit,
+// dropout), each alone and all together, run in the overlapped schedule's features
+// instantiation (the plan's choice for them), checked the same way, and at d 128 and 256
+// equal the wgmma forward's features variant bit for bit (O, LSE, max logit).
+// DISABLED_Timing times them against the bucket's other forward (run it with
 // --gtest_also_run_disabled_tests).
 // Skips, saying why, without a GPU, without sm_90a code in the build, or on a GPU that is not
 // compute capability 9.0.
@@ -61,6 +64,12 @@ std::string ran_marker(WsSchedule s) {
                                        : "; forward: sm90a warp-specialized ping-pong forward";
 }
 PlanForcing forcing(WsSchedule s) { return PlanForcing{.ws_forward = true, .ws_schedule = s}; }
+// The head-dim buckets the kernel covers, each at its full width, and what the log says when
+// the bucket's other forward (its fallback) ran.
+constexpr std::int64_t kBucketDims[] = {128, 64, 256};
+std::string fallback_marker(std::int64_t d) {
+  return d <= 64 ? "; forward: sm90a mma.sync forward" : "; forward: sm90a wgmma forward";
+}
 constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 9090};
 
 // Why this process cannot run the kernel ("" when it can).
@@ -102,7 +111,7 @@ std::string debug_log_of(F&& fn) {
 
 // `spec` (forward only) with each instantiation of the new kernel forced: passes the
 // correctness rule, and the log shows that instantiation ran (`expect_ran`) or that the plan
-// fell back to the wgmma forward, naming why.
+// fell back to the bucket's other forward, naming why.
 void expect_ws(CaseSpec spec, bool expect_ran = true) {
   spec.grad = false;
   for (WsSchedule schedule : kSchedules) {
@@ -113,7 +122,7 @@ void expect_ws(CaseSpec spec, bool expect_ran = true) {
       EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << "the forced kernel did not run:\n" << log;
     } else {
       EXPECT_EQ(log.find("; forward: sm90a warp-specialized"), std::string::npos) << log;
-      EXPECT_NE(log.find("; forward: sm90a wgmma forward"), std::string::npos) << log;
+      EXPECT_NE(log.find(fallback_marker(std::max(spec.sizes.d_qk, spec.sizes.d_v))), std::string::npos) << log;
       EXPECT_NE(log.find("warp-specialized forward not run: tma:"), std::string::npos) << log;
     }
   }
@@ -124,13 +133,15 @@ const MaskKind kMasks[] = {MaskKind::none, MaskKind::causal, MaskKind::causal_bo
 TEST(CudaWsForward, ShapesMasksAndDtypes) {
   SKIP_UNLESS_SM90A();
   const std::int64_t shapes[][2] = {{128, 128}, {77, 77}, {50, 300}, {300, 50}, {257, 513}, {1000, 1000}, {1, 129}};
-  for (DType t : {DType::bf16, DType::f16})
-    for (MaskKind m : kMasks)
-      for (const auto& sh : shapes) {
-        SCOPED_TRACE(::testing::Message()
-                     << strideattn::to_string(t) << " mask " << int(m) << " " << sh[0] << "x" << sh[1]);
-        expect_ws(dense(t, 2, sh[0], sh[1], 4, 2, 128, 128, m));
-      }
+  for (std::int64_t d : kBucketDims)
+    for (DType t : {DType::bf16, DType::f16})
+      for (MaskKind m : kMasks)
+        for (const auto& sh : shapes) {
+          if (d == 256 && t == DType::f16 && sh[0] > 300) continue;  // (the reference's time)
+          SCOPED_TRACE(::testing::Message() << "d " << d << " " << strideattn::to_string(t) << " mask " << int(m) << " "
+                                            << sh[0] << "x" << sh[1]);
+          expect_ws(dense(t, 2, sh[0], sh[1], 4, 2, d, d, m));
+        }
 }
 
 // Bottom-right windows (docs/semantics.md): some rows see nothing (O = 0, LSE = -inf), CTAs
@@ -138,13 +149,14 @@ TEST(CudaWsForward, ShapesMasksAndDtypes) {
 TEST(CudaWsForward, Windows) {
   SKIP_UNLESS_SM90A();
   const std::int64_t windows[][2] = {{0, 0}, {7, 3}, {100, -1}, {-1, 50}, {200, 0}, {3, 400}};
-  for (MaskKind m : {MaskKind::none, MaskKind::causal_bottom_right})
-    for (const auto& w : windows)
-      for (const auto& sh : {std::pair<std::int64_t, std::int64_t>{300, 500}, {500, 300}}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "mask " << int(m) << " window " << w[0] << "," << w[1] << " " << sh.first << "x" << sh.second);
-        expect_ws(dense(DType::bf16, 2, sh.first, sh.second, 4, 4, 128, 128, m, w[0], w[1]));
-      }
+  for (std::int64_t d : kBucketDims)
+    for (MaskKind m : {MaskKind::none, MaskKind::causal_bottom_right})
+      for (const auto& w : windows)
+        for (const auto& sh : {std::pair<std::int64_t, std::int64_t>{300, 500}, {500, 300}}) {
+          SCOPED_TRACE(::testing::Message() << "d " << d << " mask " << int(m) << " window " << w[0] << "," << w[1]
+                                            << " " << sh.first << "x" << sh.second);
+          expect_ws(dense(DType::bf16, 2, sh.first, sh.second, 4, 4, d, d, m, w[0], w[1]));
+        }
 }
 
 TEST(CudaWsForward, GroupedAndMultiQueryBatches) {
@@ -152,12 +164,33 @@ TEST(CudaWsForward, GroupedAndMultiQueryBatches) {
   expect_ws(dense(DType::bf16, 3, 333, 400, 8, 1, 128, 128, MaskKind::causal_bottom_right));  // GQA 8:1
   expect_ws(dense(DType::f16, 2, 200, 200, 16, 1, 128, 128, MaskKind::none));                 // MQA
   expect_ws(dense(DType::bf16, 4, 130, 260, 8, 2, 128, 128, MaskKind::causal));               // 4:1
+  // the 64 bucket: the seed's MQA 16/1 (shorter), GQA 8:1
+  expect_ws(dense(DType::bf16, 2, 640, 640, 16, 1, 64, 64, MaskKind::causal));
+  expect_ws(dense(DType::f16, 2, 640, 640, 16, 1, 64, 64, MaskKind::none));
+  expect_ws(dense(DType::bf16, 3, 333, 400, 8, 1, 64, 64, MaskKind::causal_bottom_right));
 }
 
-// Head dims of the 128 bucket below 128 (and d_qk != d_v): TMA zero-fills the columns past d.
+// Head dims of each bucket below its width (and d_qk != d_v): TMA zero-fills the columns past
+// d (in the 64 bucket down to d 8, where the 64-column box is mostly past d).
 TEST(CudaWsForward, HeadDimsOfTheBucket) {
   SKIP_UNLESS_SM90A();
-  for (const auto& d : {std::pair<std::int64_t, std::int64_t>{72, 72}, {96, 96}, {120, 120}, {64, 128}, {128, 80}}) {
+  for (const auto& d : {std::pair<std::int64_t, std::int64_t>{72, 72},
+                        {96, 96},
+                        {120, 120},
+                        {64, 128},
+                        {128, 80},
+                        {32, 32},
+                        {40, 40},
+                        {48, 48},
+                        {8, 8},
+                        {56, 56},
+                        {64, 32},
+                        {48, 64},
+                        {136, 136},
+                        {160, 160},
+                        {192, 128},
+                        {200, 256},
+                        {256, 192}}) {
     SCOPED_TRACE(::testing::Message() << "d_qk " << d.first << " d_v " << d.second);
     expect_ws(dense(DType::bf16, 2, 150, 190, 4, 2, d.first, d.second, MaskKind::causal));
   }
@@ -173,27 +206,32 @@ TEST(CudaWsForward, EveryDenseLayout) {
     const bool packed_qkv = l.find('3') != std::string::npos;
     const bool fused = l.find("(h") != std::string::npos;
     const std::int64_t hg = packed_qkv ? 4 : 2;
-    expect_ws(dense(DType::bf16, 2, 190, packed_qkv || fused ? 190 : 260, 4, hg, 128, 128, MaskKind::causal, -1, -1,
-                    false, l.c_str()));
+    for (std::int64_t d : kBucketDims)
+      expect_ws(dense(DType::bf16, 2, 190, packed_qkv || fused ? 190 : 260, 4, hg, d, d, MaskKind::causal, -1, -1,
+                      false, l.c_str()));
   }
 }
 
-// Views TMA cannot read (a base 10 bytes past a 16-byte boundary, a head stride of 129
-// elements): the plan falls back to the wgmma forward, says why, and the answer is right.
+// Views TMA cannot read (a base 10 bytes past a 16-byte boundary, a head stride of d + 1
+// elements): the plan falls back to the bucket's other forward, says why, and the answer is
+// right.
 TEST(CudaWsForward, UnalignedViewsFallBack) {
   SKIP_UNLESS_SM90A();
-  const std::int64_t b = 2, s = 150, h = 4, d = 128;
-  const CaseSpec base = dense(DType::bf16, b, s, s, h, h, d, d, MaskKind::causal);
-  expect_ws(with_views(base,
-                       [&](const char* n, std::int64_t hh) {
-                         return ViewSpec{n, 5, {b, s, hh, d}, {s * hh * d, hh * d, d, 1}};
-                       }),
-            false);
-  expect_ws(with_views(base,
-                       [&](const char* n, std::int64_t hh) {
-                         return ViewSpec{n, 0, {b, s, hh, d}, {s * hh * 129, hh * 129, 129, 1}};
-                       }),
-            false);
+  for (const std::int64_t d : kBucketDims) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    const std::int64_t b = 2, s = 150, h = 4;
+    const CaseSpec base = dense(DType::bf16, b, s, s, h, h, d, d, MaskKind::causal);
+    expect_ws(with_views(base,
+                         [&](const char* n, std::int64_t hh) {
+                           return ViewSpec{n, 5, {b, s, hh, d}, {s * hh * d, hh * d, d, 1}};
+                         }),
+              false);
+    expect_ws(with_views(base,
+                         [&](const char* n, std::int64_t hh) {
+                           return ViewSpec{n, 0, {b, s, hh, d}, {s * hh * (d + 1), hh * (d + 1), d + 1, 1}};
+                         }),
+              false);
+  }
 }
 
 // The checks catch a wrong element, an unwritten one (the poison put back) and a write past
@@ -205,23 +243,24 @@ TEST(CudaWsForward, PlantedErrorsAreCaught) {
     const char* tensor;
     double delta;
   };
-  for (WsSchedule schedule : kSchedules)
-    for (const P& p : {P{"value", "o", 0.25}, P{"unwritten", "o", 0}, P{"value", "lse", 0.25}, P{"guard", "o", 0}}) {
-      SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor << ", " << to_string(schedule));
-      CaseSpec c = dense(DType::bf16, 2, 200, 300, 4, 2, 128, 128, MaskKind::causal, -1, -1, false);
-      c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
-      ASSERT_TRUE(strideattn::harness::make_layout_views(c.layout_name, c.sizes, &c.views).ok());
-      const ScopedCudaPlanForcing forced(forcing(schedule));
-      CaseReport report;
-      const std::string log = debug_log_of([&] {
-        const strideattn::Status st = strideattn::harness::run_case(c, {Backend::cuda}, &report);
-        ASSERT_TRUE(st.ok()) << st.message();
-      });
-      EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
-      ASSERT_EQ(report.backends.size(), 1u);
-      const auto& r = report.backends[0];
-      EXPECT_TRUE(r.status == "mismatch" || !r.written_ok || !r.guard_ok) << r.status << ": " << r.reason;
-    }
+  for (std::int64_t d : kBucketDims)
+    for (WsSchedule schedule : kSchedules)
+      for (const P& p : {P{"value", "o", 0.25}, P{"unwritten", "o", 0}, P{"value", "lse", 0.25}, P{"guard", "o", 0}}) {
+        SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor << ", " << to_string(schedule) << ", d " << d);
+        CaseSpec c = dense(DType::bf16, 2, 200, 300, 4, 2, d, d, MaskKind::causal, -1, -1, false);
+        c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
+        ASSERT_TRUE(strideattn::harness::make_layout_views(c.layout_name, c.sizes, &c.views).ok());
+        const ScopedCudaPlanForcing forced(forcing(schedule));
+        CaseReport report;
+        const std::string log = debug_log_of([&] {
+          const strideattn::Status st = strideattn::harness::run_case(c, {Backend::cuda}, &report);
+          ASSERT_TRUE(st.ok()) << st.message();
+        });
+        EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
+        ASSERT_EQ(report.backends.size(), 1u);
+        const auto& r = report.backends[0];
+        EXPECT_TRUE(r.status == "mismatch" || !r.written_ok || !r.guard_ok) << r.status << ": " << r.reason;
+      }
 }
 
 // ------------------------------------------------------------------ public API, device buffers
@@ -308,8 +347,9 @@ struct ForwardCase {
 // default there): O and l go to the warp's global slot every kFoldKeys keys and are merged at
 // the end (common/outer_accumulator.cuh). Random inputs over 17,000-20,000 keys, masks whose
 // rows see from a few keys to all of them, a 9,000-key window, GQA, a head dim under the
-// bucket's, against the fp64 reference; the log shows the fold ran in the warp-specialized kernel. The
-// other schedules refuse such problems (long_keys) and the wgmma forward runs.
+// bucket's, both buckets, against the fp64 reference; the log shows the fold ran in the
+// warp-specialized kernel. The other schedules refuse such problems (long_keys) and the
+// bucket's other forward runs.
 TEST(CudaWsForward, LongKeyRangesFold) {
   SKIP_UNLESS_SM90A();
   const CaseSpec cases[] = {
@@ -317,6 +357,9 @@ TEST(CudaWsForward, LongKeyRangesFold) {
       dense(DType::f16, 2, 40, 17000, 2, 1, 128, 128, MaskKind::none),
       dense(DType::bf16, 1, 300, 16500, 8, 2, 96, 96, MaskKind::none),
       dense(DType::bf16, 1, 40, 20000, 2, 1, 128, 128, MaskKind::none, 9000, 0),
+      dense(DType::bf16, 1, 70, 20000, 4, 1, 64, 64, MaskKind::causal_bottom_right),
+      dense(DType::f16, 1, 300, 16500, 8, 2, 48, 48, MaskKind::none),
+      dense(DType::bf16, 1, 40, 17000, 2, 1, 256, 256, MaskKind::causal_bottom_right),
   };
   for (const CaseSpec& spec : cases) {
     CaseSpec c = spec;
@@ -330,7 +373,7 @@ TEST(CudaWsForward, LongKeyRangesFold) {
     }
     const ScopedCudaPlanForcing forced(forcing(WsSchedule::ping_pong));
     const std::string log = debug_log_of([&] { strideattn::test_support::expect_backend_ok(Backend::cuda, c); });
-    EXPECT_NE(log.find("; forward: sm90a wgmma forward"), std::string::npos) << log;
+    EXPECT_NE(log.find(fallback_marker(c.sizes.d_qk)), std::string::npos) << log;
     EXPECT_NE(log.find("warp-specialized forward not run: long_keys"), std::string::npos) << log;
   }
 }
@@ -339,36 +382,78 @@ TEST(CudaWsForward, LongKeyRangesFold) {
 // O += P V k-steps; only the loads differ): O and LSE equal bit for bit.
 TEST(CudaWsForward, EqualsTheWgmmaForwardBitForBit) {
   SKIP_UNLESS_SM90A();
-  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-    ForwardCase c(2, 777, 8, 2, 128, m);
-    const std::string def_log = debug_log_of([&] {
-      const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
-      c.run();
-    });
-    EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
-    EXPECT_NE(def_log.find("warp-specialized forward not run: forced_off"), std::string::npos) << def_log;
-    const std::vector<std::uint16_t> o_ref = c.o.bytes();
-    const std::vector<float> lse_ref = c.lse_values();
-    for (WsSchedule schedule : kSchedules) {
-      SCOPED_TRACE(::testing::Message() << to_string(schedule) << " consumers");
-      ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
-      ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
-      {
-        const ScopedCudaPlanForcing forced(forcing(schedule));
-        const std::string log = debug_log_of([&] { c.run(); });
-        EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
+  for (std::int64_t d : {128, 256})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      SCOPED_TRACE(::testing::Message() << "d " << d);
+      ForwardCase c(2, 777, 8, 2, d, m);
+      const std::string def_log = debug_log_of([&] {
+        const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+        c.run();
+      });
+      EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
+      EXPECT_NE(def_log.find("warp-specialized forward not run: forced_off"), std::string::npos) << def_log;
+      const std::vector<std::uint16_t> o_ref = c.o.bytes();
+      const std::vector<float> lse_ref = c.lse_values();
+      for (WsSchedule schedule : kSchedules) {
+        SCOPED_TRACE(::testing::Message() << to_string(schedule) << " consumers");
+        ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
+        ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
+        {
+          const ScopedCudaPlanForcing forced(forcing(schedule));
+          const std::string log = debug_log_of([&] { c.run(); });
+          EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
+        }
+        const std::vector<std::uint16_t> o_ws = c.o.bytes();
+        const std::vector<float> lse_ws = c.lse_values();
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
+        EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's (mask " << int(m) << ")";
+        EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
+        bool nonzero = false;
+        for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
+        EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
       }
-      const std::vector<std::uint16_t> o_ws = c.o.bytes();
-      const std::vector<float> lse_ws = c.lse_values();
-      std::size_t differ = 0;
-      for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
-      EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's (mask " << int(m) << ")";
-      EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
-      bool nonzero = false;
-      for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
-      EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
     }
-  }
+}
+
+// The 64 bucket has no wgmma forward to compare with (its other forward is the mma.sync one,
+// whose MMAs and tiles sum in another order: it is checked against the reference above, not
+// bit for bit). Its three schedules run the same math in the same order (plain: the sums
+// O = (O alpha_j + P_j V_j) one block after another; overlapped and ping-pong only move the
+// issues): O and LSE equal the plain schedule's bit for bit, at d 64 and at d 40.
+TEST(CudaWsForward, D64SchedulesAgreeBitForBit) {
+  SKIP_UNLESS_SM90A();
+  for (std::int64_t d : {64, 40})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      SCOPED_TRACE(::testing::Message() << "d " << d << " mask " << int(m));
+      ForwardCase c(2, 777, 8, 2, d, m);
+      {
+        const ScopedCudaPlanForcing forced(forcing(WsSchedule::plain));
+        const std::string log = debug_log_of([&] { c.run(); });
+        EXPECT_NE(log.find(ran_marker(WsSchedule::plain)), std::string::npos) << log;
+      }
+      const std::vector<std::uint16_t> o_ref = c.o.bytes();
+      const std::vector<float> lse_ref = c.lse_values();
+      bool nonzero = false;
+      for (std::uint16_t x : o_ref) nonzero |= (x & 0x7fff) != 0;
+      EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
+      for (WsSchedule schedule : {WsSchedule::overlapped, WsSchedule::ping_pong}) {
+        SCOPED_TRACE(::testing::Message() << to_string(schedule) << " consumers");
+        ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
+        ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
+        {
+          const ScopedCudaPlanForcing forced(forcing(schedule));
+          const std::string log = debug_log_of([&] { c.run(); });
+          EXPECT_NE(log.find(ran_marker(schedule)), std::string::npos) << log;
+        }
+        const std::vector<std::uint16_t> o_ws = c.o.bytes();
+        const std::vector<float> lse_ws = c.lse_values();
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
+        EXPECT_EQ(differ, 0u) << "O elements that differ from the plain schedule's";
+        EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
+      }
+    }
 }
 
 // ------------------------------------------------------------------ training features
@@ -451,7 +536,7 @@ void expect_features_ok(CaseSpec spec, bool ws = true, PlanForcing forced = {}) 
   if (ws) {
     EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
   } else {
-    EXPECT_NE(log.find("; forward: sm90a wgmma forward"), std::string::npos) << log;
+    EXPECT_NE(log.find(fallback_marker(std::max(spec.sizes.d_qk, spec.sizes.d_v))), std::string::npos) << log;
     EXPECT_NE(log.find("warp-specialized forward not run: features"), std::string::npos) << log;
   }
 }
@@ -460,12 +545,15 @@ TEST(CudaWsForward, FeaturesEachAloneAndAllTogether) {
   SKIP_UNLESS_SM90A();
   std::vector<Feat> feats(std::begin(kEachFeature), std::end(kEachFeature));
   feats.push_back(kAllFeatures);
-  for (DType t : {DType::bf16, DType::f16})
-    for (const Feat& f : feats)
-      for (const auto& [sq, skv, m] : {std::tuple{257, 513, MaskKind::causal}, std::tuple{300, 200, MaskKind::none}}) {
-        SCOPED_TRACE(::testing::Message() << f.name << " " << strideattn::to_string(t) << " " << sq << "x" << skv);
-        expect_features_ok(with_features(dense(t, 2, sq, skv, 4, 2, 128, 128, m), f));
-      }
+  for (std::int64_t d : kBucketDims)
+    for (DType t : {DType::bf16, DType::f16})
+      for (const Feat& f : feats)
+        for (const auto& [sq, skv, m] :
+             {std::tuple{257, 513, MaskKind::causal}, std::tuple{300, 200, MaskKind::none}}) {
+          SCOPED_TRACE(::testing::Message()
+                       << f.name << " " << strideattn::to_string(t) << " " << sq << "x" << skv << " d " << d);
+          expect_features_ok(with_features(dense(t, 2, sq, skv, 4, 2, d, d, m), f));
+        }
 }
 
 // Every feature at once over masks, windows (rows that see no key keep O = 0, LSE = -inf
@@ -489,16 +577,23 @@ TEST(CudaWsForward, FeaturesMasksWindowsGqaAndHeadDims) {
                                    kAllFeatures));  // GQA 8:1
   expect_features_ok(
       with_features(dense(DType::f16, 2, 200, 200, 16, 1, 128, 128, MaskKind::none), kAllFeatures));  // MQA
-  for (const auto& d : {std::pair<std::int64_t, std::int64_t>{96, 96}, {64, 128}, {128, 80}}) {
+  for (const auto& d :
+       {std::pair<std::int64_t, std::int64_t>{96, 96}, {64, 128}, {128, 80}, {64, 64}, {40, 40}, {32, 64}}) {
     SCOPED_TRACE(::testing::Message() << "d_qk " << d.first << " d_v " << d.second);
     expect_features_ok(
         with_features(dense(DType::bf16, 2, 150, 190, 4, 2, d.first, d.second, MaskKind::causal), kAllFeatures));
   }
-  // a forced ping-pong or plain schedule has no features instantiation: the wgmma forward's
-  // features variant runs, the log naming the rule
-  for (WsSchedule other : {WsSchedule::ping_pong, WsSchedule::plain})
-    expect_features_ok(with_features(dense(DType::bf16, 2, 257, 513, 4, 2, 128, 128, MaskKind::causal), kAllFeatures),
-                       false, PlanForcing{.ws_schedule = other});
+  // the 64 bucket: every feature over the masks and the seed's MQA 16/1
+  for (MaskKind m : kMasks)
+    expect_features_ok(with_features(dense(DType::bf16, 2, 300, 500, 4, 2, 64, 64, m), kAllFeatures));
+  expect_features_ok(
+      with_features(dense(DType::f16, 2, 400, 400, 16, 1, 64, 64, MaskKind::causal), kAllFeatures));  // MQA
+  // a forced ping-pong or plain schedule has no features instantiation: the bucket's other
+  // forward's features variant runs, the log naming the rule
+  for (std::int64_t d : kBucketDims)
+    for (WsSchedule other : {WsSchedule::ping_pong, WsSchedule::plain})
+      expect_features_ok(with_features(dense(DType::bf16, 2, 257, 513, 4, 2, d, d, MaskKind::causal), kAllFeatures),
+                         false, PlanForcing{.ws_schedule = other});
 }
 
 // The checks catch a wrong element, an unwritten one and a write past the end on the
@@ -510,23 +605,24 @@ TEST(CudaWsForward, FeaturesPlantedErrorsAreCaught) {
     const char* tensor;
     double delta;
   };
-  for (const P& p : {P{"value", "o", 0.25}, P{"unwritten", "o", 0}, P{"value", "lse", 0.25},
-                     P{"value", "max_logit", 0.25}, P{"guard", "o", 0}}) {
-    SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor);
-    CaseSpec c = with_features(dense(DType::bf16, 2, 200, 300, 4, 2, 128, 128, MaskKind::causal), kAllFeatures);
-    c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
-    ASSERT_TRUE(strideattn::harness::make_layout_views(c.layout_name, c.sizes, &c.views).ok());
-    CaseReport report;
-    const std::string log = debug_log_of([&] {
-      const strideattn::Status st = strideattn::harness::run_case(c, {Backend::cuda}, &report);
-      ASSERT_TRUE(st.ok()) << st.message();
-    });
-    EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
-    EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
-    ASSERT_EQ(report.backends.size(), 1u);
-    const auto& r = report.backends[0];
-    EXPECT_TRUE(r.status == "mismatch" || !r.written_ok || !r.guard_ok) << r.status << ": " << r.reason;
-  }
+  for (std::int64_t d : kBucketDims)
+    for (const P& p : {P{"value", "o", 0.25}, P{"unwritten", "o", 0}, P{"value", "lse", 0.25},
+                       P{"value", "max_logit", 0.25}, P{"guard", "o", 0}}) {
+      SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor << ", d " << d);
+      CaseSpec c = with_features(dense(DType::bf16, 2, 200, 300, 4, 2, d, d, MaskKind::causal), kAllFeatures);
+      c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
+      ASSERT_TRUE(strideattn::harness::make_layout_views(c.layout_name, c.sizes, &c.views).ok());
+      CaseReport report;
+      const std::string log = debug_log_of([&] {
+        const strideattn::Status st = strideattn::harness::run_case(c, {Backend::cuda}, &report);
+        ASSERT_TRUE(st.ok()) << st.message();
+      });
+      EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
+      EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
+      ASSERT_EQ(report.backends.size(), 1u);
+      const auto& r = report.backends[0];
+      EXPECT_TRUE(r.status == "mismatch" || !r.written_ok || !r.guard_ok) << r.status << ": " << r.reason;
+    }
 }
 
 // fp32 device buffer of `n` values (from `fill`).
@@ -553,72 +649,77 @@ struct DeviceFloats {
 // offset) and every other feature at once, then with the pre-scale bias and dropout 0.5.
 TEST(CudaWsForward, FeaturesEqualTheWgmmaForwardBitForBit) {
   SKIP_UNLESS_SM90A();
-  for (const bool all : {true, false})
-    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-      SCOPED_TRACE(::testing::Message() << (all ? "every feature" : "pre-scale bias, dropout 0.5") << ", mask "
-                                        << int(m));
-      ForwardCase c(2, 777, 8, 2, 128, m);
-      const std::int64_t b = c.b, h = c.h, s = c.s;
-      const auto nh = static_cast<std::size_t>(h);
-      std::vector<float> slopes(nh), sinks(nh);
-      std::normal_distribution<float> normal(0.f, 1.f);
-      for (std::size_t i = 0; i < slopes.size(); ++i) slopes[i] = 0.5f / float(i + 1), sinks[i] = normal(c.rng);
-      DeviceFloats alibi(nh, slopes), sink(nh, sinks);
-      DeviceFloats max_logit(std::size_t(b * h), std::vector<float>(std::size_t(b * h), 0.f));
-      DeviceBuffer bias(std::size_t(h * s * s), &c.rng);
-      c.args.bias = {bias.ptr, DType::bf16, {1, h, s, s}, {h * s * s, s * s, s, 1}};
-      c.args.options.bias_type = all ? BiasType::post_scale : BiasType::pre_scale;
-      c.args.options.dropout = {all ? 0.1 : 0.5, 0x0123456789abcdefull, 0xfffffffffffffffdull, nullptr, nullptr};
-      if (all) {
-        c.args.options.softcap = 5.0;
-        c.args.alibi_slopes = {alibi.ptr, {1, h}, {h, 1}};
-        c.args.sinks = {sink.ptr, {1, h}, {h, 1}};
-        c.args.max_logit = {max_logit.ptr, {b, h}, {h, 1}};
+  for (std::int64_t d : {128, 256})
+    for (const bool all : {true, false})
+      for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (all ? "every feature" : "pre-scale bias, dropout 0.5") << ", mask " << int(m) << ", d " << d);
+        ForwardCase c(2, 777, 8, 2, d, m);
+        const std::int64_t b = c.b, h = c.h, s = c.s;
+        const auto nh = static_cast<std::size_t>(h);
+        std::vector<float> slopes(nh), sinks(nh);
+        std::normal_distribution<float> normal(0.f, 1.f);
+        for (std::size_t i = 0; i < slopes.size(); ++i) slopes[i] = 0.5f / float(i + 1), sinks[i] = normal(c.rng);
+        DeviceFloats alibi(nh, slopes), sink(nh, sinks);
+        DeviceFloats max_logit(std::size_t(b * h), std::vector<float>(std::size_t(b * h), 0.f));
+        DeviceBuffer bias(std::size_t(h * s * s), &c.rng);
+        c.args.bias = {bias.ptr, DType::bf16, {1, h, s, s}, {h * s * s, s * s, s, 1}};
+        c.args.options.bias_type = all ? BiasType::post_scale : BiasType::pre_scale;
+        c.args.options.dropout = {all ? 0.1 : 0.5, 0x0123456789abcdefull, 0xfffffffffffffffdull, nullptr, nullptr};
+        if (all) {
+          c.args.options.softcap = 5.0;
+          c.args.alibi_slopes = {alibi.ptr, {1, h}, {h, 1}};
+          c.args.sinks = {sink.ptr, {1, h}, {h, 1}};
+          c.args.max_logit = {max_logit.ptr, {b, h}, {h, 1}};
+        }
+        const std::string def_log = debug_log_of([&] {
+          const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
+          c.run();
+        });
+        EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
+        EXPECT_NE(def_log.find(kModsMarker), std::string::npos) << def_log;
+        const std::vector<std::uint16_t> o_ref = c.o.bytes();
+        const std::vector<float> lse_ref = c.lse_values(), max_ref = max_logit.values();
+        ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
+        ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
+        ASSERT_EQ(cudaMemset(max_logit.ptr, 0xff, max_ref.size() * sizeof(float)), cudaSuccess);
+        const std::string log = debug_log_of([&] { c.run(); });  // (the plan's choice)
+        EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
+        EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
+        const std::vector<std::uint16_t> o_ws = c.o.bytes();
+        const std::vector<float> lse_ws = c.lse_values();
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
+        EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's";
+        EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
+        bool nonzero = false;
+        for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
+        EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
+        if (all) {
+          const std::vector<float> max_ws = max_logit.values();
+          EXPECT_EQ(std::memcmp(max_ws.data(), max_ref.data(), max_ws.size() * sizeof(float)), 0)
+              << "max logit differs";
+          for (float x : max_ref) EXPECT_TRUE(std::isfinite(x)) << "max logit " << x;  // (written: not the poison)
+        }
       }
-      const std::string def_log = debug_log_of([&] {
-        const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_forward = false});
-        c.run();
-      });
-      EXPECT_NE(def_log.find("; forward: sm90a wgmma forward"), std::string::npos) << def_log;
-      EXPECT_NE(def_log.find(kModsMarker), std::string::npos) << def_log;
-      const std::vector<std::uint16_t> o_ref = c.o.bytes();
-      const std::vector<float> lse_ref = c.lse_values(), max_ref = max_logit.values();
-      ASSERT_EQ(cudaMemset(c.o.ptr, 0xff, c.o.elems * 2), cudaSuccess);  // poison (NaN)
-      ASSERT_EQ(cudaMemset(c.lse, 0xff, lse_ref.size() * sizeof(float)), cudaSuccess);
-      ASSERT_EQ(cudaMemset(max_logit.ptr, 0xff, max_ref.size() * sizeof(float)), cudaSuccess);
-      const std::string log = debug_log_of([&] { c.run(); });  // (the plan's choice)
-      EXPECT_NE(log.find(ran_marker(WsSchedule::overlapped)), std::string::npos) << log;
-      EXPECT_NE(log.find(kModsMarker), std::string::npos) << log;
-      const std::vector<std::uint16_t> o_ws = c.o.bytes();
-      const std::vector<float> lse_ws = c.lse_values();
-      std::size_t differ = 0;
-      for (std::size_t i = 0; i < o_ws.size(); ++i) differ += o_ws[i] != o_ref[i];
-      EXPECT_EQ(differ, 0u) << "O elements that differ from the wgmma forward's";
-      EXPECT_EQ(std::memcmp(lse_ws.data(), lse_ref.data(), lse_ws.size() * sizeof(float)), 0) << "LSE differs";
-      bool nonzero = false;
-      for (std::uint16_t x : o_ws) nonzero |= (x & 0x7fff) != 0;
-      EXPECT_TRUE(nonzero) << "O is all zero: the comparison would pass vacuously";
-      if (all) {
-        const std::vector<float> max_ws = max_logit.values();
-        EXPECT_EQ(std::memcmp(max_ws.data(), max_ref.data(), max_ws.size() * sizeof(float)), 0) << "max logit differs";
-        for (float x : max_ref) EXPECT_TRUE(std::isfinite(x)) << "max logit " << x;  // (written: not the poison)
-      }
-    }
 }
 
-// Time the wgmma forward (forced) against the two warp-specialized instantiations, bf16,
-// d 128, no mask and causal, on the benchmark's d 128 shapes (s 1k to 8k, MHA 16 heads and GQA
-// 64/8). Prints TFLOP/s; asserts nothing about speed (a diagnostic; bench/compare_sdpa.py
-// makes the claims). Run with --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
+// Time the bucket's other forward (forced: wgmma at d 128, mma.sync at d 64) against the
+// warp-specialized instantiations, bf16, no mask and causal, on the benchmark's shapes (s 1k
+// to 8k, MHA 16 heads and GQA 64/8; at d 64 also the seed's MQA 16/1, s 2048). Prints TFLOP/s; asserts nothing about
+// speed (a diagnostic; bench/compare_sdpa.py makes the claims). Run with --gtest_also_run_disabled_tests
+// --gtest_filter='*Timing*'.
 TEST(CudaWsForward, DISABLED_Timing) {
   SKIP_UNLESS_SM90A();
   struct Shape {
-    std::int64_t b, s, h, hg;
+    std::int64_t b, s, h, hg, d;
   };
-  for (const Shape sh : {Shape{16, 1024, 16, 16}, Shape{8, 2048, 16, 16}, Shape{4, 4096, 16, 16},
-                         Shape{2, 8192, 16, 16}, Shape{2, 8192, 64, 8}})
+  for (const Shape sh : {Shape{16, 1024, 16, 16, 128}, Shape{8, 2048, 16, 16, 128}, Shape{4, 4096, 16, 16, 128},
+                         Shape{2, 8192, 16, 16, 128}, Shape{2, 8192, 64, 8, 128}, Shape{8, 2048, 16, 1, 64},
+                         Shape{16, 1024, 16, 16, 64}, Shape{8, 2048, 16, 16, 64}, Shape{4, 4096, 16, 16, 64},
+                         Shape{2, 8192, 16, 16, 64}, Shape{8, 2048, 16, 16, 256}, Shape{4, 4096, 16, 16, 256}})
     for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-      ForwardCase c(sh.b, sh.s, sh.h, sh.hg, 128, m);
+      ForwardCase c(sh.b, sh.s, sh.h, sh.hg, sh.d, m);
       auto time_ms = [&] {
         for (int i = 0; i < 5; ++i) c.run();
         cudaEvent_t e0, e1;
@@ -633,10 +734,10 @@ TEST(CudaWsForward, DISABLED_Timing) {
         cudaEventDestroy(e0), cudaEventDestroy(e1);
         return double(ms) / kRuns;
       };
-      double wgmma = 0;
+      double other = 0;
       {
         const ScopedCudaPlanForcing off(PlanForcing{.ws_forward = false});
-        wgmma = time_ms();
+        other = time_ms();
       }
       double ws[3] = {0, 0, 0};
       for (WsSchedule schedule : kSchedules) {
@@ -646,12 +747,12 @@ TEST(CudaWsForward, DISABLED_Timing) {
         ws[int(schedule)] = time_ms();
       }
       const double gflop = c.flops() * 1e-9;
-      std::printf("bf16 b %lld h %lld/%lld s %lld d 128 %s: wgmma forward %.3f ms %.1f TFLOP/s", (long long)sh.b,
-                  (long long)sh.h, (long long)sh.hg, (long long)sh.s, m == MaskKind::none ? "none  " : "causal", wgmma,
-                  gflop / wgmma);
+      std::printf("bf16 b %lld h %lld/%lld s %lld d %lld %s: %s forward %.3f ms %.1f TFLOP/s", (long long)sh.b,
+                  (long long)sh.h, (long long)sh.hg, (long long)sh.s, (long long)sh.d,
+                  m == MaskKind::none ? "none  " : "causal", sh.d <= 64 ? "mma.sync" : "wgmma", other, gflop / other);
       for (WsSchedule schedule : kSchedules)
         std::printf("; %s %.3f ms %.1f TFLOP/s (%.2fx)", to_string(schedule), ws[int(schedule)],
-                    gflop / ws[int(schedule)], wgmma / ws[int(schedule)]);
+                    gflop / ws[int(schedule)], other / ws[int(schedule)]);
       std::printf("\n");
     }
 }

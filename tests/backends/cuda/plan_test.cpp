@@ -6,9 +6,10 @@
 // kernel fits the GPU's shared memory (the support rule's cheap check says the same); a
 // cu_seqlens problem's plan (grids from the bounds, tables in the workspace); and what a
 // prepared call holds (prepare_launch): the pointer-free kernel parameters and a host-list
-// problem's tables, no pointer of the problem it was made from; the warp-specialized forward
-// and dK/dV pass in the default plan wherever they cover the problem, kept off by the test
-// hook, and each rule that keeps them off named.
+// problem's tables, no pointer of the problem it was made from; the warp-specialized dK/dV
+// pass in the default plan wherever it covers the problem, kept off by the test hook, and
+// each rule that keeps it off named. (The warp-specialized forward's choices:
+// ws_plan_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <set>
@@ -16,6 +17,7 @@
 #include <string_view>
 
 #include "backends/cuda/device_presets.hpp"
+#include "backends/cuda/plan_problems.hpp"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/dispatch.hpp"
@@ -32,39 +34,7 @@ using strideattn::detail::Problem;
 using namespace strideattn::cuda_impl;
 
 using namespace strideattn::cuda_impl::test_devices;
-
-// A dense problem [b, s, h, d] with contiguous views.
-Problem problem(Direction dir, DType t, std::int64_t b, std::int64_t s_q, std::int64_t s_kv, std::int64_t h,
-                std::int64_t hg, std::int64_t d_qk, std::int64_t d_v, bool deterministic = false) {
-  Problem p;
-  p.direction = dir;
-  p.dtype = t;
-  p.memory = strideattn::Memory::device;
-  p.batch = b, p.s_q = s_q, p.s_kv = s_kv, p.heads = h, p.kv_heads = hg, p.d_qk = d_qk, p.d_v = d_v;
-  p.deterministic = deterministic;
-  p.scale = 0.125;
-  auto view = [&](std::int64_t s, std::int64_t heads, std::int64_t d) {
-    strideattn::TensorView v;
-    v.dtype = t;
-    v.shape = {b, s, heads, d};
-    v.stride = {s * heads * d, heads * d, d, 1};
-    return v;
-  };
-  p.q = p.d_o = p.dq = view(s_q, h, d_qk);
-  p.o = view(s_q, h, d_v);
-  p.k = p.dk = view(s_kv, hg, d_qk);
-  p.v = p.dv = view(s_kv, hg, d_v);
-  return p;
-}
-Problem fwd(DType t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t hg, std::int64_t d) {
-  return problem(Direction::forward, t, b, s, s, h, hg, d, d);
-}
-Problem bwd(DType t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t hg, std::int64_t d,
-            bool deterministic = false) {
-  return problem(Direction::backward, t, b, s, s, h, hg, d, d, deterministic);
-}
-
-std::string name_of(const KernelLaunch& l) { return l.entry == nullptr ? "(none)" : l.entry->name; }
+using namespace strideattn::cuda_impl::test_problems;
 
 TEST(CudaKernelTable, CoversEveryDtypeBucketPassAndArchitecture) {
   std::set<const void*> kernels;
@@ -140,15 +110,16 @@ TEST(CudaPlan, ForwardKernelsAndInstantiations) {
     EXPECT_EQ(make_cuda_plan(fwd(DType::f16, 1, 300, 2, 1, 64), kA100).main.variant, Variant::full_d);
     EXPECT_EQ(make_cuda_plan(fwd(DType::f16, 1, 300, 2, 1, 40), kA100).main.variant, Variant::guarded);
   }
-  {  // H200: d 64 the mma.sync forward (the wgmma one lost there), d 128 / 256 the wgmma one
-     // (at d 128 the warp-specialized forward's fallback)
+  {  // H200: the warp-specialized forward, with as its fallback at d 64 the mma.sync forward
+     // (the wgmma one lost there), at d 128 / 256 the wgmma one
     const CudaPlan p64 = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, 64), kH200);
-    EXPECT_EQ(name_of(p64.main), "sm90a mma.sync forward");
-    EXPECT_EQ(p64.main.variant, Variant::full_d);
+    EXPECT_TRUE(p64.main.entry->tma);
+    EXPECT_EQ(name_of(p64.ws_fallback), "sm90a mma.sync forward");
+    EXPECT_EQ(p64.ws_fallback.variant, Variant::full_d);
     for (int d : {128, 256}) {
       const CudaPlan p = make_cuda_plan(fwd(DType::bf16, 1, 300, 2, 1, d), kH200);
-      const KernelLaunch& wgmma = d == 128 ? p.ws_fallback : p.main;
-      EXPECT_EQ(d == 128, p.main.entry->tma) << d;
+      const KernelLaunch& wgmma = p.ws_fallback;
+      EXPECT_TRUE(p.main.entry->tma) << d;
       EXPECT_EQ(name_of(wgmma), "sm90a wgmma forward") << d;
       EXPECT_EQ(wgmma.variant, Variant::guarded) << d;
       EXPECT_EQ(wgmma.entry->threads, kKvThreads) << d;
@@ -519,209 +490,6 @@ TEST(CudaPlan, PreparedLaunchHoldsNoPointers) {
   EXPECT_EQ(kp.group_splits, prep.plan.group_splits);
   const std::vector<std::int64_t> want = {30, 90, 80, 0, 30, 120, 10, 90, 0, 5, 30, 200};
   EXPECT_EQ(prep.host_tables, want);
-}
-
-// The warp-specialized TMA forward (sm90/ws_forward.cuh): one entry per dtype at d <= 128,
-// sm90a, which find_kernel never returns; the default plan runs its overlapped instantiation
-// wherever it covers the problem, with the wgmma forward as its fallback, the test hook keeps
-// it off or picks the plain one, and every problem it does not cover keeps the wgmma forward
-// with the rule named.
-TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
-  for (DType t : {DType::f16, DType::bf16}) {
-    const KernelEntry* e = find_ws_forward(t, 128, WsSchedule::plain);
-    ASSERT_NE(e, nullptr);
-    EXPECT_TRUE(e->tma);
-    EXPECT_EQ(e->arch, Arch::sm90a);
-    EXPECT_EQ(e->pass, Pass::forward);
-    EXPECT_EQ(e->threads, ws_forward_tile(128).threads);
-    EXPECT_EQ(e->smem_bytes, ws_forward_tile(128).smem_bytes);
-    EXPECT_NE(e->guarded, nullptr);
-    const KernelEntry* overlapped = find_ws_forward(t, 128, WsSchedule::overlapped);
-    const KernelEntry* ping_pong = find_ws_forward(t, 128, WsSchedule::ping_pong);
-    ASSERT_NE(ping_pong, nullptr);
-    EXPECT_TRUE(ping_pong->tma && ping_pong->ws_schedule == WsSchedule::ping_pong);
-    EXPECT_NE(ping_pong->guarded, overlapped->guarded);
-    ASSERT_NE(overlapped, nullptr);
-    EXPECT_TRUE(overlapped->tma && overlapped->ws_schedule == WsSchedule::overlapped &&
-                e->ws_schedule == WsSchedule::plain);
-    EXPECT_NE(overlapped->guarded, e->guarded);
-    EXPECT_EQ(overlapped->smem_bytes, e->smem_bytes);
-    EXPECT_EQ(find_ws_forward(t, 64, WsSchedule::plain), nullptr);
-    EXPECT_EQ(find_ws_forward(t, 256, WsSchedule::overlapped), nullptr);
-    EXPECT_FALSE(find_kernel(t, Arch::sm90a, 128, Pass::forward, 1 << 30)->tma);
-  }
-  const PlanForcing on{.ws_forward = true, .ws_schedule = WsSchedule::plain};
-  auto starts_with = [](const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; };
-
-  // forced off: the wgmma forward, and the note says why not the new one
-  const Problem base = fwd(DType::bf16, 2, 1000, 8, 1, 128);
-  const CudaPlan def = make_cuda_plan(base, kH200, PlanForcing{.ws_forward = false});
-  ASSERT_TRUE(def.ok()) << def.error;
-  EXPECT_FALSE(def.main.entry->tma);
-  EXPECT_TRUE(starts_with(def.ws_note, "forced_off")) << def.ws_note;
-
-  // the default: ping-pong up to kWsPingPongMaxKeys keys, overlapped beyond
-  const CudaPlan auto_plan = make_cuda_plan(base, kH200);
-  ASSERT_TRUE(auto_plan.ok()) << auto_plan.error;
-  EXPECT_TRUE(auto_plan.main.entry->tma && auto_plan.main.entry->ws_schedule == WsSchedule::ping_pong)
-      << auto_plan.ws_note;
-  EXPECT_EQ(auto_plan.ws_note, "");
-  EXPECT_EQ(name_of(auto_plan.ws_fallback), name_of(def.main));
-  for (std::int64_t s : {kWsPingPongMaxKeys, kWsPingPongMaxKeys + 1}) {
-    const CudaPlan at = make_cuda_plan(fwd(DType::f16, 1, s, 4, 4, 128), kH200);
-    EXPECT_EQ(at.main.entry->ws_schedule, s <= kWsPingPongMaxKeys ? WsSchedule::ping_pong : WsSchedule::overlapped)
-        << s;
-  }
-
-  // forced plain: the new kernel, its grid, the wgmma forward as fallback
-  const CudaPlan ws = make_cuda_plan(base, kH200, on);
-  ASSERT_TRUE(ws.ok()) << ws.error;
-  EXPECT_TRUE(ws.main.entry->tma) << ws.ws_note;
-  EXPECT_EQ(ws.ws_note, "");
-  EXPECT_EQ(ws.main.variant, Variant::guarded);
-  EXPECT_EQ(ws.main.grid.x, 8u);  // ceil(1000 / 128)
-  EXPECT_EQ(ws.main.grid.y, 8u);
-  EXPECT_EQ(ws.main.grid.z, 2u);
-  EXPECT_EQ(ws.main.entry->ws_schedule, WsSchedule::plain);
-  EXPECT_EQ(name_of(ws.ws_fallback), name_of(def.main));
-  const CudaPlan ping_pong = make_cuda_plan(base, kH200, PlanForcing{.ws_schedule = WsSchedule::ping_pong});
-  EXPECT_TRUE(ping_pong.main.entry->tma && ping_pong.main.entry->ws_schedule == WsSchedule::ping_pong);
-  EXPECT_FALSE(make_cuda_plan(base, kH200, PlanForcing{.ws_forward = false, .ws_schedule = WsSchedule::ping_pong})
-                   .main.entry->tma)
-      << "forced off";
-  EXPECT_EQ(ws.workspace.total, def.workspace.total);
-  // head dims of the bucket below it run too (TMA zero-fills the columns past d)
-  EXPECT_TRUE(
-      make_cuda_plan(problem(Direction::forward, DType::f16, 1, 100, 300, 4, 4, 96, 128), kH200, on).main.entry->tma);
-
-  // what keeps it off, each with its rule
-  auto note_of = [&](const Problem& p, const DeviceCaps& caps = kH200) {
-    const CudaPlan plan = make_cuda_plan(p, caps, on);
-    EXPECT_TRUE(plan.ok()) << plan.error;
-    EXPECT_TRUE(plan.main.entry == nullptr || !plan.main.entry->tma);
-    return plan.ws_note;
-  };
-  // other buckets and architectures: their kernels, no note
-  for (int d : {64, 256}) {
-    const CudaPlan other = make_cuda_plan(fwd(DType::bf16, 1, 500, 4, 4, d), kH200, on);
-    EXPECT_FALSE(other.main.entry->tma) << d;
-    EXPECT_EQ(other.ws_note, "") << d;
-  }
-  const CudaPlan a100 = make_cuda_plan(fwd(DType::bf16, 1, 500, 4, 4, 128), kA100, on);
-  EXPECT_FALSE(a100.main.entry->tma);
-  EXPECT_EQ(a100.ws_note, "");
-  Problem long_keys = fwd(DType::bf16, 1, 9000, 2, 2, 128);
-  EXPECT_TRUE(starts_with(note_of(long_keys), "long_keys")) << note_of(long_keys);
-  // ... which the overlapped schedule (the default past kWsPingPongMaxKeys) has: its fold
-  // instantiation, with a slot pool that covers the resident warps of it and of its fallback
-  const CudaPlan folding = make_cuda_plan(long_keys, kH200);
-  ASSERT_TRUE(folding.ok()) << folding.error;
-  EXPECT_TRUE(folding.main.entry->tma && folding.main.entry->ws_schedule == WsSchedule::overlapped) << folding.ws_note;
-  EXPECT_EQ(folding.main.variant, Variant::fold);
-  EXPECT_NE(folding.main.entry->fold, nullptr);
-  EXPECT_NE(folding.main.entry->fold, folding.main.entry->guarded);
-  EXPECT_EQ(folding.ws_fallback.variant, Variant::fold);
-  EXPECT_GE(folding.outer_count, make_cuda_plan(long_keys, kH200, PlanForcing{.ws_forward = false}).outer_count);
-  EXPECT_GE(folding.outer_count, kH200.sms * folding.main.entry->threads / 32);  // one CTA per SM
-  EXPECT_GT(folding.workspace.total, 0u);
-  EXPECT_EQ(make_cuda_plan(fwd(DType::bf16, 1, 8192, 2, 2, 128), kH200).main.variant, Variant::guarded);
-  EXPECT_TRUE(starts_with(note_of(long_keys), "long_keys"));
-  {
-    const CudaPlan pp = make_cuda_plan(long_keys, kH200, PlanForcing{.ws_schedule = WsSchedule::ping_pong});
-    EXPECT_FALSE(pp.main.entry->tma);
-    EXPECT_TRUE(starts_with(pp.ws_note, "long_keys")) << pp.ws_note;
-  }
-  // training features: the overlapped schedule's features instantiation (Variant::mods), the
-  // plan's schedule for them at any key count up to kFoldKeys (ping-pong would be the default
-  // at these 1,000 keys), the wgmma forward's features variant as fallback
-  Problem capped = base;
-  capped.softcap = 30;
-  Problem dropping = base;
-  dropping.dropout_p = 0.1;
-  for (const Problem& feat : {capped, dropping}) {
-    const CudaPlan mods = make_cuda_plan(feat, kH200);
-    ASSERT_TRUE(mods.ok()) << mods.error;
-    EXPECT_EQ(mods.ws_note, "");
-    ASSERT_TRUE(mods.main.entry->tma);
-    EXPECT_EQ(mods.main.entry->ws_schedule, WsSchedule::overlapped);
-    EXPECT_EQ(mods.main.variant, Variant::mods);
-    EXPECT_NE(mods.main.kernel(), nullptr);
-    EXPECT_NE(mods.main.kernel(), mods.main.entry->guarded);
-    EXPECT_NE(mods.main.kernel(), mods.main.entry->fold);
-    EXPECT_EQ(mods.outer_count, 0);
-    EXPECT_EQ(mods.ws_fallback.variant, Variant::mods);
-    EXPECT_EQ(name_of(mods.ws_fallback), name_of(def.main));
-    EXPECT_EQ(mods.main.grid.x, ws.main.grid.x);
-    EXPECT_EQ(mods.workspace.total, make_cuda_plan(feat, kH200, PlanForcing{.ws_forward = false}).workspace.total);
-  }
-  EXPECT_EQ(find_ws_forward(DType::bf16, 128, WsSchedule::plain)->mods, nullptr);
-  EXPECT_EQ(find_ws_forward(DType::f16, 128, WsSchedule::ping_pong)->mods, nullptr);
-  EXPECT_NE(find_ws_forward(DType::f16, 128, WsSchedule::overlapped)->mods, nullptr);
-  // ... not in the other schedules (forced): `features`, the wgmma forward's features variant
-  EXPECT_TRUE(starts_with(note_of(capped), "features")) << note_of(capped);
-  for (WsSchedule other : {WsSchedule::plain, WsSchedule::ping_pong}) {
-    const CudaPlan forced = make_cuda_plan(capped, kH200, PlanForcing{.ws_schedule = other});
-    ASSERT_TRUE(forced.ok()) << forced.error;
-    EXPECT_FALSE(forced.main.entry->tma);
-    EXPECT_EQ(forced.main.variant, Variant::mods);
-    EXPECT_TRUE(starts_with(forced.ws_note, "features")) << forced.ws_note;
-    EXPECT_NE(forced.ws_note.find(to_string(other)), std::string::npos) << forced.ws_note;
-  }
-  // ... nor with the fold (past kFoldKeys keys): the wgmma forward's, which folds
-  {
-    Problem long_capped = long_keys;
-    long_capped.softcap = 30;
-    const CudaPlan lc = make_cuda_plan(long_capped, kH200);
-    ASSERT_TRUE(lc.ok()) << lc.error;
-    EXPECT_FALSE(lc.main.entry->tma);
-    EXPECT_EQ(lc.main.variant, Variant::mods);
-    EXPECT_GT(lc.outer_count, 0);
-    EXPECT_TRUE(starts_with(lc.ws_note, "features")) << lc.ws_note;
-    EXPECT_NE(lc.ws_note.find("8192"), std::string::npos) << lc.ws_note;
-    Problem at_limit = fwd(DType::bf16, 1, kFoldKeys, 2, 2, 128);
-    at_limit.softcap = 30;
-    const CudaPlan al = make_cuda_plan(at_limit, kH200);
-    EXPECT_TRUE(al.main.entry->tma && al.main.variant == Variant::mods) << al.ws_note;
-  }
-  Problem vl = base;
-  vl.varlen = true, vl.batch = 2, vl.seqlens_q = vl.seqlens_kv = {500, 400}, vl.offsets_q = vl.offsets_kv = {0, 500};
-  EXPECT_TRUE(starts_with(note_of(vl), "varlen")) << note_of(vl);
-  Problem odd = base;  // a head stride of 65 elements (130 bytes): not a multiple of 16
-  odd.k.stride = {1000 * 65, 65, 65, 1};
-  EXPECT_TRUE(starts_with(note_of(odd), "tma: k: token stride 65")) << note_of(odd);
-  Problem reversed = base;
-  reversed.v.stride[strideattn::kSeq] = -reversed.v.stride[strideattn::kSeq];
-  EXPECT_TRUE(starts_with(note_of(reversed), "tma: v: token stride")) << note_of(reversed);
-  Problem unaligned = base;
-  static std::uint16_t buffer[16];
-  unaligned.q.data = reinterpret_cast<std::uint8_t*>(buffer) + (16 - reinterpret_cast<std::uintptr_t>(buffer) % 16) + 8;
-  EXPECT_TRUE(starts_with(note_of(unaligned), "tma: q: data pointer")) << note_of(unaligned);
-  // the split of a fused QKV buffer [b, s, h + 2 hg, d] (strides that no layout name gives):
-  // multiples of 16 bytes, so TMA reads it in place
-  Problem fused = fwd(DType::bf16, 2, 256, 16, 1, 128);
-  const std::int64_t row = (16 + 2) * 128;
-  fused.q.stride = {256 * row, row, 128, 1};
-  fused.k.stride = fused.v.stride = {256 * row, row, 128, 1};
-  EXPECT_EQ(make_cuda_plan(fused, kH200, on).ws_note, "");
-  // an extent-1 dimension may carry any stride
-  Problem one = fwd(DType::bf16, 1, 300, 1, 1, 128);
-  one.q.stride = {7, 128, 3, 1};
-  one.k.stride = one.v.stride = {5, 128, -9, 1};
-  EXPECT_EQ(make_cuda_plan(one, kH200, on).ws_note, "");
-  // prepare_launch makes the tensor maps; where the driver cannot (a machine without one, as
-  // CI's), the call keeps the wgmma forward and says why
-  const PreparedLaunch prep = prepare_launch(ws, base);
-  if (prep.plan.main.entry->tma) {
-    EXPECT_EQ(prep.plan.ws_note, "");
-  } else {
-    EXPECT_EQ(name_of(prep.plan.main), name_of(def.main));
-    EXPECT_TRUE(starts_with(prep.plan.ws_note, "tma: q: ")) << prep.plan.ws_note;
-  }
-  // a backward plan never runs it, forced or not (its dK/dV pass is a backward kernel)
-  const CudaPlan b = make_cuda_plan(bwd(DType::bf16, 1, 500, 4, 4, 128), kH200, on);
-  EXPECT_TRUE(b.ok()) << b.error;
-  EXPECT_EQ(b.main.entry->pass, Pass::dkdv);
-  EXPECT_EQ(ws_forward_refusal(bwd(DType::bf16, 1, 500, 4, 4, 128), b, kH200, on).rfind("direction", 0), 0u);
 }
 
 // The warp-specialized TMA dK/dV pass (sm90/ws_backward.cuh): one entry per dtype at d <= 128,

@@ -7,6 +7,7 @@
 // CPU-only build runs this test.
 #include <gtest/gtest.h>
 
+#include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/tiles.hpp"
 #include "backends/cuda/decode/decode_tiles.hpp"
 
@@ -22,8 +23,14 @@ static_assert(forward_tile(Arch::sm80, 64).smem_bytes == 80 * 1024);
 static_assert(forward_tile(Arch::sm80, 128).smem_bytes == 96 * 1024 &&
               forward_tile(Arch::sm80, 256).smem_bytes == 96 * 1024);
 static_assert(forward_wgmma_tile(128).smem_bytes == 164864 && forward_wgmma_tile(256).smem_bytes == 197632);
-// The warp-specialized forward: Q + 2 stages of K and V (32 KiB each) + 9 mbarriers + 1 KiB.
+// The warp-specialized forward: d 128: Q + 2 stages of K and V (32 KiB each) + 9 mbarriers +
+// 1 KiB; d 64: Q + 4 stages of K and V (16 KiB each) + 17 mbarriers + 1 KiB.
 static_assert(ws_forward_tile(128).smem_bytes == 164936 && ws_forward_tile(128).threads == 384);
+static_assert(ws_forward_tile(64).smem_bytes == 148616 && ws_forward_tile(64).threads == 384 &&
+              ws_forward_tile(64).stages == 4 && ws_forward_tile(64).bc == 128);
+// d 256: Q 64 KiB + 2 stages of K and V (32 KiB each) + 9 mbarriers + 1 KiB; 24 / 240 registers.
+static_assert(ws_forward_tile(256).smem_bytes == 197704 && ws_forward_tile(256).bc == 64 &&
+              ws_forward_tile(256).consumer_regs == 240 && ws_forward_tile(256).producer_regs == 24);
 // The dK/dV passes.
 static_assert(kv8_tile(Arch::sm80, 128).smem_bytes == 164864 && kv8_tile(Arch::sm80, 64).smem_bytes == 99328);
 static_assert(kv_tile(Arch::sm80, 256).smem_bytes == 131584 && kv_tile(Arch::sm80, 256).dim_splits == 2);
@@ -64,19 +71,24 @@ TEST(CudaTiles, ForwardShapesFitTheirWarpsAndStages) {
 // per tile (128-byte rows: the 128-byte swizzle's), the warpgroups' registers within the SM's.
 TEST(CudaTiles, WarpSpecializedForwardFitsItsWarpgroups) {
   EXPECT_TRUE(has_ws_forward(128));
-  EXPECT_FALSE(has_ws_forward(64));
-  EXPECT_FALSE(has_ws_forward(256));
-  const WsForwardTile t = ws_forward_tile(128);
-  EXPECT_EQ(t.br, 64 * t.consumers);
-  EXPECT_EQ(t.box_cols * 2, 128);
-  EXPECT_EQ(t.d % t.box_cols, 0);
-  EXPECT_LE(t.bc, 256) << "a TMA box has at most 256 rows";
-  EXPECT_LE(t.br, 256);
-  EXPECT_LE(t.producer_regs * 128 + t.consumer_regs * 128 * t.consumers, 65536);
-  EXPECT_EQ(t.producer_regs % 8, 0);
-  EXPECT_EQ(t.consumer_regs % 8, 0);
-  EXPECT_LE(t.smem_bytes, kSm90SmemOptin);
-  EXPECT_EQ(t.barriers, 1 + 4 * t.stages);
+  EXPECT_TRUE(has_ws_forward(64));
+  EXPECT_TRUE(has_ws_forward(256));
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE(d);
+    const WsForwardTile t = ws_forward_tile(d);
+    EXPECT_EQ(t.br, 64 * t.consumers);
+    EXPECT_EQ(t.box_cols * 2, 128);
+    EXPECT_EQ(t.d % t.box_cols, 0);
+    EXPECT_LE(t.bc, 256) << "a TMA box has at most 256 rows";
+    EXPECT_LE(t.br, 256);
+    EXPECT_LE(t.producer_regs * 128 + t.consumer_regs * 128 * t.consumers, 65536);
+    EXPECT_EQ(t.producer_regs % 8, 0);
+    EXPECT_EQ(t.consumer_regs % 8, 0);
+    EXPECT_LE(t.smem_bytes, kSm90SmemOptin);
+    EXPECT_EQ(t.barriers, 1 + 4 * t.stages);
+    EXPECT_EQ(t.bc % 16, 0) << "whole k16 steps of O += P V";
+    EXPECT_EQ(int(kFoldKeys) % t.bc, 0) << "the fold every kFoldKeys / Bc blocks";
+  }
 }
 
 TEST(CudaTiles, BackwardShapesFitTheirWarpsAndSharedMemory) {

@@ -115,25 +115,42 @@ SA_CONSTEXPR_HD ForwardWgmmaTile forward_wgmma_tile(int d) {
 //   128 rows x 64 columns in the 128-byte swizzle, which is the Sw128Blocks layout the wgmma
 //   descriptors read), the mbarriers, 1 KiB to align the tiles: 164,936 bytes, one CTA per
 //   SM.
+// d <= 64: the same shape (FlashAttention-3 runs Br 192 with three consumers here; this
+//   kernel keeps two consumers of 64 rows, so Br 128).
+//   Bc 128: S 64 floats per thread, next to O 32 and P 32 (the overlapped consumers also hold
+//     the next block's S: about 130 live floats of the 232 registers). Bc 192 (FA3's) would
+//     need m64n192 instructions and a fold cadence that kFoldKeys / Bc does not divide; 128
+//     keeps S = Q K^T the d 128 bucket's m64n128 and O += P V one m64n64k16 per k-step.
+//   4 stages: a block is half the d 128 bucket's work (4 m64n128k16 + 8 m64n64k16 wgmmas per
+//     consumer, 4.2 MFLOP per CTA, about 0.7 us) while a TMA load's latency is not halved, so
+//     the producer keeps three blocks (about 2 us of the consumers' work) in flight; with one
+//     CTA per SM (the registers) the shared memory is there to take.
+//   Each tile is one TMA box of 64 columns; head dims below 64 are read as the real columns
+//   with the box's out-of-bounds columns zero-filled (as d 72..128 in the 128 bucket).
+//   Shared memory: Q 128 x 64 (16 KiB), 4 stages of K and V 128 x 64 (16 KiB each), the
+//   mbarriers, 1 KiB to align: 148,616 bytes.
+// d <= 256: O is 128 floats per thread, so Bc 64 (S 32 floats, S = Q K^T m64n64), as the
+//   wgmma forward at this width (and the same block order: the same sums); O += P V two
+//   m64n128k16 per k-step. The overlapped features variant spilled 20 bytes at 232
+//   registers, so the consumers take 240 and the producer 24 (FlashAttention-3's split for
+//   two consumers: 24 x 128 + 240 x 256 = 64,512). 2 stages: Q 128 x 256 (64 KiB) and 2 x
+//   (K + V 64 x 256, 64 KiB) leave no room for a third. Head dims 136..248 are the real
+//   columns with TMA's zero fill, whole 64-column boxes past d included (as d_qk 64 in the
+//   128 bucket). Shared memory: 197,704 bytes.
 struct WsForwardTile {
   int d;
-  int br = 128;  // queries per CTA: one m64 row block per consumer warpgroup
-  int bc = 128;  // keys per block and per ring stage
-  int stages = 2;
+  int br = 128;                  // queries per CTA: one m64 row block per consumer warpgroup
+  int bc = d == 256 ? 64 : 128;  // keys per block and per ring stage
+  int stages = d == 64 ? 4 : 2;
   int consumers = 2;  // consumer warpgroups
   int threads = 128 * (1 + consumers);
-  int producer_regs = 40;
-  int consumer_regs = 232;
+  int producer_regs = d == 256 ? 24 : 40;
+  int consumer_regs = d == 256 ? 240 : 232;
   int box_cols = 64;              // columns of one TMA box: 128 bytes, the 128-byte swizzle's row
   int barriers = 1 + 4 * stages;  // Q full; K full / empty and V full / empty per stage
   int smem_bytes = 1024 + (br + 2 * stages * bc) * d * 2 + barriers * 8;
 };
-SA_CONSTEXPR_HD bool has_ws_forward(int bucket) { return bucket == 128; }
-// The consumers' schedule by the keys a query block sees (measured, bench/cuda-notes.md step
-// 31): ping-pong up to 2,048 keys (5-9% ahead of overlapped at s 1k and 2k, where a CTA has
-// few blocks and hiding the softmax under the other consumer's GEMMs wins), overlapped
-// beyond (3-5% ahead on MHA at s 4k and 8k, where ping-pong's turns delay the release of the
-// two-stage ring).
+SA_CONSTEXPR_HD bool has_ws_forward(int bucket) { return bucket == 64 || bucket == 128 || bucket == 256; }
 inline constexpr std::int64_t kWsPingPongMaxKeys = 2048;
 SA_CONSTEXPR_HD WsForwardTile ws_forward_tile(int d) { return WsForwardTile{d}; }
 
@@ -364,9 +381,12 @@ static_assert(kv_wgmma_tile(64).smem_bytes <= kSm90SmemOptin && kv_wgmma_tile(12
 static_assert(forward_wgmma_tile(128).smem_bytes <= kSm90SmemOptin &&
                   forward_wgmma_tile(256).smem_bytes <= kSm90SmemOptin,
               "a wgmma forward needs more shared memory than a 9.0 GPU grants");
-static_assert(ws_forward_tile(128).smem_bytes <= kSm90SmemOptin,
+static_assert(ws_forward_tile(64).smem_bytes <= kSm90SmemOptin && ws_forward_tile(128).smem_bytes <= kSm90SmemOptin &&
+                  ws_forward_tile(256).smem_bytes <= kSm90SmemOptin,
               "the warp-specialized forward needs more shared memory than a 9.0 GPU grants");
-static_assert(ws_forward_tile(128).producer_regs * 128 + ws_forward_tile(128).consumer_regs * 256 <= 65536,
+static_assert(ws_forward_tile(64).producer_regs * 128 + ws_forward_tile(64).consumer_regs * 256 <= 65536 &&
+                  ws_forward_tile(128).producer_regs * 128 + ws_forward_tile(128).consumer_regs * 256 <= 65536 &&
+                  ws_forward_tile(256).producer_regs * 128 + ws_forward_tile(256).consumer_regs * 256 <= 65536,
               "setmaxnreg: the warpgroups' registers exceed the SM's 64K");
 static_assert(ws_backward_tile(128).smem_bytes <= kSm90SmemOptin,
               "the warp-specialized dK/dV pass needs more shared memory than a 9.0 GPU grants");

@@ -1,7 +1,7 @@
 // sm_90a warpgroup MMA (wgmma.mma_async) for the Hopper kernels: shared-memory matrix
 // descriptors for the 128-byte-swizzled tiles of smem_swizzle.hpp (Sw128Blocks), the
 // m64nNk16 instruction for N = 32 / 64 / 128 with fp32 accumulators and A from shared memory
-// or (wgmma_rs_m64k16) from registers, and the fences around it. Everything here compiles
+// or (wgmma_rs_m64k16, N = 64 / 128) from registers, and the fences around it. Everything here compiles
 // to nothing outside an sm_90a build (SA_WGMMA == 0); the host only launches the kernels
 // that use it on a 9.0 GPU of an sm_90a build.
 //
@@ -106,7 +106,7 @@ __device__ __forceinline__ void fence_operands(E (&r)[N][4]) {
 
 // The asm of one wgmma: the accumulator registers %0 .. %(N/2 - 1) ("{" SA_D<N> "}"), then
 // the operands numbered after them, the accumulator constraints last (they hold commas).
-// The kernels use N = 32, 64 and 128 (from shared memory) and 128 (A from registers).
+// The kernels use N = 32, 64 and 128 (from shared memory) and 64, 128 (A from registers).
 // Hand-aligned asm operand lists: clang-format does not reach a fixed point on them.
 // clang-format off
 #define SA_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
@@ -138,6 +138,7 @@ __device__ __forceinline__ void fence_operands(E (&r)[N][4]) {
 #define SA_WGMMA_M64N32K16(TY) SA_WGMMA_SS(32, TY, 16, 17, 18, 19, 20, SA_ACC32)
 #define SA_WGMMA_M64N64K16(TY) SA_WGMMA_SS(64, TY, 32, 33, 34, 35, 36, SA_ACC64)
 #define SA_WGMMA_M64N128K16(TY) SA_WGMMA_SS(128, TY, 64, 65, 66, 67, 68, SA_ACC128)
+#define SA_WGMMA_RS_M64N64K16(TY) SA_WGMMA_RS(64, TY, 32, 33, 34, 35, 36, 37, 38, SA_ACC64)
 #define SA_WGMMA_RS_M64N128K16(TY) SA_WGMMA_RS(128, TY, 64, 65, 66, 67, 68, 69, 70, SA_ACC128)
 // clang-format on
 
@@ -165,17 +166,21 @@ template <class T, int TransB, int NT>
 __device__ __forceinline__ void wgmma_rs_m64k16(float (&c)[NT][4], const uint32_t (&a)[4], uint64_t desc_b,
                                                 int accumulate) {
 #if SA_WGMMA
-  static_assert(NT == 16, "N = 128 (the d <= 128 forward's O += P V)");
-  if constexpr (std::is_same_v<T, __half>)
-    SA_WGMMA_RS_M64N128K16("f16");
-  else
-    SA_WGMMA_RS_M64N128K16("bf16");
+  static_assert(NT == 8 || NT == 16, "N = 64 or 128 (the forwards' O += P V: d <= 64, and 128 columns of a wider O)");
+  if constexpr (std::is_same_v<T, __half>) {
+    if constexpr (NT == 8) SA_WGMMA_RS_M64N64K16("f16");
+    if constexpr (NT == 16) SA_WGMMA_RS_M64N128K16("f16");
+  } else {
+    if constexpr (NT == 8) SA_WGMMA_RS_M64N64K16("bf16");
+    if constexpr (NT == 16) SA_WGMMA_RS_M64N128K16("bf16");
+  }
 #endif
 }
 
 #undef SA_WGMMA_M64N32K16
 #undef SA_WGMMA_M64N64K16
 #undef SA_WGMMA_M64N128K16
+#undef SA_WGMMA_RS_M64N64K16
 #undef SA_WGMMA_RS_M64N128K16
 #undef SA_WGMMA_SS
 #undef SA_WGMMA_RS

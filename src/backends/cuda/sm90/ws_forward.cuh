@@ -1,5 +1,5 @@
 // The warp-specialized forward on sm_90a (the plan runs it wherever it covers the problem,
-// plan.cpp), d <= 128 bucket, fixed-length batches whose Q, K and V views TMA can read
+// plan.cpp), d <= 64, 128 and 256 buckets, fixed-length batches whose Q, K and V views TMA can read
 // (tma_maps.hpp says when): the plain variant; in the overlapped schedule also the fold over
 // more than kFoldKeys keys and the training features' variant (Variant::mods, up to kFoldKeys
 // keys), which applies them as sm90/forward.cuh's does (common/score_mod.cuh, dropout.cuh).
@@ -47,6 +47,8 @@ template <int D>
 struct WsForwardSmem {
   static constexpr WsForwardTile kTile = ws_forward_tile(D);
   static constexpr int Br = kTile.br, Bc = kTile.bc, kStages = kTile.stages;
+  // columns of O one O += P V wgmma covers: all of them at d <= 64 (m64n64), 128 beyond
+  static constexpr int kPvCols = D < 128 ? D : 128;
   using QTile = Sw128Tile<Br, D>;
   using KvTile = Sw128Tile<Bc, D>;
   static_assert(1024 + (QTile::kElems + 2 * kStages * KvTile::kElems) * 2 + kTile.barriers * 8 == kTile.smem_bytes,
@@ -120,7 +122,10 @@ __device__ __forceinline__ void ws_consume(const KernelParams& kp, const WsForwa
   float o_acc[1][D / 8][4];
   zero<1, D>(o_acc);
   float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
-  auto o_slice = [&](int n0) -> float(&)[16][4] { return *reinterpret_cast<float(*)[16][4]>(&o_acc[0][n0 / 8]); };
+  constexpr int kOn = S::kPvCols;
+  auto o_slice = [&](int n0) -> float(&)[kOn / 8][4] {
+    return *reinterpret_cast<float(*)[kOn / 8][4]>(&o_acc[0][n0 / 8]);
+  };
 
   if (w.n_key_blocks > 0) mbar_wait(sm.q_full(), 0);
   const auto sQ = sm.q();
@@ -147,8 +152,8 @@ __device__ __forceinline__ void ws_consume(const KernelParams& kp, const WsForwa
       apply_mask<1, Bc>(s, mask, w.r0 + warp_row0, c0, true, -INFINITY);
     online_softmax_step<1, Bc, D>(s, o_acc, row_max, row_sum, kp.scale_log2);
 
-    // O += P V (P rounded to T, in registers), in m64n128 column slices of O; then V's stage
-    // goes back to the producer
+    // O += P V (P rounded to T, in registers), in column slices of O of kPvCols (m64n64 at
+    // d <= 64, m64n128 beyond); then V's stage goes back to the producer
     uint32_t p_frag[1][Bc / 16][4];
     accum_to_a<T, 1, Bc>(p_frag, s);
     mbar_wait(sm.v_full(stage), parity);
@@ -159,7 +164,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& kp, const WsForwa
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk)
 #pragma unroll
-      for (int n0 = 0; n0 < D; n0 += 128) wgmma_rs_m64k16<T, 1>(o_slice(n0), p_frag[0][kk], sV.mn_major(n0, kk), 1);
+      for (int n0 = 0; n0 < D; n0 += kOn) wgmma_rs_m64k16<T, 1>(o_slice(n0), p_frag[0][kk], sV.mn_major(n0, kk), 1);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o_acc[0]);
@@ -179,7 +184,7 @@ inline constexpr int kTurnBarrier = 1;
 // block j's O += P V, and block j + 1's mask and softmax scores (online_softmax_scores) run
 // while that P V is in flight; O is rescaled (rescale_o) only once it has landed. The sums
 // are the plain consumer's in the same order (O = (O alpha_j + P_j V_j) ...), so O and LSE are
-// the same bits. Registers across the loop: S of the next block (64), P of this one (32), O
+// the same bits. Registers across the loop (d 128): S of the next block (64), P of this one (32), O
 // (64). PingPong: each issue of GEMMs (the first S, then S and P V of each block, the last
 // P V) is one turn; consumer 1 gives consumer 0 the first turn. Both consumers take n + 1
 // turns (the same key blocks), so the turns alternate to the end; the last pass of a turn
@@ -211,7 +216,10 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   float o_acc[1][D / 8][4];
   zero<1, D>(o_acc);
   float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
-  auto o_slice = [&](int n0) -> float(&)[16][4] { return *reinterpret_cast<float(*)[16][4]>(&o_acc[0][n0 / 8]); };
+  constexpr int kOn = S::kPvCols;
+  auto o_slice = [&](int n0) -> float(&)[kOn / 8][4] {
+    return *reinterpret_cast<float(*)[kOn / 8][4]>(&o_acc[0][n0 / 8]);
+  };
   const int n = w.n_key_blocks;
   const auto sQ = sm.q();
   constexpr int kFoldBlocks = int(kFoldKeys / Bc);
@@ -268,7 +276,7 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk)
 #pragma unroll
-      for (int n0 = 0; n0 < D; n0 += 128) wgmma_rs_m64k16<T, 1>(o_slice(n0), p_frag[0][kk], sV.mn_major(n0, kk), 1);
+      for (int n0 = 0; n0 < D; n0 += kOn) wgmma_rs_m64k16<T, 1>(o_slice(n0), p_frag[0][kk], sV.mn_major(n0, kk), 1);
     wgmma_commit();
   };
   // after P V of block `it` has landed: V's stage back to the producer
