@@ -7,8 +7,8 @@ largest logit of each head over the batch and every position), core_attention_bi
 ("no_bias", "post_scale_bias", "pre_scale_bias", "alibi") with core_attention_bias
 [b or 1, h or 1, s_q, s_kv] and alibi_slopes ([h] or [b, h] fp32; for "alibi" without
 slopes, the ALiBi paper's geometric slopes). Computed through the differentiable
-strideattn.torch.attention (eager; cuda runs them all, cudnn the post-scale bias, sinks and
-the max logit within cuDNN's limits: docs/backends.md "cudnn")."""
+strideattn.torch.attention (eager; cuda runs them all, cudnn the post-scale bias and sinks
+within cuDNN's limits: docs/backends.md "cudnn")."""
 
 from __future__ import annotations
 

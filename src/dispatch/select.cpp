@@ -174,7 +174,7 @@ bool cuda_runs(std::string_view feature) {
 
 // The training features `cudnn` runs where cuDNN's SDPA has them; its own rule of that name
 // (src/backends/cudnn/rules.cpp) refuses the shapes, strides and masks cuDNN does not take.
-bool cudnn_runs(std::string_view feature) { return feature == "bias" || feature == "sinks" || feature == "max_logit"; }
+bool cudnn_runs(std::string_view feature) { return feature == "bias" || feature == "sinks"; }
 
 // Why `cudnn` refuses a feature it does not run: what cuDNN has instead and why that is not
 // the definition (docs/backends.md, "cudnn").
@@ -187,6 +187,9 @@ std::string cudnn_cannot(std::string_view feature) {
   if (feature == "softcap")
     return "; not on cudnn: cuDNN has a softcap only as a custom score-modifier graph, which this backend does "
            "not build";
+  if (feature == "max_logit")
+    return "; not on cudnn: cuDNN 9.19 gives its per-row max only without the softmax stats that this "
+           "backend's LSE needs";
   return ", not yet on cudnn";
 }
 

@@ -116,8 +116,8 @@ foreach(_part 1 2 3 4)
   set_tests_properties(cli_fuzz_cudnn_grad_${_part} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
 endforeach()
 
-# The training features cudnn runs (post-scale bias with dBias, sinks with d_sinks, the max
-# logit; docs/backends.md "cudnn"), drawn at random with the rest of the case: the features it
+# The training features cudnn runs (post-scale bias with dBias, sinks with d_sinks;
+# docs/backends.md "cudnn"), drawn at random with the rest of the case: the features it
 # does not run are dropped, the shapes and masks cuDNN does not take are refused by rule, and
 # 150 cases must run. Finite inputs: the non-finite fix-ups (nonfinite.hpp) find a NaN row by
 # cuDNN's stats, which a sink may keep finite (docs/backends.md, "cudnn", sinks).

@@ -104,8 +104,8 @@ PROBLEM:
                                  -inf) after the draw; non-finite inputs propagate as
                                  docs/semantics.md says
 Training features (docs/semantics.md "Training features"; reference, cpu and cuda run all, cudnn
-  the post_scale bias, sinks and the max logit within cuDNN's limits: each refusal is reported
-  as unsupported with its rule):
+  the post_scale bias and sinks within cuDNN's limits: each refusal is reported as unsupported
+  with its rule):
   --softcap C                    logits become C * tanh(logit / C) (0: off)
   --dropout P [--rng-seed S] [--rng-offset O]   dropout on P, Philox of (S, O), default 0, 0
   --bias BUF+OFFSET:SHAPE:STRIDES   an additive bias of logical shape b,h,s_q,s_kv, each extent

@@ -20,7 +20,6 @@
 #include "backends/cudnn/fixup.hpp"
 #include "backends/cudnn/graph.hpp"
 #include "backends/cudnn/kvcache.hpp"
-#include "backends/cudnn/max_logit.hpp"
 #include "backends/cudnn/nonfinite.hpp"
 #include "backends/cudnn/rules.hpp"
 #include "backends/stream_workspace.hpp"
@@ -97,7 +96,6 @@ GraphKey make_key(const Problem& p, const Band& band, int device) {
   }
   k.sinks = p.sinks_on;  // (dense, contiguous: the sinks rule)
   k.d_sinks = k.backward && p.d_sinks_on;
-  k.max = !k.backward && p.max_logit_on;  // (dense, no sinks: the max_logit rule)
   return k;
 }
 
@@ -131,12 +129,12 @@ std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign;
 
 // Everything one call needs beside the caller's tensors: cuDNN's workspace, the int32 tables
 // cuDNN reads (seq lens, ragged offsets), the int64 tables of the fix-up kernels, the packed
-// stats when the caller's LSE cannot be used directly (or the caller wants none), the
-// non-finite backward fix-up's flags, and cuDNN's per-row Max for the max logit. Laid out in
-// one allocation. Varlen lists: the tables are built here once and uploaded by each run;
-// cu_seqlens arrays: the tables area is what cu_seqlens.hpp's kernels fill on the device.
+// stats when the caller's LSE cannot be used directly (or the caller wants none), and the
+// non-finite backward fix-up's flags. Laid out in one allocation. Varlen lists: the tables
+// are built here once and uploaded by each run; cu_seqlens arrays: the tables area is what
+// cu_seqlens.hpp's kernels fill on the device.
 struct Scratch {
-  std::size_t cudnn_ws = 0, tables = 0, stats = 0, nonfinite = 0, max = 0, total = 0;
+  std::size_t cudnn_ws = 0, tables = 0, stats = 0, nonfinite = 0, total = 0;
   bool cu = false;                     // cu_seqlens: tables made on the device
   std::vector<std::byte> host_tables;  // uploaded to [tables, tables + size)
   // byte offsets within host_tables
@@ -222,8 +220,7 @@ Scratch plan_scratch(const Problem& p, std::int64_t cudnn_ws) {
   if (!s.cu) s.tables = align_up(s.host_tables.size());
   if (s.temp_stats) s.stats = align_up(std::size_t(p.batch * p.heads * p.s_q) * sizeof(float));
   if (p.is_backward()) s.nonfinite = align_up(nonfinite_backward_scratch(make_params(p)));
-  if (p.max_logit_on && !p.is_backward()) s.max = align_up(std::size_t(p.batch * p.heads * p.s_q) * sizeof(float));
-  s.total = s.cudnn_ws + s.tables + s.stats + s.nonfinite + s.max;
+  s.total = s.cudnn_ws + s.tables + s.stats + s.nonfinite;
   return s;
 }
 
@@ -404,9 +401,6 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
   ptrs.dbias = key.dbias ? p.dbias.data : nullptr;
   ptrs.sinks = key.sinks ? p.sinks.data : nullptr;
   ptrs.d_sinks = key.d_sinks ? p.d_sinks.data : nullptr;
-  // cuDNN's per-row Max: the last part of the scratch (after the non-finite flags)
-  float* row_max = key.max ? reinterpret_cast<float*>(tables + sc.tables + sc.stats + sc.nonfinite) : nullptr;
-  ptrs.max = row_max;
   ptrs.workspace = sc.cudnn_ws ? base : nullptr;
   if (key.dbias && p.mask != MaskKind::none)
     if (auto e = zero_dbias(p, stream); !e.empty()) return e;
@@ -440,12 +434,6 @@ std::string run_with(const Problem& p, const GraphKey& key, const GraphHandle& g
 
   if (!p.is_backward() && sc.temp_stats && p.writes_lse())
     if (auto e = lse_copy(copy, /*packed_to_user=*/true, stream); !e.empty()) return e;
-
-  if (key.max)
-    if (auto e = reduce_max_logit(row_max, p.batch, p.heads, p.s_q, p.max_logit.data, p.max_logit.stride[0],
-                                  p.max_logit.stride[1], stream);
-        !e.empty())
-      return e;
 
   return write_padding(p, sc, tables, rt, stream);
 }

@@ -47,7 +47,6 @@ enum Uid : std::int64_t {
   kUidDBias,
   kUidSink,
   kUidDSink,
-  kUidMax,
   kUidEnd,
 };
 
@@ -61,7 +60,7 @@ struct GraphHandle {
   std::shared_ptr<fe::graph::Graph> graph;
   cudnnHandle_t handle = nullptr;
   bool backward = false, stats = false, varlen = false, kv = false, paged = false, bias = false, dbias = false;
-  bool sinks = false, d_sinks = false, max = false;
+  bool sinks = false, d_sinks = false;
   mutable std::vector<std::int64_t> sorted_uids;  // empty until the first run fills it (under the run lock)
 };
 
@@ -218,19 +217,8 @@ std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
           .set_paged_attention_max_seq_len_kv(static_cast<int>(key.max_seq_kv));
     if (bias) attrs.set_bias(bias);
     if (sink) attrs.set_sink_token(sink);
-    std::shared_ptr<Tensor_attributes> Max;
-    if (key.max) {
-      Max = g->tensor(Tensor_attributes()
-                          .set_name("Max")
-                          .set_uid(kUidMax)
-                          .set_dim(stats_dim)
-                          .set_stride(stats_stride)
-                          .set_data_type(fe::DataType_t::FLOAT));
-      attrs.set_logit_max(Max);
-    }
     apply_band(attrs, key.band);
     auto [O, Stats] = g->sdpa(Q, K, V, attrs);
-    if (Max) Max->set_output(true);
     O->set_output(true).set_uid(kUidO).set_dim(vec(key.o.dim)).set_stride(vec(key.o.stride));
     if (key.varlen) O->set_ragged_offset(ragged(kRagO, "ragged_o"));
     if (key.stats && Stats)
@@ -342,7 +330,6 @@ std::size_t GraphKeyHash::operator()(const GraphKey& k) const {
   mix_layout(k.dbias_layout);
   mix(k.sinks);
   mix(k.d_sinks);
-  mix(k.max);
   return static_cast<std::size_t>(h);
 }
 
@@ -375,7 +362,6 @@ PrepareResult prepare(const GraphKey& key) {
       entry.handle->dbias = key.dbias;
       entry.handle->sinks = key.sinks;
       entry.handle->d_sinks = key.d_sinks;
-      entry.handle->max = key.max;
     }
     cache.insert(key, std::move(entry));
     return r;
@@ -440,7 +426,6 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
     by_uid[kUidDBias] = p.dbias;
     by_uid[kUidSink] = const_cast<float*>(p.sinks);
     by_uid[kUidDSink] = p.d_sinks;
-    by_uid[kUidMax] = p.max;
     std::lock_guard<std::mutex> lock(run_mutex());
     cudnnStatus_t st = cudnnSetStream(g.handle, static_cast<cudaStream_t>(stream));
     if (st != CUDNN_STATUS_SUCCESS) return std::string("cudnnSetStream: ") + cudnnGetErrorString(st);
@@ -463,7 +448,6 @@ std::string execute(const GraphHandle& g, const GraphPointers& p, void* stream) 
       if (g.dbias) pack[kUidDBias] = by_uid[kUidDBias];
       if (g.sinks) pack[kUidSink] = by_uid[kUidSink];
       if (g.d_sinks) pack[kUidDSink] = by_uid[kUidDSink];
-      if (g.max) pack[kUidMax] = by_uid[kUidMax];
       if (g.paged) pack[kUidPageTableK] = by_uid[kUidPageTableK], pack[kUidPageTableV] = by_uid[kUidPageTableV];
       if (g.varlen) {
         pack[kUidSeqQ] = by_uid[kUidSeqQ], pack[kUidSeqKV] = by_uid[kUidSeqKV];

@@ -1,8 +1,7 @@
 // cuDNN graph description and cache interface of the `cudnn` backend. The key holds every
 // tensor's real logical dims and strides in cuDNN's [b, h, s, d] order (permuted from our
 // [b, s, h, d] views by the caller, never rebuilt from a layout name), the mask as cuDNN's
-// diagonal band, the options, the post-scale bias (with its dBias), the sink token and the
-// per-row Max output; graph.cpp (the one translation
+// diagonal band, the options, the post-scale bias (with its dBias) and the sink token; graph.cpp (the one translation
 // unit that includes the cuDNN frontend) builds, caches and executes the graph for a key.
 #pragma once
 
@@ -59,8 +58,6 @@ struct GraphKey {
   TensorLayout bias_layout, dbias_layout;
   // Sink token: fp32 [1, h, 1, 1], contiguous; backward: its gradient when `d_sinks`.
   bool sinks = false, d_sinks = false;
-  // Forward: cuDNN's per-row Max output, packed [b, h, s_q, 1] fp32 (for the max logit).
-  bool max = false;
   bool operator==(const GraphKey&) const = default;
 };
 
@@ -90,7 +87,6 @@ struct GraphPointers {
   void* dbias = nullptr;         // with GraphKey::dbias
   const float* sinks = nullptr;  // with GraphKey::sinks
   float* d_sinks = nullptr;      // with GraphKey::d_sinks
-  float* max = nullptr;          // with GraphKey::max: packed [b, h, s_q, 1]
   void* workspace = nullptr;     // at least prepare()'s workspace bytes
 };
 enum RaggedSlot : int { kRagQ = 0, kRagK, kRagV, kRagO, kRagDO, kRagDQ, kRagDK, kRagDV };

@@ -372,6 +372,12 @@ Check check_bias(const DeviceInfo& d, const Problem& p) {
     return "dbias " + dims4(p.dbias.shape) +
            ": cuDNN writes dBias of shape [1, h, s_q, s_kv] only; supported with dbias: a bias [1, " + str(p.heads) +
            ", " + str(p.s_q) + ", " + str(p.s_kv) + "] (or the reference, cpu and cuda backends)";
+  // (cuDNN's dBias reduction writes rows at a stride of s_kv: a padded dBias found no engine
+  // on an H200, "dbias layout should be row major")
+  if (p.dbias.stride[3] != 1 || (p.dbias.shape[2] > 1 && p.dbias.stride[2] != p.dbias.shape[3]))
+    return "dbias " + dims4(p.dbias.shape) + " strides " + dims4(p.dbias.stride) +
+           ": cuDNN writes dBias in packed rows; supported: key stride 1 and query-row stride " +
+           str(p.dbias.shape[3]) + " (or the reference, cpu and cuda backends)";
   if (auto why = bias_view_check("dbias", p.dbias, p)) return why;
   if (d.cudnn_version < 90500 && (p.s_q % 64 != 0 || p.s_kv % 64 != 0))
     return "dbias with s_q " + str(p.s_q) + ", s_kv " + str(p.s_kv) + " on cuDNN " + version_string(d.cudnn_version) +
@@ -413,25 +419,6 @@ Check check_sinks(const DeviceInfo& d, const Problem& p) {
       return std::string(name) + " data pointer is " + str(std::int64_t(addr % 16)) +
              " bytes past a 16-byte boundary; supported: 16-byte aligned";
   }
-  return std::nullopt;
-}
-
-// The max logit comes from cuDNN's per-row `Max` output (the max of the scaled, biased,
-// masked logits), reduced per (batch, head) by max_logit.hpp. With a sink the frontend's Max
-// is the max with the sink too, which the definition's max logit excludes; varlen and KV-cache
-// rows are not passed to the reduction.
-Check check_max_logit(const DeviceInfo&, const Problem& p) {
-  if (!p.max_logit_on) return std::nullopt;
-  if (p.sinks_on)
-    return std::string(
-        "the max-logit output with attention sinks: cuDNN's row max includes the sink, the max "
-        "logit does not; supported: the max logit without sinks (or the reference, cpu and cuda "
-        "backends)");
-  if (p.kv_cache != nullptr || p.varlen)
-    return std::string("the max-logit output with ") +
-           (p.kv_cache != nullptr ? "KV-cache attention" : "varlen tensors") +
-           ": this backend reduces cuDNN's row max for dense tensors only; supported: dense q/k/v (or the "
-           "reference, cpu and cuda backends)";
   return std::nullopt;
 }
 
@@ -560,7 +547,6 @@ std::vector<SupportRule> support_rules(const DeviceInfo& device) {
                                                 rule("varlen_wide_qk", check_varlen_wide_qk),
                                                 rule("bias", check_bias),
                                                 rule("sinks", check_sinks),
-                                                rule("max_logit", check_max_logit),
                                             });
 }
 

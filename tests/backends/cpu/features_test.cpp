@@ -481,8 +481,9 @@ TEST(FeaturesValidation, DbiasAndDsinksNeedTheirInputs) {
 
 // ------------------------------------------------------------------------------ refusals
 
-// cudnn refuses alibi, dropout and softcap by name, saying why cuDNN cannot (its bias, sinks and
-// max-logit rules are its own, tests/backends/cudnn/rules_test.cpp);
+// cudnn refuses every feature but the bias and sinks by name (alibi, dropout, softcap and the
+// max logit saying why cuDNN cannot; its bias and sinks rules are its own,
+// tests/backends/cudnn/rules_test.cpp);
 // no rule of cuda's stands in the way of any (its kernels run softcap, dropout, bias, ALiBi,
 // sinks and the max logit).
 TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
@@ -523,9 +524,8 @@ TEST(FeaturesRules, CudaAndCudnnRefuseEachFeatureTheyDoNotRunByName) {
       detail::Problem p;
       ASSERT_TRUE(detail::make_problem(a, &p).ok());
       const Verdict v = detail::evaluate_rules(be, rules, p);
-      if ((be == Backend::cuda && w.cuda_runs) ||
-          (be == Backend::cudnn && (std::string(w.rule) == "sinks" || std::string(w.rule) == "max_logit"))) {
-        // (cudnn's own `sinks` and `max_logit` rules, backends/cudnn/rules.cpp, decide what it runs)
+      if ((be == Backend::cuda && w.cuda_runs) || (be == Backend::cudnn && std::string(w.rule) == "sinks")) {
+        // (cudnn's own `sinks` rule, backends/cudnn/rules.cpp, decides what of sinks it runs)
         EXPECT_TRUE(v.supported) << w.rule << ": " << v.rule << ": " << v.reason;
         continue;
       }

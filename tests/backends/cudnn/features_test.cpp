@@ -4,9 +4,8 @@
 // written checks): every batch/head broadcast cuDNN takes forward, dBias of [1, h, s_q, s_kv]
 // backward, masks none and causal, GQA and MQA, head dims 64/128/192-128, f16 and bf16, padded
 // bias rows and a stride-0 batch; sinks with d_sinks under every mask, with a window and with a
-// bias; the max logit under every mask and windows; what cuDNN does not take comes back
-// "unsupported" naming the rule (`bias`, `sinks`, `max_logit`); planted errors in O, dQ,
-// dBias, d_sinks and the max logit must be caught. Skips when no GPU is present.
+// bias; what cuDNN does not take comes back "unsupported" naming the rule (`bias`, `sinks`);
+// planted errors in O, dQ, dBias and d_sinks must be caught. Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,8 +60,8 @@ strideattn::Status run_on_cudnn(CaseSpec spec, CaseReport* report) {
 }
 
 // cudnn runs `spec` and passes: status ok, every output written, guards intact, and exactly
-// the expected outputs checked (o, lse, max_logit when asked; with grad dq, dk, dv, dbias with
-// a bias, d_sinks with sinks), never vacuously.
+// the expected outputs checked (o, lse; with grad dq, dk, dv, dbias with a bias, d_sinks with
+// sinks), never vacuously.
 void expect_cudnn_ok(const CaseSpec& spec) {
   CaseReport report;
   const strideattn::Status s = run_on_cudnn(spec, &report);
@@ -77,7 +76,6 @@ void expect_cudnn_ok(const CaseSpec& spec) {
   if (spec.grad) want.insert(want.end(), {"dq", "dk", "dv"});
   if (spec.grad && spec.features.bias) want.push_back("dbias");
   if (spec.grad && spec.features.sinks) want.push_back("d_sinks");
-  if (spec.features.max_logit) want.push_back("max_logit");
   for (const auto& c : r.checks) checked.push_back(c.name);
   std::sort(checked.begin(), checked.end());
   std::sort(want.begin(), want.end());
@@ -148,11 +146,9 @@ TEST(CudnnFeatures, BiasBackwardWithDBiasMasksAndGroups) {
     }
   // Keys no query sees (top-left causal, s_q < s_kv): their dBias columns are 0.
   expect_cudnn_ok(with_bias(dense(DType::bf16, 2, 64, 256, 4, 4, 64, 64, MaskKind::causal), {1, 4, 64, 256}));
-  // Padded rows of bias and dBias alike (without a view of its own the harness's dBias is
-  // contiguous).
-  CaseSpec padded = with_bias(dense(DType::f16, 2, 128, 128, 4, 4, 64, 64, MaskKind::causal), {1, 4, 128, 128}, 136);
-  padded.features.dbias = ViewSpec{"dbias", 0, {1, 4, 128, 128}, {4 * 128 * 136, 128 * 136, 136, 1}};
-  expect_cudnn_ok(padded);
+  // Padded bias rows with a packed dBias (without a view of its own the harness's dBias is
+  // contiguous); padded dBias rows are refused by rule (WhatCudnnCannotTakeIsRefusedByRule).
+  expect_cudnn_ok(with_bias(dense(DType::f16, 2, 128, 128, 4, 4, 64, 64, MaskKind::causal), {1, 4, 128, 128}, 136));
   // Deterministic backward.
   CaseSpec det = with_bias(dense(DType::bf16, 2, 128, 128, 4, 2, 64, 64, MaskKind::causal), {1, 4, 128, 128});
   det.options.deterministic = true;
@@ -169,6 +165,9 @@ TEST(CudnnFeatures, WhatCudnnCannotTakeIsRefusedByRule) {
   expect_cudnn_refuses(pre, "pre_scale bias");
   expect_cudnn_refuses(with_bias(base, {2, 4, 64, 64}), "cuDNN writes dBias of shape [1, h, s_q, s_kv] only");
   expect_cudnn_refuses(with_bias(base, {1, 4, 1, 64}), "broadcasts over query rows");
+  CaseSpec padded = with_bias(base, {1, 4, 64, 64}, 72);
+  padded.features.dbias = ViewSpec{"dbias", 0, {1, 4, 64, 64}, {4 * 64 * 72, 64 * 72, 72, 1}};
+  expect_cudnn_refuses(padded, "cuDNN writes dBias in packed rows");
   CaseSpec f32 = with_bias(base, {1, 4, 64, 64});
   f32.features.bias_dtype = DType::f32;
   expect_cudnn_refuses(f32, "supported: the tensors' dtype");
@@ -204,34 +203,6 @@ TEST(CudnnFeatures, SinksCudnnCannotTakeAreRefusedByRule) {
                        "with s_q 1", "sinks");
 }
 
-// ------------------------------------------------------------------ the max logit
-
-CaseSpec with_max_logit(CaseSpec s) {
-  s.features.max_logit = true;
-  s.input_scale = 1.5;
-  return s;
-}
-
-TEST(CudnnFeatures, MaxLogitEveryMaskWindowsAndBias) {
-  SKIP_WITHOUT_GPU();
-  const std::int64_t windows[][2] = {{-1, -1}, {16, 0}, {5, 40}};
-  for (DType t : {DType::f16, DType::bf16})
-    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::causal_bottom_right})
-      for (const auto& w : windows) {
-        if (m == MaskKind::causal && w[0] >= 0) continue;  // (top-left + window: s_q == s_kv only)
-        SCOPED_TRACE(::testing::Message()
-                     << strideattn::to_string(t) << " mask " << int(m) << " window " << w[0] << "," << w[1]);
-        expect_cudnn_ok(with_max_logit(dense(t, 2, 130, 200, 4, 2, 64, 64, m, w[0], w[1], /*grad=*/false)));
-      }
-  // MQA, d 128, with the backward run after it; a bias (the max is of the biased logits).
-  expect_cudnn_ok(with_max_logit(dense(DType::bf16, 3, 136, 136, 8, 1, 128, 128, MaskKind::causal)));
-  expect_cudnn_ok(with_max_logit(
-      with_bias(dense(DType::f16, 2, 128, 192, 4, 2, 64, 64, MaskKind::none, -1, -1, false), {2, 4, 128, 192})));
-  // With sinks cuDNN's row max includes the sink: refused by the rule.
-  expect_cudnn_refuses(with_sinks(with_max_logit(dense(DType::bf16, 2, 64, 64, 4, 2, 64, 64, MaskKind::none))),
-                       "row max includes the sink", "max_logit");
-}
-
 // ------------------------------------------------------------------ the checks catch errors
 
 TEST(CudnnFeatures, PlantedErrorsAreCaught) {
@@ -239,20 +210,16 @@ TEST(CudnnFeatures, PlantedErrorsAreCaught) {
   const CaseSpec base =
       with_sinks(with_bias(dense(DType::bf16, 2, 100, 120, 4, 2, 64, 64, MaskKind::causal), {1, 4, 100, 120}));
   expect_cudnn_ok(base);  // unplanted, the same case passes
-  const CaseSpec base_max =
-      with_max_logit(with_bias(dense(DType::bf16, 2, 100, 120, 4, 2, 64, 64, MaskKind::causal), {1, 4, 100, 120}));
-  expect_cudnn_ok(base_max);
   struct P {
     const char* kind;
     const char* tensor;
     double delta;
   };
-  const P plants[] = {{"value", "o", 0.5},         {"value", "dq", 1.0},         {"value", "dbias", 1.0},
-                      {"unwritten", "dbias", 0},   {"value", "d_sinks", 5.0},    {"unwritten", "d_sinks", 0},
-                      {"value", "max_logit", 2.0}, {"unwritten", "max_logit", 0}};
+  const P plants[] = {{"value", "o", 0.5},       {"value", "dq", 1.0},      {"value", "dbias", 1.0},
+                      {"unwritten", "dbias", 0}, {"value", "d_sinks", 5.0}, {"unwritten", "d_sinks", 0}};
   for (const P& p : plants) {
     SCOPED_TRACE(::testing::Message() << p.kind << " " << p.tensor);
-    CaseSpec c = std::string(p.tensor) == "max_logit" ? base_max : base;
+    CaseSpec c = base;
     c.plant = CaseSpec::Plant{p.kind, p.tensor, 7, p.delta};
     CaseReport report;
     const strideattn::Status st = run_on_cudnn(c, &report);

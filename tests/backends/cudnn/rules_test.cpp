@@ -550,27 +550,6 @@ TEST(CudnnRules, SinksOnDenseTensorsFromCudnn913) {
   expect_refused(verdict(hopper(), with_sinks(vl)), "sinks", "with varlen tensors");
 }
 
-// The max logit runs on dense problems without sinks (cuDNN's row max includes the sink).
-TEST(CudnnRules, MaxLogitDenseWithoutSinks) {
-  Fixture f;
-  f.mask = MaskKind::causal;
-  Problem p = f.problem();
-  p.max_logit_on = true;
-  Verdict v = verdict(hopper(), p);
-  EXPECT_TRUE(v.supported) << v.rule << ": " << v.reason;
-  p = with_sinks(f);
-  p.max_logit_on = true;
-  expect_refused(verdict(hopper(), p), "max_logit", "cuDNN's row max includes the sink");
-  Fixture vl;
-  vl.varlen.seqlens_q = {64, 32};
-  vl.varlen.seqlens_kv = {64, 32};
-  vl.varlen.offsets_q = {0, 64};
-  vl.varlen.offsets_kv = {0, 64};
-  p = vl.problem();
-  p.max_logit_on = true;
-  expect_refused(verdict(hopper(), p), "max_logit", "with varlen tensors");
-}
-
 TEST(CudnnBand, MappingValues) {
   std::string why;
   Fixture f;
