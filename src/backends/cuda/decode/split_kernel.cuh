@@ -149,46 +149,26 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   // invalid page are zero-filled (the latter flagged in this thread's bad_page, which the CTA
   // ORs at the end). A page's entry is read only for a row the share covers.
   bool bad_page = false;
-  // A paged stage's first token of this thread: its page's column and slot, and the
-  // block-table entry if the row is one the share covers (read a stage before the stage is
-  // loaded, so the dependent table read does not hold up the stage's copies).
-  struct FirstPage {
-    std::uint32_t column = 0, slot = 0;
-    int64_t page = 0;
-    bool read = false;
-  };
-  auto first_page = [&](int stage) {
-    FirstPage f;
-    if constexpr (Paged) {
-      const int64_t c0 = kb + int64_t(stage) * Stage;
-      const std::uint32_t page_size = std::uint32_t(p.page_size);
-      const std::uint32_t tok = std::uint32_t(c0) + std::uint32_t(pass_row * kPasses);
-      f.column = tok / page_size, f.slot = tok - f.column * page_size;
-      f.read = stage < n_stages && pass_row * kPasses < kernel::min64(Stage, ke - c0);
-      if (f.read) f.page = p.block_table[n * p.bt_b + int64_t(f.column) * p.bt_p];
-    }
-    return f;
-  };
-  auto load_stage = [&](int stage, int buf, const FirstPage& first) {
+  auto load_stage = [&](int stage, int buf) {
     const int64_t c0 = kb + int64_t(stage) * Stage;
     const int valid = int(kernel::min64(Stage, ke - c0));
     if constexpr (Paged) {
       const std::uint32_t page_size = std::uint32_t(p.page_size);
-      std::uint32_t column = first.column, slot = first.slot;
+      const std::uint32_t tok = std::uint32_t(c0) + std::uint32_t(pass_row * kPasses);
+      std::uint32_t column = tok / page_size, slot = tok - column * page_size;
       bool look_up = true, ok = false;  // the current page's entry is still to read; it is valid
       const uint16_t *kr = k_head, *vr = v_head;
-      auto enter_page = [&](int64_t page) {
-        ok = page >= 0 && page < p.num_pages;
-        kr = k_head + page * p.k_st.b + int64_t(slot) * p.k_st.s;
-        vr = v_head + page * p.v_st.b + int64_t(slot) * p.v_st.s;
-        look_up = false;
-      };
-      if (first.read) enter_page(first.page);
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         const int row = pass_row * kPasses + pass;
         const bool in = row < valid;
-        if (in && look_up) enter_page(p.block_table[n * p.bt_b + int64_t(column) * p.bt_p]);
+        if (in && look_up) {
+          const int64_t page = p.block_table[n * p.bt_b + int64_t(column) * p.bt_p];
+          ok = page >= 0 && page < p.num_pages;
+          kr = k_head + page * p.k_st.b + int64_t(slot) * p.k_st.s;
+          vr = v_head + page * p.v_st.b + int64_t(slot) * p.v_st.s;
+          look_up = false;
+        }
         bad_page |= in && !ok;
         load_chunk<Vec>(sK(buf).chunk(row, col), kr, in && ok && k_col);
         load_chunk<Vec>(sV(buf).chunk(row, col), vr, in && ok && v_col);
@@ -227,10 +207,9 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
   }
 #pragma unroll
   for (int s = 0; s < Stages - 1; ++s) {
-    if (s < n_stages) load_stage(s, s, first_page(s));
+    if (s < n_stages) load_stage(s, s);
     cp_async_commit();
   }
-  FirstPage next_first = first_page(Stages - 1);  // (the next stage to load)
 
   float o_acc[1][D / 8][4];
   zero<1, D>(o_acc);
@@ -241,9 +220,8 @@ __device__ __forceinline__ void decode_split_body(const DecodeParams& p) {
     // of stage it + Stages - 1 refills.
     cp_async_wait<Stages - 2>();
     __syncthreads();
-    if (it + Stages - 1 < n_stages) load_stage(it + Stages - 1, (it + Stages - 1) % Stages, next_first);
+    if (it + Stages - 1 < n_stages) load_stage(it + Stages - 1, (it + Stages - 1) % Stages);
     cp_async_commit();
-    next_first = first_page(it + Stages);
     const int buf = it % Stages;
     const int64_t c0 = kb + int64_t(it) * Stage;
 #pragma unroll
