@@ -27,6 +27,7 @@
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
 #include "support/backend_case.hpp"
+#include "support/debug_log.hpp"
 
 namespace {
 
@@ -507,23 +508,7 @@ TEST(CudaBackend, DkDvPassEightWarpsDeterministicAndEqualToFourWarps) {
   }
 }
 
-std::vector<std::string> g_log;
-void capture_log(std::string_view line) { g_log.emplace_back(line); }
-
-// The debug lines of one run of `fn` (which kernels ran).
-template <class F>
-std::string debug_log_of(F&& fn) {
-  namespace detail = strideattn::detail;
-  g_log.clear();
-  detail::set_log_sink_for_testing(&capture_log);
-  detail::set_log_level_for_testing(detail::LogLevel::debug);
-  fn();
-  detail::set_log_sink_for_testing(nullptr);
-  detail::set_log_level_for_testing(detail::LogLevel::off);
-  std::string all;
-  for (const auto& line : g_log) all += line + "\n";
-  return all;
-}
+using strideattn::test_support::debug_log_of;
 
 // On a 9.0 GPU, in a build with sm_90a code, the forward of every bucket runs the
 // warp-specialized kernel (at d <= 128 and d <= 256 the wgmma one where the test hook keeps

@@ -33,6 +33,8 @@
 #include "harness/runner.hpp"
 #include "harness/views.hpp"
 #include "support/backend_case.hpp"
+#include "support/debug_log.hpp"
+#include "support/sm90a_device.hpp"
 
 namespace {
 
@@ -51,42 +53,12 @@ constexpr const char* kWsRan = "; dK/dV pass: sm90a warp-specialized dK/dV pass"
 constexpr const char* kWgmmaRan = "; dK/dV pass: sm90a wgmma dK/dV pass";
 constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 18181};
 
-// Why this process cannot run the kernel ("" when it can).
-std::string cannot_run() {
-  if (!strideattn::harness::gpu_available()) return "no CUDA GPU present: the warp-specialized backward tests need one";
-#if !defined(STRIDEATTN_CUDA_SM90A)
-  return "this build carries no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)";
-#else
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return "cannot query the current device";
-  if (major != 9 || minor != 0)
-    return "compute capability " + std::to_string(major) + "." + std::to_string(minor) + ", not 9.0";
-  return "";
-#endif
-}
-#define SKIP_UNLESS_SM90A() \
-  if (const std::string why = cannot_run(); !why.empty()) GTEST_SKIP() << why
+#define SKIP_UNLESS_SM90A()                                                                                       \
+  if (const std::string why = strideattn::test_support::sm90a_unavailable("the warp-specialized backward tests"); \
+      !why.empty())                                                                                               \
+  GTEST_SKIP() << why
 
-std::vector<std::string> g_log;
-void capture_log(std::string_view line) { g_log.emplace_back(line); }
-
-// The debug lines of one run of `fn` (which kernels ran, and why not the new one).
-template <class F>
-std::string debug_log_of(F&& fn) {
-  namespace detail = strideattn::detail;
-  g_log.clear();
-  detail::set_log_sink_for_testing(&capture_log);
-  detail::set_log_level_for_testing(detail::LogLevel::debug);
-  fn();
-  detail::set_log_sink_for_testing(nullptr);
-  detail::set_log_level_for_testing(detail::LogLevel::off);
-  std::string all;
-  for (const auto& line : g_log) all += line + "\n";
-  return all;
-}
+using strideattn::test_support::debug_log_of;
 
 // `spec` (forward and backward) on cuda under `forcing`: the report, every output checked
 // (O, LSE, dQ, dK, dV), and the debug log.
