@@ -34,6 +34,7 @@
 #include "harness/views.hpp"
 #include "support/backend_case.hpp"
 #include "support/debug_log.hpp"
+#include "support/device_buffer.hpp"
 #include "support/sm90a_device.hpp"
 
 namespace {
@@ -243,34 +244,7 @@ TEST(CudaWsBackward, MeetsTheRuleWhereTheWgmmaPassDoes) {
 
 // ------------------------------------------------------------------ public API, device buffers
 
-// Random bf16 device buffer of `elems` elements (normal(0, 1) draws), or zeros.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  std::size_t elems = 0;
-  explicit DeviceBuffer(std::size_t n, std::mt19937_64* rng = nullptr) : elems(n) {
-    std::vector<std::uint16_t> host(n, 0);
-    if (rng != nullptr) {
-      std::normal_distribution<float> dist(0.f, 1.f);
-      for (auto& e : host) {
-        const float f = dist(*rng);
-        std::uint32_t u;
-        std::memcpy(&u, &f, 4);
-        e = static_cast<std::uint16_t>(u >> 16);
-      }
-    }
-    EXPECT_EQ(cudaMalloc(&ptr, n * 2 + 16), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr, host.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  [[nodiscard]] std::vector<std::uint16_t> bytes() const {
-    std::vector<std::uint16_t> host(elems);
-    EXPECT_EQ(cudaMemcpy(host.data(), ptr, elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-  void poison() const { EXPECT_EQ(cudaMemset(ptr, 0xff, elems * 2), cudaSuccess); }  // (NaN)
-};
+using strideattn::test_support::DeviceBuffer;
 
 float bf16_value(std::uint16_t x) {
   const std::uint32_t u = std::uint32_t(x) << 16;
