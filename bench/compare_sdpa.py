@@ -18,13 +18,16 @@ without it those columns say why they are empty.
 
 Protocol (docs/design.md, "Benchmark protocol"): CUDA events around each run, warm-up first,
 the median of >= 20 runs; fwd+bwd times the forward and the whole backward (every kernel).
-The runs of a shape's measurements are taken in interleaved rounds (--rounds, default 4):
-each round visits every column and mode in turn, starting one column later than the round
-before, so that a drift of the GPU's clock over a shape's measurements, and whatever a
-column leaves behind for the next, falls on every column alike (measured one column after
-another, the same kernel moved by up to ~8% with its place in the order,
-bench/results/auto-order/2026-12-03-nvidia-h200-97c8175.md; interleaved in a fixed order,
-`auto` still measured 0.89-0.93x of the `cudnn` kernel it runs on some rows);
+The runs of a shape's measurements are taken in interleaved rounds (--rounds; by default
+as many as a balanced order needs): each round visits every column and mode in turn, the
+rounds' column orders a Williams design, in which every column runs right after every other
+column equally often. A drift of the GPU's clock over a shape's measurements, and whatever a
+column leaves behind for the next (its heat, clocks and caches), then falls on every column
+alike: measured one column after another, the same kernel moved by up to ~8% with its place
+in the order (bench/results/auto-order/2026-12-03-nvidia-h200-97c8175.md), and with the
+order only rotated round by round (each column still right after the same one), `auto`
+measured 0.89-0.93x of the `cudnn` kernel it runs, which it always followed. The first round
+of a column warms it up with --warmup calls, later rounds with --round-warmup;
 FLOPs: forward 2 * visible_pairs * (d_qk + d_v) summed over batch and query heads, backward
 2.5x forward; bf16 unless a row says otherwise.
 
@@ -297,12 +300,36 @@ class Row:
     tflops: dict = field(default_factory=dict)  # (column, mode) -> TFLOP/s or error string
 
 
+def williams_orders(n: int) -> list[list[int]]:
+    """A Williams design on n columns: n orders (n even) or 2n (n odd) of 0..n-1, each column
+    in each place equally often and right after each other column equally often. The first
+    order is 0, 1, n-1, 2, n-2, ...; order r adds r (mod n); for odd n the reversed orders
+    follow."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    orders = [[(x + r) % n for x in first] for r in range(n)] if n else []
+    return orders + [o[::-1] for o in orders] if n % 2 else orders
+
+
+def balanced_rounds(n_columns: int) -> int:
+    """The rounds a balanced order over n columns takes (williams_orders' length)."""
+    return len(williams_orders(n_columns)) if n_columns else 1
+
+
 def round_order(columns: list[str], r: int) -> list[str]:
-    """The columns in round r's order: rotated by r, so that over the rounds each column runs
-    in each place (a column that always ran right after another measured 0.9x of the same
-    kernel run first: the GPU's state, clocks and caches, carries over between columns)."""
-    k = r % len(columns) if columns else 0
-    return columns[k:] + columns[:k]
+    """The columns in round r's order, row r of a Williams design: over a whole design each
+    column runs right after every other one equally often (with a fixed or only rotated order,
+    a column that always ran right after the same one measured 0.9x of the same kernel run
+    elsewhere: the GPU's state, heat, clocks and caches, carries over between columns)."""
+    if not columns:
+        return []
+    orders = williams_orders(len(columns))
+    return [columns[i] for i in orders[r % len(orders)]]
 
 
 def run_shape(
@@ -314,7 +341,11 @@ def run_shape(
     modes: list[str],
     user_backends: list[str] = (),
     rounds: int = 1,
+    round_warmup: int | None = None,
 ) -> Row:
+    """One shape's row: every column's functions made, then `runs` timed calls per column and
+    mode in `rounds` interleaved rounds (round_order), `warmup` untimed calls before a column's
+    first round and `round_warmup` (default: warmup) before each later one."""
     row = Row(sh)
     torch.manual_seed(0)
     q, k, v = make_inputs(sh)
@@ -342,9 +373,10 @@ def run_shape(
             for m in modes:
                 if isinstance(row.tflops.get((col, m)), str):
                     continue
+                w = warmup if r == 0 or round_warmup is None else round_warmup
                 try:
                     times.setdefault((col, m), []).extend(
-                        event_times(fwd if m == "fwd" else fwd_bwd, per, warmup)
+                        event_times(fwd if m == "fwd" else fwd_bwd, per, w)
                     )
                 except Exception as e:  # noqa: BLE001
                     row.tflops[(col, m)] = "n/a: " + str(e).splitlines()[0][:100]
@@ -456,12 +488,17 @@ def parse_args(argv=None):
         "speed over the faster of cuda and cudnn in the same run",
     )
     ap.add_argument("--runs", type=int, default=20, help="timed runs per measurement (>= 20)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed calls before each round")
+    ap.add_argument(
+        "--warmup", type=int, default=5, help="untimed calls before a column's first round"
+    )
+    ap.add_argument(
+        "--round-warmup", type=int, default=2, help="untimed calls before each later round"
+    )
     ap.add_argument(
         "--rounds",
         type=int,
-        default=4,
-        help="interleaved rounds a shape's runs are split into (each visits every column)",
+        help="interleaved rounds a shape's runs are split into (each visits every column; "
+        "default: the length of a balanced order, the number of columns, twice that if odd)",
     )
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument(
@@ -483,7 +520,9 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.runs < 20:
         ap.error("--runs must be >= 20 (the protocol of docs/design.md)")
-    if not 1 <= args.rounds <= args.runs:
+    if args.warmup < 0 or args.round_warmup < 0:
+        ap.error("--warmup and --round-warmup must be >= 0")
+    if args.rounds is not None and not 1 <= args.rounds <= args.runs:
         ap.error(f"--rounds {args.rounds}: must be between 1 and --runs ({args.runs})")
     shapes = [
         sh
@@ -517,7 +556,9 @@ def run_data(args, argv, sa, gpu, date, commit, backends, user_backends, modes, 
         "protocol": {
             "runs": args.runs,
             "warmup": args.warmup,
+            "round_warmup": args.round_warmup,
             "rounds": args.rounds,
+            "order": "Williams design (each column right after each other equally often)",
             "timer": "CUDA events",
             "flops": "FLOPs of docs/design.md; fwd+bwd counts 3.5x forward FLOPs",
         },
@@ -564,12 +605,17 @@ def main(argv=None) -> int:
     modes = ["fwd"] if args.fwd_only else ["fwd", "fwd+bwd"]
     rows = []
     users = [f"torch-{be}" for be in user_backends]
+    if args.rounds is None:  # a balanced order over every column (capped by the runs)
+        args.rounds = min(args.runs, balanced_rounds(len(COLUMNS[:2] + backends + users)))
     gpu = torch.cuda.get_device_name()
     date, commit = datetime.date.today().isoformat(), git_commit()
     os.makedirs(args.results_dir, exist_ok=True)
     path = os.path.join(args.results_dir, data_file_name(date, gpu, commit))
     for sh in shapes:
-        row = run_shape(sh, sa, backends, args.runs, args.warmup, modes, user_backends, args.rounds)
+        row = run_shape(
+            sh, sa, backends, args.runs, args.warmup, modes, user_backends, args.rounds,
+            args.round_warmup,
+        )  # fmt: skip
         rows.append(row)
         summary = ", ".join(
             f"{c} {render.fmt(row.tflops.get((c, m)))}"

@@ -11,7 +11,7 @@ the current summary, from the newest data files, into bench/README.md between th
 
 Data file (format "strideattn-bench/1"): date, optional time (UTC; one day's runs are
 ordered by it), commit, gpu, command, versions (torch,
-cudnn, ...), protocol (runs, rounds, warmup, timer, flops), backends (ours, in column order),
+cudnn, ...), protocol (runs, rounds, warmup, round_warmup, order, timer, flops), backends (ours, in column order),
 optional user_backends (the user-path columns torch-<be>, rendered as a second table), modes,
 optional transcribed_from (where hand-copied numbers came from), and rows: shape name, b, h,
 hg, s, d, mask, dtype, layout, mode, tflops {column: TFLOP/s}, ratios {"be/flash",
@@ -146,12 +146,19 @@ def header(data: dict) -> str:
     """The line above the table: GPU, library versions, protocol."""
     v, p = data.get("versions", {}), data.get("protocol", {})
     # (runs taken in interleaved rounds since the protocol has them; older files: one round)
-    runs = (
-        f"{p.get('runs')} runs in {p['rounds']} interleaved rounds after {p.get('warmup')} "
-        "warm-ups each"
-        if p.get("rounds")
-        else f"{p.get('runs')} runs after {p.get('warmup')} warm-ups"
-    )
+    # (since round_warmup is recorded: the first round's warm-ups, then each later round's)
+    if p.get("rounds") and p.get("round_warmup") is not None:
+        runs = (
+            f"{p.get('runs')} runs in {p['rounds']} interleaved rounds in a balanced order, "
+            f"after {p.get('warmup')} warm-ups ({p['round_warmup']} in later rounds)"
+        )
+    elif p.get("rounds"):
+        runs = (
+            f"{p.get('runs')} runs in {p['rounds']} interleaved rounds after {p.get('warmup')} "
+            "warm-ups each"
+        )
+    else:
+        runs = f"{p.get('runs')} runs after {p.get('warmup')} warm-ups"
     return (
         f"GPU {data['gpu']}, torch {v.get('torch')}, cuDNN {v.get('cudnn')}; "
         f"TFLOP/s ({p.get('flops')}), median of {runs}, {p.get('timer')}"
