@@ -53,7 +53,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the table, the data file format)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
-from timing import event_times  # noqa: E402  (bench/timing.py: CUDA events)
+from timing import balanced_rounds, event_times, williams_orders  # noqa: E402  (bench/timing.py)
 
 torch = F = SDPBackend = sdpa_kernel = None  # imported by main(): --help works without torch
 
@@ -298,27 +298,6 @@ COLUMNS = ["sdpa-flash", "sdpa-cudnn", "cuda", "cudnn"]
 class Row:
     shape: Shape
     tflops: dict = field(default_factory=dict)  # (column, mode) -> TFLOP/s or error string
-
-
-def williams_orders(n: int) -> list[list[int]]:
-    """A Williams design on n columns: n orders (n even) or 2n (n odd) of 0..n-1, each column
-    in each place equally often and right after each other column equally often. The first
-    order is 0, 1, n-1, 2, n-2, ...; order r adds r (mod n); for odd n the reversed orders
-    follow."""
-    first, lo, hi = [0], 1, n - 1
-    while len(first) < n:
-        first.append(lo)
-        lo += 1
-        if len(first) < n:
-            first.append(hi)
-            hi -= 1
-    orders = [[(x + r) % n for x in first] for r in range(n)] if n else []
-    return orders + [o[::-1] for o in orders] if n % 2 else orders
-
-
-def balanced_rounds(n_columns: int) -> int:
-    """The rounds a balanced order over n columns takes (williams_orders' length)."""
-    return len(williams_orders(n_columns)) if n_columns else 1
 
 
 def round_order(columns: list[str], r: int) -> list[str]:

@@ -31,7 +31,8 @@ can be checked against the main benchmark; --shape changes it):
   than the plain problem's speed over SDPA cuDNN.
 Protocol (docs/design.md): CUDA events around each run, warm-up first, the median of >= 20
 runs; the runs of every measurement are taken in interleaved rounds, so that a drift of the
-clocks touches the plain problem and each feature alike. Prints markdown tables and writes
+clocks touches the plain problem and each feature alike, in the orders of a Williams design
+(no case always runs right after the same one). Prints markdown tables and writes
 RESULTS_DIR/<date>-<gpu>-<commit>.json (bench/render.py renders the newest into
 bench/README.md, "Training features").
 
@@ -56,7 +57,7 @@ sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the tables, the data file format)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
-from timing import event_times, import_cuda_torch  # noqa: E402  (bench/timing.py: CUDA events)
+from timing import event_times, import_cuda_torch, williams_orders  # noqa: E402  (bench/timing.py)
 
 torch = None  # imported by main(): --help and the CPU test work without torch
 
@@ -512,11 +513,14 @@ def sdpa_cases(features: list[str], t: Tensors) -> list[Case]:
 
 
 def time_cases(cases: list[Case], runs: int, rounds: int, warmup: int) -> None:
-    """runs per case, split over `rounds` rounds that visit every case in turn."""
+    """runs per case, split over `rounds` rounds that visit every case in turn, each round in
+    the next order of a Williams design (timing.williams_orders), so that no case always runs
+    right after the same one."""
     live = [c for c in cases if c.fn is not None and c.status == "ok"]
+    orders = williams_orders(len(live))
     for r in range(rounds):
         per = runs // rounds + (1 if r < runs % rounds else 0)
-        for c in live:
+        for c in (live[i] for i in orders[r % len(orders)]) if live else ():
             if c.status != "ok":
                 continue
             try:

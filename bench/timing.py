@@ -2,14 +2,38 @@
 
 The protocol of docs/design.md ("Benchmark protocol"): warm-up calls first, then each run
 between two CUDA events recorded on the current stream, synchronised after each run; the
-time of a measurement is the median of its runs. torch is imported when a function runs, so
-that the scripts' --help and their CPU tests work without it.
+time of a measurement is the median of its runs. The runs are taken in interleaved rounds
+whose orders come from a Williams design (williams_orders): what one measurement leaves in
+the GPU (heat, clocks, caches) falls on the next, so none may always follow the same one.
+torch is imported when a function runs, so that the scripts' --help and their CPU tests
+work without it.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+
+
+def williams_orders(n: int) -> list[list[int]]:
+    """A Williams design on n columns: n orders (n even) or 2n (n odd) of 0..n-1, each column
+    in each place equally often and right after each other column equally often. The first
+    order is 0, 1, n-1, 2, n-2, ...; order r adds r (mod n); for odd n the reversed orders
+    follow."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    orders = [[(x + r) % n for x in first] for r in range(n)] if n else []
+    return orders + [o[::-1] for o in orders] if n % 2 else orders
+
+
+def balanced_rounds(n_columns: int) -> int:
+    """The rounds a balanced order over n columns takes (williams_orders' length)."""
+    return len(williams_orders(n_columns)) if n_columns else 1
 
 
 def import_cuda_torch(script: str):

@@ -146,9 +146,10 @@ class RoundsTest(unittest.TestCase):
             features.time_cases(cases, runs=22, rounds=4, warmup=3)
         finally:
             features.event_times = saved
-        # 22 runs over 4 rounds: 6, 6, 5, 5; the cases take turns in each round
-        self.assertEqual(calls, [(1, 6, 3), (2, 6, 3), (1, 6, 3), (2, 6, 3),
-                                 (1, 5, 3), (2, 5, 3), (1, 5, 3), (2, 5, 3)])  # fmt: skip
+        # 22 runs over 4 rounds: 6, 6, 5, 5; the cases take turns in each round, in the orders
+        # of a Williams design (here: each case first in every other round)
+        self.assertEqual(calls, [(1, 6, 3), (2, 6, 3), (2, 6, 3), (1, 6, 3),
+                                 (1, 5, 3), (2, 5, 3), (2, 5, 3), (1, 5, 3)])  # fmt: skip
         self.assertEqual(cases[0].row()["ms"], 1.0)
         self.assertEqual(cases[0].row()["runs"], 22)
         refused = cases[2].row()
