@@ -78,6 +78,11 @@ struct Problem {
   [[nodiscard]] bool any_feature() const {
     return softcap_on() || bias_on() || alibi_on || sinks_on || max_logit_on || dropout_on() || dbias_on || d_sinks_on;
   }
+  // A feature that changes a pair's logit or probability (bias, ALiBi, softcap, dropout). The
+  // others leave the backward's P = exp(scale S - LSE) as it is without them: the sinks are in
+  // the LSE the forward stored (their gradient is a reduction of their own), the max logit is
+  // an output of the forward.
+  [[nodiscard]] bool score_feature() const { return softcap_on() || bias_on() || alibi_on || dropout_on() || dbias_on; }
   // The call's dropout seed and offset (host backends: the pointers are host memory).
   [[nodiscard]] std::uint64_t seed_value() const { return dropout_seed_ptr ? *dropout_seed_ptr : dropout_seed; }
   [[nodiscard]] std::uint64_t offset_value() const { return dropout_offset_ptr ? *dropout_offset_ptr : dropout_offset; }

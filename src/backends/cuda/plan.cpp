@@ -164,8 +164,9 @@ std::string ws_backward_refusal(const Problem& p, const CudaPlan& plan, const De
     return "head_dim: bucket " + std::to_string(plan.bucket) +
            " (supported: the 128 bucket, the larger head dim 72..128)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
-  if (p.any_feature())
-    return "features: a training feature is on (supported: none; the wgmma pass's features variant runs them)";
+  if (p.score_feature())
+    return "features: the bias, ALiBi, softcap or dropout is on (supported: none of them; the wgmma pass's "
+           "features variant runs them)";
   if (p.deterministic)
     return "deterministic: deterministic = true asks for the two-pass backward (supported: the single-pass "
            "backward, dQ by fp32 atomics)";
@@ -261,9 +262,11 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   // (the folding instantiations: the others keep their registers free of the fold's code)
   if (plan.kv_fold_blocks > 0) plan.main.variant = Variant::fold;
   if (plan.q_fold_blocks > 0) plan.dq.variant = Variant::fold;
-  // The training features: their variant of each pass, which folds where the fold counts
-  // above say so (the plain kernels stay free of the features' code).
-  if (p.any_feature()) plan.main.variant = plan.dq.variant = Variant::mods;
+  // The training features that change the scores: their variant of each pass, which folds
+  // where the fold counts above say so (the plain kernels stay free of the features' code).
+  // Sinks alone run the plain passes: P comes from the LSE, which holds them, and d_sinks is
+  // its own reduction (launch_d_sinks).
+  if (p.score_feature()) plan.main.variant = plan.dq.variant = Variant::mods;
   // The warp-specialized dK/dV pass where it covers the problem (the same grid, group splits
   // and workspace as the wgmma pass); the wgmma pass stays as its fallback (a view the driver
   // cannot map, launch.cpp).

@@ -62,7 +62,7 @@ constexpr strideattn::test_support::DenseCaseBuilder dense{.seed_offset = 18181}
 using strideattn::test_support::debug_log_of;
 
 // `spec` (forward and backward) on cuda under `forcing`: the report, every output checked
-// (O, LSE, dQ, dK, dV), and the debug log.
+// (O, LSE, dQ, dK, dV; d_sinks with sinks), and the debug log.
 struct CaseRun {
   CaseReport report;
   std::string log, repro;
@@ -90,7 +90,7 @@ void expect_ws(const CaseSpec& spec, bool expect_ran = true, const char* rule = 
   EXPECT_EQ(b.status, "ok") << b.reason << "\n  " << r.repro;
   EXPECT_TRUE(b.guard_ok) << r.repro;
   EXPECT_TRUE(b.written_ok) << r.repro;
-  EXPECT_EQ(b.checks.size(), 5u) << r.repro;
+  EXPECT_EQ(b.checks.size(), spec.features.sinks ? 6u : 5u) << r.repro;  // (with sinks: d_sinks)
   if (expect_ran) {
     EXPECT_NE(r.log.find(kWsRan), std::string::npos) << "the new pass did not run:\n" << r.log;
   } else {
@@ -169,7 +169,8 @@ TEST(CudaWsBackward, EveryDenseLayout) {
 
 // Views TMA cannot read (a base 10 bytes past a 16-byte boundary, a head stride of 129
 // elements): the plan falls back to the wgmma pass, says why, and the answer is right. The
-// problems the new pass does not cover (deterministic, the training features) say so too.
+// problems the new pass does not cover (deterministic, the features that change the scores)
+// say so too.
 TEST(CudaWsBackward, WhatItDoesNotCoverFallsBack) {
   SKIP_UNLESS_SM90A();
   const std::int64_t b = 2, s = 150, h = 4, d = 128;
@@ -191,6 +192,22 @@ TEST(CudaWsBackward, WhatItDoesNotCoverFallsBack) {
   capped.options.softcap = 5.0;
   expect_ws(capped, false, "features");
   expect_ws(base, false, "forced_off", PlanForcing{.ws_backward = false});
+}
+
+// Attention sinks alone change only the LSE the forward stores, so the backward's P = exp(scale
+// S - LSE) is the plain one: the new pass runs them (its plain instantiation), and d_sinks,
+// its own reduction after the delta pre-pass, is checked with the rest. Logits of a few units
+// (input_scale 1.5), where the sinks take a visible share of each row.
+TEST(CudaWsBackward, SinksRunTheNewPass) {
+  SKIP_UNLESS_SM90A();
+  for (MaskKind m : kMasks)
+    for (const auto& sh : {std::pair{300, 300}, std::pair{77, 500}}) {
+      SCOPED_TRACE(::testing::Message() << "mask " << int(m) << " " << sh.first << "x" << sh.second);
+      CaseSpec s = dense(DType::bf16, 2, sh.first, sh.second, 8, 2, 128, 128, m);
+      s.features.sinks = true;
+      s.input_scale = 1.5;
+      expect_ws(s);
+    }
 }
 
 // The checks catch a wrong element, an unwritten one and a write past the end in each

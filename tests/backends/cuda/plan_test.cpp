@@ -378,6 +378,22 @@ TEST(CudaPlan, TrainingFeaturesRunTheFeatureVariant) {
         }
       }
     }
+  // Sinks alone (and the max logit, a forward output): the forward's feature variant, the
+  // backward's plain passes (P from the LSE, which holds the sinks; d_sinks its own reduction)
+  for (const DeviceCaps& caps : {kA100, kH200})
+    for (bool deterministic : {false, true}) {
+      Problem f = fwd(DType::bf16, 2, 500, 4, 2, 128), b = bwd(DType::bf16, 2, 500, 4, 2, 128, deterministic);
+      f.sinks_on = f.max_logit_on = true;
+      b.sinks_on = b.d_sinks_on = true;
+      EXPECT_EQ(make_cuda_plan(f, caps).main.variant, Variant::mods);
+      const CudaPlan sb = make_cuda_plan(b, caps),
+                     ref = make_cuda_plan(bwd(DType::bf16, 2, 500, 4, 2, 128, deterministic), caps);
+      ASSERT_TRUE(sb.ok()) << sb.error;
+      EXPECT_EQ(sb.main.variant, ref.main.variant);
+      EXPECT_EQ(sb.main.kernel(), ref.main.kernel());
+      EXPECT_EQ(sb.dq.variant, ref.dq.variant);
+      EXPECT_EQ(sb.workspace.total, ref.workspace.total);
+    }
   // Long key ranges: the forward's fold (its slots) and the dQ pass's fold stay planned.
   const CudaPlan long_f = make_cuda_plan(with_softcap(fwd(DType::f16, 1, 20000, 2, 1, 128)), kH200);
   EXPECT_EQ(long_f.main.variant, Variant::mods);
@@ -598,6 +614,16 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
   Problem dropping = base;
   dropping.dropout_p = 0.1;
   EXPECT_TRUE(starts_with(note_of(dropping), "features")) << note_of(dropping);
+  Problem slopes = base;
+  slopes.alibi_on = true;
+  EXPECT_TRUE(starts_with(note_of(slopes), "features")) << note_of(slopes);
+  // ... but sinks alone run it (P from the LSE, which holds them)
+  Problem sinks = base;
+  sinks.sinks_on = sinks.d_sinks_on = true;
+  const CudaPlan with_sinks = make_cuda_plan(sinks, kH200);
+  EXPECT_EQ(with_sinks.ws_note, "");
+  EXPECT_TRUE(with_sinks.main.entry->tma);
+  EXPECT_EQ(with_sinks.main.variant, Variant::guarded);
   EXPECT_TRUE(starts_with(note_of(bwd(DType::bf16, 2, 1000, 8, 2, 128, true)), "deterministic"));
   EXPECT_TRUE(starts_with(note_of(base, PlanForcing{.single_pass = false}), "two_pass"));
   {
