@@ -469,7 +469,9 @@ TEST(CudnnRules, PostScaleBiasTypeDtypeStridesAndMasks) {
   expect_refused(verdict(hopper(), p), "bias", "data pointer is 2 bytes past a 16-byte boundary");
   p = with_bias(f, {1, 4, 64, 64}, true, true);
   p.dbias.stride = {0, 64 * 68, 68, 1};
-  expect_refused(verdict(hopper(), p), "bias", "dbias [1, 4, 64, 64] strides [0, 4352, 68, 1] has row stride 68");
+  expect_refused(verdict(hopper(), p), "bias",
+                 "dbias [1, 4, 64, 64] strides [0, 4352, 68, 1]: cuDNN writes dBias in packed rows; supported: key "
+                 "stride 1 and query-row stride 64");
   // Masks: none and top-left causal; bottom-right and windows are refused by name.
   f.mask = MaskKind::causal;
   EXPECT_TRUE(verdict(hopper(), with_bias(f, {1, 4, 64, 64}, true, true)).supported);
