@@ -35,6 +35,7 @@
 #include "support/backend_case.hpp"
 #include "support/debug_log.hpp"
 #include "support/device_buffer.hpp"
+#include "support/event_timer.hpp"
 #include "support/sm90a_device.hpp"
 
 namespace {
@@ -395,18 +396,8 @@ TEST(CudaWsBackward, DISABLED_Timing) {
     for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
       BackwardCase c(sh.b, sh.s, sh.h, sh.hg, m);
       auto time_ms = [&] {
-        for (int i = 0; i < 3; ++i) c.backward();
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0), cudaEventCreate(&e1);
-        constexpr int kRuns = 20;
-        cudaEventRecord(e0);
-        for (int i = 0; i < kRuns; ++i) (void)strideattn::backward(c.ba);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        cudaEventDestroy(e0), cudaEventDestroy(e1);
-        return double(ms) / kRuns;
+        c.backward();  // (checked)
+        return strideattn::test_support::event_ms_per_call([&] { (void)strideattn::backward(c.ba); }, 2, 20);
       };
       double wgmma = 0;
       {

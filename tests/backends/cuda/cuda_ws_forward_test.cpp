@@ -42,6 +42,7 @@
 #include "support/backend_case.hpp"
 #include "support/debug_log.hpp"
 #include "support/device_buffer.hpp"
+#include "support/event_timer.hpp"
 #include "support/sm90a_device.hpp"
 
 namespace {
@@ -668,18 +669,8 @@ TEST(CudaWsForward, DISABLED_Timing) {
     for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
       ForwardCase c(sh.b, sh.s, sh.h, sh.hg, sh.d, m);
       auto time_ms = [&] {
-        for (int i = 0; i < 5; ++i) c.run();
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0), cudaEventCreate(&e1);
-        constexpr int kRuns = 30;
-        cudaEventRecord(e0);
-        for (int i = 0; i < kRuns; ++i) (void)strideattn::forward(c.args);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        cudaEventDestroy(e0), cudaEventDestroy(e1);
-        return double(ms) / kRuns;
+        c.run();  // (checked)
+        return strideattn::test_support::event_ms_per_call([&] { (void)strideattn::forward(c.args); }, 4, 30);
       };
       double other = 0;
       {
