@@ -22,7 +22,9 @@ Modes: fwd (one forward call), fwd+bwd (forward, then torch.autograd.grad of the
 with a fixed upstream gradient; for ext, the forward and backward calls).
 
 Timing: each (column, mode) runs --calls calls per repeat, the repeats interleaved across
-columns (a shared machine drifts), and the median over --repeats is reported in
+columns (a shared machine drifts), each repeat in the next order of a Williams design (no
+measurement always right after the same one: what one leaves in the caching allocator and
+the CPU's caches falls on the next), and the median over --repeats is reported in
 microseconds per call. On a GPU, "enqueue" is the time to issue the calls without waiting
 (one synchronize after the loop, not counted) and "synced" the time per call with
 torch.cuda.synchronize() after each; on the CPU every call is synchronous: "wall" is the
@@ -56,6 +58,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the data file form, the host table)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
+from timing import williams_orders  # noqa: E402  (bench/timing.py: the rounds' orders)
 
 torch = None  # imported by main(): --help works without torch
 
@@ -380,6 +383,8 @@ def measure(columns, modes, calls, repeats, cuda):
     at 0: a column with misses is not measuring the cached path; None where strideattn
     does not count them)."""
     samples = {(c.name, m): [] for c in columns for m in modes}
+    units = [(c, m) for c in columns for m in modes]
+    orders = williams_orders(len(units))
     misses = {key: 0 for key in samples} if plans_made() is not None else None
     errors = {}
     for c in columns:  # warm-up: plans, caches, lazy imports, the allocator
@@ -389,18 +394,20 @@ def measure(columns, modes, calls, repeats, cuda):
                     time_once(c.fwd if m == "fwd" else c.fwd_bwd, max(20, calls // 10), cuda)
             except Exception as e:  # noqa: BLE001 - report, keep going
                 errors[(c.name, m)] = f"error: {str(e).splitlines()[0][:100]}"
-    for _ in range(repeats):
-        for c in columns:
-            for m in modes:
-                if (c.name, m) in errors:
-                    continue
-                made = plans_made()
-                with c.context():
-                    samples[(c.name, m)].append(
-                        time_once(c.fwd if m == "fwd" else c.fwd_bwd, calls, cuda)
-                    )
-                if misses is not None:
-                    misses[(c.name, m)] += plans_made() - made
+    # each repeat in the next order of a Williams design (timing.williams_orders): no
+    # measurement always right after the same one (what one leaves behind, in the caching
+    # allocator, the CPU's caches and clocks, falls on the next)
+    for r in range(repeats):
+        for c, m in (units[i] for i in orders[r % len(orders)]) if units else ():
+            if (c.name, m) in errors:
+                continue
+            made = plans_made()
+            with c.context():
+                samples[(c.name, m)].append(
+                    time_once(c.fwd if m == "fwd" else c.fwd_bwd, calls, cuda)
+                )
+            if misses is not None:
+                misses[(c.name, m)] += plans_made() - made
     result = {}
     for key, s in samples.items():
         if key in errors:
@@ -546,6 +553,7 @@ def main(argv=None) -> int:
             "calls": args.calls,
             "repeats": args.repeats,
             "timer": "time.perf_counter, median of interleaved repeats",
+            "order": "Williams design over (column, mode)",
             "threads": torch.get_num_threads(),
         },
         "metrics": list(METRICS[device]),

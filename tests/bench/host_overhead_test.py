@@ -88,6 +88,38 @@ class RowsTest(unittest.TestCase):
         self.assertIn("| op cuda | fwd | — | — | — | — | — | — |", table)
         self.assertIn("- op cuda fwd: error: backend cuda is not compiled in", table)
 
+    def test_repeats_follow_a_balanced_order(self):
+        # measure() on the CPU path with plain functions: every (column, mode) once per
+        # repeat, in the orders of a Williams design, so that over a whole design each
+        # measurement runs right after every other one equally often.
+        log = []
+
+        def column(name):
+            return ho.Column(name, "op", "cpu", lambda: log.append((name, "fwd")),
+                             lambda: log.append((name, "fwd+bwd")))  # fmt: skip
+
+        cols = [column(n) for n in ("a", "b", "c")]
+        saved = ho.plans_made
+        ho.plans_made = lambda: None
+        try:
+            result, misses = ho.measure(cols, ["fwd", "fwd+bwd"], 1, 6, cuda=False)
+        finally:
+            ho.plans_made = saved
+        self.assertIsNone(misses)
+        self.assertEqual(len(result), 6)
+        timed = log[6 * 20 :]  # after the warm-up (max(20, calls // 10) calls each)
+        self.assertEqual(len(timed), 36)
+        units = [(c, m) for c in "abc" for m in ("fwd", "fwd+bwd")]
+        for r in range(6):
+            self.assertEqual(sorted(timed[6 * r : 6 * r + 6]), sorted(units))
+        follows = {}  # (within a repeat)
+        for r in range(6):
+            block = timed[6 * r : 6 * r + 6]
+            for a, b in zip(block, block[1:]):
+                follows[(a, b)] = follows.get((a, b), 0) + 1
+        self.assertEqual(len(follows), 30)  # every ordered pair of the 6 measurements
+        self.assertEqual(set(follows.values()), {1})
+
     def test_the_recorded_host_data_loads(self):
         files = render.host_files(render.RESULTS)
         self.assertTrue(files, "no host-time data file in bench/results/host/")
