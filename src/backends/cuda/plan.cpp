@@ -162,7 +162,11 @@ std::string ws_backward_refusal(const Problem& p, const CudaPlan& plan, const De
   if (plan.arch != Arch::sm90a) return std::string("arch: ") + to_string(plan.arch) + " kernels (needs sm90a)";
   if (!has_ws_backward(plan.bucket) || find_ws_backward(plan.dtype, plan.bucket) == nullptr)
     return "head_dim: bucket " + std::to_string(plan.bucket) +
-           " (supported: the 128 bucket, the larger head dim 72..128)";
+           " (supported: the 128 bucket, the larger head dim 72..128; the 64 bucket where forced)";
+  if (!ws_backward_by_default(plan.bucket) && !forcing.ws_backward.value_or(false))
+    return "head_dim: bucket " + std::to_string(plan.bucket) +
+           " runs the wgmma pass unless a test forces this one (PlanForcing::ws_backward; by default: the 128 "
+           "bucket, the larger head dim 72..128)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
   if (p.score_feature())
     return "features: the bias, ALiBi, softcap or dropout is on (supported: none of them; the wgmma pass's "
@@ -269,8 +273,10 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   if (p.score_feature()) plan.main.variant = plan.dq.variant = Variant::mods;
   // The warp-specialized dK/dV pass where it covers the problem (the same grid, group splits
   // and workspace as the wgmma pass); the wgmma pass stays as its fallback (a view the driver
-  // cannot map, launch.cpp).
-  if (plan.arch == Arch::sm90a && has_ws_backward(plan.bucket)) {
+  // cannot map, launch.cpp). (A bucket it runs on only where forced keeps its plans' notes
+  // empty otherwise.)
+  if (plan.arch == Arch::sm90a && has_ws_backward(plan.bucket) &&
+      (ws_backward_by_default(plan.bucket) || forcing.ws_backward.value_or(false))) {
     plan.ws_note = ws_backward_refusal(p, plan, caps, forcing);
     if (plan.ws_note.empty()) {
       plan.ws_fallback = plan.main;

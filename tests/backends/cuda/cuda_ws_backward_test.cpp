@@ -4,7 +4,8 @@
 // inputs, poisoned outputs, guard bands, written checks): s_q != s_kv both ways, sizes off the
 // 128-key and 64-query tiles, every mask kind, bottom-right windows, GQA 8:1 (with its group
 // split over CTAs, forced too), MQA, batch > 1, f16 and bf16, head dims of the 128 bucket
-// below 128, every dense named layout (the splits of packed and fused QKV buffers among them).
+// below 128, every dense named layout (the splits of packed and fused QKV buffers among them);
+// the 64 bucket, forced on (the plan does not run it by default yet), over the same ground.
 // Every case also asserts from the debug log that the new pass really ran (no silent
 // fallback), and planted errors in dQ, dK and dV must be caught. Views TMA cannot read fall
 // back to the wgmma pass with the reason logged. Against the wgmma pass on the same inputs:
@@ -153,6 +154,46 @@ TEST(CudaWsBackward, HeadDimsOfTheBucket) {
   }
 }
 
+// The 64 bucket (blocks of 128 queries, one TMA box wide), which the plan runs only where a
+// test forces it (tiles.hpp: ws_backward_by_default): sizes off the tiles, every mask kind,
+// bottom-right windows, GQA / MQA with the group split, head dims below 64 (TMA's zero fill)
+// and d_qk != d_v, f16 and bf16, and every dense layout (the seed's split views of a fused
+// buffer among them). Unforced, the wgmma pass runs, with no note.
+TEST(CudaWsBackward, Bucket64WhereForced) {
+  SKIP_UNLESS_SM90A();
+  const PlanForcing on{.ws_backward = true};
+  const std::int64_t shapes[][2] = {{128, 128}, {77, 77}, {50, 300}, {300, 50}, {257, 513}, {1, 129}};
+  for (DType t : {DType::bf16, DType::f16})
+    for (MaskKind m : kMasks)
+      for (const auto& sh : shapes) {
+        SCOPED_TRACE(::testing::Message()
+                     << strideattn::to_string(t) << " mask " << int(m) << " " << sh[0] << "x" << sh[1]);
+        expect_ws(dense(t, 2, sh[0], sh[1], 4, 2, 64, 64, m), true, "", on);
+      }
+  expect_ws(dense(DType::bf16, 2, 300, 500, 4, 4, 64, 64, MaskKind::causal_bottom_right, 100, 0), true, "", on);
+  expect_ws(dense(DType::bf16, 2, 500, 300, 4, 4, 64, 64, MaskKind::none, 7, 3), true, "", on);
+  expect_ws(dense(DType::bf16, 3, 333, 400, 8, 1, 64, 64, MaskKind::causal_bottom_right), true, "", on);
+  expect_ws(dense(DType::f16, 2, 300, 333, 16, 1, 64, 64, MaskKind::causal), true, "",
+            PlanForcing{.group_splits = 3, .ws_backward = true});
+  for (const auto& d : {std::pair<std::int64_t, std::int64_t>{8, 8}, {40, 40}, {56, 56}, {64, 32}, {32, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "d_qk " << d.first << " d_v " << d.second);
+    expect_ws(dense(DType::bf16, 2, 150, 190, 4, 2, d.first, d.second, MaskKind::causal), true, "", on);
+  }
+  for (const std::string& l : strideattn::harness::layout_names()) {
+    if (l[0] == 't') continue;  // varlen layouts: not covered
+    SCOPED_TRACE(l);
+    const bool packed_qkv = l.find('3') != std::string::npos;
+    const bool fused = l.find("(h") != std::string::npos;
+    expect_ws(dense(DType::f16, 2, 190, packed_qkv || fused ? 190 : 260, packed_qkv ? 4 : 16, packed_qkv ? 4 : 1, 64,
+                    64, MaskKind::causal, -1, -1, true, l.c_str()),
+              true, "", on);
+  }
+  const CaseRun plain = run(dense(DType::bf16, 2, 300, 300, 4, 2, 64, 64, MaskKind::causal));
+  EXPECT_EQ(plain.log.find(kWsRan), std::string::npos) << plain.log;
+  EXPECT_NE(plain.log.find(kWgmmaRan), std::string::npos) << plain.log;
+  EXPECT_EQ(plain.log.find("warp-specialized dK/dV pass not run"), std::string::npos) << plain.log;
+}
+
 // Every dense named layout: transposed buffers, the splits of packed QKV / KV buffers and of
 // the fused [s, b, h + 2 hg, d] projection, read in place through their strides.
 TEST(CudaWsBackward, EveryDenseLayout) {
@@ -280,12 +321,12 @@ struct BackwardCase {
   float* lse = nullptr;
   strideattn::ForwardArgs fa;
   strideattn::BackwardArgs ba;
-  BackwardCase(std::int64_t b_, std::int64_t s_, std::int64_t h_, std::int64_t hg_, MaskKind m)
+  BackwardCase(std::int64_t b_, std::int64_t s_, std::int64_t h_, std::int64_t hg_, MaskKind m, std::int64_t d_ = 128)
       : b(b_),
         s(s_),
         h(h_),
         hg(hg_),
-        d(128),
+        d(d_),
         q(std::size_t(b * s * h * d), &rng),
         k(std::size_t(b * s * hg * d), &rng),
         v(std::size_t(b * s * hg * d), &rng),
@@ -340,12 +381,16 @@ TEST(CudaWsBackward, DkDvEqualTheWgmmaPassBitForBit) {
   struct Shape {
     std::int64_t b, s, h, hg;
     MaskKind m;
+    std::int64_t d = 128;
   };
+  // (d 64: the 64 bucket, forced on for the new pass's run)
   for (const Shape sh : {Shape{2, 777, 8, 2, MaskKind::none}, Shape{2, 777, 8, 2, MaskKind::causal},
-                         Shape{1, 1000, 16, 1, MaskKind::causal}}) {
-    SCOPED_TRACE(::testing::Message() << "b " << sh.b << " s " << sh.s << " h " << sh.h << "/" << sh.hg << " mask "
-                                      << int(sh.m));
-    BackwardCase c(sh.b, sh.s, sh.h, sh.hg, sh.m);
+                         Shape{1, 1000, 16, 1, MaskKind::causal}, Shape{2, 777, 8, 2, MaskKind::none, 64},
+                         Shape{2, 1000, 16, 1, MaskKind::causal, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "b " << sh.b << " s " << sh.s << " h " << sh.h << "/" << sh.hg << " d " << sh.d
+                                      << " mask " << int(sh.m));
+    BackwardCase c(sh.b, sh.s, sh.h, sh.hg, sh.m, sh.d);
+    const ScopedCudaPlanForcing on(sh.d == 64 ? PlanForcing{.ws_backward = true} : PlanForcing{});
     const std::string def_log = debug_log_of([&] {
       const ScopedCudaPlanForcing wgmma(PlanForcing{.ws_backward = false});
       c.backward();
@@ -353,7 +398,7 @@ TEST(CudaWsBackward, DkDvEqualTheWgmmaPassBitForBit) {
     EXPECT_NE(def_log.find(kWgmmaRan), std::string::npos) << def_log;
     EXPECT_NE(def_log.find("warp-specialized dK/dV pass not run: forced_off"), std::string::npos) << def_log;
     const std::vector<std::uint16_t> dq_ref = c.dq.bytes(), dk_ref = c.dk.bytes(), dv_ref = c.dv.bytes();
-    const std::string log = debug_log_of([&] { c.backward(); });  // (the plan's choice)
+    const std::string log = debug_log_of([&] { c.backward(); });  // (the plan's choice, or forced on)
     EXPECT_NE(log.find(kWsRan), std::string::npos) << log;
     const std::vector<std::uint16_t> dq_ws = c.dq.bytes(), dk_ws = c.dk.bytes(), dv_ws = c.dv.bytes();
     std::size_t differ_k = 0, differ_v = 0;
@@ -381,20 +426,24 @@ TEST(CudaWsBackward, DkDvEqualTheWgmmaPassBitForBit) {
   }
 }
 
-// Time the wgmma pass (forced) against the warp-specialized one, bf16, d 128, no mask and
-// causal, on the benchmark's d 128 shapes (s 1k to 8k, MHA 16 heads and GQA 64/8): the whole
+// Time the wgmma pass (forced) against the warp-specialized one, bf16, no mask and causal, on
+// the benchmark's d 128 shapes (s 1k to 8k, MHA 16 heads and GQA 64/8), d 64 at s 2k and 4k
+// (32 heads) and the seed's MQA 16/1 shape at d 64 (the new pass forced on there): the whole
 // backward call (delta pre-pass, the dK/dV pass, dQ's conversion). Prints TFLOP/s; asserts
 // nothing about speed (a diagnostic; bench/compare_sdpa.py makes the claims). Run with
 // --gtest_also_run_disabled_tests --gtest_filter='*Timing*'.
 TEST(CudaWsBackward, DISABLED_Timing) {
   SKIP_UNLESS_SM90A();
   struct Shape {
-    std::int64_t b, s, h, hg;
+    std::int64_t b, s, h, hg, d = 128;
   };
-  for (const Shape sh : {Shape{16, 1024, 16, 16}, Shape{8, 2048, 16, 16}, Shape{4, 4096, 16, 16},
-                         Shape{2, 8192, 16, 16}, Shape{2, 8192, 64, 8}})
+  // (d 64: the benchmark's d 64 rows and the seed's MQA 16/1 shape, the new pass forced on)
+  for (const Shape sh :
+       {Shape{16, 1024, 16, 16}, Shape{8, 2048, 16, 16}, Shape{4, 4096, 16, 16}, Shape{2, 8192, 16, 16},
+        Shape{2, 8192, 64, 8}, Shape{8, 2048, 32, 32, 64}, Shape{4, 4096, 32, 32, 64}, Shape{8, 2048, 16, 1, 64}})
     for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-      BackwardCase c(sh.b, sh.s, sh.h, sh.hg, m);
+      BackwardCase c(sh.b, sh.s, sh.h, sh.hg, m, sh.d);
+      const ScopedCudaPlanForcing on(sh.d == 64 ? PlanForcing{.ws_backward = true} : PlanForcing{});
       auto time_ms = [&] {
         c.backward();  // (checked)
         return strideattn::test_support::event_ms_per_call([&] { (void)strideattn::backward(c.ba); }, 2, 20);
@@ -409,9 +458,9 @@ TEST(CudaWsBackward, DISABLED_Timing) {
       const double ws = time_ms();
       const double gflop = c.flops() * 1e-9;
       std::printf(
-          "bf16 b %lld h %lld/%lld s %lld d 128 %s: wgmma backward %.3f ms %.1f TFLOP/s; warp-specialized "
+          "bf16 b %lld h %lld/%lld s %lld d %lld %s: wgmma backward %.3f ms %.1f TFLOP/s; warp-specialized "
           "%.3f ms %.1f TFLOP/s (%.2fx)\n",
-          (long long)sh.b, (long long)sh.h, (long long)sh.hg, (long long)sh.s,
+          (long long)sh.b, (long long)sh.h, (long long)sh.hg, (long long)sh.s, (long long)sh.d,
           m == MaskKind::none ? "none  " : "causal", wgmma, gflop / wgmma, ws, gflop / ws, wgmma / ws);
     }
 }

@@ -534,7 +534,19 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
     EXPECT_EQ(e->loop_rows, wgmma->loop_rows);
     EXPECT_EQ(e->split_target, wgmma->split_target);
     EXPECT_NE(e->guarded, wgmma->guarded);
-    EXPECT_EQ(find_ws_backward(t, 64), nullptr);
+    // the 64 bucket's entry: the wgmma pass's blocks (128 keys, 128 queries per iteration)
+    const KernelEntry* e64 = find_ws_backward(t, 64);
+    ASSERT_NE(e64, nullptr);
+    const KernelEntry* wgmma64 = find_kernel(t, Arch::sm90a, 64, Pass::dkdv, 1 << 30);
+    ASSERT_NE(wgmma64, nullptr);
+    EXPECT_TRUE(e64->tma);
+    EXPECT_EQ(e64->bucket, 64);
+    EXPECT_EQ(e64->threads, ws_backward_tile(64).threads);
+    EXPECT_EQ(e64->smem_bytes, ws_backward_tile(64).smem_bytes);
+    EXPECT_EQ(e64->block_rows, wgmma64->block_rows);
+    EXPECT_EQ(e64->loop_rows, wgmma64->loop_rows);
+    EXPECT_EQ(e64->loop_rows, 128);
+    EXPECT_NE(e64->guarded, e->guarded);
     EXPECT_EQ(find_ws_backward(t, 256), nullptr);
     // the forward's lookup never returns it, nor the backward's a forward
     for (WsSchedule schedule : {WsSchedule::plain, WsSchedule::overlapped, WsSchedule::ping_pong})
@@ -583,6 +595,28 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
   fused.k.stride = fused.v.stride = {256 * row, row, 128, 1};
   EXPECT_EQ(make_cuda_plan(fused, kH200).ws_note, "");
 
+  // the 64 bucket: only where a test forces it (ws_backward_by_default), then with the wgmma
+  // pass's grid, splits and workspace; head dims below 64 too (TMA's zero fill)
+  for (std::int64_t d : {64, 40}) {
+    const Problem p64 = problem(Direction::backward, DType::bf16, 2, 700, 700, 8, 2, d, d);
+    const CudaPlan plain64 = make_cuda_plan(p64, kH200);
+    ASSERT_TRUE(plain64.ok()) << plain64.error;
+    EXPECT_FALSE(plain64.main.entry->tma);
+    EXPECT_EQ(plain64.ws_note, "");
+    const CudaPlan forced64 = make_cuda_plan(p64, kH200, PlanForcing{.ws_backward = true});
+    ASSERT_TRUE(forced64.ok()) << forced64.error;
+    ASSERT_TRUE(forced64.main.entry->tma) << forced64.ws_note;
+    EXPECT_EQ(forced64.main.entry->bucket, 64);
+    EXPECT_EQ(forced64.main.variant, Variant::guarded);
+    EXPECT_EQ(forced64.main.grid.x, plain64.main.grid.x);
+    EXPECT_EQ(forced64.main.grid.y, plain64.main.grid.y);
+    EXPECT_EQ(forced64.main.grid.z, plain64.main.grid.z);
+    EXPECT_EQ(forced64.group_splits, plain64.group_splits);
+    EXPECT_EQ(forced64.workspace.total, plain64.workspace.total);
+    EXPECT_EQ(name_of(forced64.ws_fallback), name_of(plain64.main));
+    EXPECT_TRUE(starts_with(ws_backward_refusal(p64, plain64, kH200, {}), "head_dim: bucket 64 runs the wgmma pass"));
+  }
+
   // what keeps it off, each with its rule (the wgmma pass runs, in its own variant)
   auto note_of = [&](const Problem& p, const PlanForcing& forcing = {}, const DeviceCaps& caps = kH200) {
     const CudaPlan plan = make_cuda_plan(p, caps, forcing);
@@ -601,6 +635,9 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
     EXPECT_TRUE(starts_with(ws_backward_refusal(base, a100, kA100, {}), "arch: sm80")) << a100.ws_note;
     const Problem d64 = bwd(DType::bf16, 1, 500, 4, 4, 64);
     EXPECT_TRUE(starts_with(ws_backward_refusal(d64, make_cuda_plan(d64, kH200), kH200, {}), "head_dim: bucket 64"));
+    const Problem d256 = bwd(DType::bf16, 1, 500, 4, 4, 256);
+    EXPECT_TRUE(starts_with(ws_backward_refusal(d256, make_cuda_plan(d256, kH200), kH200, {}),
+                            "head_dim: bucket 256 (supported"));
     const Problem f = fwd(DType::bf16, 1, 500, 4, 4, 128);
     EXPECT_TRUE(starts_with(ws_backward_refusal(f, make_cuda_plan(f, kH200), kH200, {}), "direction: forward"));
   }

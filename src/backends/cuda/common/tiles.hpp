@@ -311,8 +311,9 @@ SA_CONSTEXPR_HD KvWgmmaTile kv_wgmma_tile(int d) { return KvWgmmaTile{d}; }
 // ------------------------------------------------------------------ dK/dV pass (sm_90a, warp-specialized)
 
 // The warp-specialized dK/dV pass on sm_90a (sm90/ws_backward.cuh; the plan runs it wherever
-// it covers the problem, plan.cpp): the wgmma pass's CTA (kv_wgmma_tile(128): 128 keys,
-// blocks of 64 queries, the same math) with its loads moved to a producer warpgroup.
+// it covers the problem, plan.cpp): the wgmma pass's CTA (kv_wgmma_tile(d): 128 keys, blocks
+// of 64 queries at d <= 128, of 128 at d <= 64; the same math) with its loads moved to a
+// producer warpgroup.
 //   producer (warpgroup 0): one thread loads K and V once, then each query block's Q and dO
 //     tiles by TMA into a ring of `stages` stages; its warp 1 copies the block's LSE and
 //     delta rows (plain loads: LSE is a strided user view) into the stage. It needs a few
@@ -321,7 +322,9 @@ SA_CONSTEXPR_HD KvWgmmaTile kv_wgmma_tile(int d) { return KvWgmmaTile{d}; }
 //     dK and dQ's atomics (sm90/kv_wgmma_block.cuh). ptxas puts the wgmma pass at its
 //     255-register cap (dK + dV 128, S^T + dP^T 64, dQ 32, addresses), so the consumers take
 //     as many as the split allows: consumer_regs 232 (producer_regs 40: 40 x 128 + 232 x 256
-//     = 64,512 <= 65,536).
+//     = 64,512 <= 65,536). At d <= 64 (S^T and dP^T 64 x 128 per group: 128 floats) ptxas
+//     spilled 36 bytes at 232; at 240 (producer_regs 24: 24 x 128 + 240 x 256 = 64,512) one
+//     word, stored before the loop and reloaded once per query block.
 // stages 2: a block is 5 GEMMs of 64 x 128 x 128 per consumer (about 10.5 MFLOP per CTA,
 //   some 1.7 us at an SM's share of the dense bf16 rate) against 32 KiB of Q and dO (about
 //   0.5 us at its share of L2), so one block in flight ahead hides the loads; a third stage
@@ -329,23 +332,30 @@ SA_CONSTEXPR_HD KvWgmmaTile kv_wgmma_tile(int d) { return KvWgmmaTile{d}; }
 // Shared memory: K, V 128 x 128; P^T, dS^T 128 x 64; per stage Q, dO 64 x 128 (TMA boxes of
 // 64 rows x 64 columns, 128-byte swizzle: the Sw128Blocks layout) and LSE, delta 64 floats;
 // the mbarriers (K/V full; per stage full and empty); 1 KiB to align the tiles: 165,928
-// bytes, one CTA per SM.
+// bytes, one CTA per SM. At d <= 64: K, V 128 x 64; P^T, dS^T 128 x 128; per stage Q, dO
+// 128 x 64 (one box wide) and 128 LSE and delta floats: 166,952 bytes.
 struct WsBackwardTile {
   int d;
-  int bc = 128;  // keys per CTA (kv_wgmma_tile(128)'s)
-  int br = 64;   // queries per block and per ring stage (kv_wgmma_tile(128)'s)
+  // keys per CTA and queries per block and ring stage: the wgmma pass's (kv_wgmma_tile; a
+  // static_assert below checks they agree, as a member initialiser cannot call it here)
+  int bc = 128;
+  int br = d == 64 ? 128 : 64;
   int stages = 2;
   int consumers = 2;  // consumer warpgroups
   int threads = 128 * (1 + consumers);
-  int producer_regs = 40;
-  int consumer_regs = 232;
+  int producer_regs = d == 64 ? 24 : 40;
+  int consumer_regs = d == 64 ? 240 : 232;
   int box_cols = 64;              // columns of one TMA box: 128 bytes, the 128-byte swizzle's row
   int row_loaders = 32;           // producer lanes that copy LSE and delta (warp 1 of warpgroup 0)
   int barriers = 1 + 2 * stages;  // K and V full; per stage Q / dO / LSE / delta full and empty
   int smem_bytes = 1024 + (2 * bc * d + 2 * bc * br + 2 * stages * br * d) * 2 + 2 * stages * br * 4 + barriers * 8;
   int split_target = 8;  // group splits: as the wgmma pass's (one CTA per SM)
 };
-SA_CONSTEXPR_HD bool has_ws_backward(int bucket) { return bucket == 128; }
+// The buckets that have the pass (its kernel entries) and those the plan runs it on by
+// default; the 64 bucket's runs only where a test forces it (PlanForcing::ws_backward) until
+// a GPU run has checked and timed it (bench/cuda-notes.md, step 47).
+SA_CONSTEXPR_HD bool has_ws_backward(int bucket) { return bucket == 64 || bucket == 128; }
+SA_CONSTEXPR_HD bool ws_backward_by_default(int bucket) { return bucket == 128; }
 SA_CONSTEXPR_HD WsBackwardTile ws_backward_tile(int d) { return WsBackwardTile{d}; }
 
 // ------------------------------------------------------------------ dQ pass
@@ -388,11 +398,14 @@ static_assert(ws_forward_tile(64).producer_regs * 128 + ws_forward_tile(64).cons
                   ws_forward_tile(128).producer_regs * 128 + ws_forward_tile(128).consumer_regs * 256 <= 65536 &&
                   ws_forward_tile(256).producer_regs * 128 + ws_forward_tile(256).consumer_regs * 256 <= 65536,
               "setmaxnreg: the warpgroups' registers exceed the SM's 64K");
-static_assert(ws_backward_tile(128).smem_bytes <= kSm90SmemOptin,
+static_assert(ws_backward_tile(64).smem_bytes <= kSm90SmemOptin && ws_backward_tile(128).smem_bytes <= kSm90SmemOptin,
               "the warp-specialized dK/dV pass needs more shared memory than a 9.0 GPU grants");
-static_assert(ws_backward_tile(128).producer_regs * 128 + ws_backward_tile(128).consumer_regs * 256 <= 65536,
+static_assert(ws_backward_tile(64).producer_regs * 128 + ws_backward_tile(64).consumer_regs * 256 <= 65536 &&
+                  ws_backward_tile(128).producer_regs * 128 + ws_backward_tile(128).consumer_regs * 256 <= 65536,
               "setmaxnreg: the dK/dV pass's warpgroups' registers exceed the SM's 64K");
-static_assert(ws_backward_tile(128).bc == kv_wgmma_tile(128).bc && ws_backward_tile(128).br == kv_wgmma_tile(128).br,
+static_assert(ws_backward_tile(64).bc == kv_wgmma_tile(64).bc && ws_backward_tile(64).br == kv_wgmma_tile(64).br &&
+                  ws_backward_tile(128).bc == kv_wgmma_tile(128).bc &&
+                  ws_backward_tile(128).br == kv_wgmma_tile(128).br,
               "the warp-specialized dK/dV pass runs the wgmma pass's block math (sm90/kv_wgmma_block.cuh)");
 
 }  // namespace strideattn::cuda_impl

@@ -1,7 +1,8 @@
 // The warp-specialized dK/dV pass on sm_90a (the plan runs it wherever it covers the
-// problem, plan.cpp): the d <= 128 bucket, fixed-length batches whose Q, K, V and dO views TMA
-// can read (tma_maps.hpp), the single-pass backward without the fold or the training
-// features. The wgmma pass (sm90/backward.cuh) with its loads taken off the computing warps.
+// problem, plan.cpp): the d <= 64 and d <= 128 buckets (d <= 64 only where a test forces it,
+// tiles.hpp: ws_backward_by_default), fixed-length batches whose Q, K, V and dO views TMA can
+// read (tma_maps.hpp), the single-pass backward without the fold or the features that change
+// the scores. The wgmma pass (sm90/backward.cuh) with its loads taken off the computing warps.
 //
 // One CTA of three warpgroups per (block of 128 keys, KV head, sequence[, GQA group split]),
 // backward_wgmma_kernel's grid and loop over query blocks and GQA heads (KvBlockWork):
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(ws_backward_tile(D).threads, 1)
 
 // The kernel table's entry of this pass for (T, D) (dispatch.hpp): `tma` marks it as an
 // entry find_kernel never returns (the plan asks for it by name: find_ws_backward). One
-// instantiation: no fold, no features, single pass (ws_backward_refusal).
+// instantiation per bucket: no fold, no score features, single pass (ws_backward_refusal).
 template <class T, int D>
 KernelEntry ws_backward_entry() {
   constexpr WsBackwardTile kTile = ws_backward_tile(D);

@@ -1,11 +1,11 @@
-// The f16 entry of the warp-specialized sm_90a dK/dV pass (sm90/ws_backward.cuh): the d <= 128
-// bucket.
+// The f16 entries of the warp-specialized sm_90a dK/dV pass (sm90/ws_backward.cuh): the d <= 64
+// and d <= 128 buckets.
 #include "backends/cuda/sm90/ws_backward.cuh"
 
 namespace strideattn::cuda_impl {
 
 std::span<const KernelEntry> sm90_ws_backward_entries_f16() {
-  static const KernelEntry entries[] = {ws_backward_entry<__half, 128>()};
+  static const KernelEntry entries[] = {ws_backward_entry<__half, 64>(), ws_backward_entry<__half, 128>()};
   return entries;
 }
 
