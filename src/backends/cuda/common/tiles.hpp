@@ -323,8 +323,8 @@ SA_CONSTEXPR_HD KvWgmmaTile kv_wgmma_tile(int d) { return KvWgmmaTile{d}; }
 //     255-register cap (dK + dV 128, S^T + dP^T 64, dQ 32, addresses), so the consumers take
 //     as many as the split allows: consumer_regs 232 (producer_regs 40: 40 x 128 + 232 x 256
 //     = 64,512 <= 65,536). At d <= 64 (S^T and dP^T 64 x 128 per group: 128 floats) ptxas
-//     spilled 36 bytes at 232; at 240 (producer_regs 24: 24 x 128 + 240 x 256 = 64,512) one
-//     word, stored before the loop and reloaded once per query block.
+//     spilled 36 bytes at 232; at 240 (producer_regs 32: 32 x 128 + 240 x 256 = 65,536) one
+//     word, stored before the loop and reloaded once per query block (the same at 24).
 // stages 2: a block is 5 GEMMs of 64 x 128 x 128 per consumer (about 10.5 MFLOP per CTA,
 //   some 1.7 us at an SM's share of the dense bf16 rate) against 32 KiB of Q and dO (about
 //   0.5 us at its share of L2), so one block in flight ahead hides the loads; a third stage
@@ -343,7 +343,7 @@ struct WsBackwardTile {
   int stages = 2;
   int consumers = 2;  // consumer warpgroups
   int threads = 128 * (1 + consumers);
-  int producer_regs = d == 64 ? 24 : 40;
+  int producer_regs = d == 64 ? 32 : 40;
   int consumer_regs = d == 64 ? 240 : 232;
   int box_cols = 64;              // columns of one TMA box: 128 bytes, the 128-byte swizzle's row
   int row_loaders = 32;           // producer lanes that copy LSE and delta (warp 1 of warpgroup 0)
