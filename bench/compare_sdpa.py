@@ -53,7 +53,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the table, the data file format)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
-from timing import balanced_rounds, event_times, williams_orders  # noqa: E402  (bench/timing.py)
+from timing import balanced_rounds, event_times, in_round_order  # noqa: E402  (bench/timing.py)
 
 torch = F = SDPBackend = sdpa_kernel = None  # imported by main(): --help works without torch
 
@@ -305,10 +305,7 @@ def round_order(columns: list[str], r: int) -> list[str]:
     column runs right after every other one equally often (with a fixed or only rotated order,
     a column that always ran right after the same one measured 0.9x of the same kernel run
     elsewhere: the GPU's state, heat, clocks and caches, carries over between columns)."""
-    if not columns:
-        return []
-    orders = williams_orders(len(columns))
-    return [columns[i] for i in orders[r % len(orders)]]
+    return in_round_order(columns, r)
 
 
 def run_shape(

@@ -57,7 +57,7 @@ sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the tables, the data file format)
 import sa_abi  # noqa: E402  (bench/sa_abi.py, generated from include/strideattn/strideattn.h)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
-from timing import event_times, import_cuda_torch, williams_orders  # noqa: E402  (bench/timing.py)
+from timing import event_times, import_cuda_torch, in_round_order  # noqa: E402  (bench/timing.py)
 
 torch = None  # imported by main(): --help and the CPU test work without torch
 
@@ -514,13 +514,12 @@ def sdpa_cases(features: list[str], t: Tensors) -> list[Case]:
 
 def time_cases(cases: list[Case], runs: int, rounds: int, warmup: int) -> None:
     """runs per case, split over `rounds` rounds that visit every case in turn, each round in
-    the next order of a Williams design (timing.williams_orders), so that no case always runs
+    the next order of a Williams design (timing.in_round_order), so that no case always runs
     right after the same one."""
     live = [c for c in cases if c.fn is not None and c.status == "ok"]
-    orders = williams_orders(len(live))
     for r in range(rounds):
         per = runs // rounds + (1 if r < runs % rounds else 0)
-        for c in (live[i] for i in orders[r % len(orders)]) if live else ():
+        for c in in_round_order(live, r):
             if c.status != "ok":
                 continue
             try:

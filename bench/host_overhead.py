@@ -58,7 +58,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 import render  # noqa: E402  (bench/render.py: the data file form, the host table)
 from compare_sdpa import data_file_name, git_commit  # noqa: E402
-from timing import williams_orders  # noqa: E402  (bench/timing.py: the rounds' orders)
+from timing import in_round_order  # noqa: E402  (bench/timing.py: the rounds' orders)
 
 torch = None  # imported by main(): --help works without torch
 
@@ -384,7 +384,6 @@ def measure(columns, modes, calls, repeats, cuda):
     does not count them)."""
     samples = {(c.name, m): [] for c in columns for m in modes}
     units = [(c, m) for c in columns for m in modes]
-    orders = williams_orders(len(units))
     misses = {key: 0 for key in samples} if plans_made() is not None else None
     errors = {}
     for c in columns:  # warm-up: plans, caches, lazy imports, the allocator
@@ -394,11 +393,11 @@ def measure(columns, modes, calls, repeats, cuda):
                     time_once(c.fwd if m == "fwd" else c.fwd_bwd, max(20, calls // 10), cuda)
             except Exception as e:  # noqa: BLE001 - report, keep going
                 errors[(c.name, m)] = f"error: {str(e).splitlines()[0][:100]}"
-    # each repeat in the next order of a Williams design (timing.williams_orders): no
+    # each repeat in the next order of a Williams design (timing.in_round_order): no
     # measurement always right after the same one (what one leaves behind, in the caching
     # allocator, the CPU's caches and clocks, falls on the next)
     for r in range(repeats):
-        for c, m in (units[i] for i in orders[r % len(orders)]) if units else ():
+        for c, m in in_round_order(units, r):
             if (c.name, m) in errors:
                 continue
             made = plans_made()

@@ -10,8 +10,8 @@ the current summary, from the newest data files, into bench/README.md between th
   python3 bench/render.py --check    exit 1 if bench/README.md is not what the data renders
 
 Data file (format "strideattn-bench/1"): date, optional time (UTC; one day's runs are
-ordered by it), commit, gpu, command, versions (torch,
-cudnn, ...), protocol (runs, rounds, warmup, round_warmup, order, timer, flops), backends (ours, in column order),
+ordered by it), commit, gpu, command, versions (torch, cudnn, ...), protocol (runs, rounds,
+warmup, round_warmup, order, timer, flops), backends (ours, in column order),
 optional user_backends (the user-path columns torch-<be>, rendered as a second table), modes,
 optional transcribed_from (where hand-copied numbers came from), and rows: shape name, b, h,
 hg, s, d, mask, dtype, layout, mode, tflops {column: TFLOP/s}, ratios {"be/flash",

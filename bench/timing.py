@@ -31,6 +31,14 @@ def williams_orders(n: int) -> list[list[int]]:
     return orders + [o[::-1] for o in orders] if n % 2 else orders
 
 
+def in_round_order(items: list, r: int) -> list:
+    """`items` in round r's order: order r (mod the design's length) of williams_orders."""
+    if not items:
+        return []
+    orders = williams_orders(len(items))
+    return [items[i] for i in orders[r % len(orders)]]
+
+
 def balanced_rounds(n_columns: int) -> int:
     """The rounds a balanced order over n columns takes (williams_orders' length)."""
     return len(williams_orders(n_columns)) if n_columns else 1

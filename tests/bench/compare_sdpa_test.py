@@ -51,6 +51,12 @@ class CommandLineTest(unittest.TestCase):
             self.assertEqual(r.returncode, 2, rounds)
             self.assertIn(f"--rounds {rounds}: must be between 1 and --runs (20)", r.stderr)
 
+    def test_negative_warmups_are_refused(self):
+        for opt in ("--warmup", "--round-warmup"):
+            r = run(opt, "-1")
+            self.assertEqual(r.returncode, 2, opt)
+            self.assertIn("--warmup and --round-warmup must be >= 0", r.stderr)
+
     def test_only_takes_comma_separated_parts(self):
         args, shapes = cs.parse_args(["--only", "d256 s1k,seed"])
         names = {sh.name for sh in shapes}
