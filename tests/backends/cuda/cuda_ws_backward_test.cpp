@@ -238,8 +238,9 @@ TEST(CudaWsBackward, WhatItDoesNotCoverFallsBack) {
 
 // Attention sinks alone change only the LSE the forward stores, so the backward's P = exp(scale
 // S - LSE) is the plain one: the new pass runs them (its plain instantiation), and d_sinks,
-// its own reduction after the delta pre-pass, is checked with the rest. Logits of a few units
-// (input_scale 1.5), where the sinks take a visible share of each row.
+// its own reduction after the delta pre-pass, is checked with the rest: contiguous GQA 4:1 under
+// every mask, and the split views of a fused QKV buffer. Logits of a few units (input_scale
+// 1.5), where the sinks take a visible share of each row.
 TEST(CudaWsBackward, SinksRunTheNewPass) {
   SKIP_UNLESS_SM90A();
   for (MaskKind m : kMasks)
@@ -250,6 +251,11 @@ TEST(CudaWsBackward, SinksRunTheNewPass) {
       s.input_scale = 1.5;
       expect_ws(s);
     }
+  // the split views of a fused [s, b, h + 2 hg, d] projection (MQA 16/1, f16), read in place
+  CaseSpec fused = dense(DType::f16, 2, 190, 190, 16, 1, 128, 128, MaskKind::causal, -1, -1, true, "sb(h+2hg)d");
+  fused.features.sinks = true;
+  fused.input_scale = 1.5;
+  expect_ws(fused);
 }
 
 // The checks catch a wrong element, an unwritten one and a write past the end in each
