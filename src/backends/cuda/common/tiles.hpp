@@ -105,8 +105,9 @@ SA_CONSTEXPR_HD ForwardWgmmaTile forward_wgmma_tile(int d) {
 //     wgmma forward (forward_wgmma_tile). Their O (64) + S (64) + P (32) registers plus
 //     the softmax's are about 190 (the wgmma forward's ptxas count); consumer_regs leaves room
 //     for the overlapped consumers, which hold the next block's S next to this block's P.
-//   producer_regs x 128 + consumer_regs x 256 = 64,512 <= 65,536 registers of the SM, the
-//   split CUTLASS's and FlashAttention-3's Hopper kernels use for two consumer warpgroups.
+//   producer_regs x 128 + consumer_regs x 256 = 64,512, the CTA's whole launch pool
+//   (launch_register_pool), the split CUTLASS's and FlashAttention-3's Hopper kernels use for
+//   two consumer warpgroups.
 // d <= 128: Br 128 (two m64 row blocks), Bc 128 (S 64 floats per thread), 2 stages: the
 //   producer runs a whole block ahead of the consumers (one block of 128 keys is 16
 //   m64n128k16 wgmmas per consumer, 8.4 MFLOP per CTA, about 1.4 us at an SM's share of the
@@ -323,8 +324,9 @@ SA_CONSTEXPR_HD KvWgmmaTile kv_wgmma_tile(int d) { return KvWgmmaTile{d}; }
 //     255-register cap (dK + dV 128, S^T + dP^T 64, dQ 32, addresses), so the consumers take
 //     as many as the split allows: consumer_regs 232 (producer_regs 40: 40 x 128 + 232 x 256
 //     = 64,512 <= 65,536). At d <= 64 (S^T and dP^T 64 x 128 per group: 128 floats) ptxas
-//     spilled 36 bytes at 232; at 240 (producer_regs 32: 32 x 128 + 240 x 256 = 65,536) one
-//     word, stored before the loop and reloaded once per query block (the same at 24).
+//     spilled 36 bytes at 232; at 240 (producer_regs 24: 24 x 128 + 240 x 256 = 64,512) one
+//     word, stored before the loop and reloaded once per query block. The producer cannot
+//     take 32: the pool is the launch's 168 x 384, not the SM's 65,536 (launch_register_pool).
 // stages 2: a block is 5 GEMMs of 64 x 128 x 128 per consumer (about 10.5 MFLOP per CTA,
 //   some 1.7 us at an SM's share of the dense bf16 rate) against 32 KiB of Q and dO (about
 //   0.5 us at its share of L2), so one block in flight ahead hides the loads; a third stage
@@ -343,7 +345,7 @@ struct WsBackwardTile {
   int stages = 2;
   int consumers = 2;  // consumer warpgroups
   int threads = 128 * (1 + consumers);
-  int producer_regs = d == 64 ? 32 : 40;
+  int producer_regs = d == 64 ? 24 : 40;
   int consumer_regs = d == 64 ? 240 : 232;
   int box_cols = 64;              // columns of one TMA box: 128 bytes, the 128-byte swizzle's row
   int row_loaders = 32;           // producer lanes that copy LSE and delta (warp 1 of warpgroup 0)
@@ -382,6 +384,17 @@ SA_CONSTEXPR_HD QPassTile q_tile(Arch, int d) {
 
 // ------------------------------------------------------------------ limits
 
+// The registers a CTA of `threads` threads holds under __launch_bounds__(threads, 1): each
+// thread's share of the SM's 65,536, rounded down to the allocation unit of 8 (ptxas reports
+// 168 for 384 threads: a pool of 64,512). setmaxnreg only moves registers between the
+// warpgroups inside this pool: an increase the decreases have not freed waits for ever (a d 64
+// dK/dV producer at 32 with consumers at 240 asked 65,536 and hung every CTA).
+SA_CONSTEXPR_HD int launch_register_pool(int threads) { return (65536 / threads) / 8 * 8 * threads; }
+template <class Tile>
+constexpr bool fits_register_pool(const Tile& t) {
+  return t.producer_regs * 128 + t.consumer_regs * 128 * t.consumers <= launch_register_pool(t.threads);
+}
+
 // The sm_90a kernels' shared memory against the opt-in maximum per block of a 9.0 GPU
 // (227 KiB; the plan also checks the GPU's own value before choosing them).
 inline constexpr int kSm90SmemOptin = 227 * 1024;
@@ -394,15 +407,13 @@ static_assert(forward_wgmma_tile(128).smem_bytes <= kSm90SmemOptin &&
 static_assert(ws_forward_tile(64).smem_bytes <= kSm90SmemOptin && ws_forward_tile(128).smem_bytes <= kSm90SmemOptin &&
                   ws_forward_tile(256).smem_bytes <= kSm90SmemOptin,
               "the warp-specialized forward needs more shared memory than a 9.0 GPU grants");
-static_assert(ws_forward_tile(64).producer_regs * 128 + ws_forward_tile(64).consumer_regs * 256 <= 65536 &&
-                  ws_forward_tile(128).producer_regs * 128 + ws_forward_tile(128).consumer_regs * 256 <= 65536 &&
-                  ws_forward_tile(256).producer_regs * 128 + ws_forward_tile(256).consumer_regs * 256 <= 65536,
-              "setmaxnreg: the warpgroups' registers exceed the SM's 64K");
+static_assert(fits_register_pool(ws_forward_tile(64)) && fits_register_pool(ws_forward_tile(128)) &&
+                  fits_register_pool(ws_forward_tile(256)),
+              "setmaxnreg: the warpgroups ask more registers than the CTA's launch pool holds");
 static_assert(ws_backward_tile(64).smem_bytes <= kSm90SmemOptin && ws_backward_tile(128).smem_bytes <= kSm90SmemOptin,
               "the warp-specialized dK/dV pass needs more shared memory than a 9.0 GPU grants");
-static_assert(ws_backward_tile(64).producer_regs * 128 + ws_backward_tile(64).consumer_regs * 256 <= 65536 &&
-                  ws_backward_tile(128).producer_regs * 128 + ws_backward_tile(128).consumer_regs * 256 <= 65536,
-              "setmaxnreg: the dK/dV pass's warpgroups' registers exceed the SM's 64K");
+static_assert(fits_register_pool(ws_backward_tile(64)) && fits_register_pool(ws_backward_tile(128)),
+              "setmaxnreg: the dK/dV pass's warpgroups ask more registers than the CTA's launch pool holds");
 static_assert(ws_backward_tile(64).bc == kv_wgmma_tile(64).bc && ws_backward_tile(64).br == kv_wgmma_tile(64).br &&
                   ws_backward_tile(128).bc == kv_wgmma_tile(128).bc &&
                   ws_backward_tile(128).br == kv_wgmma_tile(128).br,
