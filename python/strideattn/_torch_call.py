@@ -13,7 +13,9 @@ is one place that knows how the extension is called:
 - outputs are torch.empty_strided (the library writes every element of every output, padding
   tokens too: docs/semantics.md, "Which elements are written"); a device run's workspace is
   a torch.empty from the caching allocator;
-- varlen lengths go through _varlen(): the place where a device cu_seqlens plugs in.
+- varlen lengths go through _varlen() (host lists); cu_seqlens arrays on the tensors'
+  device come as a CuSeqlens in the varlen tuple's first slot and reach the library as they
+  are (their addresses on a plan's run): nothing is read back, nothing synchronises.
 No torch.library or autograd machinery here."""
 
 from __future__ import annotations
@@ -110,13 +112,49 @@ def _varlen(x: Any) -> List[int]:
     return [int(v) for v in x.tolist()]
 
 
-def _lists(varlen) -> Optional[Tuple[Tuple[int, ...], ...]]:
-    """The varlen lengths and offsets as tuples (a plan's key holds them), or None for a
-    dense call."""
+class CuSeqlens:
+    """Varlen lengths as FlashAttention and TransformerEngine keep them: int32 arrays on the
+    tensors' device, cu_seqlens_q / cu_seqlens_kv (count + 1 cumulative entries) and optional
+    seq_offsets_q / seq_offsets_kv (count entries: where each sequence starts, for padding
+    between sequences), with the caller's bounds max_seqlen_q / max_seqlen_kv (what a plan is
+    made for; the library clamps each length to them, docs/semantics.md). Carried in the
+    first slot of a varlen tuple (the others None) and handed to the library as they are:
+    the plans' key holds the arrays' metadata and the bounds, never their values, and a run
+    takes their addresses, so nothing is read on the host and nothing synchronises."""
+
+    __slots__ = ("arrays", "max_q", "max_kv", "key")
+
+    def __init__(self, cu_q: Tensor, cu_kv: Tensor, off_q, off_kv, max_q: int, max_kv: int):
+        self.arrays = (cu_q, cu_kv, off_q, off_kv)
+        self.max_q, self.max_kv = max_q, max_kv
+        self.key = (max_q, max_kv) + tuple(
+            None if a is None else (a.shape, a.stride(), a.dtype, a.device) for a in self.arrays
+        )
+
+    def pointers(self) -> Tuple[int, int, int, int]:
+        return tuple(0 if a is None else a.data_ptr() for a in self.arrays)
+
+    def options(self) -> dict:
+        """The extension keywords (DLPack capsules of the arrays, the bounds)."""
+        names = ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv")
+        opts = {n: _capsule(a) for n, a in zip(names, self.arrays) if a is not None}
+        opts.update(max_seqlen_q=self.max_q, max_seqlen_kv=self.max_kv)
+        return opts
+
+
+def _lists(varlen) -> Optional[tuple]:
+    """The varlen lengths and offsets as tuples (a plan's key holds them), a CuSeqlens's key,
+    or None for a dense call."""
     sq, skv, oq, okv = varlen
     if sq is None and skv is None and oq is None and okv is None:
         return None
+    if type(sq) is CuSeqlens:
+        return sq.key
     return (tuple(_varlen(sq)), tuple(_varlen(skv)), tuple(_varlen(oq)), tuple(_varlen(okv)))
+
+
+def _cu(varlen) -> Optional[CuSeqlens]:
+    return varlen[0] if type(varlen[0]) is CuSeqlens else None
 
 
 class _Device:
@@ -152,7 +190,13 @@ def _stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
-def _options(lists, mask, wl, wr, scale, backend, det, stream) -> dict:
+def _options(lists, mask, wl, wr, scale, backend, det, stream, cu=None) -> dict:
+    """The extension's keywords of a call (cu: the CuSeqlens of the call, whose key `lists`
+    then is)."""
+    if cu is not None:
+        opts = _options(None, mask, wl, wr, scale, backend, det, stream)
+        opts.update(cu.options())
+        return opts
     sq, skv, oq, okv = lists or ((), (), (), ())
     return dict(
         mask=mask,
@@ -170,7 +214,9 @@ def _options(lists, mask, wl, wr, scale, backend, det, stream) -> dict:
 
 
 def _raise(code: str, msg: str, lists, varlen) -> None:
-    raise_status(code, msg, _options(lists, "", 0, 0, 0.0, "", False, 0), varlen[0] is not None)
+    cu = _cu(varlen)
+    opts = _options(None if cu is not None else lists, "", 0, 0, 0.0, "", False, 0)
+    raise_status(code, msg, opts, varlen[0] is not None)
 
 
 # ----------------------------------------------------------------------------- plans
@@ -321,8 +367,11 @@ def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, f
             out = _empty_strided(ent.o_shape, ent.o_stride, dtype=ent.dtype, device=dev)
             lse = _empty_strided(ent.l_shape, ent.l_stride, dtype=_F32, device=dev)
             index = ent.index
+            cu = sq.pointers() if type(sq) is CuSeqlens else ()  # (device arrays' addresses)
             if index < 0:
-                code, msg = ent.plan.run_forward(pq, pk, pv, out.data_ptr(), lse.data_ptr())
+                code, msg = ent.plan.run_forward(
+                    pq, pk, pv, out.data_ptr(), lse.data_ptr(), *((0, 0, 0) + cu if cu else ())
+                )
             else:
                 ws, wsp = _workspace(ent.ws, dev)
                 prev = _get_device()
@@ -330,8 +379,9 @@ def forward_layout(q, k, v, varlen, mask, wl, wr, scale, backend, det, layout, f
                     _set_device(index)
                 try:
                     code, msg = ent.plan.run_forward(
-                        pq, pk, pv, out.data_ptr(), lse.data_ptr(), _stream(index), wsp, ent.ws
-                    )
+                        pq, pk, pv, out.data_ptr(), lse.data_ptr(), _stream(index), wsp, ent.ws,
+                        *cu,
+                    )  # fmt: skip
                 finally:
                     if prev != index:
                         _set_device(prev)
@@ -372,13 +422,14 @@ def _forward_made(key, q, k, v, lists, varlen, mask, wl, wr, scale, backend, det
         _capsule(o4),
         _capsule(lse4),
     )
+    cu = _cu(varlen)
     if q.is_cuda:
         index = q.get_device()
-        opts = _options(lists, mask, wl, wr, scale, backend, det, _stream(index))
+        opts = _options(lists, mask, wl, wr, scale, backend, det, _stream(index), cu)
         with _Device(index):
             code, msg, plan = _ext.forward_planned(*caps, **opts)
     else:
-        opts = _options(lists, mask, wl, wr, scale, backend, det, 0)
+        opts = _options(lists, mask, wl, wr, scale, backend, det, 0, cu)
         code, msg, plan = _ext.forward_planned(*caps, **opts)
     if code != "ok":
         raise_status(code, msg, opts, varlen[0] is not None)
@@ -443,10 +494,13 @@ def backward_layout(
                 dk = _empty_strided(sk_, tk, dtype=k.dtype, device=dev)
                 dv = _empty_strided(sv_, tv, dtype=v.dtype, device=dev)
                 index = plan.index
+                sq = varlen[0]
+                cu = sq.pointers() if type(sq) is CuSeqlens else ()  # (as the forward's)
                 if index < 0:
                     code, msg = ent.plan.run_backward(
-                        pq, pk, pv, po, pd, pl, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-                    )
+                        pq, pk, pv, po, pd, pl, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                        *((0, 0, 0) + cu if cu else ()),
+                    )  # fmt: skip
                 else:
                     ws, wsp = _workspace(ent.ws, dev)
                     prev = _get_device()
@@ -455,7 +509,7 @@ def backward_layout(
                     try:
                         code, msg = ent.plan.run_backward(
                             pq, pk, pv, po, pd, pl, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                            _stream(index), wsp, ent.ws,
+                            _stream(index), wsp, ent.ws, *cu,
                         )  # fmt: skip
                     finally:
                         if prev != index:
@@ -492,13 +546,14 @@ def _backward_made(
         _capsule(to_bshd(dk, layout)),
         _capsule(to_bshd(dv, layout)),
     )
+    cu = _cu(varlen)
     if q.is_cuda:
         index = q.get_device()
-        opts = _options(lists, mask, wl, wr, scale, backend, det, _stream(index))
+        opts = _options(lists, mask, wl, wr, scale, backend, det, _stream(index), cu)
         with _Device(index):
             code, msg, made = _ext.backward_planned(*caps, **opts)
     else:
-        opts = _options(lists, mask, wl, wr, scale, backend, det, 0)
+        opts = _options(lists, mask, wl, wr, scale, backend, det, 0, cu)
         code, msg, made = _ext.backward_planned(*caps, **opts)
     if code != "ok":
         raise_status(code, msg, opts, varlen[0] is not None)

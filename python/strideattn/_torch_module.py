@@ -30,7 +30,7 @@ from . import _checks
 from . import _torch_call as call
 from . import _torch_te_features as te_features
 from ._torch_kvcache import PagedKVCache
-from ._torch_ops import attend, attention
+from ._torch_ops import _eager, attend, attention
 from ._torch_te_args import (
     _mask_lengths,
     _mask_type_cached,
@@ -49,6 +49,18 @@ from ._util import (
 )
 
 _FORMATS = ("sbhd", "bshd", "thd")
+
+
+def _device_int32(a, q) -> bool:
+    """Whether a cu_seqlens array can go to the kernels as it is (int32, 1-D, unit stride, on
+    q's device)."""
+    return (
+        isinstance(a, Tensor)
+        and a.dtype == torch.int32
+        and a.dim() == 1
+        and a.device == q.device
+        and (a.shape[0] < 2 or a.stride(0) == 1)
+    )
 
 
 class DotProductAttention(torch.nn.Module):
@@ -374,9 +386,11 @@ class DotProductAttention(torch.nn.Module):
                     "(padding with context parallelism: qkv_format 'thd')",
                 )  # fmt: skip
 
-        def window(shifts: Sequence[int]) -> Tuple[int, int]:
+        def window(shifts: Optional[Sequence[int]]) -> Optional[Tuple[int, int]]:
             if not top_left or (left, right) == (-1, -1):
                 return left, right  # nothing to translate
+            if shifts is None:
+                return None  # the translation needs the lengths (host ones)
             why = (
                 f"attn_mask_type '{attn_mask_type or self.attn_mask_type}'"
                 if mask == "causal"
@@ -545,6 +559,27 @@ class DotProductAttention(torch.nn.Module):
     ) -> Tensor:
         if cu_q is None or cu_kv is None:
             raise ValueError("qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv")
+        # With the bounds given (as TE's callers give them), the arrays go to the kernels as
+        # they are: no read on the host, no synchronisation. The lengths are read on the
+        # host where a feature or cp_group needs them, or the window's translation to the
+        # bottom-right diagonal does, or the arrays are not int32 on q's device.
+        win = window(None)
+        arrays = (cu_q, cu_kv, pad_q, pad_kv)
+        if (
+            max_q is not None
+            and max_kv is not None
+            and win is not None
+            and not feats
+            and self.cp is None
+            and all(_device_int32(a, q) for a in arrays if a is not None)
+            and _eager(q, k, v)
+        ):
+            cu = call.CuSeqlens(
+                cu_q, cu_kv, None if pad_q is None else pad_q[:-1],
+                None if pad_kv is None else pad_kv[:-1],
+                int64(max_q, "max_seqlen_q"), int64(max_kv, "max_seqlen_kv"),
+            )  # fmt: skip
+            return self._attend(q, k, v, (cu, None, None, None), win, opts, call.THD, feats)
         lens_q, offs_q = cu_seqlens_lengths(cu_q, "cu_seqlens_q")
         lens_kv, offs_kv = cu_seqlens_lengths(cu_kv, "cu_seqlens_kv")
         if len(lens_q) != len(lens_kv):

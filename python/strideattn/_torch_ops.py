@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _checks, _core
 from . import _torch_call as call
-from ._util import canonical_mask, describe, int_list, window_pair
+from ._util import canonical_mask, describe, int64, int_list, window_pair
 
 # ----------------------------------------------------------------------------- the ops
 
@@ -157,6 +157,12 @@ def _backward(ctx, dout):
             layout, flat, ctx.plan,
         )  # fmt: skip
     else:
+        if type(sq) is call.CuSeqlens:
+            raise NotImplementedError(
+                "the backward of a cu_seqlens_q/cu_seqlens_kv call under a dispatch mode, a "
+                "tracer or a functorch transform (or with a tensor subclass as dO): not "
+                "supported; pass the lengths as seqlens_q/seqlens_kv there"
+            )
         if flat:
             dout = dout.reshape(*q.shape[:-1], v.shape[-1])
         o4, lse4 = call.views(q, out, lse, layout, flat)
@@ -263,6 +269,12 @@ def attention(
     cp_group=None,
     cp_comm_type: str = "p2p",
     cp_stream=None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_kv: Optional[Tensor] = None,
+    seq_offsets_q: Optional[Tensor] = None,
+    seq_offsets_kv: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
     **features,
 ):
     """Differentiable strideattn.attention for PyTorch tensors (same arguments and shapes:
@@ -272,7 +284,23 @@ def attention(
     strideattn.torch.cp_attention. Training features (strideattn.attention's dropout_p,
     dropout_seed, dropout_offset, dropout_rng, bias, bias_type, alibi_slopes, softcap, sinks,
     return_max_logit) run eagerly through strideattn/_torch_features.py: gradients reach a
-    bias and sinks that require grad; the max logit comes after O and the LSE."""
+    bias and sinks that require grad; the max logit comes after O and the LSE.
+
+    Varlen lengths may instead come as FlashAttention's and TransformerEngine's device
+    arrays: cu_seqlens_q / cu_seqlens_kv (int32, count + 1 cumulative entries, on q's
+    device), optional seq_offsets_q / seq_offsets_kv (int32, count entries: where each
+    sequence starts when they are padded apart) and the bounds max_seqlen_q / max_seqlen_kv
+    (required: what a plan is made for). They are passed to the kernels as they are: nothing
+    is read on the host, nothing synchronises, and a captured CUDA graph replays with the
+    arrays' new contents. Eager only (not under torch.compile, a dispatch mode or a functorch
+    transform), without training features or cp_group: those refuse them by name."""
+    cu = None
+    if not (cu_seqlens_q is None and cu_seqlens_kv is None and seq_offsets_q is None
+            and seq_offsets_kv is None and max_seqlen_q is None and max_seqlen_kv is None):  # fmt: skip
+        cu = _cu_seqlens(
+            q, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q, seq_offsets_kv, max_seqlen_q,
+            max_seqlen_kv, (seqlens_q, seqlens_kv, offsets_q, offsets_kv), features, cp_group,
+        )  # fmt: skip
     if features:
         from . import _torch_features
 
@@ -326,6 +354,8 @@ def attention(
         oq, okv = _index(offsets_q, "offsets_q"), _index(offsets_kv, "offsets_kv")
         if (sq is None) != (skv is None):
             raise ValueError("varlen needs both seqlens_q and seqlens_kv")
+    if cu is not None:
+        sq = cu
     layout = call.THD if nd == 3 else call.BSHD
     out, lse = attend(
         q, k, v, sq, skv, oq, okv, mask, left, right, scale, backend, det, layout, False, return_lse
@@ -335,6 +365,50 @@ def attention(
     if sq is not None and nd == 4:
         lse = lse.squeeze(0)  # varlen: [h, tokens]
     return out, lse
+
+
+def _cu_seqlens(q, cu_q, cu_kv, off_q, off_kv, max_q, max_kv, lists, features, cp_group):
+    """The CuSeqlens of attention()'s device-array keywords, checked: both cu_seqlens arrays
+    and both bounds, tensors (the library checks their dtype, extent and device), no host
+    lengths beside them, no features or cp_group, and an eager call."""
+    if features or cp_group is not None:
+        what = ", ".join(sorted(features)) if features else "cp_group"
+        raise NotImplementedError(
+            f"cu_seqlens_q/cu_seqlens_kv with {what}: not supported; pass the lengths as "
+            "seqlens_q/seqlens_kv (host lists or tensors) there"
+        )
+    if any(x is not None for x in lists):
+        raise ValueError(
+            "cu_seqlens_q/cu_seqlens_kv (device arrays) and seqlens_q/seqlens_kv/offsets_q/"
+            "offsets_kv (host lengths) describe the same thing; pass one of the two"
+        )
+    for name, x in (("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_kv)):
+        if x is None:
+            raise ValueError(
+                f"{name} is missing; device-array varlen needs cu_seqlens_q and cu_seqlens_kv "
+                "(int32, count + 1 entries) and max_seqlen_q and max_seqlen_kv"
+            )
+    for name, x in (("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_kv),
+                    ("seq_offsets_q", off_q), ("seq_offsets_kv", off_kv)):  # fmt: skip
+        if x is not None and not isinstance(x, Tensor):
+            raise ValueError(
+                f"{name} must be a torch.Tensor (int32, on q's device), got {describe(x)}"
+            )
+    bounds = []
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_kv", max_kv)):
+        if m is None:
+            raise ValueError(
+                f"{name} is required with cu_seqlens_q/cu_seqlens_kv: the bound on every length "
+                "that a plan is made for (FlashAttention's max_seqlen); the arrays are not read "
+                "on the host"
+            )
+        bounds.append(int64(m, name))
+    if not _eager(q, cu_q, cu_kv):
+        raise NotImplementedError(
+            "cu_seqlens_q/cu_seqlens_kv under torch.compile, a dispatch mode or a functorch "
+            "transform: not supported; pass the lengths as seqlens_q/seqlens_kv there"
+        )
+    return call.CuSeqlens(cu_q, cu_kv, off_q, off_kv, bounds[0], bounds[1])
 
 
 def attend(

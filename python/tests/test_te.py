@@ -383,16 +383,22 @@ def test_max_seqlen_is_checked(rng):
         mod(q, q, q, max_seqlen_q=5)
     thd = DPA(2, 8, qkv_format="thd", attn_mask_type="padding")
     tq = t(rng, 10, 2, 8)
-    with pytest.raises(ValueError, match="max_seqlen_kv is 5 but the longest sequence has 6"):
-        thd(
-            tq,
-            tq,
-            tq,
-            cu_seqlens_q=cu([4, 6]),
-            cu_seqlens_kv=cu([4, 6]),
-            max_seqlen_q=6,
-            max_seqlen_kv=5,
-        )
+    # int32 arrays with the bounds go to the library as they are (host memory here: it
+    # checks them), others are read and checked in Python first
+    for arrays, said in (
+        (cu, r"sequence 1 has 6 tokens \(cu_seqlens_kv\[2\] - cu_seqlens_kv\[1\]\) but max_seqlen_kv is 5"),
+        (lambda lens: cu(lens).long(), "max_seqlen_kv is 5 but the longest sequence has 6"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=said):
+            thd(
+                tq,
+                tq,
+                tq,
+                cu_seqlens_q=arrays([4, 6]),
+                cu_seqlens_kv=arrays([4, 6]),
+                max_seqlen_q=6,
+                max_seqlen_kv=5,
+            )
 
 
 # ----------------------------------------------------------------------------- windows
