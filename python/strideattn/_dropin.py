@@ -60,16 +60,12 @@ def sdpa(
     query [b, h_q, s_q, d_qk], key [b, h_kv, s_kv, d_qk], value [b, h_kv, s_kv, d_v], any
     strides with a unit head-dim stride; returns [b, h_q, s_q, d_v]. is_causal masks key j
     from query i when j > i (top-left aligned, strideattn's `causal`). scale defaults to
-    1/sqrt(d_qk). h_kv != h_q needs enable_gqa=True and h_q % h_kv == 0. attn_mask and
-    dropout_p > 0 raise NotImplementedError. PyTorch tensors that require grad are
+    1/sqrt(d_qk). h_kv != h_q needs enable_gqa=True and h_q % h_kv == 0. A floating-point
+    attn_mask is SDPA's additive bias on the scaled scores, any shape that broadcasts to
+    [b, h_q, s_q, s_kv]: strideattn's post-scale bias, read through a broadcast view (no
+    copy; with PyTorch, a mask that requires grad gets its gradient). A boolean attn_mask
+    and dropout_p > 0 raise NotImplementedError. PyTorch tensors that require grad are
     differentiable (strideattn.torch's autograd op)."""
-    if attn_mask is not None:
-        raise _no(
-            "attn_mask",
-            attn_mask,
-            "None (use is_causal for a causal mask; "
-            "strideattn.attention's window= for sliding windows)",
-        )
     if dropout_p != 0.0:
         raise _no("dropout_p", dropout_p, "0.0")
     q, k, v = (_bhsd_to_bshd(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
@@ -81,19 +77,56 @@ def sdpa(
         )
     if not isinstance(is_causal, bool):
         raise ValueError(f"is_causal must be a bool, got {describe(is_causal)}")
-    o = attention(q, k, v, mask="causal" if is_causal else "none", scale=scale)
+    bias = {}
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError("attn_mask and is_causal=True together (PyTorch SDPA refuses them)")
+        shape = (int(q.shape[0]), h_q, int(q.shape[1]), int(k.shape[1]))
+        bias = dict(bias=_sdpa_bias(attn_mask, shape), bias_type="post_scale")
+    o = attention(q, k, v, mask="causal" if is_causal else "none", scale=scale, **bias)
     return o.transpose(1, 2) if framework(o) == "torch" else o.transpose(0, 2, 1, 3)
 
 
-def _flash_unsupported(
-    dropout_p: float, softcap: float, alibi_slopes: Any, return_attn_probs: bool
-) -> None:
+def _sdpa_bias(mask: Any, shape: Tuple[int, int, int, int]) -> Any:
+    """SDPA's floating-point attn_mask as a [b, h, s_q, s_kv] view (broadcast dims at stride 0,
+    the rules of numpy and PyTorch broadcasting)."""
+    dtype = str(getattr(mask, "dtype", ""))
+    if "bool" in dtype:
+        raise _no(
+            "attn_mask",
+            mask,
+            "a floating-point additive mask (a boolean one as 0 / -inf in the query's dtype, "
+            "made by the caller: strideattn makes no hidden copy); is_causal for a causal mask, "
+            "strideattn.attention's window= for sliding windows",
+        )
+    if "float" not in dtype:
+        raise ValueError(f"attn_mask must be a floating-point array, got {describe(mask)}")
+    fw = framework(mask)
+    if fw == "torch":
+        return mask.expand(shape)
+    if fw == "cupy":
+        import cupy as xp
+    elif fw == "jax":
+        import jax.numpy as xp
+    else:
+        import numpy as xp
+    return xp.broadcast_to(mask, shape)
+
+
+def _flash_features(softcap: float, alibi_slopes: Any) -> dict:
+    """FlashAttention-2's softcap and ALiBi as strideattn's features (docs/semantics.md: the
+    same definitions, in the same order)."""
+    feats = {}
+    if softcap != 0.0:
+        feats["softcap"] = float(softcap)
+    if alibi_slopes is not None:
+        feats["alibi_slopes"] = alibi_slopes
+    return feats
+
+
+def _flash_unsupported(dropout_p: float, return_attn_probs: bool) -> None:
     if dropout_p != 0.0:
         raise _no("dropout_p", dropout_p, "0.0")
-    if softcap != 0.0:
-        raise _no("softcap", softcap, "0.0")
-    if alibi_slopes is not None:
-        raise _no("alibi_slopes", alibi_slopes, "None")
     if return_attn_probs:
         raise _no(
             "return_attn_probs",
@@ -136,9 +169,10 @@ def flash_attn_func(
     key j when j <= i + s_kv - s_q (strideattn's `causal_bottom_right`). window_size=(left,
     right): query i sees keys i + s_kv - s_q - left ... i + s_kv - s_q + right, -1 unbounded.
     softmax_scale defaults to 1/sqrt(d_qk). deterministic=True asks for a reproducible
-    backward. dropout_p > 0, softcap != 0, alibi_slopes and return_attn_probs raise
-    NotImplementedError."""
-    _flash_unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs)
+    backward. softcap > 0 caps the scaled scores (c * tanh(x / c)); alibi_slopes ([h] or
+    [b, h] fp32) adds -slope * |i + s_kv - s_q - j|: FlashAttention-2's definitions.
+    dropout_p > 0 and return_attn_probs raise NotImplementedError."""
+    _flash_unsupported(dropout_p, return_attn_probs)
     return attention(
         q,
         k,
@@ -147,6 +181,7 @@ def flash_attn_func(
         window=_flash_window(window_size),
         scale=softmax_scale,
         deterministic=bool(deterministic),
+        **_flash_features(softcap, alibi_slopes),
     )
 
 
@@ -185,12 +220,23 @@ def flash_attn_varlen_func(
     cu_seqlens_k: cumulative sequence lengths (length batch + 1, int32 in FlashAttention; any
     integer array or list here): sequence i has tokens cu_seqlens[i] .. cu_seqlens[i+1] - 1.
     max_seqlen_q / max_seqlen_k must be at least the longest sequence. Returns
-    [total_q, h, d_v]; tokens outside every sequence are 0. causal, window_size and the
-    unsupported arguments as in flash_attn_func (per sequence); block_table (paged KV) raises
-    NotImplementedError. The lengths are read on the host (a device sync for GPU arrays)."""
-    _flash_unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs)
+    [total_q, h, d_v]; tokens outside every sequence are 0. causal, window_size, softcap,
+    alibi_slopes and the unsupported arguments as in flash_attn_func (per sequence; with
+    softcap or ALiBi the lengths are read on the host); block_table (paged KV) raises
+    NotImplementedError. PyTorch int32 arrays on q's device go to the kernels as they are
+    (nothing read back, nothing synchronised; each length is then clamped to its max_seqlen,
+    docs/semantics.md); other arrays and lists are read on the host and checked there."""
+    _flash_unsupported(dropout_p, return_attn_probs)
     if block_table is not None:
         raise _no("block_table", block_table, "None (no paged KV cache)")
+    feats = _flash_features(softcap, alibi_slopes)
+    if not feats and _torch_device_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k):
+        return attention(
+            q, k, v, mask="causal_bottom_right" if causal else "none",
+            window=_flash_window(window_size), scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_k, max_seqlen_q=int64(max_seqlen_q, "max_seqlen_q"),
+            max_seqlen_kv=int64(max_seqlen_k, "max_seqlen_k"), deterministic=bool(deterministic),
+        )  # fmt: skip
     lens_q, offs_q = cu_seqlens_lengths(cu_seqlens_q, "cu_seqlens_q")
     lens_k, offs_k = cu_seqlens_lengths(cu_seqlens_k, "cu_seqlens_k")
     if len(lens_q) != len(lens_k):
@@ -218,4 +264,23 @@ def flash_attn_varlen_func(
         offsets_q=offs_q,
         offsets_kv=offs_k,
         deterministic=bool(deterministic),
+        **feats,
     )
+
+
+def _torch_device_arrays(q, k, v, cu_q, cu_k) -> bool:
+    """Whether flash_attn_varlen_func's cu_seqlens can go to the kernels as they are: PyTorch
+    q, k, v with int32, 1-D, unit-stride arrays on q's device, in an eager call (the
+    autograd op takes device arrays only there)."""
+    if framework(q) != "torch":
+        return False
+    import torch
+
+    from ._torch_ops import _eager
+
+    for a in (cu_q, cu_k):
+        if not (isinstance(a, torch.Tensor) and a.dtype == torch.int32 and a.dim() == 1):
+            return False
+        if a.device != q.device or (a.shape[0] > 1 and a.stride(0) != 1):
+            return False
+    return _eager(q, k, v)

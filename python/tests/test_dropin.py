@@ -16,10 +16,13 @@ import strideattn as sa
 TOL_F32 = 2e-5  # fp32 inputs: the library's fp32 error is far below this on these sizes
 
 
-def softmax_attention(q, k, v, allowed, scale):
+def softmax_attention(q, k, v, allowed, scale, modify=None):
     """q [s_q, d], k [s_k, d], v [s_k, dv], allowed [s_q, s_k] bool; rows with nothing
-    allowed give 0 (FlashAttention's documented behaviour; SDPA never has them here)."""
+    allowed give 0 (FlashAttention's documented behaviour; SDPA never has them here).
+    modify: a function of the scaled scores [s_q, s_k] (softcap, ALiBi, an additive mask)."""
     s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+    if modify is not None:
+        s = modify(s)
     s = np.where(allowed, s, -np.inf)
     out = np.zeros((q.shape[0], v.shape[1]))
     for i in range(q.shape[0]):
@@ -30,8 +33,9 @@ def softmax_attention(q, k, v, allowed, scale):
     return out
 
 
-def sdpa_ref(query, key, value, is_causal=False, scale=None, enable_gqa=False):
-    """torch.nn.functional.scaled_dot_product_attention's documented reference code."""
+def sdpa_ref(query, key, value, is_causal=False, scale=None, enable_gqa=False, attn_mask=None):
+    """torch.nn.functional.scaled_dot_product_attention's documented reference code (a float
+    attn_mask is added to the scaled scores, broadcast to [b, h, L, S])."""
     b, h, L, e = query.shape
     S = key.shape[-2]
     scale = 1 / math.sqrt(e) if scale is None else scale
@@ -39,11 +43,15 @@ def sdpa_ref(query, key, value, is_causal=False, scale=None, enable_gqa=False):
     if enable_gqa:
         key = np.repeat(key, h // key.shape[1], axis=1)
         value = np.repeat(value, h // value.shape[1], axis=1)
+    bias = (
+        None if attn_mask is None else np.broadcast_to(attn_mask.astype(np.float64), (b, h, L, S))
+    )
     out = np.zeros((b, h, L, value.shape[-1]))
     for bi in range(b):
         for hi in range(h):
+            add = None if bias is None else (lambda s, m=bias[bi, hi]: s + m)
             out[bi, hi] = softmax_attention(
-                query[bi, hi], key[bi, hi], value[bi, hi], allowed, scale
+                query[bi, hi], key[bi, hi], value[bi, hi], allowed, scale, add
             )
     return out
 
@@ -64,18 +72,33 @@ def flash_allowed(s_q, s_k, causal, window_size):
     return allowed
 
 
-def flash_ref(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None):
-    """flash_attn_func: q [b, s_q, h, d], k/v [b, s_k, h_k, d]; head i reads KV head i // (h / h_k)."""
+def flash_ref(
+    q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None
+):
+    """flash_attn_func: q [b, s_q, h, d], k/v [b, s_k, h_k, d]; head i reads KV head i // (h / h_k).
+    softcap > 0: scores softcap * tanh(scores / softcap) (of the scaled scores); alibi_slopes
+    [h] or [b, h]: a bias of -slope * |i + s_k - s_q - j| added after that (FlashAttention 2's
+    docstring and kernel order)."""
     b, s_q, h, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
     allowed = flash_allowed(s_q, s_k, causal, window_size)
+    dist = np.abs(np.arange(s_q)[:, None] + s_k - s_q - np.arange(s_k)[None, :])
+    slopes = None if alibi_slopes is None else np.broadcast_to(alibi_slopes, (b, h))
     out = np.zeros((b, s_q, h, v.shape[-1]))
     for bi in range(b):
         for hi in range(h):
             kh = hi // (h // h_k)
+
+            def modify(s, bi=bi, hi=hi):
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                if slopes is not None:
+                    s = s - float(slopes[bi, hi]) * dist
+                return s
+
             out[bi, :, hi] = softmax_attention(
-                q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], allowed, scale
+                q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], allowed, scale, modify
             )
     return out
 
@@ -201,8 +224,6 @@ def test_flash_refusals(rng):
     q = randn(rng, 1, 6, 2, 16)
     for kwargs, name in (
         (dict(dropout_p=0.1), "dropout_p"),
-        (dict(softcap=30.0), "softcap"),
-        (dict(alibi_slopes=np.ones(2, np.float32)), "alibi_slopes"),
         (dict(return_attn_probs=True), "return_attn_probs"),
     ):
         with pytest.raises(NotImplementedError, match=name):
@@ -215,6 +236,65 @@ def test_flash_refusals(rng):
         )
     with pytest.raises(ValueError, match=r"window_size\[0\] is -2"):
         sa.flash_attn_func(q, q, q, window_size=(-2, 0))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize("slopes_shape", [None, (3,), (2, 3)])
+def test_flash_softcap_and_alibi_match_their_definition(rng, causal, softcap, slopes_shape):
+    # s_q != s_kv: the ALiBi distance and the causal mask are both aligned bottom-right
+    q, k, v = randn(rng, 2, 5, 3, 16), randn(rng, 2, 9, 3, 16), randn(rng, 2, 9, 3, 8)
+    q *= 3  # large scores: the softcap changes the answer
+    slopes = (
+        None if slopes_shape is None else rng.uniform(0.1, 1.0, slopes_shape).astype(np.float32)
+    )
+    want = flash_ref(q, k, v, causal, softcap=softcap, alibi_slopes=slopes)
+    got = sa.flash_attn_func(q, k, v, causal=causal, softcap=softcap, alibi_slopes=slopes)
+    assert_close(got, want, f"flash softcap {softcap} alibi {slopes_shape}")
+    if softcap or slopes is not None:  # (the options change the answer: not vacuous)
+        assert np.abs(want - flash_ref(q, k, v, causal)).max() > 1e-3
+    # varlen: the same per sequence (the sequences packed, the slopes per sequence)
+    if slopes_shape != (2, 3):
+        cat = [np.concatenate([x[0], x[1]]) for x in (q, k, v)]
+        got = sa.flash_attn_varlen_func(
+            *cat, [0, 5, 10], [0, 9, 18], 5, 9, causal=causal, softcap=softcap,
+            alibi_slopes=slopes,
+        )  # fmt: skip
+        assert_close(got, np.concatenate([want[0], want[1]]), "varlen softcap / alibi")
+
+
+@pytest.mark.parametrize("mask_shape", [(5, 9), (2, 1, 5, 9), (1, 3, 1, 9), (3, 5, 9)])
+def test_sdpa_float_mask_is_an_additive_bias(rng, mask_shape):
+    q, k, v = randn(rng, 2, 3, 5, 16), randn(rng, 2, 3, 9, 16), randn(rng, 2, 3, 9, 8)
+    mask = (2 * rng.standard_normal(mask_shape)).astype(np.float32)
+    mask[..., :2] = -np.inf  # masked keys, as SDPA's float masks carry them
+    got = sa.sdpa(q, k, v, attn_mask=mask)
+    assert_close(got, sdpa_ref(q, k, v, attn_mask=mask), f"sdpa mask {mask_shape}")
+    assert np.abs(got - sdpa_ref(q, k, v)).max() > 1e-3  # (the mask matters)
+    with pytest.raises(ValueError, match="attn_mask and is_causal=True"):
+        sa.sdpa(q, k, v, attn_mask=mask, is_causal=True)
+    with pytest.raises(NotImplementedError, match="a floating-point additive mask"):
+        sa.sdpa(q, k, v, attn_mask=mask > 0)
+
+
+def test_sdpa_float_mask_gets_its_gradient(rng):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.from_numpy(randn(rng, 2, 3, 5, 16)).double() for _ in range(3))
+    q, k, v = (x.float().requires_grad_() for x in (q, k, v))
+    mask = torch.from_numpy(randn(rng, 1, 3, 5, 5)).requires_grad_()
+    do = torch.from_numpy(randn(rng, 2, 3, 5, 16))
+    o = sa.sdpa(q, k, v, attn_mask=mask)
+    got = torch.autograd.grad(o, (q, k, v, mask), do)
+    with sdpa_kernel(SDPBackend.MATH):
+        dd = [x.detach().double().requires_grad_() for x in (q, k, v, mask)]
+        ref = F.scaled_dot_product_attention(*dd[:3], attn_mask=dd[3])
+        want = torch.autograd.grad(ref, dd, do.double())
+    for name, a, b in zip(("dq", "dk", "dv", "dmask"), got, want):
+        assert_close(a.detach().numpy(), b.numpy(), f"sdpa {name}")
+    assert want[3].abs().max() > 1e-3
 
 
 # ----------------------------------------------------------------------------- varlen

@@ -182,3 +182,39 @@ def test_refusals_name_what_and_why():
 
     with Passthrough(), pytest.raises(NotImplementedError, match="a dispatch mode"):
         sat.attention(q, q, q, **both, **bounds)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grad", [False, True])
+def test_flash_varlen_and_core_pass_the_arrays(seed, device, grad, monkeypatch):
+    import strideattn as sa
+    from strideattn import _dropin
+
+    lens_q, lens_kv = [7, 1, 20, 12], [9, 4, 20, 13]
+    q, k, v, do, (cu_q, cu_kv, _, _) = problem(seed, device, lens_q, lens_kv, 0)
+    if not grad:
+        q, k, v = (x.detach() for x in (q, k, v))
+    as_lists = sa.flash_attn_varlen_func(q, k, v, list(cu_q), list(cu_kv), 20, 20, causal=True)
+
+    def fail(*_):
+        raise AssertionError("cu_seqlens were read on the host")
+
+    monkeypatch.setattr(_dropin, "cu_seqlens_lengths", fail)
+    monkeypatch.setattr(call, "_varlen", fail)
+    cq, ckv = i32(cu_q, device), i32(cu_kv, device)
+    got = sa.flash_attn_varlen_func(q, k, v, cq, ckv, 20, 20, causal=True)
+    assert torch.equal(got, as_lists)
+    # the library's own entry point: tensors that require grad reach the autograd op with
+    # the arrays (its keywords), the others the extension directly
+    core = sa.attention(
+        q, k, v, mask="causal_bottom_right", cu_seqlens_q=cq, cu_seqlens_kv=ckv,
+        max_seqlen_q=20, max_seqlen_kv=20,
+    )  # fmt: skip
+    assert torch.equal(core, as_lists)
+    assert core.requires_grad == grad
+    if grad:
+        g = torch.autograd.grad(core, (q, k, v), do)
+        monkeypatch.undo()
+        o = sa.flash_attn_varlen_func(q, k, v, list(cu_q), list(cu_kv), 20, 20, causal=True)
+        for name, a, b in zip(("dq", "dk", "dv"), g, torch.autograd.grad(o, (q, k, v), do)):
+            assert torch.equal(a, b), name
