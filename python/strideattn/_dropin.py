@@ -64,10 +64,11 @@ def sdpa(
     attn_mask is SDPA's additive bias on the scaled scores, any shape that broadcasts to
     [b, h_q, s_q, s_kv]: strideattn's post-scale bias, read through a broadcast view (no
     copy; with PyTorch, a mask that requires grad gets its gradient). A boolean attn_mask
-    and dropout_p > 0 raise NotImplementedError. PyTorch tensors that require grad are
+    raises NotImplementedError. dropout_p > 0 (PyTorch tensors) drops probabilities with
+    strideattn's Philox mask, its seed drawn from PyTorch's generator of the tensors' device
+    (torch.manual_seed reproduces a run; _dropout). PyTorch tensors that require grad are
     differentiable (strideattn.torch's autograd op)."""
-    if dropout_p != 0.0:
-        raise _no("dropout_p", dropout_p, "0.0")
+    drop = _dropout(dropout_p, query)
     q, k, v = (_bhsd_to_bshd(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
     h_q, h_kv = int(q.shape[2]), int(k.shape[2])
     if h_q != h_kv and not enable_gqa:
@@ -83,7 +84,7 @@ def sdpa(
             raise ValueError("attn_mask and is_causal=True together (PyTorch SDPA refuses them)")
         shape = (int(q.shape[0]), h_q, int(q.shape[1]), int(k.shape[1]))
         bias = dict(bias=_sdpa_bias(attn_mask, shape), bias_type="post_scale")
-    o = attention(q, k, v, mask="causal" if is_causal else "none", scale=scale, **bias)
+    o = attention(q, k, v, mask="causal" if is_causal else "none", scale=scale, **bias, **drop)
     return o.transpose(1, 2) if framework(o) == "torch" else o.transpose(0, 2, 1, 3)
 
 
@@ -113,10 +114,10 @@ def _sdpa_bias(mask: Any, shape: Tuple[int, int, int, int]) -> Any:
     return xp.broadcast_to(mask, shape)
 
 
-def _flash_features(softcap: float, alibi_slopes: Any) -> dict:
-    """FlashAttention-2's softcap and ALiBi as strideattn's features (docs/semantics.md: the
-    same definitions, in the same order)."""
-    feats = {}
+def _flash_features(softcap: float, alibi_slopes: Any, dropout_p: Any, like: Any) -> dict:
+    """FlashAttention-2's softcap, ALiBi and dropout as strideattn's features (docs/
+    semantics.md: the same definitions, in the same order; the dropout mask strideattn's)."""
+    feats = _dropout(dropout_p, like)
     if softcap != 0.0:
         feats["softcap"] = float(softcap)
     if alibi_slopes is not None:
@@ -124,9 +125,30 @@ def _flash_features(softcap: float, alibi_slopes: Any) -> dict:
     return feats
 
 
-def _flash_unsupported(dropout_p: float, return_attn_probs: bool) -> None:
-    if dropout_p != 0.0:
-        raise _no("dropout_p", dropout_p, "0.0")
+def _dropout(p: Any, like: Any) -> dict:
+    """strideattn's dropout keywords for a drop-in's dropout_p: none at 0; with PyTorch
+    tensors p and a seed and offset drawn from PyTorch's generator of like's device (on CUDA
+    a device tensor the kernels read: no synchronisation, fresh under graph replay), as
+    DotProductAttention draws them. The mask is strideattn's (Philox of the seed and each
+    element's position, docs/semantics.md), not the original library's: the same
+    distribution, other draws."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise ValueError(f"dropout_p must be a number, got {describe(p)}")
+    if p == 0:
+        return {}
+    if framework(like) != "torch":
+        raise _no(
+            "dropout_p",
+            p,
+            "0.0 with non-PyTorch arrays (strideattn.attention takes dropout_p with an "
+            "explicit dropout_seed)",
+        )
+    from ._torch_te_features import dropout_rng
+
+    return dict(dropout_p=float(p), **dropout_rng(like))
+
+
+def _flash_unsupported(return_attn_probs: bool) -> None:
     if return_attn_probs:
         raise _no(
             "return_attn_probs",
@@ -171,8 +193,9 @@ def flash_attn_func(
     softmax_scale defaults to 1/sqrt(d_qk). deterministic=True asks for a reproducible
     backward. softcap > 0 caps the scaled scores (c * tanh(x / c)); alibi_slopes ([h] or
     [b, h] fp32) adds -slope * |i + s_kv - s_q - j|: FlashAttention-2's definitions.
-    dropout_p > 0 and return_attn_probs raise NotImplementedError."""
-    _flash_unsupported(dropout_p, return_attn_probs)
+    dropout_p > 0 (PyTorch tensors) as in sdpa. return_attn_probs raises
+    NotImplementedError."""
+    _flash_unsupported(return_attn_probs)
     return attention(
         q,
         k,
@@ -181,7 +204,7 @@ def flash_attn_func(
         window=_flash_window(window_size),
         scale=softmax_scale,
         deterministic=bool(deterministic),
-        **_flash_features(softcap, alibi_slopes),
+        **_flash_features(softcap, alibi_slopes, dropout_p, q),
     )
 
 
@@ -222,14 +245,14 @@ def flash_attn_varlen_func(
     max_seqlen_q / max_seqlen_k must be at least the longest sequence. Returns
     [total_q, h, d_v]; tokens outside every sequence are 0. causal, window_size, softcap,
     alibi_slopes and the unsupported arguments as in flash_attn_func (per sequence; with
-    softcap or ALiBi the lengths are read on the host); block_table (paged KV) raises
+    softcap, ALiBi or dropout the lengths are read on the host); block_table (paged KV) raises
     NotImplementedError. PyTorch int32 arrays on q's device go to the kernels as they are
     (nothing read back, nothing synchronised; each length is then clamped to its max_seqlen,
     docs/semantics.md); other arrays and lists are read on the host and checked there."""
-    _flash_unsupported(dropout_p, return_attn_probs)
+    _flash_unsupported(return_attn_probs)
     if block_table is not None:
         raise _no("block_table", block_table, "None (no paged KV cache)")
-    feats = _flash_features(softcap, alibi_slopes)
+    feats = _flash_features(softcap, alibi_slopes, dropout_p, q)
     if not feats and _torch_device_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k):
         return attention(
             q, k, v, mask="causal_bottom_right" if causal else "none",

@@ -297,6 +297,33 @@ def test_sdpa_float_mask_gets_its_gradient(rng):
     assert want[3].abs().max() > 1e-3
 
 
+def test_dropout_draws_from_torchs_generator(rng):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    q, k, v = (torch.from_numpy(randn(rng, 2, 9, 3, 16)) for _ in range(3))
+    bhsd = [x.transpose(1, 2) for x in (q, k, v)]
+
+    def seed_after(s):  # the seed a drop-in draws right after torch.manual_seed(s)
+        torch.manual_seed(s)
+        return int(torch.randint(0, 2**62, (1,)).item())
+
+    for name, call in (
+        ("sdpa", lambda: sa.sdpa(*bhsd, dropout_p=0.3, is_causal=True).transpose(1, 2)),
+        ("flash", lambda: sa.flash_attn_func(q, k, v, dropout_p=0.3, causal=True)),
+        ("varlen", lambda: sa.flash_attn_varlen_func(
+            *(x.reshape(18, 3, 16) for x in (q, k, v)), [0, 9, 18], [0, 9, 18], 9, 9,
+            dropout_p=0.3, causal=True).reshape(2, 9, 3, 16)),
+    ):  # fmt: skip
+        torch.manual_seed(7)
+        got = call()
+        want = sa.attention(q, k, v, mask="causal", dropout_p=0.3, dropout_seed=seed_after(7))
+        assert torch.equal(got, want), f"{name}: not strideattn's mask of the drawn seed"
+        torch.manual_seed(7)
+        assert torch.equal(call(), got), f"{name}: torch.manual_seed does not reproduce it"
+        torch.manual_seed(8)
+        assert not torch.equal(call(), got), f"{name}: another seed, the same mask"
+        assert not torch.equal(got, sa.attention(q, k, v, mask="causal")), f"{name}: no dropout"
+
+
 # ----------------------------------------------------------------------------- varlen
 
 
