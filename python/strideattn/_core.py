@@ -301,6 +301,13 @@ def attention(
     feats = {key: val for key, val in feats.items() if val is not None}
     hook = _AUTOGRAD.get(framework(q))
     if hook is not None and out is None and hook[0](q, k, v):
+        if workspace is not None:
+            raise ValueError(
+                "workspace is given with tensors that require grad: the autograd op takes "
+                "its scratch from the framework's caching allocator (no cudaMalloc on the "
+                "call path) and takes none from the caller; call without workspace, or with "
+                "tensors that do not require grad"
+            )
         return hook[1](
             q,
             k,

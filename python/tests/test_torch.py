@@ -343,6 +343,17 @@ def test_module_shape_errors():
         sat.DotProductAttention(8, 32, attn_mask_type="arbitrary")
 
 
+def test_workspace_with_grad_is_refused_by_name():
+    # (without grad the extension takes the caller's workspace; the autograd op takes none)
+    q = torch.randn(1, 4, 2, 16)
+    ws = torch.empty(1 << 16, dtype=torch.uint8)
+    o = sa.attention(q, q, q, workspace=ws, backend="cpu")
+    assert torch.equal(o, sa.attention(q, q, q, backend="cpu"))
+    qg = q.clone().requires_grad_()
+    with pytest.raises(ValueError, match="workspace is given with tensors that require grad"):
+        sa.attention(qg, qg, qg, workspace=ws)
+
+
 # ----------------------------------------------------------------------------- CuPy, JAX
 
 
