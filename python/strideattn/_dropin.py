@@ -293,17 +293,11 @@ def flash_attn_varlen_func(
 
 def _torch_device_arrays(q, k, v, cu_q, cu_k) -> bool:
     """Whether flash_attn_varlen_func's cu_seqlens can go to the kernels as they are: PyTorch
-    q, k, v with int32, 1-D, unit-stride arrays on q's device, in an eager call (the
-    autograd op takes device arrays only there)."""
+    q, k, v with int32 device arrays (strideattn/_torch_call.device_int32) in an eager call
+    (the autograd op takes device arrays only there)."""
     if framework(q) != "torch":
         return False
-    import torch
-
+    from . import _torch_call as call
     from ._torch_ops import _eager
 
-    for a in (cu_q, cu_k):
-        if not (isinstance(a, torch.Tensor) and a.dtype == torch.int32 and a.dim() == 1):
-            return False
-        if a.device != q.device or (a.shape[0] > 1 and a.stride(0) != 1):
-            return False
-    return _eager(q, k, v)
+    return call.device_int32(cu_q, q) and call.device_int32(cu_k, q) and _eager(q, k, v)

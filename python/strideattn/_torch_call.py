@@ -153,6 +153,18 @@ def _lists(varlen) -> Optional[tuple]:
     return (tuple(_varlen(sq)), tuple(_varlen(skv)), tuple(_varlen(oq)), tuple(_varlen(okv)))
 
 
+def device_int32(a: Any, like: Tensor) -> bool:
+    """Whether a cu_seqlens array can go to the kernels as it is: a tensor, int32, 1-D, unit
+    stride, on like's device (what the extension takes; anything else is read on the host)."""
+    return (
+        isinstance(a, Tensor)
+        and a.dtype == torch.int32
+        and a.dim() == 1
+        and a.device == like.device
+        and (a.shape[0] < 2 or a.stride(0) == 1)
+    )
+
+
 def _cu(varlen) -> Optional[CuSeqlens]:
     return varlen[0] if type(varlen[0]) is CuSeqlens else None
 

@@ -51,18 +51,6 @@ from ._util import (
 _FORMATS = ("sbhd", "bshd", "thd")
 
 
-def _device_int32(a, q) -> bool:
-    """Whether a cu_seqlens array can go to the kernels as it is (int32, 1-D, unit stride, on
-    q's device)."""
-    return (
-        isinstance(a, Tensor)
-        and a.dtype == torch.int32
-        and a.dim() == 1
-        and a.device == q.device
-        and (a.shape[0] < 2 or a.stride(0) == 1)
-    )
-
-
 class DotProductAttention(torch.nn.Module):
     """Scaled dot-product attention with TransformerEngine's DotProductAttention arguments,
     computed by strideattn on the tensors' real strides.
@@ -571,7 +559,7 @@ class DotProductAttention(torch.nn.Module):
             and win is not None
             and not feats
             and self.cp is None
-            and all(_device_int32(a, q) for a in arrays if a is not None)
+            and all(call.device_int32(a, q) for a in arrays if a is not None)
             and _eager(q, k, v)
         ):
             cu = call.CuSeqlens(
