@@ -298,7 +298,7 @@ def attention(
     if not (cu_seqlens_q is None and cu_seqlens_kv is None and seq_offsets_q is None
             and seq_offsets_kv is None and max_seqlen_q is None and max_seqlen_kv is None):  # fmt: skip
         cu = _cu_seqlens(
-            q, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q, seq_offsets_kv, max_seqlen_q,
+            q, k, v, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q, seq_offsets_kv, max_seqlen_q,
             max_seqlen_kv, (seqlens_q, seqlens_kv, offsets_q, offsets_kv), features, cp_group,
         )  # fmt: skip
     if features:
@@ -367,7 +367,7 @@ def attention(
     return out, lse
 
 
-def _cu_seqlens(q, cu_q, cu_kv, off_q, off_kv, max_q, max_kv, lists, features, cp_group):
+def _cu_seqlens(q, k, v, cu_q, cu_kv, off_q, off_kv, max_q, max_kv, lists, features, cp_group):
     """The CuSeqlens of attention()'s device-array keywords, checked: both cu_seqlens arrays
     and both bounds, tensors (the library checks their dtype, extent and device), no host
     lengths beside them, no features or cp_group, and an eager call."""
@@ -403,10 +403,11 @@ def _cu_seqlens(q, cu_q, cu_kv, off_q, off_kv, max_q, max_kv, lists, features, c
                 "on the host"
             )
         bounds.append(int64(m, name))
-    if not _eager(q, cu_q, cu_kv):
+    if not _eager(q, k, v):
         raise NotImplementedError(
             "cu_seqlens_q/cu_seqlens_kv under torch.compile, a dispatch mode or a functorch "
-            "transform: not supported; pass the lengths as seqlens_q/seqlens_kv there"
+            "transform, or with a tensor subclass as q, k or v: not supported; pass the "
+            "lengths as seqlens_q/seqlens_kv there"
         )
     return call.CuSeqlens(cu_q, cu_kv, off_q, off_kv, bounds[0], bounds[1])
 

@@ -27,8 +27,9 @@ def i32(a, device):
 
 
 def problem(seed, device, lens_q, lens_kv, gap, h=4, hg=2, d=32, dtype=torch.bfloat16):
-    """q [t_q, h, d], k, v [t_kv, hg, d] (fresh random), the cumulative arrays and the starts
-    of sequences `gap` tokens apart."""
+    """q [t_q, h, d], k, v [t_kv, hg, d] (fresh random; q a slice of a wider buffer, k and v
+    the split of one fused buffer: views with other strides than their shapes'), the
+    cumulative arrays and the starts of sequences `gap` tokens apart."""
     g = torch.Generator().manual_seed(seed)
     cu_q, cu_kv = np.cumsum([0] + lens_q), np.cumsum([0] + lens_kv)
     st_q = np.cumsum([0] + [n + gap for n in lens_q])
@@ -38,7 +39,8 @@ def problem(seed, device, lens_q, lens_kv, gap, h=4, hg=2, d=32, dtype=torch.bfl
     def rand(*shape):
         return torch.randn(*shape, generator=g).to(dtype).to(device).requires_grad_()
 
-    q, k, v = rand(t_q, h, d), rand(t_kv, hg, d), rand(t_kv, hg, d)
+    q = rand(t_q, h, 2 * d)[..., :d]
+    k, v = rand(t_kv, 2 * hg, d).split([hg, hg], dim=1)
     do = torch.randn(t_q, h, d, generator=g).to(dtype).to(device)
     return q, k, v, do, (cu_q, cu_kv, st_q[:-1], st_kv[:-1])
 
@@ -182,6 +184,12 @@ def test_refusals_name_what_and_why():
 
     with Passthrough(), pytest.raises(NotImplementedError, match="a dispatch mode"):
         sat.attention(q, q, q, **both, **bounds)
+
+    class Sub(torch.Tensor):
+        pass
+
+    with pytest.raises(NotImplementedError, match="a tensor subclass as q, k or v"):
+        sat.attention(q, q.as_subclass(Sub), q, **both, **bounds)
 
 
 @pytest.mark.parametrize("device", DEVICES)
