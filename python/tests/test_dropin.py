@@ -243,8 +243,9 @@ def test_flash_refusals(rng):
 @pytest.mark.parametrize("slopes_shape", [None, (3,), (2, 3)])
 def test_flash_softcap_and_alibi_match_their_definition(rng, causal, softcap, slopes_shape):
     # s_q != s_kv: the ALiBi distance and the causal mask are both aligned bottom-right
-    q, k, v = randn(rng, 2, 5, 3, 16), randn(rng, 2, 9, 3, 16), randn(rng, 2, 9, 3, 8)
-    q *= 3  # large scores: the softcap changes the answer
+    # q a slice of a wider array, k and v the split of one fused array (strided views)
+    q = (3 * randn(rng, 2, 5, 3, 32))[..., :16]  # large scores: the softcap changes the answer
+    k, v = np.split(randn(rng, 2, 9, 3, 24), [16], axis=3)
     slopes = (
         None if slopes_shape is None else rng.uniform(0.1, 1.0, slopes_shape).astype(np.float32)
     )
