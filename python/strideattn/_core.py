@@ -11,14 +11,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from . import _checks, _ext, _features
 from ._context import _Context, _check_tensor, _dtype_of, _element_strides, _shape
 from ._util import (
+    CU_SEQLENS_ARRAYS,
     MASKS,
     BackendError,
     UnsupportedError,
     canonical_mask,
+    cu_seqlens_bounds,
     describe,
     dim_order,
     framework,
-    int64,
     int_list,
     raise_for,
     raise_status,
@@ -71,38 +72,17 @@ def register_plan_cache(clear: Callable[[], None]) -> None:
 # ----------------------------------------------------------------------------- arguments
 
 
-# Varlen cu_seqlens arrays (int32 tensors on the tensors' device), their bounds and a caller's
-# workspace: passed to the extension as they are (no copy, nothing read on the host).
-_ARRAYS = ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv")
-
-
 def _device_options(ctx, extra: dict) -> dict:
     """The extension keywords of cu_seqlens arrays, max_seqlen bounds and workspace in `extra`
     (None: not given)."""
     out = {}
-    given = [n for n in _ARRAYS if extra.get(n) is not None]
-    for name in given:
-        _check_tensor(extra[name], name)
-        out[name] = ctx.prepare(extra[name])
-    if given:
-        for side in ("q", "kv"):
-            if extra.get("cu_seqlens_" + side) is None:
-                raise ValueError(
-                    f"cu_seqlens_{side} is missing; cu_seqlens varlen needs both cu_seqlens_q and "
-                    "cu_seqlens_kv (int32, count + 1 entries)"
-                )
-            bound = extra.get("max_seqlen_" + side)
-            if bound is None:
-                raise ValueError(
-                    f"max_seqlen_{side} is required with cu_seqlens_{side}: the bound on every "
-                    "length that a plan is made for (FlashAttention's max_seqlen); it is not read "
-                    "from the arrays, which stay on their device"
-                )
-            out["max_seqlen_" + side] = int64(bound, "max_seqlen_" + side)
-    else:
-        for side in ("q", "kv"):
-            if extra.get("max_seqlen_" + side) is not None:
-                raise ValueError(f"max_seqlen_{side} is given without cu_seqlens_q / cu_seqlens_kv")
+    for name in CU_SEQLENS_ARRAYS:
+        if extra.get(name) is not None:
+            _check_tensor(extra[name], name)
+            out[name] = ctx.prepare(extra[name])
+    bounds = cu_seqlens_bounds(extra, extra.get("max_seqlen_q"), extra.get("max_seqlen_kv"))
+    if bounds is not None:
+        out["max_seqlen_q"], out["max_seqlen_kv"] = bounds
     if extra.get("workspace") is not None:
         _check_tensor(extra["workspace"], "workspace", writable=True)
         out["workspace"] = ctx.prepare(extra["workspace"])

@@ -30,7 +30,14 @@ from torch.autograd.function import once_differentiable
 
 from . import _checks, _core
 from . import _torch_call as call
-from ._util import canonical_mask, describe, int64, int_list, window_pair
+from ._util import (
+    CU_SEQLENS_ARRAYS,
+    canonical_mask,
+    cu_seqlens_bounds,
+    describe,
+    int_list,
+    window_pair,
+)
 
 # ----------------------------------------------------------------------------- the ops
 
@@ -382,34 +389,21 @@ def _cu_seqlens(q, k, v, cu_q, cu_kv, off_q, off_kv, max_q, max_kv, lists, featu
             "cu_seqlens_q/cu_seqlens_kv (device arrays) and seqlens_q/seqlens_kv/offsets_q/"
             "offsets_kv (host lengths) describe the same thing; pass one of the two"
         )
-    for name, x in (("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_kv)):
-        if x is None:
-            raise ValueError(
-                f"{name} is missing; device-array varlen needs cu_seqlens_q and cu_seqlens_kv "
-                "(int32, count + 1 entries) and max_seqlen_q and max_seqlen_kv"
-            )
-    for name, x in (("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_kv),
-                    ("seq_offsets_q", off_q), ("seq_offsets_kv", off_kv)):  # fmt: skip
+    arrays = dict(zip(CU_SEQLENS_ARRAYS, (cu_q, cu_kv, off_q, off_kv)))
+    bounds = cu_seqlens_bounds(arrays, max_q, max_kv)
+    for name, x in arrays.items():
         if x is not None and not isinstance(x, Tensor):
             raise ValueError(
                 f"{name} must be a torch.Tensor (int32, on q's device), got {describe(x)}"
             )
-    bounds = []
-    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_kv", max_kv)):
-        if m is None:
-            raise ValueError(
-                f"{name} is required with cu_seqlens_q/cu_seqlens_kv: the bound on every length "
-                "that a plan is made for (FlashAttention's max_seqlen); the arrays are not read "
-                "on the host"
-            )
-        bounds.append(int64(m, name))
+    assert bounds is not None  # the caller passes at least one of the keywords
     if not _eager(q, k, v):
         raise NotImplementedError(
             "cu_seqlens_q/cu_seqlens_kv under torch.compile, a dispatch mode or a functorch "
             "transform, or with a tensor subclass as q, k or v: not supported; pass the "
             "lengths as seqlens_q/seqlens_kv there"
         )
-    return call.CuSeqlens(cu_q, cu_kv, off_q, off_kv, bounds[0], bounds[1])
+    return call.CuSeqlens(cu_q, cu_kv, off_q, off_kv, *bounds)
 
 
 def attend(

@@ -231,3 +231,35 @@ def cu_seqlens_lengths(cu: Any, name: str) -> Tuple[List[int], List[int]]:
             )
     lengths = [b - a for a, b in zip(values, values[1:])]
     return lengths, values[:-1]
+
+
+CU_SEQLENS_ARRAYS = ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv")
+
+
+def cu_seqlens_bounds(arrays: dict, max_q: Any, max_kv: Any) -> Optional[Tuple[int, int]]:
+    """(max_seqlen_q, max_seqlen_kv) of the cu_seqlens keywords (FlashAttention's and
+    TransformerEngine's device-array varlen), checked: None when no array is given (and then
+    no bound either), else both cu_seqlens arrays and both bounds are required."""
+    given = [n for n in CU_SEQLENS_ARRAYS if arrays.get(n) is not None]
+    bounds = {"q": max_q, "kv": max_kv}
+    if not given:
+        for side, bound in bounds.items():
+            if bound is not None:
+                raise ValueError(f"max_seqlen_{side} is given without cu_seqlens_q / cu_seqlens_kv")
+        return None
+    out = []
+    for side, bound in bounds.items():
+        if arrays.get("cu_seqlens_" + side) is None:
+            raise ValueError(
+                f"cu_seqlens_{side} is missing; cu_seqlens varlen needs both cu_seqlens_q and "
+                "cu_seqlens_kv (int32, count + 1 entries) and the bounds max_seqlen_q and "
+                "max_seqlen_kv"
+            )
+        if bound is None:
+            raise ValueError(
+                f"max_seqlen_{side} is required with cu_seqlens_{side}: the bound on every length "
+                "that a plan is made for (FlashAttention's max_seqlen); the arrays are not read "
+                "on the host"
+            )
+        out.append(int64(bound, "max_seqlen_" + side))
+    return out[0], out[1]
