@@ -63,10 +63,14 @@ struct CallAttrs {
   bool deterministic = false;
   // 0: dense; 1: sequence lengths and offsets in the attributes; 2: in argument buffers
   // (int32 or int64), whose argument indices varlen_args gives (seqlens_q, seqlens_kv,
-  // offsets_q, offsets_kv; -1: offsets packed back to back).
+  // offsets_q, offsets_kv; -1: offsets packed back to back), read on the host; 3: int32
+  // cu_seqlens argument buffers (varlen_args: cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
+  // seq_offsets_kv; -1: none) passed to the library as they are, in the buffers' memory, with
+  // the bounds max_seqlen_q / max_seqlen_kv.
   std::int64_t varlen = 0;
   std::vector<std::int64_t> seqlens_q, seqlens_kv, offsets_q, offsets_kv;
   std::vector<std::int64_t> varlen_args;
+  std::int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
   std::int64_t workspace = -1;  // result index of the workspace buffer (uint8), -1: none
 };
 
@@ -108,6 +112,8 @@ Status decode_attrs(const Source& src, bool backward, CallAttrs* a) {
   if (Status s = src.flag("deterministic", &a->deterministic); !s.ok()) return s;
   if (Status s = src.i64("varlen", &a->varlen); !s.ok()) return s;
   if (Status s = src.i64("workspace", &a->workspace); !s.ok()) return s;
+  if (Status s = src.i64("max_seqlen_q", &a->max_seqlen_q); !s.ok()) return s;
+  if (Status s = src.i64("max_seqlen_kv", &a->max_seqlen_kv); !s.ok()) return s;
   std::vector<std::int64_t>* arrays[] = {&a->seqlens_q, &a->seqlens_kv, &a->offsets_q, &a->offsets_kv, &a->varlen_args};
   for (std::size_t i = 0; i < std::size(kIntArrays); ++i)
     if (src.has(kIntArrays[i]))
@@ -294,6 +300,45 @@ Status read_lengths(const Buffer& b, const char* name, std::vector<std::int64_t>
   return Status::Ok();
 }
 
+// The cu_seqlens form: int32 arrays handed to the library where they are (host or device
+// memory), never read here. cu_seqlens_q fixes the count; the others must hold enough entries.
+Status fill_cu_seqlens(const CallAttrs& a, const std::vector<Buffer>& args, Varlen* v) {
+  const char* names[] = {"cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv"};
+  const std::int32_t** outs[] = {&v->cu_seqlens_q, &v->cu_seqlens_kv, &v->seq_offsets_q, &v->seq_offsets_kv};
+  std::int64_t count = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t idx = a.varlen_args[static_cast<std::size_t>(i)];
+    if (idx < 0) {
+      if (i < 2) return bad(std::string(names[i]) + ": missing");
+      continue;
+    }
+    if (idx >= static_cast<std::int64_t>(args.size())) return bad(std::string(names[i]) + ": no such argument");
+    const Buffer& b = args[static_cast<std::size_t>(idx)];
+    if (b.dims.size() != 1 || b.type != ffi::DataType::S32)
+      return bad(std::string(names[i]) + " is " + std::string(type_name(b.type)) + " of shape " + dims_str(b.dims) +
+                 "; supported: a one-dimensional int32 array");
+    const std::int64_t n = b.dims[0];
+    if (i == 0) {
+      if (n < 2)
+        return bad("cu_seqlens_q has " + std::to_string(n) +
+                   " entries; supported: count + 1 entries for count >= 1 sequences (0 first, then the running "
+                   "total of tokens)");
+      count = n - 1;
+    } else if (i == 1 && n != count + 1) {
+      return bad("cu_seqlens_kv has " + std::to_string(n) + " entries but cu_seqlens_q has " +
+                 std::to_string(count + 1) + "; supported: the same count + 1 entries on both sides");
+    } else if (i > 1 && n < count) {
+      return bad(std::string(names[i]) + " has " + std::to_string(n) + " entries for " + std::to_string(count) +
+                 " sequences; supported: at least count entries (the first token of each sequence)");
+    }
+    *outs[i] = static_cast<const std::int32_t*>(b.data);
+  }
+  v->count = count;
+  v->max_seqlen_q = a.max_seqlen_q;
+  v->max_seqlen_kv = a.max_seqlen_kv;
+  return Status::Ok();
+}
+
 Status fill_varlen(const CallAttrs& a, const std::vector<Buffer>& args, Memory memory, Varlen* v) {
   if (a.varlen == 0) return Status::Ok();
   if (a.varlen == 1) {
@@ -303,15 +348,16 @@ Status fill_varlen(const CallAttrs& a, const std::vector<Buffer>& args, Memory m
     v->offsets_kv = a.offsets_kv;
     return Status::Ok();
   }
-  if (a.varlen != 2 || a.varlen_args.size() != 4) return bad("varlen attributes are inconsistent");
-  // The library reads sequence lengths from host memory. On the CUDA platform these buffers
-  // live on the device, and reading them here would synchronise the stream: that needs the
-  // library's device-side cu_seqlens (a Varlen that points at device arrays), not yet there.
+  if ((a.varlen != 2 && a.varlen != 3) || a.varlen_args.size() != 4) return bad("varlen attributes are inconsistent");
+  if (a.varlen == 3) return fill_cu_seqlens(a, args, v);
+  // Lengths read here, on the host. On the CUDA platform these buffers live on the device,
+  // and reading them would synchronise the stream; cu_seqlens arrays are read by the kernels.
   if (memory == Memory::device)
     return Status(StatusCode::unsupported,
-                  "seqlens/offsets given as JAX arrays need the library's device-side sequence lengths on "
-                  "the GPU, which this build does not have; pass them as Python ints or numpy arrays (fixed "
-                  "when the function is traced) on the GPU");
+                  "seqlens/offsets given as JAX arrays are read on the host, which the GPU cannot do without "
+                  "a synchronisation; on the GPU pass cu_seqlens_q/cu_seqlens_kv (int32 JAX arrays, read by "
+                  "the kernels) with max_seqlen_q/max_seqlen_kv, or the lengths as Python ints or numpy arrays "
+                  "(fixed when the function is traced)");
   const char* names[] = {"seqlens_q", "seqlens_kv", "offsets_q", "offsets_kv"};
   std::vector<std::int64_t>* outs[] = {&v->seqlens_q, &v->seqlens_kv, &v->offsets_q, &v->offsets_kv};
   for (int i = 0; i < 4; ++i) {
@@ -486,8 +532,8 @@ ffi::Error backward_cuda(void* stream, ffi::RemainingArgs in, ffi::RemainingRets
 
 }  // namespace
 
-// Not marked command-buffer compatible: a varlen call copies its sequence tables from host
-// memory, and the cudnn backend may build a graph on first use, neither of which a CUDA
+// Not marked command-buffer compatible: a varlen call with host lengths copies its sequence
+// tables from host memory, and the cudnn backend may build a graph on first use, neither of which a CUDA
 // graph capture may hold.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(strideattn_jax_forward_cpu, forward_cpu,
                               ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs<ffi::Dictionary>());

@@ -19,8 +19,11 @@ its stride follows from the buffer's shape (XLA buffers are dense row-major).
 
 Varlen: seqlens_q / seqlens_kv (and offsets) given as Python ints or numpy arrays are fixed
 when the function is traced (and work on both platforms); given as JAX arrays they are read
-when the call runs, on the CPU platform (on the GPU that needs the library's device-side
-sequence lengths, which this build lacks: UnsupportedError).
+on the host when the call runs, on the CPU platform only (UnsupportedError on the GPU). The
+form of FlashAttention and TransformerEngine, cu_seqlens_q / cu_seqlens_kv int32 arrays with
+the bounds max_seqlen_q / max_seqlen_kv, works on both platforms: the arrays are handed to
+the library where they live and read by the kernels, so a compiled call serves any lengths
+within the bounds with no host read.
 
 The library checks each call when it is traced, for each platform: an error it finds
 there (shapes, dtypes, options, no backend for the problem) raises ValueError,
@@ -46,9 +49,11 @@ import numpy as np
 
 from . import _checks
 from ._util import (
+    CU_SEQLENS_ARRAYS,
     BackendError,
     UnsupportedError,
     canonical_mask,
+    cu_seqlens_bounds,
     cu_seqlens_hint,
     describe,
     int_list,
@@ -204,6 +209,7 @@ class _Call:
     options: Tuple[Tuple[str, Any], ...]  # mask, backend, window, scale, deterministic
     static_varlen: Tuple[Tuple[str, Tuple[int, ...]], ...]  # lengths fixed at trace time
     dynamic_varlen: Tuple[str, ...]  # names of the varlen arrays that follow the buffers
+    cu_bounds: Optional[Tuple[int, int]]  # set: dynamic_varlen are cu_seqlens arrays
     return_lse: bool
 
     @property
@@ -242,12 +248,18 @@ def _attrs(call: _Call, backward: bool, n_rets: int) -> Dict[str, Any]:
             a[key] = np.asarray(values, np.int64)
     elif call.dynamic_varlen:
         first = nb + (3 if backward else 0)
-        names = ("seqlens_q", "seqlens_kv", "offsets_q", "offsets_kv")
+        names = (
+            CU_SEQLENS_ARRAYS
+            if call.cu_bounds
+            else ("seqlens_q", "seqlens_kv", "offsets_q", "offsets_kv")
+        )
         index = [
             first + call.dynamic_varlen.index(n) if n in call.dynamic_varlen else -1 for n in names
         ]
-        a["varlen"] = np.int64(2)
+        a["varlen"] = np.int64(3 if call.cu_bounds else 2)
         a["varlen_args"] = np.asarray(index, np.int64)
+        if call.cu_bounds:
+            a["max_seqlen_q"], a["max_seqlen_kv"] = (np.int64(m) for m in call.cu_bounds)
     else:
         a["varlen"] = np.int64(0)
     return a
@@ -410,9 +422,12 @@ def _is_jax(x: Any) -> bool:
     return isinstance(x, jax.Array)
 
 
-def _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv):
-    """(static pairs, dynamic names, dynamic arrays): lengths as Python/numpy values are
-    fixed at trace time; any given as a JAX array makes them all arrays read at run time."""
+def _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv, cu=(None,) * 6):
+    """(static pairs, dynamic names, dynamic arrays, cu_seqlens bounds): lengths as
+    Python/numpy values are fixed at trace time; any given as a JAX array makes them all
+    arrays read at run time, on the host. `cu` (cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
+    seq_offsets_kv, max_seqlen_q, max_seqlen_kv) are int32 arrays handed to the library where
+    they live, with the bounds (max_seqlen_q, max_seqlen_kv) a plan is made for."""
     given = {
         "seqlens_q": seqlens_q,
         "seqlens_kv": seqlens_kv,
@@ -420,9 +435,27 @@ def _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv):
         "offsets_kv": offsets_kv,
     }
     given = {k: v for k, v in given.items() if v is not None}
+    cu_arrays = dict(zip(CU_SEQLENS_ARRAYS, cu[:4]))
+    bounds = cu_seqlens_bounds(cu_arrays, cu[4], cu[5])
+    if bounds is not None:
+        if given:
+            raise ValueError(
+                "cu_seqlens_q/cu_seqlens_kv and seqlens_q/seqlens_kv/offsets_q/offsets_kv "
+                "describe the same thing; pass one of the two"
+            )
+        names, arrays = [], []
+        for k, v in cu_arrays.items():
+            if v is None:
+                continue
+            a = v if _is_jax(v) else jnp.asarray(np.asarray(int_list(v, k), np.int32))
+            if a.ndim != 1 or a.dtype != jnp.int32:
+                raise ValueError(f"{k} must be a one-dimensional int32 array, got {describe(a)}")
+            names.append(k)
+            arrays.append(a)
+        return (), tuple(names), tuple(arrays), bounds
     if not any(_is_jax(v) for v in given.values()):
         pairs = tuple((k, tuple(int_list(v, k))) for k, v in given.items())
-        return tuple((k, v) for k, v in pairs if v), (), ()
+        return tuple((k, v) for k, v in pairs if v), (), (), None
     names, arrays = [], []
     for k, v in given.items():
         a = v if _is_jax(v) else jnp.asarray(np.asarray(int_list(v, k), np.int32))
@@ -432,7 +465,7 @@ def _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv):
             )
         names.append(k)
         arrays.append(a)
-    return (), tuple(names), tuple(arrays)
+    return (), tuple(names), tuple(arrays), None
 
 
 def _options(mask, window, scale, deterministic, backend) -> Tuple[Tuple[str, Any], ...]:
@@ -461,7 +494,7 @@ def _check_array(x: Any, name: str) -> None:
 
 def _call(buffers, sources, mask, window, scale, deterministic, backend, varlen, return_lse) -> Any:
     """Builds the _Call for `buffers` read as the q, k, v `sources` and runs it."""
-    static_varlen, dynamic_names, dynamic_arrays = varlen
+    static_varlen, dynamic_names, dynamic_arrays, cu_bounds = varlen
     # As every jax.numpy function does: numpy inputs become JAX arrays (float64 becomes
     # float32 unless jax_enable_x64 is set).
     buffers = tuple(jnp.asarray(b) for b in buffers)
@@ -492,6 +525,7 @@ def _call(buffers, sources, mask, window, scale, deterministic, backend, varlen,
         options=_options(mask, window, scale, deterministic, backend),
         static_varlen=static_varlen,
         dynamic_varlen=dynamic_names,
+        cu_bounds=cu_bounds,
         return_lse=bool(return_lse),
     )
     return _attention(call, *buffers, *dynamic_arrays)
@@ -508,7 +542,12 @@ _DOC_OPTIONS = """
     Varlen: q/k/v without a batch axis (axes "thd"), seqlens_q/seqlens_kv the tokens of
     each sequence and offsets_q/offsets_kv its first token (default: packed back to back);
     Python ints or numpy arrays are fixed at trace time, JAX arrays are read at run time
-    (CPU platform only).
+    (CPU platform only). Or, on both platforms, FlashAttention's and TransformerEngine's
+    form: cu_seqlens_q/cu_seqlens_kv (int32, count + 1 running token totals, 0 first),
+    optional seq_offsets_q/seq_offsets_kv (int32, the first token of each sequence when they
+    are padded apart) and the bounds max_seqlen_q/max_seqlen_kv (required: what the call is
+    planned for); the arrays are arguments of the compiled call, read by the kernels, never
+    on the host.
     Returns O (q's dtype, in q's axis order without a packed axis), and with
     return_lse=True also the fp32 LSE, [b, h, s_q] (without a batch axis: [h, s_q]); the LSE
     takes no gradient (NotImplementedError if one reaches it: stop_gradient it)."""
@@ -530,6 +569,12 @@ def attention(
     backend: str = "auto",
     deterministic: bool = False,
     return_lse: bool = False,
+    cu_seqlens_q: Ints = None,
+    cu_seqlens_kv: Ints = None,
+    seq_offsets_q: Ints = None,
+    seq_offsets_kv: Ints = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
 ):
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V on JAX arrays,
     differentiable and jit-compatible. q [.., s_q, h, d_qk], k [.., s_kv, hg, d_qk],
@@ -558,7 +603,20 @@ def attention(
         scale,
         deterministic,
         backend,
-        _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv),
+        _varlen(
+            seqlens_q,
+            seqlens_kv,
+            offsets_q,
+            offsets_kv,
+            (
+                cu_seqlens_q,
+                cu_seqlens_kv,
+                seq_offsets_q,
+                seq_offsets_kv,
+                max_seqlen_q,
+                max_seqlen_kv,
+            ),
+        ),
         return_lse,
     )
 
@@ -596,12 +654,16 @@ def attention_qkvpacked(
     backend: str = "auto",
     deterministic: bool = False,
     return_lse: bool = False,
+    cu_seqlens: Ints = None,
+    seq_offsets: Ints = None,
+    max_seqlen: Optional[int] = None,
 ):
     """Attention over one fused QKV buffer read as three strided views (no split, no copy;
     its gradient is one buffer of qkv's shape). axes name its axes: with a "3" axis
     (default "bs3hd" for 5 dimensions, "t3hd" for 4) q, k, v are its indices 0, 1, 2; without
     one (e.g. "bshd") the head axis holds q's h heads, then k's and v's num_kv_heads each
-    (default: a third each). Varlen: seqlens/offsets (one set: q and kv share them)."""
+    (default: a third each). Varlen: seqlens/offsets, or cu_seqlens/seq_offsets/max_seqlen
+    (one set: q and kv share them)."""
     _check_array(qkv, "qkv")
     shape = qkv.shape
     if axes is None:
@@ -634,7 +696,13 @@ def attention_qkvpacked(
         scale,
         deterministic,
         backend,
-        _varlen(seqlens, seqlens, offsets, offsets),
+        _varlen(
+            seqlens,
+            seqlens,
+            offsets,
+            offsets,
+            (cu_seqlens, cu_seqlens, seq_offsets, seq_offsets, max_seqlen, max_seqlen),
+        ),
         return_lse,
     )
 
@@ -655,6 +723,12 @@ def attention_kvpacked(
     backend: str = "auto",
     deterministic: bool = False,
     return_lse: bool = False,
+    cu_seqlens_q: Ints = None,
+    cu_seqlens_kv: Ints = None,
+    seq_offsets_q: Ints = None,
+    seq_offsets_kv: Ints = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
 ):
     """Attention with q in its own buffer (axes: default "bshd" / "thd") and k, v as strided
     views of one fused KV buffer (kv_axes: with a "2" axis, default "bs2hd" / "t2hd", k and v
@@ -691,7 +765,20 @@ def attention_kvpacked(
         scale,
         deterministic,
         backend,
-        _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv),
+        _varlen(
+            seqlens_q,
+            seqlens_kv,
+            offsets_q,
+            offsets_kv,
+            (
+                cu_seqlens_q,
+                cu_seqlens_kv,
+                seq_offsets_q,
+                seq_offsets_kv,
+                max_seqlen_q,
+                max_seqlen_kv,
+            ),
+        ),
         return_lse,
     )
 

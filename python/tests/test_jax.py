@@ -516,11 +516,12 @@ def test_gpu_varlen(rng, seed):
     check_all(
         qn, kn, vn, f32(o), don, [f32(g) for g in grads], dtype, seed, mask="causal", **lengths
     )
-    # Lengths as JAX arrays need the library's device-side sequence lengths on the GPU.
+    # Lengths as JAX arrays are read on the host: on the GPU the message points at the
+    # cu_seqlens arrays, which the kernels read (test_jax_cu_seqlens.py).
     arrays = {n: jax.device_put(jnp.asarray(x, jnp.int32), dev) for n, x in lengths.items()}
-    with pytest.raises(sa.UnsupportedError, match="device-side sequence lengths"):
+    with pytest.raises(sa.UnsupportedError, match="on the GPU pass cu_seqlens_q/cu_seqlens_kv"):
         sj.attention(q, k, v, **arrays)  # eager: refused when traced
     # Under jit the CPU platform could run it, so the GPU handler refuses it when it runs.
     fn = jax.jit(lambda q, k, v, a, b: sj.attention(q, k, v, seqlens_q=a, seqlens_kv=b))
-    with pytest.raises(Exception, match=r"strideattn \(unsupported\): .*device-side sequence"):
+    with pytest.raises(Exception, match=r"strideattn \(unsupported\): .*pass cu_seqlens_q"):
         fn(q, k, v, arrays["seqlens_q"], arrays["seqlens_kv"]).block_until_ready()
