@@ -10,7 +10,10 @@ NotImplementedError naming the argument when set to anything but their neutral v
 mask-type spellings are normalised ('padding,causal' == 'causal,padding' ==
 'padding_causal'); strideattn's mask vocabulary is accepted too. Padding comes from
 cu_seqlens_q/kv or, for padding mask types, from a right-padded boolean attention_mask; a
-padding mask type with neither is refused. Windows follow TE's alignment rule
+padding mask type with neither is refused. int32 cu_seqlens on q's device go to the kernels
+as they are, with no read on the host, in thd (with max_seqlen_q/kv given) and in bshd (or
+sbhd with one sequence) right-padded batches, where no feature, cp_group or top-left window
+needs the lengths on the host. Windows follow TE's alignment rule
 (bottom_right_diagonal) and are translated onto strideattn's bottom-right window. With
 cp_group, each rank passes its shard of the sequence and the call runs context-parallel
 (strideattn/_torch_cp.py; cp_comm_type p2p or a2a). inference_params takes a
@@ -32,7 +35,9 @@ from . import _torch_te_features as te_features
 from ._torch_kvcache import PagedKVCache
 from ._torch_ops import _eager, attend, attention
 from ._torch_te_args import (
+    _batch_rows,
     _mask_lengths,
+    _mergeable,
     _mask_type_cached,
     _nondeterminism_off,
     _our_window,
@@ -424,6 +429,27 @@ class DotProductAttention(torch.nn.Module):
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
         self._check_max_seqlen(max_seqlen_q, max_seqlen_kv, s_q, s_kv, fmt, cp_size)
+        win = window(None)
+        if (
+            win is not None
+            and cu_seqlens_q_padded is None
+            and cu_seqlens_kv_padded is None
+            and _mergeable(q, k, v)
+            and all(
+                call.device_int32(a, q) and a.shape[0] == b + 1
+                for a in (cu_seqlens_q, cu_seqlens_kv)
+            )
+            and _eager(q, k, v)
+        ):
+            # The arrays go to the kernels as they are (no read on the host): the batch and
+            # seq dims merge into one token dim, and sequence i starts at row 0 of batch i.
+            o = self._attend(
+                *(t.flatten(0, 1) for t in (q, k, v)),
+                (_batch_rows(cu_seqlens_q, cu_seqlens_kv, b, s_q, s_kv), None, None, None),
+                win, opts, call.THD,
+            )  # fmt: skip
+            o = o.view(b, s_q, -1)
+            return o.transpose(0, 1) if fmt == "sbhd" else o
         lens_q, lens_kv = self._padding_lengths(
             b,
             s_q,
@@ -659,11 +685,8 @@ class DotProductAttention(torch.nn.Module):
         lens_kv[i] rows of batch i; [b, s_q, h, d_v] out, padding rows 0."""
         b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
         shifts = [lk - lq for lq, lk in zip(lens_q, lens_kv)]
-        mergeable = b == 1 or all(
-            t.stride(0) == s * t.stride(1) for t, s in ((q, s_q), (k, s_kv), (v, s_kv))
-        )
         one_window = None
-        if mergeable:
+        if _mergeable(q, k, v):
             try:
                 one_window = window(shifts)
             except NotImplementedError:  # a top-left window that differs per sequence

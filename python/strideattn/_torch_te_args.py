@@ -1,8 +1,9 @@
 """TransformerEngine's DotProductAttention arguments, normalised for _torch_module.py: mask
 types (TE's spellings and strideattn's), window pairs (remembered: a module passes the same
 one every call), the NVTE_ALLOW_NONDETERMINISTIC_ALGO switch (read cheaply at every call),
-TE's top-left windows as strideattn's bottom-right ones, right-padding masks as lengths, and
-the packed qkv_layer / kv_layer as views."""
+TE's top-left windows as strideattn's bottom-right ones, right-padding masks as lengths, a
+padded batch's device cu_seqlens as token arrays, and the packed qkv_layer / kv_layer as
+views."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 from torch import Tensor
 
+from . import _torch_call as call
 from ._util import MASK_ALIASES, MASKS, canonical_mask, describe, window_pair
 
 _environ = os.environ
@@ -147,6 +149,24 @@ def _mask_lengths(m: Any, s: int, name: str) -> List[int]:
             "supported: right padding (True only after the last token)"
         )
     return [int(x) for x in lens.tolist()]
+
+
+def _mergeable(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether [b, s, h, d] tensors' batch and seq dims merge into one token dim (a view)."""
+    return q.shape[0] == 1 or all(t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v))
+
+
+def _batch_rows(cu_q: Tensor, cu_kv: Tensor, b: int, s_q: int, s_kv: int) -> call.CuSeqlens:
+    """The CuSeqlens of a right-padded [b, s, h, d] batch merged into tokens: TE's device
+    cu_seqlens give the lengths, sequence i starts at row i * s (int32 arrays made on the
+    device, nothing read on the host), and the bounds are the sequence extents."""
+    starts_q = torch.arange(0, b * s_q, s_q, dtype=torch.int32, device=cu_q.device)
+    starts_kv = (
+        starts_q
+        if s_kv == s_q
+        else torch.arange(0, b * s_kv, s_kv, dtype=torch.int32, device=cu_q.device)
+    )
+    return call.CuSeqlens(cu_q, cu_kv, starts_q, starts_kv, s_q, s_kv)
 
 
 def _unpack(qkv_layer, kv_layer, q, k, v, fmt: str, dim: int) -> Tuple[Tensor, Tensor, Tensor]:

@@ -1,6 +1,7 @@
 """PyTorch varlen with device cu_seqlens arrays (strideattn.torch.attention's cu_seqlens_*,
 seq_offsets_*, max_seqlen_* and DotProductAttention's thd path with max_seqlen given): the
-arrays reach the kernels as they are. Checked against the same call with host lengths (bit
+arrays reach the kernels as they are (and DotProductAttention's right-padded bshd batch with
+cu_seqlens). Checked against the same call with host lengths (bit
 for bit: the same kernels on the same problem), that nothing reads them on the host (the
 host readers replaced by ones that fail; on CUDA, a graph capture, during which a read-back
 is an error, replayed with new contents), that a plan serves new contents of the arrays,
@@ -135,6 +136,47 @@ def test_module_thd_passes_the_arrays(seed, device, padded, monkeypatch):
     monkeypatch.undo()
     kw64 = {n: (a.long() if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
     assert torch.equal(mod(q, k, v, max_seqlen_q=20, max_seqlen_kv=20, **kw64), o_host)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_type", ["padding_causal", "padding_causal_bottom_right"])
+def test_module_bshd_padding_passes_the_arrays(seed, device, mask_type, monkeypatch):
+    # A right-padded [b, s, h, d] batch with device cu_seqlens: the batch merges into tokens
+    # and the arrays go to the kernels; the same as the attention_mask path (host lengths).
+    b, s, h, hg, d = 3, 20, 4, 2, 32
+    lens = [7, 0, 20]
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16).to(device).requires_grad_()
+
+    q = rand(b, s, h, 2 * d)[..., :d]  # a slice of a wider buffer
+    k, v = rand(b, s, 2 * hg, d).split([hg, hg], dim=2)  # the split of one fused buffer
+    do = torch.randn(b, s, h * d, generator=g).to(torch.bfloat16).to(device)
+    mod = sat.DotProductAttention(
+        h, d, num_gqa_groups=hg, qkv_format="bshd", attn_mask_type=mask_type
+    )
+    padding = torch.arange(s)[None, :] >= torch.tensor(lens)[:, None]  # True = padding
+    o_host = mod(q, k, v, attention_mask=padding[:, None, None, :].to(device))
+    g_host = torch.autograd.grad(o_host, (q, k, v), do)
+
+    def fail(*_):
+        raise AssertionError("the module read the lengths on the host")
+
+    monkeypatch.setattr(_torch_module, "cu_seqlens_lengths", fail)
+    monkeypatch.setattr(_torch_module, "_mask_lengths", fail)
+    monkeypatch.setattr(call, "_varlen", fail)
+    cu = i32(np.cumsum([0] + lens), device)
+    for step in range(2):  # the second call runs the plans the first made
+        made = call.plans_made()
+        o_dev = mod(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=s, max_seqlen_kv=s)
+        g_dev = torch.autograd.grad(o_dev, (q, k, v), do)
+        assert torch.equal(o_dev, o_host), f"o differs from the attention_mask path ({step})"
+        for name, a, c in zip(("dq", "dk", "dv"), g_dev, g_host):
+            assert torch.equal(a, c), f"{name} differs from the attention_mask path ({step})"
+        if step:
+            assert call.plans_made() == made, "a repeated call made new plans"
+    assert not o_dev[1].any() and not o_dev[0, 7:].any() and o_dev[0, :7].abs().sum() > 0
 
 
 def test_cuda_graph_replays_new_lengths(seed):
