@@ -400,6 +400,11 @@ def test_errors(rng):
         ),
         (ValueError, "must be a JAX array", lambda: sj.attention([1.0], x, x)),
     ]
+    expect_raises(cases)
+
+
+def expect_raises(cases):
+    """Each (exception type, pattern, fn): fn() raises that type with a message matching."""
     for exc, pattern, fn in cases:
         try:
             fn()
