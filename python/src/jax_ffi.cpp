@@ -1,11 +1,12 @@
 // strideattn._jax_ffi: the XLA FFI handlers behind strideattn.jax, the forward (O and LSE)
-// and the backward (dQ, dK, dV), for XLA's CPU platform (host buffers: the reference and cpu
-// backends) and its CUDA platform (device buffers on XLA's stream: the cuda and cudnn
-// backends), and the trace-time query that validates a call and sizes its workspace without
-// running it. Every tensor is a view into one of the call's XLA buffers, described per
-// buffer axis (which logical dimension that axis is, its first index and its extent); the
-// element strides come from the buffer's own dimensions (XLA buffers are dense row-major),
-// so one fused QKV buffer is read as three strided views, with no copy.
+// and the backward (dQ, dK, dV; dBias and d_sinks with those training features), for XLA's
+// CPU platform (host buffers: the reference and cpu backends) and its CUDA platform (device
+// buffers on XLA's stream: the cuda and cudnn backends), and the trace-time query that
+// validates a call and sizes its workspace without running it. Every tensor is a view into
+// one of the call's XLA buffers, described per buffer axis (which logical dimension that
+// axis is, its first index and its extent); the element strides come from the buffer's own
+// dimensions (XLA buffers are dense row-major), so one fused QKV buffer is read as three
+// strided views, with no copy.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -71,6 +72,13 @@ struct CallAttrs {
   std::vector<std::int64_t> seqlens_q, seqlens_kv, offsets_q, offsets_kv;
   std::vector<std::int64_t> varlen_args;
   std::int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  // Training features: options, and the argument indices of their arrays (bias, alibi_slopes,
+  // sinks, dropout_rng; -1: none) and, in a backward, the result indices of the gradients
+  // (dbias, d_sinks; -1: none). dropout_rng: uint32[4], the seed then the offset as two
+  // little-endian uint64, read when the call runs.
+  double softcap = 0.0, dropout_p = 0.0;
+  std::string bias_type = "none";
+  std::vector<std::int64_t> feature_args, feature_rets;
   std::int64_t workspace = -1;  // result index of the workspace buffer (uint8), -1: none
 };
 
@@ -78,7 +86,8 @@ constexpr const char* kForwardInputs[] = {"q", "k", "v"};
 constexpr const char* kForwardOutputs[] = {"o", "lse"};
 constexpr const char* kBackwardInputs[] = {"q", "k", "v", "o", "do", "lse"};
 constexpr const char* kBackwardOutputs[] = {"dq", "dk", "dv"};
-constexpr const char* kIntArrays[] = {"seqlens_q", "seqlens_kv", "offsets_q", "offsets_kv", "varlen_args"};
+constexpr const char* kIntArrays[] = {"seqlens_q",   "seqlens_kv",   "offsets_q",   "offsets_kv",
+                                      "varlen_args", "feature_args", "feature_rets"};
 
 Status bad(std::string msg) { return Status(StatusCode::invalid_argument, std::move(msg)); }
 
@@ -114,7 +123,11 @@ Status decode_attrs(const Source& src, bool backward, CallAttrs* a) {
   if (Status s = src.i64("workspace", &a->workspace); !s.ok()) return s;
   if (Status s = src.i64("max_seqlen_q", &a->max_seqlen_q); !s.ok()) return s;
   if (Status s = src.i64("max_seqlen_kv", &a->max_seqlen_kv); !s.ok()) return s;
-  std::vector<std::int64_t>* arrays[] = {&a->seqlens_q, &a->seqlens_kv, &a->offsets_q, &a->offsets_kv, &a->varlen_args};
+  if (Status s = src.f64("softcap", &a->softcap); !s.ok()) return s;
+  if (Status s = src.f64("dropout_p", &a->dropout_p); !s.ok()) return s;
+  if (Status s = src.str("bias_type", &a->bias_type); !s.ok()) return s;
+  std::vector<std::int64_t>* arrays[] = {&a->seqlens_q,   &a->seqlens_kv,   &a->offsets_q,   &a->offsets_kv,
+                                         &a->varlen_args, &a->feature_args, &a->feature_rets};
   for (std::size_t i = 0; i < std::size(kIntArrays); ++i)
     if (src.has(kIntArrays[i]))
       if (Status s = src.ints(kIntArrays[i], arrays[i]); !s.ok()) return s;
@@ -187,6 +200,8 @@ std::string_view type_name(ffi::DataType t) {
       return "int64";
     case ffi::DataType::U8:
       return "uint8";
+    case ffi::DataType::U32:
+      return "uint32";
     default:
       return "another XLA type";
   }
@@ -369,6 +384,120 @@ Status fill_varlen(const CallAttrs& a, const std::vector<Buffer>& args, Memory m
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------- training features
+
+// Buffer `idx` of `bufs` (nullptr: -1, none), or an error naming `what`.
+Status feature_buffer(std::int64_t idx, const std::vector<Buffer>& bufs, const char* what, const char* side,
+                      const Buffer** out) {
+  *out = nullptr;
+  if (idx < 0) return Status::Ok();
+  if (idx >= static_cast<std::int64_t>(bufs.size())) return bad(std::string(what) + ": no such " + side);
+  *out = &bufs[static_cast<std::size_t>(idx)];
+  return Status::Ok();
+}
+
+// A bias array of rank 1..4 as the library's [b or 1, h or 1, s_q or 1, s_kv or 1] view: its
+// dimensions right-aligned (numpy's broadcasting), the missing leading ones extent 1, the
+// strides those of its row-major layout.
+Status bias_view(const Buffer& b, const char* what, BiasView* out) {
+  const std::size_t rank = b.dims.size();
+  if (rank < 1 || rank > 4)
+    return bad(std::string(what) + " has shape " + dims_str(b.dims) +
+               "; supported: 1 to 4 dimensions, broadcast to [b, h, s_q, s_kv] from the right");
+  switch (b.type) {
+    case ffi::DataType::F32:
+      out->dtype = DType::f32;
+      break;
+    case ffi::DataType::F16:
+      out->dtype = DType::f16;
+      break;
+    case ffi::DataType::BF16:
+      out->dtype = DType::bf16;
+      break;
+    default:
+      return bad(std::string(what) + " has dtype " + std::string(type_name(b.type)) +
+                 "; supported: float32, float16, bfloat16");
+  }
+  std::int64_t stride = 1;
+  for (std::size_t i = 4; i-- > 0;) {
+    const std::size_t from_right = 3 - i;
+    const std::int64_t extent = from_right < rank ? b.dims[rank - 1 - from_right] : 1;
+    out->shape[i] = extent;
+    out->stride[i] = stride;
+    stride *= extent;
+  }
+  out->data = b.data;
+  return Status::Ok();
+}
+
+// An fp32 array [h] (rows 1) or [rows, h] as a HeadView.
+Status head_view(const Buffer& b, const char* what, bool two_dims, HeadView* out) {
+  if (b.type != ffi::DataType::F32 || b.dims.empty() || b.dims.size() > (two_dims ? 2u : 1u))
+    return bad(std::string(what) + " is " + std::string(type_name(b.type)) + " of shape " + dims_str(b.dims) +
+               "; supported: float32 [h]" + (two_dims ? " or [b, h]" : ""));
+  const bool rows = b.dims.size() == 2;
+  out->shape = {rows ? b.dims[0] : 1, b.dims.back()};
+  out->stride = {b.dims.back(), 1};
+  out->data = static_cast<float*>(b.data);
+  return Status::Ok();
+}
+
+// The features' options and views (a backward: with its gradients' results, whose elements
+// are added to `counts`, the results' coverage).
+template <class Args>
+Status fill_features(const CallAttrs& a, const std::vector<Buffer>& args, const std::vector<Buffer>& rets,
+                     std::vector<std::int64_t>* counts, Args* out) {
+  if (a.feature_args.empty()) return Status::Ok();
+  if (a.feature_args.size() != 4) return bad("feature attributes are inconsistent");
+  out->options.softcap = a.softcap;
+  out->options.dropout.p = a.dropout_p;
+  const std::optional<BiasType> type = bias_type_from_string(a.bias_type);
+  if (!type) return bad("bias_type='" + a.bias_type + "' is not a bias type; supported: post_scale, pre_scale");
+  const Buffer *bias = nullptr, *alibi = nullptr, *sinks = nullptr, *rng = nullptr;
+  if (Status s = feature_buffer(a.feature_args[0], args, "bias", "argument", &bias); !s.ok()) return s;
+  if (Status s = feature_buffer(a.feature_args[1], args, "alibi_slopes", "argument", &alibi); !s.ok()) return s;
+  if (Status s = feature_buffer(a.feature_args[2], args, "sinks", "argument", &sinks); !s.ok()) return s;
+  if (Status s = feature_buffer(a.feature_args[3], args, "dropout_rng", "argument", &rng); !s.ok()) return s;
+  if (bias != nullptr) {
+    out->options.bias_type = *type;
+    if (Status s = bias_view(*bias, "bias", &out->bias); !s.ok()) return s;
+  }
+  if (alibi != nullptr)
+    if (Status s = head_view(*alibi, "alibi_slopes", true, &out->alibi_slopes); !s.ok()) return s;
+  if (sinks != nullptr)
+    if (Status s = head_view(*sinks, "sinks", false, &out->sinks); !s.ok()) return s;
+  if (rng != nullptr) {
+    if (rng->type != ffi::DataType::U32 || rng->dims != std::vector<std::int64_t>{4})
+      return bad("dropout_rng is " + std::string(type_name(rng->type)) + " of shape " + dims_str(rng->dims) +
+                 "; supported: uint32 [4] (the seed, then the offset, as little-endian uint64)");
+    if (reinterpret_cast<std::uintptr_t>(rng->data) % 8 != 0)
+      return bad("dropout_rng is not 8-byte aligned; supported: an XLA buffer of its own");
+    const auto* words = static_cast<const std::uint64_t*>(rng->data);
+    out->options.dropout.seed_ptr = words;
+    out->options.dropout.offset_ptr = words == nullptr ? nullptr : words + 1;
+  }
+  if constexpr (std::is_same_v<Args, BackwardArgs>) {
+    if (a.feature_rets.size() != 2) return bad("feature attributes are inconsistent");
+    const Buffer *dbias = nullptr, *d_sinks = nullptr;
+    if (Status s = feature_buffer(a.feature_rets[0], rets, "dbias", "result", &dbias); !s.ok()) return s;
+    if (Status s = feature_buffer(a.feature_rets[1], rets, "d_sinks", "result", &d_sinks); !s.ok()) return s;
+    if (dbias != nullptr) {
+      if (bias == nullptr || dbias->dims != bias->dims || dbias->type != bias->type)
+        return bad("dbias result of shape " + dims_str(dbias->dims) +
+                   " does not match the bias; supported: the "
+                   "bias's shape and dtype");
+      if (Status s = bias_view(*dbias, "dbias", &out->dbias); !s.ok()) return s;
+      (*counts)[static_cast<std::size_t>(a.feature_rets[0])] +=
+          out->dbias.shape[0] * out->dbias.shape[1] * out->dbias.shape[2] * out->dbias.shape[3];
+    }
+    if (d_sinks != nullptr) {
+      if (Status s = head_view(*d_sinks, "d_sinks", false, &out->d_sinks); !s.ok()) return s;
+      (*counts)[static_cast<std::size_t>(a.feature_rets[1])] += out->d_sinks.shape[1];
+    }
+  }
+  return Status::Ok();
+}
+
 template <class Args>
 Status fill_common(const CallAttrs& a, const std::vector<Buffer>& args, const std::vector<Buffer>& rets, Memory memory,
                    void* stream, Args* out) {
@@ -428,6 +557,7 @@ Status build(const CallAttrs& a, const std::vector<Buffer>& args, const std::vec
   n = 0;
   if (Status s = lse_view(a, rets, "result", &f->lse, &n); !s.ok()) return s;
   add_count(a, "lse", n, &counts);
+  if (Status s = fill_features(a, args, rets, &counts, f); !s.ok()) return s;
   if (Status s = check_covered(a, rets, counts); !s.ok()) return s;
   return fill_common(a, args, rets, memory, stream, f);
 }
@@ -448,6 +578,7 @@ Status build(const CallAttrs& a, const std::vector<Buffer>& args, const std::vec
     if (Status s = tensor_view(kBackwardOutputs[i], a, rets, "result", grads[i], &n); !s.ok()) return s;
     add_count(a, kBackwardOutputs[i], n, &counts);
   }
+  if (Status s = fill_features(a, args, rets, &counts, b); !s.ok()) return s;
   if (Status s = check_covered(a, rets, counts); !s.ok()) return s;
   return fill_common(a, args, rets, memory, stream, b);
 }
@@ -558,6 +689,7 @@ ffi::DataType parse_type(const std::string& name) {
   if (name == "int32") return ffi::DataType::S32;
   if (name == "int64") return ffi::DataType::S64;
   if (name == "uint8") return ffi::DataType::U8;
+  if (name == "uint32") return ffi::DataType::U32;
   return ffi::DataType::INVALID;
 }
 

@@ -33,6 +33,10 @@ Errors only the run can find (the values of lengths passed as JAX arrays), and a
 by one of several possible platforms, come from XLA as jax.errors.JaxRuntimeError, whose
 text carries "strideattn (<code>): <message>".
 
+The training features of strideattn.attention (softcap, bias, bias_type, alibi_slopes,
+sinks, dropout_p with a PRNG key as dropout_rng) are keywords of each entry point; the bias
+and the sinks get their gradients.
+
 The workspace a GPU backend needs is asked of the library at trace time and requested as
 an extra XLA result buffer, so nothing allocates device memory inside the handler (the host
 backends take no workspace and allocate their own host scratch)."""
@@ -47,18 +51,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _checks
+from . import _jax_args as _args
 from ._util import (
     CU_SEQLENS_ARRAYS,
     BackendError,
     UnsupportedError,
-    canonical_mask,
-    cu_seqlens_bounds,
     cu_seqlens_hint,
     describe,
-    int_list,
     raise_for,
-    window_pair,
 )
 
 if not hasattr(getattr(jax, "ffi", None), "ffi_call"):
@@ -197,7 +197,8 @@ def _full_desc(buf: int, axes: str, shape: Sequence[int], roles: Dict[str, int])
 @dataclasses.dataclass(frozen=True)
 class _Call:
     """Everything static about one attention call (hashable: custom_vjp's non-differentiable
-    argument). The call's arrays are the buffers, then the varlen arrays (if any)."""
+    argument). The call's arrays are the buffers, then the varlen arrays (if any), then the
+    training features' arrays (feature_arrays, in _jax_args.FEATURE_ARRAYS' order)."""
 
     sources: Tuple[_Source, _Source, _Source]  # q, k, v
     shapes: Tuple[Tuple[int, ...], ...]  # of the buffers
@@ -210,6 +211,8 @@ class _Call:
     static_varlen: Tuple[Tuple[str, Tuple[int, ...]], ...]  # lengths fixed at trace time
     dynamic_varlen: Tuple[str, ...]  # names of the varlen arrays that follow the buffers
     cu_bounds: Optional[Tuple[int, int]]  # set: dynamic_varlen are cu_seqlens arrays
+    features: Tuple[Tuple[str, Any], ...]  # softcap, bias_type, dropout_p where set
+    feature_arrays: Tuple[str, ...]  # names of the feature arrays that follow
     return_lse: bool
 
     @property
@@ -262,6 +265,19 @@ def _attrs(call: _Call, backward: bool, n_rets: int) -> Dict[str, Any]:
             a["max_seqlen_q"], a["max_seqlen_kv"] = (np.int64(m) for m in call.cu_bounds)
     else:
         a["varlen"] = np.int64(0)
+    if call.features or call.feature_arrays:
+        first = nb + (3 if backward else 0) + len(call.dynamic_varlen)
+        given = call.feature_arrays
+        a["feature_args"] = np.asarray(
+            [first + given.index(n) if n in given else -1 for n in _args.FEATURE_ARRAYS], np.int64
+        )
+        for key, value in call.features:
+            a[key] = value
+        if backward:  # dBias, then d_sinks, after the buffers' gradients
+            has_bias, has_sinks = "bias" in given, "sinks" in given
+            a["feature_rets"] = np.asarray(
+                [nb if has_bias else -1, nb + has_bias if has_sinks else -1], np.int64
+            )
     return a
 
 
@@ -407,9 +423,21 @@ def _attention_bwd(call: _Call, residuals, cotangent):
     if isinstance(d_o, zero):
         d_o = jnp.zeros(o.shape, o.dtype)
     results = [jax.ShapeDtypeStruct(call.shapes[i], call.dtypes[i]) for i in range(nb)]
+    # the features' gradients: dBias (the bias's shape and dtype) and d_sinks, always
+    # computed where the call has them (whether they are used is not known here)
+    first = len(arrays) - len(call.feature_arrays)
+    feats = dict(zip(call.feature_arrays, arrays[first:]))
+    for name in ("bias", "sinks"):
+        if name in feats:
+            results.append(jax.ShapeDtypeStruct(feats[name].shape, feats[name].dtype))
     inputs = tuple(arrays[:nb]) + (o, d_o, lse) + tuple(arrays[nb:])
-    grads = _run(call, True, inputs, results)
-    return tuple(grads) + (None,) * (len(arrays) - nb)
+    grads = list(_run(call, True, inputs, results))
+    feature_grads = {n: grads.pop(nb) for n in ("bias", "sinks") if n in feats}
+    return (
+        tuple(grads)
+        + (None,) * (first - nb)
+        + tuple(feature_grads.get(n) for n in call.feature_arrays)
+    )
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -418,83 +446,12 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 # ----------------------------------------------------------------------------- arguments
 
 
-def _is_jax(x: Any) -> bool:
-    return isinstance(x, jax.Array)
-
-
-def _varlen(seqlens_q, seqlens_kv, offsets_q, offsets_kv, cu=(None,) * 6):
-    """(static pairs, dynamic names, dynamic arrays, cu_seqlens bounds): lengths as
-    Python/numpy values are fixed at trace time; any given as a JAX array makes them all
-    arrays read at run time, on the host. `cu` (cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-    seq_offsets_kv, max_seqlen_q, max_seqlen_kv) are int32 arrays handed to the library where
-    they live, with the bounds (max_seqlen_q, max_seqlen_kv) a plan is made for."""
-    given = {
-        "seqlens_q": seqlens_q,
-        "seqlens_kv": seqlens_kv,
-        "offsets_q": offsets_q,
-        "offsets_kv": offsets_kv,
-    }
-    given = {k: v for k, v in given.items() if v is not None}
-    cu_arrays = dict(zip(CU_SEQLENS_ARRAYS, cu[:4]))
-    bounds = cu_seqlens_bounds(cu_arrays, cu[4], cu[5])
-    if bounds is not None:
-        if given:
-            raise ValueError(
-                "cu_seqlens_q/cu_seqlens_kv and seqlens_q/seqlens_kv/offsets_q/offsets_kv "
-                "describe the same thing; pass one of the two"
-            )
-        names, arrays = [], []
-        for k, v in cu_arrays.items():
-            if v is None:
-                continue
-            a = v if _is_jax(v) else jnp.asarray(np.asarray(int_list(v, k), np.int32))
-            if a.ndim != 1 or a.dtype != jnp.int32:
-                raise ValueError(f"{k} must be a one-dimensional int32 array, got {describe(a)}")
-            names.append(k)
-            arrays.append(a)
-        return (), tuple(names), tuple(arrays), bounds
-    if not any(_is_jax(v) for v in given.values()):
-        pairs = tuple((k, tuple(int_list(v, k))) for k, v in given.items())
-        return tuple((k, v) for k, v in pairs if v), (), (), None
-    names, arrays = [], []
-    for k, v in given.items():
-        a = v if _is_jax(v) else jnp.asarray(np.asarray(int_list(v, k), np.int32))
-        if a.ndim != 1 or a.dtype not in (jnp.int32, jnp.int64):
-            raise ValueError(
-                f"{k} must be a one-dimensional int32 or int64 array, got {describe(a)}"
-            )
-        names.append(k)
-        arrays.append(a)
-    return (), tuple(names), tuple(arrays), None
-
-
-def _options(mask, window, scale, deterministic, backend) -> Tuple[Tuple[str, Any], ...]:
-    mask = canonical_mask(mask)
-    if not isinstance(backend, str):
-        raise ValueError(
-            f"backend must be a string (auto, reference, cpu, cuda, cudnn); got {describe(backend)}"
-        )
-    left, right = window_pair(window)
-    scale = _checks.scale(scale)
-    return (
-        ("mask", mask),
-        ("backend", backend),
-        ("window_left", np.int64(left)),
-        ("window_right", np.int64(right)),
-        ("has_scale", np.bool_(scale is not None)),
-        ("scale", np.float64(0.0 if scale is None else scale)),
-        ("deterministic", np.bool_(bool(deterministic))),
-    )
-
-
-def _check_array(x: Any, name: str) -> None:
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise ValueError(f"{name} must be a JAX array, got {describe(x)}")
-
-
-def _call(buffers, sources, mask, window, scale, deterministic, backend, varlen, return_lse) -> Any:
+def _call(
+    buffers, sources, mask, window, scale, deterministic, backend, varlen, return_lse, feats
+) -> Any:
     """Builds the _Call for `buffers` read as the q, k, v `sources` and runs it."""
     static_varlen, dynamic_names, dynamic_arrays, cu_bounds = varlen
+    feature_options, feature_names, feature_arrays = feats
     # As every jax.numpy function does: numpy inputs become JAX arrays (float64 becomes
     # float32 unless jax_enable_x64 is set).
     buffers = tuple(jnp.asarray(b) for b in buffers)
@@ -522,13 +479,15 @@ def _call(buffers, sources, mask, window, scale, deterministic, backend, varlen,
         o_shape=o_shape,
         lse_axes=lse_axes,
         lse_shape=lse_shape,
-        options=_options(mask, window, scale, deterministic, backend),
+        options=_args.options(mask, window, scale, deterministic, backend),
         static_varlen=static_varlen,
         dynamic_varlen=dynamic_names,
         cu_bounds=cu_bounds,
+        features=feature_options,
+        feature_arrays=feature_names,
         return_lse=bool(return_lse),
     )
-    return _attention(call, *buffers, *dynamic_arrays)
+    return _attention(call, *buffers, *dynamic_arrays, *feature_arrays)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -548,6 +507,15 @@ _DOC_OPTIONS = """
     are padded apart) and the bounds max_seqlen_q/max_seqlen_kv (required: what the call is
     planned for); the arrays are arguments of the compiled call, read by the kernels, never
     on the host.
+    Training features (docs/semantics.md "Training features"): softcap c > 0 caps the scaled
+    logits (c tanh(x / c)); bias, float32/float16/bfloat16 of up to 4 dimensions broadcast to
+    [b, h, s_q, s_kv] from the right (each extent full or 1), added after the scale and
+    softcap (bias_type="post_scale") or before the scale ("pre_scale"), gets its gradient
+    (summed over its extent-1 dimensions); alibi_slopes, float32 [h] or [b, h], subtracts
+    slope |i + s_kv - s_q - j| (no gradient); sinks, float32 [h], join every row's softmax
+    denominator as exp(sink) and get their gradient; dropout_p drops each probability with
+    that chance, its Philox seed and offset drawn from dropout_rng (a JAX PRNG key: the same
+    key draws the same mask on every backend, and the backward draws it again).
     Returns O (q's dtype, in q's axis order without a packed axis), and with
     return_lse=True also the fp32 LSE, [b, h, s_q] (without a batch axis: [h, s_q]); the LSE
     takes no gradient (NotImplementedError if one reaches it: stop_gradient it)."""
@@ -575,6 +543,13 @@ def attention(
     seq_offsets_kv: Ints = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
+    softcap: Optional[float] = None,
+    bias: Any = None,
+    bias_type: str = "post_scale",
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    dropout_p: float = 0.0,
+    dropout_rng: Any = None,
 ):
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V on JAX arrays,
     differentiable and jit-compatible. q [.., s_q, h, d_qk], k [.., s_kv, hg, d_qk],
@@ -582,7 +557,7 @@ def attention(
     for all three (default "bshd" for 4 dimensions, "thd" for 3) or one per tensor, e.g.
     axes="sbhd" for [s, b, h, d] arrays."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_array(x, name)
+        _args.check_array(x, name)
     if axes is None or isinstance(axes, str):
         per = [axes] * 3
     else:
@@ -603,7 +578,7 @@ def attention(
         scale,
         deterministic,
         backend,
-        _varlen(
+        _args.varlen(
             seqlens_q,
             seqlens_kv,
             offsets_q,
@@ -618,6 +593,7 @@ def attention(
             ),
         ),
         return_lse,
+        _args.features(softcap, bias, bias_type, alibi_slopes, sinks, dropout_p, dropout_rng),
     )
 
 
@@ -657,6 +633,13 @@ def attention_qkvpacked(
     cu_seqlens: Ints = None,
     seq_offsets: Ints = None,
     max_seqlen: Optional[int] = None,
+    softcap: Optional[float] = None,
+    bias: Any = None,
+    bias_type: str = "post_scale",
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    dropout_p: float = 0.0,
+    dropout_rng: Any = None,
 ):
     """Attention over one fused QKV buffer read as three strided views (no split, no copy;
     its gradient is one buffer of qkv's shape). axes name its axes: with a "3" axis
@@ -664,7 +647,7 @@ def attention_qkvpacked(
     one (e.g. "bshd") the head axis holds q's h heads, then k's and v's num_kv_heads each
     (default: a third each). Varlen: seqlens/offsets, or cu_seqlens/seq_offsets/max_seqlen
     (one set: q and kv share them)."""
-    _check_array(qkv, "qkv")
+    _args.check_array(qkv, "qkv")
     shape = qkv.shape
     if axes is None:
         axes = _default_axes(len(shape), "qkv", packed="3")
@@ -696,7 +679,7 @@ def attention_qkvpacked(
         scale,
         deterministic,
         backend,
-        _varlen(
+        _args.varlen(
             seqlens,
             seqlens,
             offsets,
@@ -704,6 +687,7 @@ def attention_qkvpacked(
             (cu_seqlens, cu_seqlens, seq_offsets, seq_offsets, max_seqlen, max_seqlen),
         ),
         return_lse,
+        _args.features(softcap, bias, bias_type, alibi_slopes, sinks, dropout_p, dropout_rng),
     )
 
 
@@ -729,13 +713,20 @@ def attention_kvpacked(
     seq_offsets_kv: Ints = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
+    softcap: Optional[float] = None,
+    bias: Any = None,
+    bias_type: str = "post_scale",
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    dropout_p: float = 0.0,
+    dropout_rng: Any = None,
 ):
     """Attention with q in its own buffer (axes: default "bshd" / "thd") and k, v as strided
     views of one fused KV buffer (kv_axes: with a "2" axis, default "bs2hd" / "t2hd", k and v
     are its indices 0 and 1; without one the head axis holds k's heads, then v's, half
     each)."""
-    _check_array(q, "q")
-    _check_array(kv, "kv")
+    _args.check_array(q, "q")
+    _args.check_array(kv, "kv")
     q_axes = _parse_axes(_default_axes(len(q.shape), "q") if axes is None else axes, q.shape, "q")
     if kv_axes is None:
         kv_axes = _default_axes(len(kv.shape), "kv", packed="2")
@@ -765,7 +756,7 @@ def attention_kvpacked(
         scale,
         deterministic,
         backend,
-        _varlen(
+        _args.varlen(
             seqlens_q,
             seqlens_kv,
             offsets_q,
@@ -780,6 +771,7 @@ def attention_kvpacked(
             ),
         ),
         return_lse,
+        _args.features(softcap, bias, bias_type, alibi_slopes, sinks, dropout_p, dropout_rng),
     )
 
 
