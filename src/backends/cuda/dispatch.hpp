@@ -11,6 +11,7 @@
 #include <span>
 
 #include "backends/cuda/common/arch.hpp"
+#include "backends/cuda/common/feature_set.hpp"
 #include "strideattn/strideattn.hpp"
 
 namespace strideattn::cuda_impl {
@@ -36,8 +37,18 @@ enum class Variant : int {
   kv_cache = 4,       // forward: a KV-cache call (KernelParams::kv: lengths from device
                       // memory, K and V through the contiguous or paged cache), any head dims
   kv_cache_fold = 5,  // the same over caches of more than kFoldKeys tokens, with the fold
+  // the training features' variant with one feature alone compiled in (common/feature_set.hpp:
+  // kSingleFeatures, in this order), where an entry has it (KernelEntry::mods_single)
+  mods_bias = 6,
+  mods_softcap = 7,
+  mods_alibi = 8,
+  mods_dropout = 9,
+  mods_sinks = 10,
+  mods_max_logit = 11,
 };
-inline constexpr int kVariantCount = 6;
+inline constexpr int kVariantCount = 12;
+// Whether v runs a training-feature instantiation (mods or a single-feature one).
+constexpr bool is_feature_variant(Variant v) { return v == Variant::mods || int(v) >= int(Variant::mods_bias); }
 
 // How the consumer warpgroups of the warp-specialized forward (sm90/ws_forward.cuh) order
 // their GEMMs.
@@ -90,7 +101,9 @@ struct KernelEntry {
   const void* mods = nullptr;
   const void* kv_cache = nullptr;
   const void* kv_cache_fold = nullptr;
+  const void* mods_single[kSingleFeatureCount] = {};  // Variant::mods_bias + i
   [[nodiscard]] const void* kernel(Variant v) const {
+    if (int(v) >= int(Variant::mods_bias)) return mods_single[int(v) - int(Variant::mods_bias)];
     return v == Variant::full_d          ? full_d
            : v == Variant::fold          ? fold
            : v == Variant::mods          ? mods

@@ -177,6 +177,9 @@ std::string describe(const CudaPlan& plan, std::uint32_t bits) {
   if (plan.backward) s += (bits & kVecDO) ? " do" : "";
   s += " (others take the element-wise path)";
   if (plan.main.variant == Variant::mods) s += "; the training features' kernel variant";
+  for (int i = 0; i < kSingleFeatureCount; ++i)
+    if (int(plan.main.variant) == int(Variant::mods_bias) + i)
+      s += std::string("; the training features' kernel variant with ") + kSingleFeatureNames[i] + " alone";
   if (plan.main.variant == Variant::kv_cache || plan.main.variant == Variant::kv_cache_fold)
     s += "; the KV-cache kernel variant (lengths from device memory, K and V through the cache)";
   if (!plan.backward) {

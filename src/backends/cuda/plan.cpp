@@ -116,6 +116,23 @@ bool dbias_direct(const Problem& p) {
   return true;
 }
 
+int score_features(const Problem& p) {
+  return (p.bias_on() || p.dbias_on ? kFeatBias : 0) | (p.softcap_on() ? kFeatSoftcap : 0) |
+         (p.alibi_on ? kFeatAlibi : 0) | (p.dropout_on() ? kFeatDropout : 0);
+}
+
+int pass_features(const Problem& p, Pass pass) {
+  if (pass != Pass::forward) return score_features(p);
+  return score_features(p) | (p.sinks_on ? kFeatSinks : 0) | (p.max_logit_on ? kFeatMaxLogit : 0);
+}
+
+Variant feature_variant(const Problem& p, const KernelEntry& e) {
+  const int bits = pass_features(p, e.pass);
+  for (int i = 0; i < kSingleFeatureCount; ++i)
+    if (bits == kSingleFeatures[i] && e.mods_single[i] != nullptr) return Variant(int(Variant::mods_bias) + i);
+  return Variant::mods;
+}
+
 // The warp-specialized forward's consumer schedule (step 31 of bench/cuda-notes.md): ping-pong
 // up to kWsPingPongMaxKeys keys, overlapped beyond and with a training feature on (only its
 // entry has the features' instantiation); a test may force one.
@@ -168,9 +185,9 @@ std::string ws_backward_refusal(const Problem& p, const CudaPlan& plan, const De
            " runs the wgmma pass unless a test forces this one (PlanForcing::ws_backward; by default: the 128 "
            "bucket, the larger head dim 72..128)";
   if (p.varlen) return "varlen: variable-length sequences (supported: fixed-length batches)";
-  if (p.score_feature())
-    return "features: the bias, ALiBi, softcap or dropout is on (supported: none of them; the wgmma pass's "
-           "features variant runs them)";
+  if (p.score_feature() && !ws_backward_features(plan.bucket))
+    return "features: the bias, ALiBi, softcap or dropout is on in bucket " + std::to_string(plan.bucket) +
+           " (supported: in the 128 bucket; the wgmma pass's features variant runs them)";
   if (p.deterministic)
     return "deterministic: deterministic = true asks for the two-pass backward (supported: the single-pass "
            "backward, dQ by fp32 atomics)";
@@ -231,7 +248,9 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
         // (the slot pool covers the warps of either kernel that can be resident)
         if (plan.outer_count > 0) plan.outer_count = std::max(plan.outer_count, resident_warps(*plan.main.entry, caps));
         // (features: never with the fold, ws_forward_refusal)
-        plan.main.variant = p.any_feature() ? Variant::mods : plan.outer_count > 0 ? Variant::fold : Variant::guarded;
+        plan.main.variant = p.any_feature()        ? feature_variant(p, *plan.main.entry)
+                            : plan.outer_count > 0 ? Variant::fold
+                                                   : Variant::guarded;
         plan.main.grid = grid_of(*plan.main.entry, p, 1);
       }
     }
@@ -281,7 +300,7 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
     if (plan.ws_note.empty()) {
       plan.ws_fallback = plan.main;
       plan.main.entry = find_ws_backward(plan.dtype, plan.bucket);
-      plan.main.variant = Variant::guarded;
+      plan.main.variant = p.score_feature() ? feature_variant(p, *plan.main.entry) : Variant::guarded;
       plan.main.grid = grid_of(*plan.main.entry, p, plan.group_splits);
     }
   }

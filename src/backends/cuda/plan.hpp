@@ -123,13 +123,22 @@ struct CudaPlan {
 // Why the warp-specialized dK/dV pass does not cover the backward `problem` under `forcing`
 // with the kernels of `plan` (arch, bucket, dtype, single pass and folds chosen), or "" when
 // it does: rule `forced_off` (a test's PlanForcing), then `direction`, `arch`, `head_dim`,
-// `varlen`, `features` (any training feature: only the wgmma pass has their variant),
+// `varlen`, `features` (a feature that changes the scores, outside ws_backward_features' bucket),
 // `deterministic` (the two-pass backward asked for), `two_pass` (the plan's two-pass
 // backward otherwise: over 2 kFoldRows keys, or forced), `fold` (long query ranges: the
 // plan's kv_fold_blocks), `shared_memory`, `tma` (a view of q, k, v, d_o TMA cannot read).
 // Pure.
 [[nodiscard]] std::string ws_backward_refusal(const detail::Problem& problem, const CudaPlan& plan,
                                               const DeviceCaps& caps, const PlanForcing& forcing);
+
+// The problem's training features that change the scores, as common/feature_set.hpp's bits;
+// pass_features adds the forward's own (sinks, the max logit) for a forward pass.
+[[nodiscard]] int score_features(const detail::Problem& problem);
+[[nodiscard]] int pass_features(const detail::Problem& problem, Pass pass);
+// The instantiation of `entry` that runs a problem with training features (pass_features
+// of its pass): the single-feature one (Variant::mods_bias ...) where exactly one is on and
+// the entry has it, else the one with every feature (Variant::mods). Pure.
+[[nodiscard]] Variant feature_variant(const detail::Problem& problem, const KernelEntry& entry);
 
 [[nodiscard]] CudaPlan make_cuda_plan(const detail::Problem& problem, const DeviceCaps& caps,
                                       const PlanForcing& forcing = {});

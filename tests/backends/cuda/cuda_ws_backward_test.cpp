@@ -7,8 +7,9 @@
 // below 128, every dense named layout (the splits of packed and fused QKV buffers among them);
 // the 64 bucket, forced on (the plan does not run it by default yet), over the same ground.
 // Every case also asserts from the debug log that the new pass really ran (no silent
-// fallback), and planted errors in dQ, dK and dV must be caught. Views TMA cannot read fall
-// back to the wgmma pass with the reason logged. Against the wgmma pass on the same inputs:
+// fallback), and planted errors in dQ, dK and dV must be caught. The training features that
+// change the scores, alone and together, run its feature instantiations. Views TMA cannot
+// read fall back to the wgmma pass with the reason logged. Against the wgmma pass on the same inputs:
 // both pass the rule, and on device buffers dK and dV equal it bit for bit (the same block
 // math, sm90/kv_wgmma_block.cuh, summed in the same order in registers) while dQ, summed by
 // fp32 atomics in another order, stays within a few bf16 roundings of it.
@@ -230,10 +231,71 @@ TEST(CudaWsBackward, WhatItDoesNotCoverFallsBack) {
   CaseSpec det = base;
   det.options.deterministic = true;
   expect_ws(det, false, "deterministic");
-  CaseSpec capped = base;
-  capped.options.softcap = 5.0;
-  expect_ws(capped, false, "features");
+  // the 64 bucket's pass (forced on) has no training-feature instantiations
+  CaseSpec capped64 = dense(DType::bf16, b, s, s, h, h, 64, 64, MaskKind::causal);
+  capped64.options.softcap = 5.0;
+  expect_ws(capped64, false, "features", PlanForcing{.ws_backward = true});
   expect_ws(base, false, "forced_off", PlanForcing{.ws_backward = false});
+}
+
+// The training features that change the scores run the new pass in the 128 bucket: one alone
+// through its own instantiation, several through the every-feature one (the log names which;
+// common/feature_set.hpp). Every output against the fp64 reference (dropout: the reference
+// draws the same keep mask), under every mask, GQA 4:2, s_q != s_kv; a bias of the problem's
+// shape (dBias stored by the pass) and one broadcast over the batch (dBias summed in the fp32
+// accumulator), post- and pre-scale; logits of a few units (input_scale 1.5), where the
+// softcap bends.
+TEST(CudaWsBackward, TrainingFeaturesRunTheNewPass) {
+  SKIP_UNLESS_SM90A();
+  const std::int64_t b = 2, s_q = 200, s_kv = 260, h = 4, hg = 2;
+  auto with_bias = [&](CaseSpec c, strideattn::BiasType type, std::int64_t batch) {
+    c.features.bias = ViewSpec{"bias", 0, {batch, h, s_q, s_kv}, {h * s_q * s_kv, s_q * s_kv, s_kv, 1}};
+    c.features.bias_dtype = DType::bf16;
+    c.options.bias_type = type;
+    return c;
+  };
+  auto with_softcap = [](CaseSpec c) {
+    c.options.softcap = 5.0;
+    return c;
+  };
+  auto with_alibi = [](CaseSpec c) {
+    c.features.alibi_rows = 1;
+    return c;
+  };
+  auto with_dropout = [](CaseSpec c) {
+    c.options.dropout = {0.1, 0x0123456789abcdefull, 0xfffffffffffffffdull, nullptr, nullptr};
+    return c;
+  };
+  const std::string one = "; the training features' kernel variant with ";
+  for (MaskKind m : kMasks) {
+    CaseSpec base = dense(DType::bf16, b, s_q, s_kv, h, hg, 128, 128, m);
+    base.input_scale = 1.5;
+    const struct {
+      CaseSpec spec;
+      std::string variant;
+    } cases[] = {
+        {with_bias(base, strideattn::BiasType::post_scale, b), one + "the bias alone"},
+        {with_bias(base, strideattn::BiasType::pre_scale, 1), one + "the bias alone"},
+        {with_softcap(base), one + "the softcap alone"},
+        {with_alibi(base), one + "ALiBi alone"},
+        {with_dropout(base), one + "dropout alone"},
+        {with_alibi(with_softcap(base)), "; the training features' kernel variant;"},
+        {with_dropout(with_bias(with_alibi(with_softcap(base)), strideattn::BiasType::post_scale, 1)),
+         "; the training features' kernel variant;"},
+    };
+    for (const auto& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "mask " << int(m) << " " << c.variant);
+      const CaseRun r = run(c.spec);
+      ASSERT_EQ(r.report.backends.size(), 1u);
+      const auto& got = r.report.backends[0];
+      EXPECT_EQ(got.status, "ok") << got.reason << "\n  " << r.repro;
+      EXPECT_TRUE(got.guard_ok) << r.repro;
+      EXPECT_TRUE(got.written_ok) << r.repro;
+      EXPECT_EQ(got.checks.size(), c.spec.features.bias ? 6u : 5u) << r.repro;  // (with a bias: dBias)
+      EXPECT_NE(r.log.find(kWsRan), std::string::npos) << "the new pass did not run:\n" << r.log;
+      EXPECT_NE(r.log.find(c.variant), std::string::npos) << r.log;
+    }
+  }
 }
 
 // Attention sinks alone change only the LSE the forward stores, so the backward's P = exp(scale

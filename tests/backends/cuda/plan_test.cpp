@@ -347,9 +347,10 @@ TEST(CudaPlan, LongRangesFoldTheBackward) {
 
 // The support rule `shared_memory` runs the plan's kernel choice alone: it refuses exactly
 // the problems make_cuda_plan refuses, with the same message.
-// The training features run each pass's feature variant (Variant::mods), on every device
-// and in both backward forms; the folds and group splits are counted as without them (the
-// variant folds where they say so), and a problem without features never runs it.
+// The training features run each pass's feature variant (Variant::mods, or a single
+// feature's), on every device and in both backward forms; the folds and group splits are
+// counted as without them (the variant folds where they say so), and a problem without
+// features never runs it.
 TEST(CudaPlan, TrainingFeaturesRunTheFeatureVariant) {
   auto with_softcap = [](Problem p) {
     p.softcap = 30;
@@ -360,15 +361,16 @@ TEST(CudaPlan, TrainingFeaturesRunTheFeatureVariant) {
       SCOPED_TRACE(::testing::Message() << "sm " << caps.major << caps.minor << " d " << d);
       const CudaPlan f = make_cuda_plan(with_softcap(fwd(DType::bf16, 2, 500, 4, 2, d)), caps);
       ASSERT_TRUE(f.ok()) << f.error;
-      EXPECT_EQ(f.main.variant, Variant::mods);
+      EXPECT_TRUE(is_feature_variant(f.main.variant)) << int(f.main.variant);
       EXPECT_NE(f.main.kernel(), nullptr);
       for (bool deterministic : {false, true}) {
         const Problem plain = bwd(DType::bf16, 2, 500, 4, 2, d, deterministic);
         const CudaPlan b = make_cuda_plan(with_softcap(plain), caps), ref = make_cuda_plan(plain, caps);
         EXPECT_EQ(b.ok(), ref.ok()) << b.error;  // (sm_86 has no d <= 256 backward)
         if (!ref.ok()) continue;
-        EXPECT_EQ(b.main.variant, Variant::mods);
-        EXPECT_NE(ref.main.variant, Variant::mods);
+        EXPECT_TRUE(is_feature_variant(b.main.variant)) << int(b.main.variant);
+        EXPECT_NE(b.main.kernel(), nullptr);
+        EXPECT_FALSE(is_feature_variant(ref.main.variant));
         EXPECT_EQ(b.single_pass, ref.single_pass);
         EXPECT_EQ(b.group_splits, ref.group_splits);
         EXPECT_EQ(b.workspace.total, ref.workspace.total);
@@ -419,7 +421,7 @@ TEST(CudaPlan, DbiasAccumulatorOnlyWhereItBroadcasts) {
     EXPECT_EQ(dbias_direct(p), direct);
     const CudaPlan plan = make_cuda_plan(p, kH200);
     ASSERT_TRUE(plan.ok()) << plan.error;
-    EXPECT_EQ(plan.main.variant, Variant::mods);
+    EXPECT_EQ(plan.main.variant, Variant::mods);  // (the 64 bucket: the wgmma pass's variant)
     const std::size_t elems = std::size_t(shape[0] * shape[1] * shape[2] * shape[3]);
     EXPECT_EQ(plan.dbias_accum_bytes, direct ? 0 : elems * 4);
     EXPECT_EQ(plan.workspace.total - plan.workspace.dbias_accum,
@@ -508,6 +510,78 @@ TEST(CudaPlan, PreparedLaunchHoldsNoPointers) {
   EXPECT_EQ(prep.host_tables, want);
 }
 
+// Every combination of the training features runs an instantiation that has each of them:
+// the single-feature one only for exactly its feature (a kernel without a feature the problem
+// has would ignore it, silently). The backward's set is the features that change the scores;
+// the forward's adds the sinks and the max logit.
+TEST(CudaPlan, FeatureVariantsCoverTheProblemsFeatures) {
+  const KernelEntry* ws = find_ws_backward(DType::bf16, 128);
+  ASSERT_NE(ws, nullptr);
+  KernelEntry all_only = *ws;  // an entry with no single-feature instantiations
+  for (const void*& k : all_only.mods_single) k = nullptr;
+  for (int i = kScoreFeatureCount; i < kSingleFeatureCount; ++i) EXPECT_EQ(ws->mods_single[i], nullptr);
+  for (int bits = 1; bits <= kScoreFeatures; ++bits) {
+    SCOPED_TRACE(::testing::Message() << "features " << bits);
+    Problem p = bwd(DType::bf16, 2, 1000, 8, 2, 128);
+    if (bits & kFeatBias) {
+      p.bias_type = strideattn::BiasType::pre_scale;
+      p.bias.shape = {1, 8, 1000, 1000};
+    }
+    if (bits & kFeatSoftcap) p.softcap = 20;
+    if (bits & kFeatAlibi) p.alibi_on = true;
+    if (bits & kFeatDropout) p.dropout_p = 0.2;
+    ASSERT_EQ(score_features(p), bits);
+    const Variant v = feature_variant(p, *ws);
+    const int single = int(v) - int(Variant::mods_bias);
+    if (single >= 0) {
+      EXPECT_EQ(kSingleFeatures[single], bits);
+    } else {
+      EXPECT_EQ(v, Variant::mods);
+      EXPECT_NE(bits & (bits - 1), 0) << "one feature alone runs its own instantiation";
+    }
+    EXPECT_EQ(feature_variant(p, all_only), Variant::mods);
+    const CudaPlan plan = make_cuda_plan(p, kH200);
+    ASSERT_TRUE(plan.ok()) << plan.error;
+    EXPECT_EQ(plan.main.variant, v);
+    EXPECT_NE(plan.main.kernel(), nullptr);
+  }
+  // The forward (the overlapped warp-specialized entry of each bucket), over every set of
+  // its six features; a bucket without a feature's own instantiation runs every feature's.
+  for (int d : {64, 128, 256})
+    for (int bits = 1; bits <= kFeatAll; ++bits) {
+      SCOPED_TRACE(::testing::Message() << "forward d " << d << " features " << bits);
+      Problem p = fwd(DType::f16, 2, 1000, 8, 2, d);
+      if (bits & kFeatBias) {
+        p.bias_type = strideattn::BiasType::post_scale;
+        p.bias.shape = {2, 1, 1000, 1000};
+      }
+      if (bits & kFeatSoftcap) p.softcap = 20;
+      if (bits & kFeatAlibi) p.alibi_on = true;
+      if (bits & kFeatDropout) p.dropout_p = 0.2;
+      p.sinks_on = (bits & kFeatSinks) != 0;
+      p.max_logit_on = (bits & kFeatMaxLogit) != 0;
+      ASSERT_EQ(pass_features(p, Pass::forward), bits);
+      const CudaPlan plan = make_cuda_plan(p, kH200);
+      ASSERT_TRUE(plan.ok()) << plan.error;
+      ASSERT_TRUE(plan.main.entry->tma) << plan.ws_note;
+      EXPECT_NE(plan.main.kernel(), nullptr);
+      const int single = int(plan.main.variant) - int(Variant::mods_bias);
+      if (single >= 0) {
+        EXPECT_EQ(kSingleFeatures[single], bits);
+        EXPECT_TRUE(ws_forward_single_feature(d, bits));
+      } else {
+        EXPECT_EQ(plan.main.variant, Variant::mods);
+        EXPECT_TRUE((bits & (bits - 1)) != 0 || !ws_forward_single_feature(d, bits)) << "a feature alone";
+      }
+    }
+  // dBias alone counts as the bias (it comes with one)
+  Problem db = bwd(DType::bf16, 2, 1000, 8, 2, 128);
+  db.bias_type = strideattn::BiasType::post_scale;
+  db.dbias_on = true;
+  db.bias.shape = db.dbias.shape = {2, 8, 1000, 1000};
+  EXPECT_EQ(feature_variant(db, *ws), Variant::mods_bias);
+}
+
 // The warp-specialized TMA dK/dV pass (sm90/ws_backward.cuh): one entry per dtype at d <= 128,
 // sm90a, which find_kernel never returns; the default backward plan runs it wherever it
 // covers the problem, with the wgmma pass as its fallback (same grid, group splits and
@@ -526,7 +600,13 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
     EXPECT_EQ(e->smem_bytes, ws_backward_tile(128).smem_bytes);
     EXPECT_NE(e->guarded, nullptr);
     EXPECT_EQ(e->fold, nullptr);
-    EXPECT_EQ(e->mods, nullptr);
+    // the training features: every one, and each alone (ws_backward_features)
+    EXPECT_NE(e->mods, nullptr);
+    std::set<const void*> kernels = {e->guarded, e->mods};
+    for (int i = 0; i < kScoreFeatureCount; ++i) {
+      EXPECT_NE(e->mods_single[i], nullptr);
+      EXPECT_TRUE(kernels.insert(e->mods_single[i]).second) << "an instantiation twice";
+    }
     const KernelEntry* wgmma = find_kernel(t, Arch::sm90a, 128, Pass::dkdv, 1 << 30);
     ASSERT_NE(wgmma, nullptr);
     EXPECT_FALSE(wgmma->tma);
@@ -547,6 +627,8 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
     EXPECT_EQ(e64->loop_rows, wgmma64->loop_rows);
     EXPECT_EQ(e64->loop_rows, 128);
     EXPECT_NE(e64->guarded, e->guarded);
+    EXPECT_EQ(e64->mods, nullptr);
+    for (const void* k : e64->mods_single) EXPECT_EQ(k, nullptr);
     EXPECT_EQ(find_ws_backward(t, 256), nullptr);
     // the forward's lookup never returns it, nor the backward's a forward
     for (WsSchedule schedule : {WsSchedule::plain, WsSchedule::overlapped, WsSchedule::ping_pong})
@@ -644,16 +726,45 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
   Problem vl = base;
   vl.varlen = true, vl.batch = 2, vl.seqlens_q = vl.seqlens_kv = {500, 400}, vl.offsets_q = vl.offsets_kv = {0, 500};
   EXPECT_TRUE(starts_with(note_of(vl), "varlen")) << note_of(vl);
+  // The training features that change the scores: in the 128 bucket the pass's single-feature
+  // instantiation where one is on, its every-feature one for several (feature_variant)
   Problem capped = base;
   capped.softcap = 30;
-  EXPECT_TRUE(starts_with(note_of(capped), "features")) << note_of(capped);
-  EXPECT_EQ(make_cuda_plan(capped, kH200).main.variant, Variant::mods);
   Problem dropping = base;
   dropping.dropout_p = 0.1;
-  EXPECT_TRUE(starts_with(note_of(dropping), "features")) << note_of(dropping);
   Problem slopes = base;
   slopes.alibi_on = true;
-  EXPECT_TRUE(starts_with(note_of(slopes), "features")) << note_of(slopes);
+  Problem biased = base;
+  biased.bias_type = strideattn::BiasType::post_scale;
+  biased.bias.shape = {2, 8, 1000, 1000};
+  const std::pair<const Problem*, Variant> singles[] = {{&biased, Variant::mods_bias},
+                                                        {&capped, Variant::mods_softcap},
+                                                        {&slopes, Variant::mods_alibi},
+                                                        {&dropping, Variant::mods_dropout}};
+  for (auto [problem, variant] : singles) {
+    const CudaPlan plan = make_cuda_plan(*problem, kH200);
+    ASSERT_TRUE(plan.ok()) << plan.error;
+    EXPECT_EQ(plan.ws_note, "");
+    EXPECT_TRUE(plan.main.entry->tma);
+    EXPECT_EQ(plan.main.variant, variant);
+    EXPECT_NE(plan.main.kernel(), nullptr);
+    EXPECT_EQ(plan.ws_fallback.variant, Variant::mods);  // the wgmma pass's, every feature
+    EXPECT_EQ(plan.workspace.total, make_cuda_plan(*problem, kH200, PlanForcing{.ws_backward = false}).workspace.total);
+  }
+  Problem two = capped;
+  two.alibi_on = true;
+  const CudaPlan both = make_cuda_plan(two, kH200);
+  EXPECT_TRUE(both.main.entry->tma) << both.ws_note;
+  EXPECT_EQ(both.main.variant, Variant::mods);
+  EXPECT_EQ(both.main.kernel(), both.main.entry->mods);
+  // the 64 bucket (where forced) has none: the wgmma pass's variant runs them
+  Problem capped64 = bwd(DType::bf16, 2, 1000, 8, 2, 64);
+  capped64.softcap = 30;
+  const CudaPlan forced64 = make_cuda_plan(capped64, kH200, PlanForcing{.ws_backward = true});
+  EXPECT_TRUE(starts_with(forced64.ws_note, "features: the bias, ALiBi, softcap or dropout is on in bucket 64"))
+      << forced64.ws_note;
+  EXPECT_FALSE(forced64.main.entry->tma);
+  EXPECT_EQ(forced64.main.variant, Variant::mods);
   // ... but sinks alone run it (P from the LSE, which holds them)
   Problem sinks = base;
   sinks.sinks_on = sinks.d_sinks_on = true;

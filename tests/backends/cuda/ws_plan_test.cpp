@@ -133,23 +133,29 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     EXPECT_FALSE(pp.main.entry->tma);
     EXPECT_TRUE(starts_with(pp.ws_note, "long_keys")) << pp.ws_note;
   }
-  // training features: the overlapped schedule's features instantiation (Variant::mods), the
-  // plan's schedule for them at any key count up to kFoldKeys (ping-pong would be the default
-  // at these 1,000 keys), the wgmma forward's features variant as fallback
+  // training features: the overlapped schedule's features instantiations (one alone: its
+  // own, Variant::mods_softcap / mods_dropout; several: Variant::mods), the plan's schedule for
+  // them at any key count up to kFoldKeys (ping-pong would be the default at these 1,000
+  // keys), the wgmma forward's features variant as fallback
   Problem capped = base;
   capped.softcap = 30;
   Problem dropping = base;
   dropping.dropout_p = 0.1;
-  for (const Problem& feat : {capped, dropping}) {
+  Problem both = capped;
+  both.dropout_p = 0.1;
+  const std::pair<Problem, Variant> feature_cases[] = {
+      {capped, Variant::mods_softcap}, {dropping, Variant::mods_dropout}, {both, Variant::mods}};
+  for (const auto& [feat, variant] : feature_cases) {
     const CudaPlan mods = make_cuda_plan(feat, kH200);
     ASSERT_TRUE(mods.ok()) << mods.error;
     EXPECT_EQ(mods.ws_note, "");
     ASSERT_TRUE(mods.main.entry->tma);
     EXPECT_EQ(mods.main.entry->ws_schedule, WsSchedule::overlapped);
-    EXPECT_EQ(mods.main.variant, Variant::mods);
+    EXPECT_EQ(mods.main.variant, variant);
     EXPECT_NE(mods.main.kernel(), nullptr);
     EXPECT_NE(mods.main.kernel(), mods.main.entry->guarded);
     EXPECT_NE(mods.main.kernel(), mods.main.entry->fold);
+    if (variant != Variant::mods) EXPECT_NE(mods.main.kernel(), mods.main.entry->mods);
     EXPECT_EQ(mods.outer_count, 0);
     EXPECT_EQ(mods.ws_fallback.variant, Variant::mods);
     EXPECT_EQ(name_of(mods.ws_fallback), name_of(def.main));
@@ -183,7 +189,7 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     Problem at_limit = fwd(DType::bf16, 1, kFoldKeys, 2, 2, 128);
     at_limit.softcap = 30;
     const CudaPlan al = make_cuda_plan(at_limit, kH200);
-    EXPECT_TRUE(al.main.entry->tma && al.main.variant == Variant::mods) << al.ws_note;
+    EXPECT_TRUE(al.main.entry->tma && al.main.variant == Variant::mods_softcap) << al.ws_note;
   }
   Problem vl = base;
   vl.varlen = true, vl.batch = 2, vl.seqlens_q = vl.seqlens_kv = {500, 400}, vl.offsets_q = vl.offsets_kv = {0, 500};
@@ -293,15 +299,15 @@ TEST(CudaPlan, WarpSpecializedForwardCoversTheD64Bucket) {
   EXPECT_GE(folding.outer_slot_floats, std::size_t(16 * 64));
   EXPECT_EQ(folding.ws_fallback.variant, Variant::fold);
 
-  // training features: the overlapped schedule's features instantiation
+  // training features: the overlapped schedule's features instantiation (the softcap's own)
   Problem capped = seed;
   capped.softcap = 30;
   const CudaPlan mods = make_cuda_plan(capped, kH200);
   ASSERT_TRUE(mods.ok()) << mods.error;
   ASSERT_TRUE(mods.main.entry->tma) << mods.ws_note;
   EXPECT_EQ(mods.main.entry->ws_schedule, WsSchedule::overlapped);
-  EXPECT_EQ(mods.main.variant, Variant::mods);
-  EXPECT_EQ(mods.main.kernel(), mods.main.entry->mods);
+  EXPECT_EQ(mods.main.variant, Variant::mods_softcap);
+  EXPECT_EQ(mods.main.kernel(), mods.main.entry->mods_single[1]);
   EXPECT_EQ(mods.ws_fallback.variant, Variant::mods);
 
   // the rules that kept it off at d 128 keep it off here, the mma.sync forward running
@@ -365,7 +371,7 @@ TEST(CudaPlan, WarpSpecializedForwardCoversTheD256Bucket) {
   capped.softcap = 30;
   const CudaPlan mods = make_cuda_plan(capped, kH200);
   ASSERT_TRUE(mods.main.entry->tma) << mods.ws_note;
-  EXPECT_EQ(mods.main.variant, Variant::mods);
+  EXPECT_EQ(mods.main.variant, Variant::mods_softcap);
   const CudaPlan small = make_cuda_plan(base, kH200, PlanForcing{.smem_optin = 193 * 1024});
   ASSERT_TRUE(small.ok()) << small.error;
   ASSERT_NE(small.main.entry, nullptr);

@@ -21,6 +21,7 @@
 
 #include "backends/cuda/common/bias_read.cuh"
 #include "backends/cuda/common/element.cuh"
+#include "backends/cuda/common/feature_set.hpp"
 #include "backends/cuda/common/kernel_params.hpp"
 #include "backends/cuda/common/lse.hpp"
 #include "backends/cuda/common/mask.cuh"
@@ -66,29 +67,37 @@ struct ScoreMod {
   int dbias_dtype = 0;
   int64_t dbias_off = 0, dbias_si = 0, dbias_sj = 0;
 
+  // Feats (common/feature_set.hpp): the features an instantiation compiles in; the others
+  // stay off here (their defaults above), which the compiler carries into every use.
+  template <int Feats = kFeatAll>
   __device__ __forceinline__ static ScoreMod of(const KernelParams& kp, const MaskRule& m, int64_t batch,
                                                 int64_t head) {
     const FeatureParams& f = kp.f;
     ScoreMod s;
     s.scale = kp.p.scale;
-    s.cap = f.softcap;
-    s.inv_cap = f.softcap > 0.f ? 1.f / f.softcap : 0.f;
-    s.slope = f.alibi != nullptr ? f.alibi[batch * f.alibi_sb + head * f.alibi_sh] : 0.f;
+    if constexpr ((Feats & kFeatSoftcap) != 0) {
+      s.cap = f.softcap;
+      s.inv_cap = f.softcap > 0.f ? 1.f / f.softcap : 0.f;
+    }
+    if constexpr ((Feats & kFeatAlibi) != 0)
+      s.slope = f.alibi != nullptr ? f.alibi[batch * f.alibi_sb + head * f.alibi_sh] : 0.f;
     s.shift = m.shift();
     s.s_q = m.s_q, s.s_kv = m.s_kv;
-    if (f.bias != nullptr) {
-      s.bias = f.bias, s.bias_kind = f.bias_kind, s.bias_dtype = f.bias_dtype;
-      s.bias_off = batch * f.bias_st[0] + head * f.bias_st[1];
-      s.bias_si = f.bias_st[2], s.bias_sj = f.bias_st[3];
-    }
-    if (f.dbias_accum != nullptr) {
-      s.dbias_acc = f.dbias_accum;
-      s.dbias_off = batch * f.dbias_accum_st[0] + head * f.dbias_accum_st[1];
-      s.dbias_si = f.dbias_accum_st[2], s.dbias_sj = f.dbias_accum_st[3];
-    } else if (f.dbias != nullptr) {
-      s.dbias = f.dbias, s.dbias_dtype = f.dbias_dtype;
-      s.dbias_off = batch * f.dbias_st[0] + head * f.dbias_st[1];
-      s.dbias_si = f.dbias_st[2], s.dbias_sj = f.dbias_st[3];
+    if constexpr ((Feats & kFeatBias) != 0) {
+      if (f.bias != nullptr) {
+        s.bias = f.bias, s.bias_kind = f.bias_kind, s.bias_dtype = f.bias_dtype;
+        s.bias_off = batch * f.bias_st[0] + head * f.bias_st[1];
+        s.bias_si = f.bias_st[2], s.bias_sj = f.bias_st[3];
+      }
+      if (f.dbias_accum != nullptr) {
+        s.dbias_acc = f.dbias_accum;
+        s.dbias_off = batch * f.dbias_accum_st[0] + head * f.dbias_accum_st[1];
+        s.dbias_si = f.dbias_accum_st[2], s.dbias_sj = f.dbias_accum_st[3];
+      } else if (f.dbias != nullptr) {
+        s.dbias = f.dbias, s.dbias_dtype = f.dbias_dtype;
+        s.dbias_off = batch * f.dbias_st[0] + head * f.dbias_st[1];
+        s.dbias_si = f.dbias_st[2], s.dbias_sj = f.dbias_st[3];
+      }
     }
     return s;
   }

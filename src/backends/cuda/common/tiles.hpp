@@ -12,6 +12,7 @@
 #pragma once
 
 #include "backends/cuda/common/arch.hpp"
+#include "backends/cuda/common/feature_set.hpp"
 
 namespace strideattn::cuda_impl {
 
@@ -154,6 +155,14 @@ struct WsForwardTile {
 SA_CONSTEXPR_HD bool has_ws_forward(int bucket) { return bucket == 64 || bucket == 128 || bucket == 256; }
 inline constexpr std::int64_t kWsPingPongMaxKeys = 2048;
 SA_CONSTEXPR_HD WsForwardTile ws_forward_tile(int d) { return WsForwardTile{d}; }
+// The overlapped forward's single-feature instantiations (common/feature_set.hpp) per bucket:
+// each, but where ptxas (nvcc 13.0, consumers at the registers above) spilled with the
+// feature alone while the every-feature instantiation spills nothing: the sinks at d 128 (48
+// bytes), ALiBi at d 256 (12), the bias at d 64 (16). Those run the every-feature one.
+SA_CONSTEXPR_HD bool ws_forward_single_feature(int bucket, int feature) {
+  return !((bucket == 128 && feature == kFeatSinks) || (bucket == 256 && feature == kFeatAlibi) ||
+           (bucket == 64 && feature == kFeatBias));
+}
 
 // Whether a FullD instantiation (head dims equal to the bucket, compile-time dims) really
 // compiles the unguarded code on this architecture. At d = 128 sm_80's ptxas spills in the
@@ -359,6 +368,10 @@ struct WsBackwardTile {
 SA_CONSTEXPR_HD bool has_ws_backward(int bucket) { return bucket == 64 || bucket == 128; }
 SA_CONSTEXPR_HD bool ws_backward_by_default(int bucket) { return bucket == 128; }
 SA_CONSTEXPR_HD WsBackwardTile ws_backward_tile(int d) { return WsBackwardTile{d}; }
+// The buckets whose pass has the training features' instantiations (every feature, and each
+// alone: common/feature_set.hpp): the one it runs on by default. ptxas keeps them within the
+// consumers' 232 registers but for ~100 bytes of spills with every feature compiled in.
+SA_CONSTEXPR_HD bool ws_backward_features(int bucket) { return bucket == 128; }
 
 // ------------------------------------------------------------------ dQ pass
 

@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     __syncthreads();
     if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
-    kv_wgmma_block<T, D, Fold, Mods>(kp, w, ln, sK, sV, sP, sDS, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
-                                     h, b, d_qk, dk, dv, fold_left, [] { __syncthreads(); });
+    kv_wgmma_block<T, D, Fold, Mods ? kFeatAll : 0>(kp, w, ln, sK, sV, sP, sDS, sQ(buf), sDO(buf), sLse + buf * Br,
+                                                    sDelta + buf * Br, h, b, d_qk, dk, dv, fold_left,
+                                                    [] { __syncthreads(); });
     h = next_h, b = next_b;
   }
 

@@ -44,10 +44,11 @@ struct KvWgmmaLane {
 
 // Query block b of GQA head h (KvBlockWork's iteration (h, b)) against the CTA's keys: S^T,
 // dP^T, P^T, dS^T (to shared memory, then `sync_block()`), dV and dK added into this warp's
-// accumulators, dS K added into kp.dq_accum (when set), the fold (Fold). Every wgmma of the
+// accumulators, dS K added into kp.dq_accum (when set), the fold (Fold). Feats: the training
+// features compiled in (common/feature_set.hpp; 0 for none). Every wgmma of the
 // block has completed on return (Q, dO, LSE, delta, P^T and dS^T may be rewritten after the
 // next barrier over the 256 threads). d_qk: kp.p.d_qk, which the caller holds.
-template <class T, int D, bool Fold, bool Mods, class KvTile, class PTile, class QTile, class SyncBlock>
+template <class T, int D, bool Fold, int Feats, class KvTile, class PTile, class QTile, class SyncBlock>
 __device__ __forceinline__ void kv_wgmma_block(const KernelParams& kp, const KvBlockWork& w, const KvWgmmaLane<D>& ln,
                                                const KvTile& sK, const KvTile& sV, const PTile& sP, const PTile& sDS,
                                                const QTile& q, const QTile& d_o, const float* block_lse,
@@ -74,7 +75,8 @@ __device__ __forceinline__ void kv_wgmma_block(const KernelParams& kp, const KvB
   wgmma_commit();
   // dropout: the keep mask, drawn while both GEMMs run
   KeepMask<1, GQ / 8> keep{};
-  const bool dropping = Mods && kp.f.dropout_scale != 0.f;
+  constexpr bool Mods = Feats != 0;
+  const bool dropping = (Feats & kFeatDropout) != 0 && kp.f.dropout_scale != 0.f;
   if (dropping) keep = dropout_mask_cols<1, GQ / 8>(kp, w.batch, w.head(h), w.c0 + key0, r0 + g_q0);
 
   // P^T = exp(round(S^T * scale) - LSE), masked -> -0 (while dP^T is still running)
@@ -84,7 +86,7 @@ __device__ __forceinline__ void kv_wgmma_block(const KernelParams& kp, const KvB
   const float* delta = block_delta + g_q0;
   ScoreMod mod;
   if constexpr (Mods) {
-    mod = ScoreMod::of(kp, w.mask, w.batch, w.head(h));
+    mod = ScoreMod::of<Feats>(kp, w.mask, w.batch, w.head(h));
     score_mod<1, GQ>(st, mod, w.c0 + key0, r0 + g_q0, false);
   }
   recompute_p_cols(st, lse, Mods ? 1.f : kp.p.scale);

@@ -1,8 +1,9 @@
 // The warp-specialized dK/dV pass on sm_90a (the plan runs it wherever it covers the
 // problem, plan.cpp): the d <= 64 and d <= 128 buckets (d <= 64 only where a test forces it,
 // tiles.hpp: ws_backward_by_default), fixed-length batches whose Q, K, V and dO views TMA can
-// read (tma_maps.hpp), the single-pass backward without the fold or the features that change
-// the scores. The wgmma pass (sm90/backward.cuh) with its loads taken off the computing warps.
+// read (tma_maps.hpp), the single-pass backward without the fold, with the training features
+// in the 128 bucket (ws_backward_features). The wgmma pass (sm90/backward.cuh) with its loads
+// taken off the computing warps.
 //
 // One CTA of three warpgroups per (block of 128 keys, KV head, sequence[, GQA group split]),
 // backward_wgmma_kernel's grid and loop over query blocks and GQA heads (KvBlockWork):
@@ -19,6 +20,8 @@
 //     goes back to the producer once the block's wgmmas, the last readers of its Q and dO,
 //     have completed. Then dK and dV through the common epilogue (store_dk_dv).
 #pragma once
+
+#include <utility>
 
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
@@ -142,7 +145,7 @@ __device__ __forceinline__ void ws_backward_produce_rows(const KernelParams& kp,
   }
 }
 
-template <class T, int D>
+template <class T, int D, int Feats>
 __global__ void __launch_bounds__(ws_backward_tile(D).threads, 1)
     ws_backward_kernel(const __grid_constant__ WsBackwardParams prm) {
 #if SA_WGMMA
@@ -192,7 +195,7 @@ __global__ void __launch_bounds__(ws_backward_tile(D).threads, 1)
     // waited for), so P^T / dS^T may be rewritten
     mbar_wait(sm.full(slot.stage), slot.parity);
     named_barrier_sync(kConsumerBarrier, 256);
-    kv_wgmma_block<T, D, false, false>(kp, w, ln, sm.k(), sm.v(), sm.p(), sm.ds(), sm.q(slot.stage), sm.d_o(slot.stage),
+    kv_wgmma_block<T, D, false, Feats>(kp, w, ln, sm.k(), sm.v(), sm.p(), sm.ds(), sm.q(slot.stage), sm.d_o(slot.stage),
                                        sm.lse(slot.stage), sm.delta(slot.stage), h, b, d_qk, dk, dv, fold_left,
                                        [] { named_barrier_sync(kConsumerBarrier, 256); });
     // (every wgmma of the block has completed: Q, dO, LSE and delta of the stage are free)
@@ -206,8 +209,10 @@ __global__ void __launch_bounds__(ws_backward_tile(D).threads, 1)
 }
 
 // The kernel table's entry of this pass for (T, D) (dispatch.hpp): `tma` marks it as an
-// entry find_kernel never returns (the plan asks for it by name: find_ws_backward). One
-// instantiation per bucket: no fold, no score features, single pass (ws_backward_refusal).
+// entry find_kernel never returns (the plan asks for it by name: find_ws_backward). No fold,
+// single pass (ws_backward_refusal). In the 128 bucket, the training features that change
+// the scores too: every one (mods) and each alone (mods_bias ... mods_dropout), which keep
+// the others' code out of the consumers' registers. (Sinks alone run the plain pass.)
 template <class T, int D>
 KernelEntry ws_backward_entry() {
   constexpr WsBackwardTile kTile = ws_backward_tile(D);
@@ -218,7 +223,14 @@ KernelEntry ws_backward_entry() {
   e.grid = GridShape::key_blocks, e.block_rows = kTile.bc, e.loop_rows = kTile.br;
   e.adds_dq = true, e.split_target = kTile.split_target;
   e.tma = true;
-  e.guarded = reinterpret_cast<const void*>(&ws_backward_kernel<T, D>);
+  e.guarded = reinterpret_cast<const void*>(&ws_backward_kernel<T, D, 0>);
+  if constexpr (ws_backward_features(D)) {
+    e.mods = reinterpret_cast<const void*>(&ws_backward_kernel<T, D, kFeatAll>);
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((e.mods_single[I] = reinterpret_cast<const void*>(&ws_backward_kernel<T, D, kSingleFeatures[I]>)), ...);
+    }
+    (std::make_integer_sequence<int, kScoreFeatureCount>{});
+  }
   return e;
 }
 

@@ -25,6 +25,8 @@
 // through shared memory and a TMA store.
 #pragma once
 
+#include <utility>
+
 #include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
@@ -194,13 +196,14 @@ inline constexpr int kTurnBarrier = 1;
 // max, O (blocks up to j) and l (up to j + 1, whose scores are already summed) go to the
 // warp's slot against that max; both restart from 0, so the slot and the registers add up to
 // the same O and l (only the blocks at which l is cut differ from O's).
-// Mods (the training features, as forward_wgmma_kernel's Mods; never with Fold): in `scores`,
+// Feats (the training features compiled in, common/feature_set.hpp; 0: none; every one: as
+// forward_wgmma_kernel's Mods; never with Fold): in `scores`,
 // S becomes the logit L (score_mod, the ScoreMod made per block as the wgmma forward makes
 // it) before the mask, the softmax runs on L with scale 1, and dropout's keep mask, drawn
 // there while the previous block's P V runs, multiplies P after l is summed (O += (Z P) V);
 // the max logit is recorded and the sink joined before the epilogue. Same functions on the
 // same fragments in the same order as the wgmma forward: the same bits.
-template <class T, int D, bool PingPong, bool Fold = false, bool Mods = false>
+template <class T, int D, bool PingPong, bool Fold = false, int Feats = 0>
 __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, const WsForwardSmem<D>& sm,
                                                       const QueryBlockWork& w, int cwg) {
   using S = WsForwardSmem<D>;
@@ -209,6 +212,7 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
   const MaskRule& mask = w.mask;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int warp_row0 = cwg * 64 + warp * 16;
+  constexpr bool Mods = Feats != 0;
   static_assert(!(Fold && Mods), "the features' variant covers up to kFoldKeys keys (plan.cpp)");
   // the softmax's exponent scale: L is already scaled in the feature variant
   const float scale_log2 = Mods ? kLog2e : kp.scale_log2;
@@ -255,9 +259,9 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     if (lane == 0) mbar_arrive(sm.k_empty(it % S::kStages));
     const int64_t c0 = w.first_key + int64_t(it) * Bc;
     KeepMask<1, Bc / 8> keep{};
-    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
+    const bool dropping = (Feats & kFeatDropout) != 0 && kp.f.dropout_scale != 0.f;
     if (dropping) keep = dropout_mask_rows<1, Bc / 8>(kp, w.batch, w.head, w.r0 + warp_row0, c0);
-    if constexpr (Mods) score_mod<1, Bc>(s, ScoreMod::of(kp, mask, w.batch, w.head), w.r0 + warp_row0, c0, true);
+    if constexpr (Mods) score_mod<1, Bc>(s, ScoreMod::of<Feats>(kp, mask, w.batch, w.head), w.r0 + warp_row0, c0, true);
     if (!kernel::tile_fully_visible(mask, w.r0, w.r1, c0, c0 + Bc))
       apply_mask<1, Bc>(s, mask, w.r0 + warp_row0, c0, true, -INFINITY);
     const bool raised = online_softmax_scores<1, Bc>(s, row_max, row_sum, scale_log2, alpha);
@@ -323,15 +327,15 @@ __device__ __forceinline__ void ws_consume_overlapped(const KernelParams& kp, co
     pv_landed(n - 1);
   }
   if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, scale_log2);
-  if constexpr (Mods) {
+  if constexpr ((Feats & kFeatMaxLogit) != 0)
     if (kp.f.max_logit != nullptr) record_max_logit<1>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, row_max);
+  if constexpr ((Feats & kFeatSinks) != 0)
     if (kp.f.sinks != nullptr) join_sink<1, D>(kp, mask, w.head, w.r0 + warp_row0, o_acc, row_max, row_sum);
-  }
   const auto o = sequence_ref(p.o, p.o_st, p.q_seq, w.batch);
   store_o_lse<T, 1, D, Mods>(kp, w.batch, w.head, w.r0 + warp_row0, w.r1, int(p.d_v), o, o_acc, row_max, row_sum);
 }
 
-template <class T, int D, WsSchedule Schedule, bool Fold = false, bool Mods = false>
+template <class T, int D, WsSchedule Schedule, bool Fold = false, int Feats = 0>
 __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
     ws_forward_kernel(const __grid_constant__ WsForwardParams prm) {
 #if SA_WGMMA
@@ -364,15 +368,25 @@ __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
   if constexpr (Schedule == WsSchedule::plain)
     ws_consume<T, D>(prm.kp, sm, w, wg - 1);
   else
-    ws_consume_overlapped<T, D, Schedule == WsSchedule::ping_pong, Fold, Mods>(prm.kp, sm, w, wg - 1);
+    ws_consume_overlapped<T, D, Schedule == WsSchedule::ping_pong, Fold, Feats>(prm.kp, sm, w, wg - 1);
 #endif
 }
 
 // The kernel table's entry of this forward for (T, D) (dispatch.hpp): `tma` marks it as the
 // entry find_kernel never returns (the plan asks for it by name: find_ws_forward). The
 // overlapped schedule, which the plan picks past kWsPingPongMaxKeys and for the training
-// features, also has the fold instantiation (Variant::fold) and the features' one
-// (Variant::mods, up to kFoldKeys keys); the others cover up to kFoldKeys keys, no features.
+// features, also has the fold instantiation (Variant::fold) and the features' ones, up to
+// kFoldKeys keys: every feature (Variant::mods) and each alone (Variant::mods_bias ...,
+// common/feature_set.hpp); the others cover up to kFoldKeys keys, no features.
+// The instantiation with `Feature` alone, where the bucket has it (ws_forward_single_feature).
+template <class T, int D, WsSchedule Schedule, int Feature>
+const void* ws_forward_single() {
+  if constexpr (ws_forward_single_feature(D, Feature))
+    return reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, false, Feature>);
+  else
+    return nullptr;
+}
+
 template <class T, int D, WsSchedule Schedule>
 KernelEntry ws_forward_entry() {
   constexpr WsForwardTile kTile = ws_forward_tile(D);
@@ -387,7 +401,11 @@ KernelEntry ws_forward_entry() {
   e.guarded = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule>);
   if constexpr (Schedule == WsSchedule::overlapped) {
     e.fold = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, true>);
-    e.mods = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, false, true>);
+    e.mods = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, false, kFeatAll>);
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((e.mods_single[I] = ws_forward_single<T, D, Schedule, kSingleFeatures[I]>()), ...);
+    }
+    (std::make_integer_sequence<int, kSingleFeatureCount>{});
   }
   return e;
 }
