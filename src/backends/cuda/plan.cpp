@@ -289,7 +289,10 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
   // where the fold counts above say so (the plain kernels stay free of the features' code).
   // Sinks alone run the plain passes: P comes from the LSE, which holds them, and d_sinks is
   // its own reduction (launch_d_sinks).
-  if (p.score_feature()) plan.main.variant = plan.dq.variant = Variant::mods;
+  if (p.score_feature()) {
+    plan.main.variant = feature_variant(p, *plan.main.entry);
+    plan.dq.variant = Variant::mods;
+  }
   // The warp-specialized dK/dV pass where it covers the problem (the same grid, group splits
   // and workspace as the wgmma pass); the wgmma pass stays as its fallback (a view the driver
   // cannot map, launch.cpp). (A bucket it runs on only where forced keeps its plans' notes

@@ -421,7 +421,7 @@ TEST(CudaPlan, DbiasAccumulatorOnlyWhereItBroadcasts) {
     EXPECT_EQ(dbias_direct(p), direct);
     const CudaPlan plan = make_cuda_plan(p, kH200);
     ASSERT_TRUE(plan.ok()) << plan.error;
-    EXPECT_EQ(plan.main.variant, Variant::mods);  // (the 64 bucket: the wgmma pass's variant)
+    EXPECT_EQ(plan.main.variant, Variant::mods_bias);  // (the 64 bucket: the wgmma pass's)
     const std::size_t elems = std::size_t(shape[0] * shape[1] * shape[2] * shape[3]);
     EXPECT_EQ(plan.dbias_accum_bytes, direct ? 0 : elems * 4);
     EXPECT_EQ(plan.workspace.total - plan.workspace.dbias_accum,
@@ -573,6 +573,30 @@ TEST(CudaPlan, FeatureVariantsCoverTheProblemsFeatures) {
         EXPECT_EQ(plan.main.variant, Variant::mods);
         EXPECT_TRUE((bits & (bits - 1)) != 0 || !ws_forward_single_feature(d, bits)) << "a feature alone";
       }
+    }
+  // The wgmma dK/dV pass of every bucket (the deterministic backward keeps it), likewise.
+  for (int d : {64, 128, 256})
+    for (int bits = 1; bits <= kScoreFeatures; ++bits) {
+      SCOPED_TRACE(::testing::Message() << "wgmma pass d " << d << " features " << bits);
+      Problem p = bwd(DType::bf16, 2, 1000, 8, 2, d, true);
+      if (bits & kFeatBias) {
+        p.bias_type = strideattn::BiasType::post_scale;
+        p.bias.shape = {2, 8, 1000, 1000};
+      }
+      if (bits & kFeatSoftcap) p.softcap = 20;
+      if (bits & kFeatAlibi) p.alibi_on = true;
+      if (bits & kFeatDropout) p.dropout_p = 0.2;
+      const CudaPlan plan = make_cuda_plan(p, kH200);
+      ASSERT_TRUE(plan.ok()) << plan.error;
+      EXPECT_FALSE(plan.main.entry->tma);
+      EXPECT_NE(plan.main.kernel(), nullptr);
+      const int single = int(plan.main.variant) - int(Variant::mods_bias);
+      if (single >= 0)
+        EXPECT_EQ(kSingleFeatures[single], bits);
+      else
+        EXPECT_EQ(plan.main.variant, Variant::mods);
+      EXPECT_EQ(single >= 0, (bits & (bits - 1)) == 0);
+      EXPECT_EQ(plan.dq.variant, Variant::mods);  // (the dQ pass: every feature)
     }
   // dBias alone counts as the bias (it comes with one)
   Problem db = bwd(DType::bf16, 2, 1000, 8, 2, 128);
@@ -748,7 +772,7 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
     EXPECT_TRUE(plan.main.entry->tma);
     EXPECT_EQ(plan.main.variant, variant);
     EXPECT_NE(plan.main.kernel(), nullptr);
-    EXPECT_EQ(plan.ws_fallback.variant, Variant::mods);  // the wgmma pass's, every feature
+    EXPECT_EQ(plan.ws_fallback.variant, variant);  // the wgmma pass's instantiation of it
     EXPECT_EQ(plan.workspace.total, make_cuda_plan(*problem, kH200, PlanForcing{.ws_backward = false}).workspace.total);
   }
   Problem two = capped;
@@ -764,7 +788,7 @@ TEST(CudaPlan, WarpSpecializedBackwardWhereItCovers) {
   EXPECT_TRUE(starts_with(forced64.ws_note, "features: the bias, ALiBi, softcap or dropout is on in bucket 64"))
       << forced64.ws_note;
   EXPECT_FALSE(forced64.main.entry->tma);
-  EXPECT_EQ(forced64.main.variant, Variant::mods);
+  EXPECT_EQ(forced64.main.variant, Variant::mods_softcap);
   // ... but sinks alone run it (P from the LSE, which holds them)
   Problem sinks = base;
   sinks.sinks_on = sinks.d_sinks_on = true;

@@ -9,11 +9,11 @@
 
 namespace strideattn::cuda_impl {
 
-inline constexpr int kFeatBias = 1;     // an additive bias (pre or post scale), its dBias
-inline constexpr int kFeatSoftcap = 2;  // c tanh(T / c)
-inline constexpr int kFeatAlibi = 4;    // -slope |i + s_kv - s_q - j|
-inline constexpr int kFeatDropout = 8;  // the Philox keep mask
-inline constexpr int kFeatSinks = 16;   // forward: the sink joins each row's denominator
+inline constexpr int kFeatBias = 1;       // an additive bias (pre or post scale), its dBias
+inline constexpr int kFeatSoftcap = 2;    // c tanh(T / c)
+inline constexpr int kFeatAlibi = 4;      // -slope |i + s_kv - s_q - j|
+inline constexpr int kFeatDropout = 8;    // the Philox keep mask
+inline constexpr int kFeatSinks = 16;     // forward: the sink joins each row's denominator
 inline constexpr int kFeatMaxLogit = 32;  // forward: the max-logit output
 // The features that change the scores (the backward's: Problem::score_feature), and all.
 inline constexpr int kScoreFeatures = kFeatBias | kFeatSoftcap | kFeatAlibi | kFeatDropout;

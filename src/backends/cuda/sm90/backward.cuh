@@ -21,10 +21,14 @@
 // Shared-memory operands written by cp.async or st.shared are made visible to the wgmma
 // (async proxy) by fence.proxy.async before the barrier that publishes them. The per-block
 // steps live in sm90/kv_wgmma_block.cuh, which the warp-specialized pass calls too.
-// Mods: the feature variant (common/score_mod.cuh): S^T becomes the logit L before P is
+// Feats: the training features compiled in (common/feature_set.hpp: all of them, the
+// feature variant Variant::mods, or one alone; 0: none; common/score_mod.cuh): S^T becomes
+// the logit L before P is
 // recomputed (with scale 1), dropout's mask Z (common/dropout.cuh) multiplies the P^T
 // stored for dV and dP^T before dS^T, and dS^T is scaled by the softcap's derivative.
 #pragma once
+
+#include <utility>
 
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/dispatch.hpp"
@@ -33,9 +37,10 @@
 
 namespace strideattn::cuda_impl {
 
-template <class T, int D, bool Fold, bool Mods = false>
+template <class T, int D, bool Fold, int Feats = 0>
 __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
+  constexpr bool Mods = Feats != 0;
   constexpr KvWgmmaTile kTile = kv_wgmma_tile(D);
   constexpr int Bc = kTile.bc, Br = kTile.br, GD = kTile.group_cols;
   using KvTile = Sw128Tile<Bc, D>;
@@ -95,9 +100,8 @@ __global__ void __launch_bounds__(kKvThreads, 1) backward_wgmma_kernel(const Ker
     __syncthreads();
     if (it + 1 < n_iters) load_queries(next_h, next_b, buf ^ 1);
     cp_async_commit();
-    kv_wgmma_block<T, D, Fold, Mods ? kFeatAll : 0>(kp, w, ln, sK, sV, sP, sDS, sQ(buf), sDO(buf), sLse + buf * Br,
-                                                    sDelta + buf * Br, h, b, d_qk, dk, dv, fold_left,
-                                                    [] { __syncthreads(); });
+    kv_wgmma_block<T, D, Fold, Feats>(kp, w, ln, sK, sV, sP, sDS, sQ(buf), sDO(buf), sLse + buf * Br, sDelta + buf * Br,
+                                      h, b, d_qk, dk, dv, fold_left, [] { __syncthreads(); });
     h = next_h, b = next_b;
   }
 
@@ -122,7 +126,11 @@ KernelEntry kv_wgmma_entry() {
   e.adds_dq = true, e.split_target = kTile.split_target;
   e.guarded = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, false>);
   e.fold = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true>);
-  e.mods = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true, true>);
+  e.mods = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true, kFeatAll>);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((e.mods_single[I] = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true, kSingleFeatures[I]>)), ...);
+  }
+  (std::make_integer_sequence<int, kScoreFeatureCount>{});
   return e;
 }
 
