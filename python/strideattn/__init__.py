@@ -2,8 +2,8 @@
 strides. Works on any DLPack-capable tensor (numpy on the CPU; PyTorch, CuPy, JAX on the
 GPU); `strideattn.torch` adds a PyTorch autograd custom op and a TransformerEngine-style
 DotProductAttention module (imported on first use, so torch is not required here).
-`sdpa`, `flash_attn_func` and `flash_attn_varlen_func` take PyTorch SDPA's and
-FlashAttention's arguments with their meanings; `attention_with_kvcache` is inference
+`sdpa`, `flash_attn_func` and `flash_attn_varlen_func` (and FlashAttention's packed QKV / KV
+forms) take PyTorch SDPA's and FlashAttention's arguments with their meanings; `attention_with_kvcache` is inference
 attention against a contiguous or paged KV cache (flash_attn_with_kvcache's arguments)."""
 
 from . import _core
@@ -21,7 +21,15 @@ from ._core import (
     workspace_size,
 )
 from ._kvcache import attention_with_kvcache, explain_with_kvcache
-from ._dropin import flash_attn_func, flash_attn_varlen_func, sdpa
+from ._dropin import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    sdpa,
+)
 from ._util import MASK_ALIASES
 from ._log import flush_log, get_log_level, set_log_level
 from . import _build_info
@@ -43,7 +51,11 @@ __all__ = [
     "explain",
     "explain_with_kvcache",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "sdpa",
     "flush_log",
     "get_log_level",

@@ -1,6 +1,7 @@
 """Drop-in entry points with the names and meanings of PyTorch's
 scaled_dot_product_attention (`sdpa`) and FlashAttention 2's `flash_attn_func` /
-`flash_attn_varlen_func`, mapped onto strideattn.attention without copies:
+`flash_attn_varlen_func` and their packed QKV / KV forms, mapped onto strideattn.attention
+without copies:
 
 - SDPA's tensors are [batch, heads, seq, head_dim]: they are handed over as [b, s, h, d]
   views (the strides permuted) and the output is permuted back. is_causal is top-left
@@ -8,7 +9,8 @@ scaled_dot_product_attention (`sdpa`) and FlashAttention 2's `flash_attn_func` /
 - FlashAttention's tensors are already [b, s, h, d] (varlen: [tokens, h, d]); causal=True is
   BOTTOM-RIGHT aligned (our `causal_bottom_right`), window_size=(left, right) is measured
   from the bottom-right diagonal as ours is, -1 unbounded; cu_seqlens_* (length b + 1) become
-  our lengths and offsets.
+  our lengths and offsets. The packed forms read q, k, v (or k, v) as views of the one
+  buffer, with the same arguments.
 
 Arguments that strideattn cannot honour raise NotImplementedError naming the argument."""
 
@@ -301,3 +303,65 @@ def _torch_device_arrays(q, k, v, cu_q, cu_k) -> bool:
     from ._torch_ops import _eager
 
     return call.device_int32(cu_q, q) and call.device_int32(cu_k, q) and _eager(q, k, v)
+
+
+# ----------------------------------------------------------------------------- packed
+
+
+def _unpack(x: Any, name: str, axis: int, count: int) -> Tuple[Any, ...]:
+    """The `count` tensors of FlashAttention's packed buffer `x` (its axis `axis` of extent
+    `count`: 3 for QKV, 2 for KV) as views (PyTorch, numpy and CuPy share the buffer, so the
+    tensors keep its strides; a JAX array is sliced)."""
+    shape = getattr(x, "shape", None)
+    rank = axis + 3  # [.., count, h, d]
+    if shape is None or len(shape) != rank or int(shape[axis]) != count:
+        want = ["b", "s"] if axis == 2 else ["total"]
+        dims = ", ".join(want + [str(count), "h", "d"])
+        raise ValueError(f"{name} must have shape [{dims}]; got {describe(x)}")
+    index = (slice(None),) * axis
+    return tuple(x[index + (i,)] for i in range(count))
+
+
+def flash_attn_qkvpacked_func(qkv: Any, *args: Any, **kwargs: Any) -> Any:
+    """FlashAttention 2's flash_attn_qkvpacked_func: qkv [b, s, 3, h, d] read as the q, k, v
+    views of flash_attn_func (no copy; with PyTorch the gradient lands in qkv.grad); the
+    other arguments are flash_attn_func's after k and v."""
+    q, k, v = _unpack(qkv, "qkv", 2, 3)
+    return flash_attn_func(q, k, v, *args, **kwargs)
+
+
+def flash_attn_kvpacked_func(q: Any, kv: Any, *args: Any, **kwargs: Any) -> Any:
+    """FlashAttention 2's flash_attn_kvpacked_func: kv [b, s_kv, 2, h_kv, d] read as the k, v
+    views of flash_attn_func (no copy); the other arguments are flash_attn_func's."""
+    k, v = _unpack(kv, "kv", 2, 2)
+    return flash_attn_func(q, k, v, *args, **kwargs)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Any, cu_seqlens: Any, max_seqlen: int, *args: Any, **kwargs: Any
+) -> Any:
+    """FlashAttention 2's flash_attn_varlen_qkvpacked_func: qkv [total, 3, h, d] read as the
+    q, k, v views of flash_attn_varlen_func with cu_seqlens and max_seqlen for both sides;
+    the other arguments are flash_attn_varlen_func's after max_seqlen_k."""
+    q, k, v = _unpack(qkv, "qkv", 1, 3)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, *args, **kwargs
+    )
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: Any,
+    kv: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """FlashAttention 2's flash_attn_varlen_kvpacked_func: kv [total_k, 2, h_kv, d] read as the
+    k, v views of flash_attn_varlen_func; the other arguments are its."""
+    k, v = _unpack(kv, "kv", 1, 2)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kwargs
+    )
