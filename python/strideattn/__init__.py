@@ -4,7 +4,8 @@ GPU); `strideattn.torch` adds a PyTorch autograd custom op and a TransformerEngi
 DotProductAttention module (imported on first use, so torch is not required here).
 `sdpa`, `flash_attn_func` and `flash_attn_varlen_func` (and FlashAttention's packed QKV / KV
 forms) take PyTorch SDPA's and FlashAttention's arguments with their meanings; `attention_with_kvcache` is inference
-attention against a contiguous or paged KV cache (flash_attn_with_kvcache's arguments)."""
+attention against a contiguous or paged KV cache (flash_attn_with_kvcache's arguments, our
+mask keywords; `flash_attn_with_kvcache` is the drop-in)."""
 
 from . import _core
 from ._core import (
@@ -28,6 +29,7 @@ from ._dropin import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
     sdpa,
 )
 from ._util import MASK_ALIASES
@@ -56,6 +58,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "sdpa",
     "flush_log",
     "get_log_level",

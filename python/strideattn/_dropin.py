@@ -365,3 +365,78 @@ def flash_attn_varlen_kvpacked_func(
     return flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kwargs
     )
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+
+def flash_attn_with_kvcache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    k: Any = None,
+    v: Any = None,
+    rotary_cos: Any = None,
+    rotary_sin: Any = None,
+    cache_seqlens: Any = None,
+    cache_batch_idx: Any = None,
+    cache_leftpad: Any = None,
+    block_table: Any = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Any = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Any:
+    """FlashAttention 2's flash_attn_with_kvcache, computed by strideattn.attention_with_kvcache
+    (its arguments are FlashAttention's; the caches are read through their strides).
+
+    q [b, s_q, h, d]; k_cache / v_cache [b, s_max, h_kv, d] or, with block_table int32
+    [b, max_pages], paged [num_pages, page_size, h_kv, d]; cache_seqlens int32 [b] (or an
+    int): the tokens cached per sequence, None for full caches (s_max, or max_pages x
+    page_size); k, v [b, s_new, h_kv, d] are written into the caches after those tokens and
+    attended to. causal=True is aligned to the bottom-right corner of each sequence's
+    cache_seqlens + s_new keys, window_size as flash_attn_func's. Returns O [b, s_q, h, d], and
+    with return_softmax_lse the fp32 LSE [b, h, s_q]. num_splits is a scheduling hint
+    (strideattn picks its own split); rotary embeddings, cache_batch_idx, cache_leftpad,
+    softcap and alibi_slopes raise NotImplementedError."""
+    refused = (
+        ("rotary_cos", rotary_cos, "None (apply rotary embeddings before the call)"),
+        ("rotary_sin", rotary_sin, "None (apply rotary embeddings before the call)"),
+        ("cache_batch_idx", cache_batch_idx, "None (pass the caches' rows as views instead)"),
+        ("cache_leftpad", cache_leftpad, "None (caches filled from token 0)"),
+        ("alibi_slopes", alibi_slopes, "None (the KV-cache path has no training features)"),
+    )
+    for name, value, supported in refused:
+        if value is not None:
+            raise _no(name, value, supported)
+    if softcap != 0.0:
+        raise _no("softcap", softcap, "0.0 (the KV-cache path has no training features)")
+    int64(num_splits, "num_splits")  # (checked, then left to strideattn's own choice)
+    if cache_seqlens is None:  # FlashAttention's full caches
+        shape = getattr(k_cache, "shape", None)
+        if shape is None or len(shape) != 4:
+            raise ValueError(f"k_cache must have 4 dimensions; got {describe(k_cache)}")
+        if block_table is None:
+            full = int(shape[1])
+        else:
+            full = int(getattr(block_table, "shape", (0, 0))[1]) * int(shape[1])
+        cache_seqlens = [full] * int(getattr(q, "shape", (0,))[0])
+    from ._kvcache import attention_with_kvcache
+
+    return attention_with_kvcache(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens=cache_seqlens,
+        block_table=block_table,
+        mask="causal_bottom_right" if causal else "none",
+        window=_flash_window(window_size),
+        scale=softmax_scale,
+        return_lse=bool(return_softmax_lse),
+    )
