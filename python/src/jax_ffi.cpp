@@ -207,6 +207,24 @@ std::string_view type_name(ffi::DataType t) {
   }
 }
 
+// The library's dtype of a float16 / bfloat16 / float32 buffer, or an error naming `what`.
+Status float_dtype(ffi::DataType t, std::string_view what, DType* out) {
+  switch (t) {
+    case ffi::DataType::F16:
+      *out = DType::f16;
+      return Status::Ok();
+    case ffi::DataType::BF16:
+      *out = DType::bf16;
+      return Status::Ok();
+    case ffi::DataType::F32:
+      *out = DType::f32;
+      return Status::Ok();
+    default:
+      return bad(std::string(what) + " has dtype " + std::string(type_name(t)) +
+                 "; supported: float16, bfloat16, float32");
+  }
+}
+
 // A view of N logical dimensions into buffer `bufs[desc[0]]`: data pointer, shape, element
 // strides from the buffer's row-major dimensions, and its element count.
 template <std::size_t N>
@@ -268,20 +286,7 @@ Status tensor_view(std::string_view name, const CallAttrs& a, const std::vector<
   ffi::DataType type{};
   if (Status s = view_of<4>(name, it->second, bufs, side, &data, &type, &out->shape, &out->stride, elements); !s.ok())
     return s;
-  switch (type) {
-    case ffi::DataType::F16:
-      out->dtype = DType::f16;
-      break;
-    case ffi::DataType::BF16:
-      out->dtype = DType::bf16;
-      break;
-    case ffi::DataType::F32:
-      out->dtype = DType::f32;
-      break;
-    default:
-      return bad(std::string(name) + " has dtype " + std::string(type_name(type)) +
-                 "; supported: float16, bfloat16, float32");
-  }
+  if (Status s = float_dtype(type, name, &out->dtype); !s.ok()) return s;
   out->data = data;
   return Status::Ok();
 }
@@ -404,20 +409,7 @@ Status bias_view(const Buffer& b, const char* what, BiasView* out) {
   if (rank < 1 || rank > 4)
     return bad(std::string(what) + " has shape " + dims_str(b.dims) +
                "; supported: 1 to 4 dimensions, broadcast to [b, h, s_q, s_kv] from the right");
-  switch (b.type) {
-    case ffi::DataType::F32:
-      out->dtype = DType::f32;
-      break;
-    case ffi::DataType::F16:
-      out->dtype = DType::f16;
-      break;
-    case ffi::DataType::BF16:
-      out->dtype = DType::bf16;
-      break;
-    default:
-      return bad(std::string(what) + " has dtype " + std::string(type_name(b.type)) +
-                 "; supported: float32, float16, bfloat16");
-  }
+  if (Status s = float_dtype(b.type, what, &out->dtype); !s.ok()) return s;
   std::int64_t stride = 1;
   for (std::size_t i = 4; i-- > 0;) {
     const std::size_t from_right = 3 - i;
