@@ -80,6 +80,7 @@ struct CallAttrs {
   std::string bias_type = "none";
   std::vector<std::int64_t> feature_args, feature_rets;
   std::int64_t workspace = -1;  // result index of the workspace buffer (uint8), -1: none
+  std::int64_t max_logit = -1;  // forward: result index of the max logit (fp32 [rows, h]), -1: none
 };
 
 constexpr const char* kForwardInputs[] = {"q", "k", "v"};
@@ -121,6 +122,7 @@ Status decode_attrs(const Source& src, bool backward, CallAttrs* a) {
   if (Status s = src.flag("deterministic", &a->deterministic); !s.ok()) return s;
   if (Status s = src.i64("varlen", &a->varlen); !s.ok()) return s;
   if (Status s = src.i64("workspace", &a->workspace); !s.ok()) return s;
+  if (Status s = src.i64("max_logit", &a->max_logit); !s.ok()) return s;
   if (Status s = src.i64("max_seqlen_q", &a->max_seqlen_q); !s.ok()) return s;
   if (Status s = src.i64("max_seqlen_kv", &a->max_seqlen_kv); !s.ok()) return s;
   if (Status s = src.f64("softcap", &a->softcap); !s.ok()) return s;
@@ -550,6 +552,12 @@ Status build(const CallAttrs& a, const std::vector<Buffer>& args, const std::vec
   if (Status s = lse_view(a, rets, "result", &f->lse, &n); !s.ok()) return s;
   add_count(a, "lse", n, &counts);
   if (Status s = fill_features(a, args, rets, &counts, f); !s.ok()) return s;
+  if (a.max_logit >= 0) {
+    const Buffer* ml = nullptr;
+    if (Status s = feature_buffer(a.max_logit, rets, "max_logit", "result", &ml); !s.ok()) return s;
+    if (Status s = head_view(*ml, "max_logit", true, &f->max_logit); !s.ok()) return s;
+    counts[static_cast<std::size_t>(a.max_logit)] += f->max_logit.shape[0] * f->max_logit.shape[1];
+  }
   if (Status s = check_covered(a, rets, counts); !s.ok()) return s;
   return fill_common(a, args, rets, memory, stream, f);
 }

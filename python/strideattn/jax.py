@@ -214,6 +214,7 @@ class _Call:
     features: Tuple[Tuple[str, Any], ...]  # softcap, bias_type, dropout_p where set
     feature_arrays: Tuple[str, ...]  # names of the feature arrays that follow
     return_lse: bool
+    max_logit_shape: Optional[Tuple[int, int]]  # set: the forward returns the max logit
 
     @property
     def n_buffers(self) -> int:
@@ -238,10 +239,12 @@ def _attrs(call: _Call, backward: bool, n_rets: int) -> Dict[str, Any]:
         a["o"] = _full_desc(nb, call.o_axes, call.o_shape, o_roles)
         a["do"] = _full_desc(nb + 1, call.o_axes, call.o_shape, o_roles)
         a["lse"] = _full_desc(nb + 2, call.lse_axes, call.lse_shape, lse_roles)
-    else:
+    else:  # results: O, LSE (when asked), the max logit (when asked), the workspace
         a["o"] = _full_desc(0, call.o_axes, call.o_shape, o_roles)
-        if n_rets == 3:
+        if n_rets - (call.max_logit_shape is not None) == 3:
             a["lse"] = _full_desc(1, call.lse_axes, call.lse_shape, lse_roles)
+        if call.max_logit_shape is not None:
+            a["max_logit"] = np.int64(n_rets - 2)
     for key, value in call.options:
         a[key] = value
     a["workspace"] = np.int64(n_rets - 1)
@@ -387,24 +390,33 @@ def _run(call: _Call, backward: bool, arrays, results):
 
 
 def _forward(call: _Call, arrays, with_lse: bool):
+    """(O, LSE or None, the max logit or None)."""
     dtype = call.dtypes[call.sources[0].buf]
     results = [jax.ShapeDtypeStruct(call.o_shape, dtype)]
     if with_lse:
         results.append(jax.ShapeDtypeStruct(call.lse_shape, jnp.float32))
-    out = _run(call, False, arrays, results)
-    return (out[0], out[1]) if with_lse else (out[0], None)
+    if call.max_logit_shape is not None:
+        results.append(jax.ShapeDtypeStruct(call.max_logit_shape, jnp.float32))
+    out = list(_run(call, False, arrays, results))
+    o, lse = out.pop(0), out.pop(0) if with_lse else None
+    return o, lse, out[0] if out else None
+
+
+def _outputs(call: _Call, o, lse, max_logit):
+    """What the call returns: O, then the LSE and the max logit where asked."""
+    extra = ((lse,) if call.return_lse else ()) + ((max_logit,) if max_logit is not None else ())
+    return (o,) + extra if extra else o
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(call: _Call, *arrays):
-    o, lse = _forward(call, arrays, call.return_lse)
-    return (o, lse) if call.return_lse else o
+    return _outputs(call, *_forward(call, arrays, call.return_lse))
 
 
 def _attention_fwd(call: _Call, *primals):
     arrays = tuple(p.value for p in primals)
-    o, lse = _forward(call, arrays, True)
-    return ((o, lse) if call.return_lse else o), (arrays, o, lse)
+    o, lse, max_logit = _forward(call, arrays, True)
+    return _outputs(call, o, lse, max_logit), (arrays, o, lse)
 
 
 def _attention_bwd(call: _Call, residuals, cotangent):
@@ -412,13 +424,13 @@ def _attention_bwd(call: _Call, residuals, cotangent):
     nb = call.n_buffers
     zero = jax.custom_derivatives.SymbolicZero
     d_o = cotangent
-    if call.return_lse:
-        d_o, d_lse = cotangent
-        if not isinstance(d_lse, zero):
+    if call.return_lse or call.max_logit_shape is not None:
+        d_o, *d_rest = cotangent
+        if any(not isinstance(d, zero) for d in d_rest):
             raise NotImplementedError(
-                "strideattn.jax.attention: gradients through the LSE output are not "
-                "supported (the library's backward takes dO only); apply "
-                "jax.lax.stop_gradient to the LSE where it is used"
+                "strideattn.jax.attention: gradients through the LSE or max-logit outputs "
+                "are not supported (the library's backward takes dO only); apply "
+                "jax.lax.stop_gradient to them where they are used"
             )
     if isinstance(d_o, zero):
         d_o = jnp.zeros(o.shape, o.dtype)
@@ -446,9 +458,25 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 # ----------------------------------------------------------------------------- arguments
 
 
+def _sequences(q_src: _Source, q_shape, static_varlen, dynamic_names, dynamic_arrays) -> int:
+    """The sequences of a call (the max logit's rows): the batch, or the varlen count."""
+    if "b" in q_src.axes:
+        return _extent(q_shape, q_src.axes, "b")
+    lengths = dict(static_varlen)
+    if "seqlens_q" in lengths:
+        return len(lengths["seqlens_q"])
+    arrays = dict(zip(dynamic_names, dynamic_arrays))
+    if "cu_seqlens_q" in arrays:
+        return int(arrays["cu_seqlens_q"].shape[0]) - 1
+    if "seqlens_q" in arrays:
+        return int(arrays["seqlens_q"].shape[0])
+    return 1
+
+
 def _call(
-    buffers, sources, mask, window, scale, deterministic, backend, varlen, return_lse, feats
-) -> Any:
+    buffers, sources, mask, window, scale, deterministic, backend, varlen, return_lse, feats,
+    return_max_logit=False,
+) -> Any:  # fmt: skip
     """Builds the _Call for `buffers` read as the q, k, v `sources` and runs it."""
     static_varlen, dynamic_names, dynamic_arrays, cu_bounds = varlen
     feature_options, feature_names, feature_arrays = feats
@@ -486,6 +514,11 @@ def _call(
         features=feature_options,
         feature_arrays=feature_names,
         return_lse=bool(return_lse),
+        max_logit_shape=(
+            (_sequences(q_src, q_shape, static_varlen, dynamic_names, dynamic_arrays), heads)
+            if return_max_logit
+            else None
+        ),
     )
     return _attention(call, *buffers, *dynamic_arrays, *feature_arrays)
 
@@ -516,9 +549,11 @@ _DOC_OPTIONS = """
     denominator as exp(sink) and get their gradient; dropout_p drops each probability with
     that chance, its Philox seed and offset drawn from dropout_rng (a JAX PRNG key: the same
     key draws the same mask on every backend, and the backward draws it again).
-    Returns O (q's dtype, in q's axis order without a packed axis), and with
-    return_lse=True also the fp32 LSE, [b, h, s_q] (without a batch axis: [h, s_q]); the LSE
-    takes no gradient (NotImplementedError if one reaches it: stop_gradient it)."""
+    Returns O (q's dtype, in q's axis order without a packed axis), then with
+    return_lse=True the fp32 LSE, [b, h, s_q] (without a batch axis: [h, s_q]), and with
+    return_max_logit=True each head's largest logit, fp32 [b, h] (varlen: [sequences, h]),
+    for QK-clip; neither takes a gradient (NotImplementedError if one reaches it:
+    stop_gradient it)."""
 
 
 def attention(
@@ -550,6 +585,7 @@ def attention(
     sinks: Any = None,
     dropout_p: float = 0.0,
     dropout_rng: Any = None,
+    return_max_logit: bool = False,
 ):
     """Scaled dot-product attention O = softmax(scale * Q K^T + mask) V on JAX arrays,
     differentiable and jit-compatible. q [.., s_q, h, d_qk], k [.., s_kv, hg, d_qk],
@@ -594,6 +630,7 @@ def attention(
         ),
         return_lse,
         _args.features(softcap, bias, bias_type, alibi_slopes, sinks, dropout_p, dropout_rng),
+        return_max_logit,
     )
 
 
@@ -640,6 +677,7 @@ def attention_qkvpacked(
     sinks: Any = None,
     dropout_p: float = 0.0,
     dropout_rng: Any = None,
+    return_max_logit: bool = False,
 ):
     """Attention over one fused QKV buffer read as three strided views (no split, no copy;
     its gradient is one buffer of qkv's shape). axes name its axes: with a "3" axis
@@ -688,6 +726,7 @@ def attention_qkvpacked(
         ),
         return_lse,
         _args.features(softcap, bias, bias_type, alibi_slopes, sinks, dropout_p, dropout_rng),
+        return_max_logit,
     )
 
 
@@ -720,6 +759,7 @@ def attention_kvpacked(
     sinks: Any = None,
     dropout_p: float = 0.0,
     dropout_rng: Any = None,
+    return_max_logit: bool = False,
 ):
     """Attention with q in its own buffer (axes: default "bshd" / "thd") and k, v as strided
     views of one fused KV buffer (kv_axes: with a "2" axis, default "bs2hd" / "t2hd", k and v
@@ -772,6 +812,7 @@ def attention_kvpacked(
         ),
         return_lse,
         _args.features(softcap, bias, bias_type, alibi_slopes, sinks, dropout_p, dropout_rng),
+        return_max_logit,
     )
 
 

@@ -191,3 +191,53 @@ def test_gpu_features(rng, seed):
     o, grads = fwd_bwd("cuda", "causal", **feat)(q, k, v, do)
     ref_feat = dict(softcap=4.0, bias=bias, alibi_slopes=slopes, sinks=sinks)
     check_against_model(q, k, v, do, host, o, grads, seed, "causal", ref_feat)
+
+
+def test_max_logit(rng, seed):
+    # Each head's largest logit after the features, [b, h], as the model's; with the LSE too;
+    # varlen: one row per sequence (lengths fixed at trace time and as cu_seqlens arrays).
+    (q, k, v, do), host = arrays(rng, scale=3.0)
+    feat = dict(softcap=4.0, mask="causal")
+    o, lse, ml = sj.attention(
+        q, k, v, return_lse=True, return_max_logit=True, backend="cpu", **feat
+    )
+    ref = features_ref(*host[:3], softcap=4.0, mask="causal")
+    close("max_logit", ml, ref["max_logit"], seed)
+    close("lse", lse, ref["lse"], seed)
+    assert ml.shape == (B, H) and ml.max() < 4.0  # capped below c
+
+    # grad with the max logit as an output: fine where it is not differentiated
+    def loss(q):
+        o, ml = sj.attention(q, k, v, return_max_logit=True, **feat)
+        return jnp.sum(o * do) + jnp.sum(jax.lax.stop_gradient(ml))
+
+    g = jax.jit(jax.grad(loss))(q)
+    assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0
+    with pytest.raises(NotImplementedError, match="max-logit"):
+        jax.grad(lambda q: jnp.sum(sj.attention(q, k, v, return_max_logit=True)[1]))(q)
+
+    # varlen: sequences 0 and 1 of the batch, packed into tokens
+    lens = [S_Q, 5]
+    tq = jnp.concatenate([q[0], q[1, :5]])
+    tk, tv = (jnp.concatenate([x[0], x[1, :5]]) for x in (k, v))
+    want = np.stack(
+        [
+            features_ref(*(x[i : i + 1, :n] for x in host[:3]), **feat)["max_logit"][0]
+            for i, n in enumerate(lens)
+        ]
+    )
+    _, ml = sj.attention(
+        tq, tk, tv, seqlens_q=lens, seqlens_kv=[S_KV, 5], return_max_logit=True, **feat
+    )
+    close("varlen max_logit", ml, want, seed)
+    cu_q, cu_kv = (
+        jnp.asarray([0, S_Q, S_Q + 5], jnp.int32),
+        jnp.asarray([0, S_KV, S_KV + 5], jnp.int32),
+    )
+    _, ml = jax.jit(
+        lambda q, k, v, a, c: sj.attention(
+            q, k, v, cu_seqlens_q=a, cu_seqlens_kv=c, max_seqlen_q=S_Q, max_seqlen_kv=S_KV,
+            return_max_logit=True, **feat,
+        )
+    )(tq, tk, tv, cu_q, cu_kv)  # fmt: skip
+    close("cu_seqlens max_logit", ml, want, seed)
