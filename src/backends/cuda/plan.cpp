@@ -232,7 +232,7 @@ CudaPlan make_cuda_plan(const Problem& p, const DeviceCaps& caps, const PlanForc
     // More keys than one register accumulator sums well (common/outer_accumulator.cuh): the
     // fold instantiation, with a slot pool sized for every warp that can be resident.
     if (p.s_kv > kFoldKeys) plan.outer_count = resident_warps(*e, caps);
-    plan.main.variant = p.any_feature()                                            ? Variant::mods
+    plan.main.variant = p.any_feature()                                            ? feature_variant(p, *e)
                         : plan.outer_count > 0                                     ? Variant::fold
                         : e->full_d != nullptr && dims_fill_bucket(p, plan.bucket) ? Variant::full_d
                                                                                    : Variant::guarded;

@@ -398,7 +398,7 @@ TEST(CudaPlan, TrainingFeaturesRunTheFeatureVariant) {
     }
   // Long key ranges: the forward's fold (its slots) and the dQ pass's fold stay planned.
   const CudaPlan long_f = make_cuda_plan(with_softcap(fwd(DType::f16, 1, 20000, 2, 1, 128)), kH200);
-  EXPECT_EQ(long_f.main.variant, Variant::mods);
+  EXPECT_EQ(long_f.main.variant, Variant::mods_softcap);  // (the wgmma forward's, the softcap alone)
   EXPECT_GT(long_f.outer_count, 0);
   const CudaPlan long_k =
       make_cuda_plan(with_softcap(problem(Direction::backward, DType::bf16, 1, 256, 1 << 20, 4, 4, 128, 128)), kH200);
@@ -512,92 +512,73 @@ TEST(CudaPlan, PreparedLaunchHoldsNoPointers) {
 
 // Every combination of the training features runs an instantiation that has each of them:
 // the single-feature one only for exactly its feature (a kernel without a feature the problem
-// has would ignore it, silently). The backward's set is the features that change the scores;
-// the forward's adds the sinks and the max logit.
+// has would ignore it, silently), where the entry has it. The backward's set is the features
+// that change the scores; the forward's adds the sinks and the max logit. Over the four
+// kernels with single-feature instantiations: the warp-specialized dK/dV pass (d 128), the
+// wgmma dK/dV pass (every bucket; the deterministic backward keeps it), the overlapped
+// warp-specialized forward (every bucket) and the wgmma forward (varlen, d 128 and 256).
+
+// `p` with the features of `bits` (common/feature_set.hpp), the bias broadcast over heads.
+Problem with_features(Problem p, int bits) {
+  if (bits & kFeatBias) {
+    p.bias_type = strideattn::BiasType::pre_scale;
+    p.bias.shape = {p.batch, 1, p.s_q, p.s_kv};
+  }
+  if (bits & kFeatSoftcap) p.softcap = 20;
+  if (bits & kFeatAlibi) p.alibi_on = true;
+  if (bits & kFeatDropout) p.dropout_p = 0.2;
+  p.sinks_on = (bits & kFeatSinks) != 0;
+  p.max_logit_on = (bits & kFeatMaxLogit) != 0;
+  return p;
+}
+
+// The plan of `p` (with the features `bits`) runs an instantiation of `entry`'s kind
+// (`tma`) that has every one of them.
+void expect_covered(const Problem& p, int bits, bool tma) {
+  const CudaPlan plan = make_cuda_plan(p, kH200);
+  ASSERT_TRUE(plan.ok()) << plan.error;
+  ASSERT_EQ(plan.main.entry->tma, tma) << plan.ws_note;
+  const KernelEntry& e = *plan.main.entry;
+  ASSERT_EQ(pass_features(p, e.pass), bits);
+  EXPECT_NE(plan.main.kernel(), nullptr);
+  const int single = int(plan.main.variant) - int(Variant::mods_bias);
+  if (single >= 0) {
+    EXPECT_EQ(kSingleFeatures[single], bits);
+  } else {
+    EXPECT_EQ(plan.main.variant, Variant::mods);
+    // several features, or one whose own instantiation this entry lacks
+    const bool lone = (bits & (bits - 1)) == 0;
+    bool has_own = false;
+    for (int i = 0; i < kSingleFeatureCount; ++i) has_own |= kSingleFeatures[i] == bits && e.mods_single[i] != nullptr;
+    EXPECT_TRUE(!lone || !has_own) << "a feature alone with its own instantiation ran every feature's";
+  }
+  if (plan.backward && !plan.single_pass) EXPECT_EQ(plan.dq.variant, Variant::mods);  // (the dQ pass: all)
+}
+
 TEST(CudaPlan, FeatureVariantsCoverTheProblemsFeatures) {
-  const KernelEntry* ws = find_ws_backward(DType::bf16, 128);
-  ASSERT_NE(ws, nullptr);
-  KernelEntry all_only = *ws;  // an entry with no single-feature instantiations
-  for (const void*& k : all_only.mods_single) k = nullptr;
-  for (int i = kScoreFeatureCount; i < kSingleFeatureCount; ++i) EXPECT_EQ(ws->mods_single[i], nullptr);
   for (int bits = 1; bits <= kScoreFeatures; ++bits) {
     SCOPED_TRACE(::testing::Message() << "features " << bits);
-    Problem p = bwd(DType::bf16, 2, 1000, 8, 2, 128);
-    if (bits & kFeatBias) {
-      p.bias_type = strideattn::BiasType::pre_scale;
-      p.bias.shape = {1, 8, 1000, 1000};
-    }
-    if (bits & kFeatSoftcap) p.softcap = 20;
-    if (bits & kFeatAlibi) p.alibi_on = true;
-    if (bits & kFeatDropout) p.dropout_p = 0.2;
-    ASSERT_EQ(score_features(p), bits);
-    const Variant v = feature_variant(p, *ws);
-    const int single = int(v) - int(Variant::mods_bias);
-    if (single >= 0) {
-      EXPECT_EQ(kSingleFeatures[single], bits);
-    } else {
-      EXPECT_EQ(v, Variant::mods);
-      EXPECT_NE(bits & (bits - 1), 0) << "one feature alone runs its own instantiation";
-    }
-    EXPECT_EQ(feature_variant(p, all_only), Variant::mods);
-    const CudaPlan plan = make_cuda_plan(p, kH200);
-    ASSERT_TRUE(plan.ok()) << plan.error;
-    EXPECT_EQ(plan.main.variant, v);
-    EXPECT_NE(plan.main.kernel(), nullptr);
+    expect_covered(with_features(bwd(DType::bf16, 2, 1000, 8, 2, 128), bits), bits, true);
+    for (int d : {64, 128, 256})  // (deterministic: the wgmma pass)
+      expect_covered(with_features(bwd(DType::bf16, 2, 1000, 8, 2, d, true), bits), bits, false);
   }
-  // The forward (the overlapped warp-specialized entry of each bucket), over every set of
-  // its six features; a bucket without a feature's own instantiation runs every feature's.
-  for (int d : {64, 128, 256})
-    for (int bits = 1; bits <= kFeatAll; ++bits) {
-      SCOPED_TRACE(::testing::Message() << "forward d " << d << " features " << bits);
-      Problem p = fwd(DType::f16, 2, 1000, 8, 2, d);
-      if (bits & kFeatBias) {
-        p.bias_type = strideattn::BiasType::post_scale;
-        p.bias.shape = {2, 1, 1000, 1000};
-      }
-      if (bits & kFeatSoftcap) p.softcap = 20;
-      if (bits & kFeatAlibi) p.alibi_on = true;
-      if (bits & kFeatDropout) p.dropout_p = 0.2;
-      p.sinks_on = (bits & kFeatSinks) != 0;
-      p.max_logit_on = (bits & kFeatMaxLogit) != 0;
-      ASSERT_EQ(pass_features(p, Pass::forward), bits);
-      const CudaPlan plan = make_cuda_plan(p, kH200);
-      ASSERT_TRUE(plan.ok()) << plan.error;
-      ASSERT_TRUE(plan.main.entry->tma) << plan.ws_note;
-      EXPECT_NE(plan.main.kernel(), nullptr);
-      const int single = int(plan.main.variant) - int(Variant::mods_bias);
-      if (single >= 0) {
-        EXPECT_EQ(kSingleFeatures[single], bits);
-        EXPECT_TRUE(ws_forward_single_feature(d, bits));
-      } else {
-        EXPECT_EQ(plan.main.variant, Variant::mods);
-        EXPECT_TRUE((bits & (bits - 1)) != 0 || !ws_forward_single_feature(d, bits)) << "a feature alone";
-      }
+  for (int bits = 1; bits <= kFeatAll; ++bits) {
+    SCOPED_TRACE(::testing::Message() << "forward features " << bits);
+    for (int d : {64, 128, 256}) expect_covered(with_features(fwd(DType::f16, 2, 1000, 8, 2, d), bits), bits, true);
+    for (int d : {128, 256}) {  // varlen: the wgmma forward
+      Problem vl = fwd(DType::f16, 1, 1000, 8, 2, d);
+      vl.varlen = true, vl.batch = 2, vl.s_q = vl.s_kv = 500;
+      vl.seqlens_q = vl.seqlens_kv = {500, 400}, vl.offsets_q = vl.offsets_kv = {0, 500};
+      expect_covered(with_features(vl, bits), bits, false);
     }
-  // The wgmma dK/dV pass of every bucket (the deterministic backward keeps it), likewise.
-  for (int d : {64, 128, 256})
-    for (int bits = 1; bits <= kScoreFeatures; ++bits) {
-      SCOPED_TRACE(::testing::Message() << "wgmma pass d " << d << " features " << bits);
-      Problem p = bwd(DType::bf16, 2, 1000, 8, 2, d, true);
-      if (bits & kFeatBias) {
-        p.bias_type = strideattn::BiasType::post_scale;
-        p.bias.shape = {2, 8, 1000, 1000};
-      }
-      if (bits & kFeatSoftcap) p.softcap = 20;
-      if (bits & kFeatAlibi) p.alibi_on = true;
-      if (bits & kFeatDropout) p.dropout_p = 0.2;
-      const CudaPlan plan = make_cuda_plan(p, kH200);
-      ASSERT_TRUE(plan.ok()) << plan.error;
-      EXPECT_FALSE(plan.main.entry->tma);
-      EXPECT_NE(plan.main.kernel(), nullptr);
-      const int single = int(plan.main.variant) - int(Variant::mods_bias);
-      if (single >= 0)
-        EXPECT_EQ(kSingleFeatures[single], bits);
-      else
-        EXPECT_EQ(plan.main.variant, Variant::mods);
-      EXPECT_EQ(single >= 0, (bits & (bits - 1)) == 0);
-      EXPECT_EQ(plan.dq.variant, Variant::mods);  // (the dQ pass: every feature)
-    }
+  }
+  // the single-feature instantiations each entry has: the backward's four score features
+  const KernelEntry* ws = find_ws_backward(DType::bf16, 128);
+  ASSERT_NE(ws, nullptr);
+  for (int i = 0; i < kSingleFeatureCount; ++i) EXPECT_EQ(ws->mods_single[i] != nullptr, i < kScoreFeatureCount);
+  KernelEntry all_only = *ws;  // an entry with none
+  for (const void*& k : all_only.mods_single) k = nullptr;
+  EXPECT_EQ(feature_variant(with_features(bwd(DType::bf16, 2, 1000, 8, 2, 128), kFeatAlibi), all_only), Variant::mods);
   // dBias alone counts as the bias (it comes with one)
   Problem db = bwd(DType::bf16, 2, 1000, 8, 2, 128);
   db.bias_type = strideattn::BiasType::post_scale;

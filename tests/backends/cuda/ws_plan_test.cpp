@@ -136,7 +136,7 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   // training features: the overlapped schedule's features instantiations (one alone: its
   // own, Variant::mods_softcap / mods_dropout; several: Variant::mods), the plan's schedule for
   // them at any key count up to kFoldKeys (ping-pong would be the default at these 1,000
-  // keys), the wgmma forward's features variant as fallback
+  // keys), the wgmma forward's instantiation of the same features as fallback
   Problem capped = base;
   capped.softcap = 30;
   Problem dropping = base;
@@ -157,7 +157,7 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     EXPECT_NE(mods.main.kernel(), mods.main.entry->fold);
     if (variant != Variant::mods) EXPECT_NE(mods.main.kernel(), mods.main.entry->mods);
     EXPECT_EQ(mods.outer_count, 0);
-    EXPECT_EQ(mods.ws_fallback.variant, Variant::mods);
+    EXPECT_EQ(mods.ws_fallback.variant, variant);  // (the wgmma forward's instantiation of it)
     EXPECT_EQ(name_of(mods.ws_fallback), name_of(def.main));
     EXPECT_EQ(mods.main.grid.x, ws.main.grid.x);
     EXPECT_EQ(mods.workspace.total, make_cuda_plan(feat, kH200, PlanForcing{.ws_forward = false}).workspace.total);
@@ -165,13 +165,13 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
   EXPECT_EQ(find_ws_forward(DType::bf16, 128, WsSchedule::plain)->mods, nullptr);
   EXPECT_EQ(find_ws_forward(DType::f16, 128, WsSchedule::ping_pong)->mods, nullptr);
   EXPECT_NE(find_ws_forward(DType::f16, 128, WsSchedule::overlapped)->mods, nullptr);
-  // ... not in the other schedules (forced): `features`, the wgmma forward's features variant
+  // ... not in the other schedules (forced): `features`, the wgmma forward's feature variant
   EXPECT_TRUE(starts_with(note_of(capped), "features")) << note_of(capped);
   for (WsSchedule other : {WsSchedule::plain, WsSchedule::ping_pong}) {
     const CudaPlan forced = make_cuda_plan(capped, kH200, PlanForcing{.ws_schedule = other});
     ASSERT_TRUE(forced.ok()) << forced.error;
     EXPECT_FALSE(forced.main.entry->tma);
-    EXPECT_EQ(forced.main.variant, Variant::mods);
+    EXPECT_EQ(forced.main.variant, Variant::mods_softcap);
     EXPECT_TRUE(starts_with(forced.ws_note, "features")) << forced.ws_note;
     EXPECT_NE(forced.ws_note.find(to_string(other)), std::string::npos) << forced.ws_note;
   }
@@ -182,7 +182,7 @@ TEST(CudaPlan, WarpSpecializedForwardWhereItCovers) {
     const CudaPlan lc = make_cuda_plan(long_capped, kH200);
     ASSERT_TRUE(lc.ok()) << lc.error;
     EXPECT_FALSE(lc.main.entry->tma);
-    EXPECT_EQ(lc.main.variant, Variant::mods);
+    EXPECT_EQ(lc.main.variant, Variant::mods_softcap);
     EXPECT_GT(lc.outer_count, 0);
     EXPECT_TRUE(starts_with(lc.ws_note, "features")) << lc.ws_note;
     EXPECT_NE(lc.ws_note.find("8192"), std::string::npos) << lc.ws_note;

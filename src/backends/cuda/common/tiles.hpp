@@ -94,6 +94,12 @@ SA_CONSTEXPR_HD ForwardWgmmaTile forward_wgmma_tile(int d) {
   const int bc = d == 256 ? 64 : 128;
   return {128, bc, 1024 + (128 + 4 * bc) * d * 2};
 }
+// The wgmma forward's single-feature instantiations (common/feature_set.hpp) per bucket: each,
+// but ALiBi at d 128, where ptxas (nvcc 13.0) spilled 72 bytes and reloaded 108 with it alone
+// against 20 / 28 with every feature; that runs the every-feature one.
+SA_CONSTEXPR_HD bool wgmma_forward_single_feature(int bucket, int feature) {
+  return !(bucket == 128 && feature == kFeatAlibi);
+}
 
 // ------------------------------------------------------------------ forward (sm_90a, warp-specialized)
 

@@ -10,8 +10,11 @@
 //   masked -> -inf; online softmax step: S -> P, l, and O rescaled where m is raised
 //   O += P V             (A = P from registers, rounded to T; B = V from shared memory)
 // Tile shapes and their reasons: common/tiles.hpp, forward_wgmma_tile.
-// Mods: the feature variant, as sm80/forward.cuh's (common/score_mod.cuh).
+// Feats: the training features compiled in (common/feature_set.hpp; 0: none): the feature
+// variant (all of them) as sm80/forward.cuh's Mods, or one alone (common/score_mod.cuh).
 #pragma once
+
+#include <utility>
 
 #include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
@@ -29,9 +32,10 @@
 namespace strideattn::cuda_impl {
 
 // KvCache: as sm80/forward.cuh's (a KV-cache call, contiguous or paged cache).
-template <class T, int D, bool Fold, bool Mods = false, bool KvCache = false>
+template <class T, int D, bool Fold, int Feats = 0, bool KvCache = false>
 __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const KernelParams kp) {
 #if SA_WGMMA
+  constexpr bool Mods = Feats != 0;
   constexpr ForwardWgmmaTile kTile = forward_wgmma_tile(D);
   constexpr int Br = kTile.br, Bc = kTile.bc;
   using QTile = Sw128Tile<Br, D>;
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 
     // (the modifiers made per block from the parameters, as in sm80/forward.cuh)
     ScoreMod mod;
-    if constexpr (Mods) mod = ScoreMod::of(kp, mask, batch, head);
+    if constexpr (Mods) mod = ScoreMod::of<Feats>(kp, mask, batch, head);
 
     // S = Q K^T: this group's 64 rows x Bc keys
     float s[1][Bc / 8][4];
@@ -132,7 +136,7 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
     wgmma_commit();
     // dropout: the keep mask, drawn while the GEMM runs
     KeepMask<1, Bc / 8> keep{};
-    const bool dropping = Mods && kp.f.dropout_scale != 0.f;
+    const bool dropping = (Feats & kFeatDropout) != 0 && kp.f.dropout_scale != 0.f;
     if (dropping) keep = dropout_mask_rows<1, Bc / 8>(kp, batch, head, r0 + warp_row0, c0);
     wgmma_wait<0>();
     fence_operands(s[0]);
@@ -164,12 +168,21 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
   }
   if constexpr (Fold) outer.merge_and_release(kp, o_acc, row_max, row_sum, scale_log2);
 
-  if constexpr (Mods) {
+  if constexpr ((Feats & kFeatMaxLogit) != 0)
     if (kp.f.max_logit != nullptr) record_max_logit<1>(kp, batch, head, r0 + warp_row0, r1, row_max);
+  if constexpr ((Feats & kFeatSinks) != 0)
     if (kp.f.sinks != nullptr) join_sink<1, D>(kp, mask, head, r0 + warp_row0, o_acc, row_max, row_sum);
-  }
   store_o_lse<T, 1, D, Mods, KvCache>(kp, batch, head, r0 + warp_row0, r1, d_v, o, o_acc, row_max, row_sum);
 #endif
+}
+
+// The instantiation with `Feature` alone, where the bucket has it (wgmma_forward_single_feature).
+template <class T, int D, int Feature>
+const void* forward_wgmma_single() {
+  if constexpr (wgmma_forward_single_feature(D, Feature))
+    return reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, Feature>);
+  else
+    return nullptr;
 }
 
 // The kernel table's entry of this forward for (T, D) (dispatch.hpp).
@@ -183,9 +196,13 @@ KernelEntry forward_wgmma_entry() {
   e.grid = GridShape::query_blocks, e.block_rows = kTile.br, e.warp_rows = 16;
   e.guarded = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false>);
   e.fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true>);
-  e.mods = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, true>);
-  e.kv_cache = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false, false, true>);
-  e.kv_cache_fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, false, true>);
+  e.mods = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, kFeatAll>);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((e.mods_single[I] = forward_wgmma_single<T, D, kSingleFeatures[I]>()), ...);
+  }
+  (std::make_integer_sequence<int, kSingleFeatureCount>{});
+  e.kv_cache = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false, 0, true>);
+  e.kv_cache_fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, 0, true>);
   return e;
 }
 
