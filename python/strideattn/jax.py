@@ -52,6 +52,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_args as _args
+from ._jax_views import (
+    LSE_ROLE,
+    ROLE,
+    Source,
+    default_axes,
+    desc,
+    extent,
+    full_desc,
+    has_letter,
+    parse_axes,
+)
 from ._util import (
     CU_SEQLENS_ARRAYS,
     BackendError,
@@ -90,105 +101,9 @@ for _platform, (_fwd, _bwd) in _jax_ffi.handlers().items():
     jax.ffi.register_ffi_target(_FORWARD, _fwd, platform=_platform)
     jax.ffi.register_ffi_target(_BACKWARD, _bwd, platform=_platform)
 
-# Logical dimension of each axis letter: tensors [batch, seq, head, head_dim]; "t" (varlen
-# tokens) is the seq dimension. The LSE is [batch, head, seq].
-_ROLE = {"b": 0, "s": 1, "t": 1, "h": 2, "d": 3}
-_LSE_ROLE = {"b": 0, "h": 1, "s": 2}
-_HELD = -1  # an axis held at one index (the "3" / "2" axis of a packed buffer)
-
 Window = Optional[Tuple[Optional[int], Optional[int]]]
 Ints = Any  # Python ints, a numpy array (fixed at trace time) or a JAX array (read at run time)
 Axes = Optional[Union[str, Sequence[str]]]
-
-
-# ----------------------------------------------------------------------------- views
-
-
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    """Where a logical tensor lives: buffer `buf` of the call, read with `axes` (one letter
-    per buffer axis), at index `pick` of its packed ("3"/"2") axis, and heads
-    [head_start, head_start + heads) of its head axis (None: all of them)."""
-
-    buf: int
-    axes: str
-    pick: Optional[int] = None
-    head_start: int = 0
-    heads: Optional[int] = None
-
-
-def _parse_axes(axes: Any, shape: Sequence[int], what: str, packed: str = "") -> str:
-    """The axes of a buffer as a string of one letter per axis, checked: each of s (or t),
-    h, d once, b at most once, and the packed letter (3 or 2) once when `packed`."""
-    if isinstance(axes, (list, tuple)) and all(isinstance(a, str) and len(a) == 1 for a in axes):
-        axes = "".join(axes)
-    if not isinstance(axes, str):
-        raise ValueError(f"{what} axes must be a string such as 'bshd', got {describe(axes)}")
-    letters = axes.strip().lower()
-    allowed = "bsthd" + packed
-    supported = (
-        f"one letter per axis of the buffer, each once: b (batch, optional), s or t (seq), "
-        f"h (heads), d (head dim){f', {packed} (which of the packed tensors)' if packed else ''}"
-    )
-    if len(letters) != len(shape):
-        raise ValueError(
-            f"{what} axes '{axes}' name {len(letters)} axes but {what} has shape "
-            f"{tuple(shape)}; supported: {supported}"
-        )
-    seq = [c for c in letters if c in "st"]
-    if (
-        any(c not in allowed for c in letters)
-        or len(set(letters)) != len(letters)
-        or len(seq) != 1
-        or "h" not in letters
-        or "d" not in letters
-        or (packed and packed not in letters)
-    ):
-        raise ValueError(f"{what} axes '{axes}' are not valid; supported: {supported}")
-    return letters
-
-
-def _names(axes: Any, letter: str) -> bool:
-    """Whether axes (a string or a sequence of letters) has `letter`."""
-    return isinstance(axes, (str, list, tuple)) and letter in "".join(str(a) for a in axes)
-
-
-def _default_axes(rank: int, what: str, packed: str = "") -> str:
-    # The default for each rank is written out as letters and parsed like any other.
-    table = {5: "bs" + packed + "hd", 4: "t" + packed + "hd"} if packed else {4: "bshd", 3: "thd"}
-    if rank not in table:
-        raise ValueError(
-            f"{what} has {rank} dimensions; pass axes= to say which axis is which "
-            f"(default axes exist for {' and '.join(str(r) for r in table)} dimensions: "
-            f"{', '.join(table.values())})"
-        )
-    return table[rank]
-
-
-def _extent(shape: Sequence[int], axes: str, letter: str) -> int:
-    if letter == "s":
-        return int(shape[axes.index("s" if "s" in axes else "t")])
-    return int(shape[axes.index(letter)]) if letter in axes else 1
-
-
-def _desc(src: _Source, shape: Sequence[int]) -> np.ndarray:
-    """The view attribute of strideattn._jax_ffi: [buffer, (role, start, extent) per axis]."""
-    out = [src.buf]
-    for ax, c in enumerate(src.axes):
-        if c in "32":
-            out += [_HELD, src.pick, 1]
-        elif c == "h" and src.heads is not None:
-            out += [_ROLE[c], src.head_start, src.heads]
-        else:
-            out += [_ROLE[c], 0, int(shape[ax])]
-    return np.asarray(out, np.int64)
-
-
-def _full_desc(buf: int, axes: str, shape: Sequence[int], roles: Dict[str, int]) -> np.ndarray:
-    out = [buf]
-    for ax, c in enumerate(axes):
-        out += [roles[c], 0, int(shape[ax])]
-    return np.asarray(out, np.int64)
 
 
 # ----------------------------------------------------------------------------- one call
@@ -200,7 +115,7 @@ class _Call:
     argument). The call's arrays are the buffers, then the varlen arrays (if any), then the
     training features' arrays (feature_arrays, in _jax_args.FEATURE_ARRAYS' order)."""
 
-    sources: Tuple[_Source, _Source, _Source]  # q, k, v
+    sources: Tuple[Source, Source, Source]  # q, k, v
     shapes: Tuple[Tuple[int, ...], ...]  # of the buffers
     dtypes: Tuple[str, ...]
     o_axes: str
@@ -230,19 +145,19 @@ def _attrs(call: _Call, backward: bool, n_rets: int) -> Dict[str, Any]:
     nb = call.n_buffers
     a: Dict[str, Any] = {}
     for name, src in zip("qkv", call.sources):
-        a[name] = _desc(src, call.shapes[src.buf])
+        a[name] = desc(src, call.shapes[src.buf])
         if backward:
-            a["d" + name] = _desc(src, call.shapes[src.buf])  # result i mirrors buffer i
-    o_roles = {c: _ROLE[c] for c in call.o_axes}
-    lse_roles = {c: _LSE_ROLE[c] for c in call.lse_axes}
+            a["d" + name] = desc(src, call.shapes[src.buf])  # result i mirrors buffer i
+    o_roles = {c: ROLE[c] for c in call.o_axes}
+    lse_roles = {c: LSE_ROLE[c] for c in call.lse_axes}
     if backward:
-        a["o"] = _full_desc(nb, call.o_axes, call.o_shape, o_roles)
-        a["do"] = _full_desc(nb + 1, call.o_axes, call.o_shape, o_roles)
-        a["lse"] = _full_desc(nb + 2, call.lse_axes, call.lse_shape, lse_roles)
+        a["o"] = full_desc(nb, call.o_axes, call.o_shape, o_roles)
+        a["do"] = full_desc(nb + 1, call.o_axes, call.o_shape, o_roles)
+        a["lse"] = full_desc(nb + 2, call.lse_axes, call.lse_shape, lse_roles)
     else:  # results: O, LSE (when asked), the max logit (when asked), the workspace
-        a["o"] = _full_desc(0, call.o_axes, call.o_shape, o_roles)
+        a["o"] = full_desc(0, call.o_axes, call.o_shape, o_roles)
         if n_rets - (call.max_logit_shape is not None) == 3:
-            a["lse"] = _full_desc(1, call.lse_axes, call.lse_shape, lse_roles)
+            a["lse"] = full_desc(1, call.lse_axes, call.lse_shape, lse_roles)
         if call.max_logit_shape is not None:
             a["max_logit"] = np.int64(n_rets - 2)
     for key, value in call.options:
@@ -458,10 +373,10 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 # ----------------------------------------------------------------------------- arguments
 
 
-def _sequences(q_src: _Source, q_shape, static_varlen, dynamic_names, dynamic_arrays) -> int:
+def _sequences(q_src: Source, q_shape, static_varlen, dynamic_names, dynamic_arrays) -> int:
     """The sequences of a call (the max logit's rows): the batch, or the varlen count."""
     if "b" in q_src.axes:
-        return _extent(q_shape, q_src.axes, "b")
+        return extent(q_shape, q_src.axes, "b")
     lengths = dict(static_varlen)
     if "seqlens_q" in lengths:
         return len(lengths["seqlens_q"])
@@ -486,8 +401,8 @@ def _call(
     shapes = tuple(tuple(int(s) for s in b.shape) for b in buffers)
     q_src, k_src, v_src = sources
     q_shape, v_shape = shapes[q_src.buf], shapes[v_src.buf]
-    heads = q_src.heads if q_src.heads is not None else _extent(q_shape, q_src.axes, "h")
-    d_v = _extent(v_shape, v_src.axes, "d")
+    heads = q_src.heads if q_src.heads is not None else extent(q_shape, q_src.axes, "h")
+    d_v = extent(v_shape, v_src.axes, "d")
     o_axes = q_src.axes.replace("3", "").replace("2", "")
     o_shape = tuple(
         heads if c == "h" else d_v if c == "d" else int(q_shape[q_src.axes.index(c)])
@@ -495,9 +410,9 @@ def _call(
     )
     has_b = "b" in q_src.axes
     lse_axes = ("b" if has_b else "") + "hs"
-    lse_shape = ((_extent(q_shape, q_src.axes, "b"),) if has_b else ()) + (
+    lse_shape = ((extent(q_shape, q_src.axes, "b"),) if has_b else ()) + (
         heads,
-        _extent(q_shape, q_src.axes, "s"),
+        extent(q_shape, q_src.axes, "s"),
     )
     call = _Call(
         sources=tuple(sources),
@@ -604,8 +519,8 @@ def attention(
             )
     sources = []
     for i, (name, x, a) in enumerate(zip("qkv", (q, k, v), per)):
-        a = _default_axes(len(x.shape), name) if a is None else a
-        sources.append(_Source(buf=i, axes=_parse_axes(a, x.shape, name)))
+        a = default_axes(len(x.shape), name) if a is None else a
+        sources.append(Source(buf=i, axes=parse_axes(a, x.shape, name)))
     return _call(
         (q, k, v),
         sources,
@@ -688,8 +603,8 @@ def attention_qkvpacked(
     _args.check_array(qkv, "qkv")
     shape = qkv.shape
     if axes is None:
-        axes = _default_axes(len(shape), "qkv", packed="3")
-    letters = _parse_axes(axes, shape, "qkv", packed="3" if _names(axes, "3") else "")
+        axes = default_axes(len(shape), "qkv", packed="3")
+    letters = parse_axes(axes, shape, "qkv", packed="3" if has_letter(axes, "3") else "")
     if "3" in letters:
         if shape[letters.index("3")] != 3:
             raise ValueError(
@@ -701,13 +616,13 @@ def attention_qkvpacked(
                 f"num_kv_heads={num_kv_heads} with a '3' axis: q, k and v have the same "
                 f"{shape[letters.index('h')]} heads there; leave num_kv_heads out"
             )
-        sources = [_Source(0, letters, pick=i) for i in range(3)]
+        sources = [Source(0, letters, pick=i) for i in range(3)]
     else:
         h, hg = _split_heads(int(shape[letters.index("h")]), 2, num_kv_heads, "qkv")
         sources = [
-            _Source(0, letters, head_start=0, heads=h),
-            _Source(0, letters, head_start=h, heads=hg),
-            _Source(0, letters, head_start=h + hg, heads=hg),
+            Source(0, letters, head_start=0, heads=h),
+            Source(0, letters, head_start=h, heads=hg),
+            Source(0, letters, head_start=h + hg, heads=hg),
         ]
     return _call(
         (qkv,),
@@ -767,18 +682,18 @@ def attention_kvpacked(
     each)."""
     _args.check_array(q, "q")
     _args.check_array(kv, "kv")
-    q_axes = _parse_axes(_default_axes(len(q.shape), "q") if axes is None else axes, q.shape, "q")
+    q_axes = parse_axes(default_axes(len(q.shape), "q") if axes is None else axes, q.shape, "q")
     if kv_axes is None:
-        kv_axes = _default_axes(len(kv.shape), "kv", packed="2")
-    packed = "2" if _names(kv_axes, "2") else ""
-    letters = _parse_axes(kv_axes, kv.shape, "kv", packed=packed)
+        kv_axes = default_axes(len(kv.shape), "kv", packed="2")
+    packed = "2" if has_letter(kv_axes, "2") else ""
+    letters = parse_axes(kv_axes, kv.shape, "kv", packed=packed)
     if packed:
         if kv.shape[letters.index("2")] != 2:
             raise ValueError(
                 f"kv's '2' axis (axis {letters.index('2')}) has extent "
                 f"{kv.shape[letters.index('2')]}; supported: 2 (k, v)"
             )
-        k_src, v_src = _Source(1, letters, pick=0), _Source(1, letters, pick=1)
+        k_src, v_src = Source(1, letters, pick=0), Source(1, letters, pick=1)
     else:
         total = int(kv.shape[letters.index("h")])
         if total % 2 != 0:
@@ -786,11 +701,11 @@ def attention_kvpacked(
                 f"kv's head axis has {total} heads; without a '2' axis it holds k's heads "
                 "then v's, so an even number"
             )
-        k_src = _Source(1, letters, head_start=0, heads=total // 2)
-        v_src = _Source(1, letters, head_start=total // 2, heads=total // 2)
+        k_src = Source(1, letters, head_start=0, heads=total // 2)
+        v_src = Source(1, letters, head_start=total // 2, heads=total // 2)
     return _call(
         (q, kv),
-        [_Source(0, q_axes), k_src, v_src],
+        [Source(0, q_axes), k_src, v_src],
         mask,
         window,
         scale,

@@ -17,7 +17,8 @@ if(STRIDEATTN_HAVE_CUDA)
   # The kernel table, make_cuda_plan's choices for described GPUs and what a prepared call
   # holds (no GPU needed).
   strideattn_test(cuda_plan_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan_test.cpp
-                                 ${CMAKE_CURRENT_LIST_DIR}/ws_plan_test.cpp)
+                                 ${CMAKE_CURRENT_LIST_DIR}/ws_plan_test.cpp
+                                 ${CMAKE_CURRENT_LIST_DIR}/feature_plan_test.cpp)
   target_link_libraries(cuda_plan_test PRIVATE strideattn_gpu CUDA::cudart)  # (launch.hpp: cuda_runtime.h)
   # The KV-cache path's plan (splits, workspace) and support rule for described GPUs (no GPU).
   strideattn_test(cuda_decode_plan_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_plan_test.cpp)
