@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "backends/cuda/common/arch.hpp"
 #include "backends/cuda/common/feature_set.hpp"
@@ -112,6 +113,18 @@ struct KernelEntry {
                                          : guarded;
   }
 };
+
+// Sets entry->mods_single[i] for the first `Count` single features (kSingleFeatures) to
+// make.template operator()<kSingleFeatures[i]>(): the address of the kernel instantiated
+// with that feature alone, or nullptr where the entry leaves it out.
+template <int Count, class Make>
+void set_single_features(KernelEntry* entry, Make&& make) {
+  static_assert(Count <= kSingleFeatureCount);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((entry->mods_single[I] = make.template operator()<kSingleFeatures[I]>()), ...);
+  }
+  (std::make_integer_sequence<int, Count>{});
+}
 
 // Every entry (the tma ones last), in preference order per key: where two entries share a key (the sm80 dK/dV
 // pass at d <= 128: 8 warps, then 4), the first whose shared memory the GPU grants runs.

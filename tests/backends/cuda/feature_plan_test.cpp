@@ -180,6 +180,19 @@ TEST(CudaPlan, FeatureVariantsCoverTheProblemsFeatures) {
   const KernelEntry* ws = find_ws_backward(DType::bf16, 128);
   ASSERT_NE(ws, nullptr);
   for (int i = 0; i < kSingleFeatureCount; ++i) EXPECT_EQ(ws->mods_single[i] != nullptr, i < kScoreFeatureCount);
+  // ... the forwards' six, but where their bucket leaves one out (the tiles' functions)
+  for (DType t : {DType::f16, DType::bf16})
+    for (int d : {64, 128, 256}) {
+      const KernelEntry* wsf = find_ws_forward(t, d, WsSchedule::overlapped);
+      ASSERT_NE(wsf, nullptr);
+      for (int i = 0; i < kSingleFeatureCount; ++i)
+        EXPECT_EQ(wsf->mods_single[i] != nullptr, ws_forward_single_feature(d, kSingleFeatures[i])) << d << " " << i;
+      if (d == 64) continue;  // (the wgmma forward: d 128 and 256)
+      const KernelEntry* wf = find_kernel(t, Arch::sm90a, d, Pass::forward, 1 << 30);
+      ASSERT_NE(wf, nullptr);
+      for (int i = 0; i < kSingleFeatureCount; ++i)
+        EXPECT_EQ(wf->mods_single[i] != nullptr, wgmma_forward_single_feature(d, kSingleFeatures[i])) << d << " " << i;
+    }
   KernelEntry all_only = *ws;  // an entry with none
   for (const void*& k : all_only.mods_single) k = nullptr;
   EXPECT_EQ(feature_variant(with_features(bwd(DType::bf16, 2, 1000, 8, 2, 128), kFeatAlibi), all_only), Variant::mods);

@@ -28,8 +28,6 @@
 // stored for dV and dP^T before dS^T, and dS^T is scaled by the softcap's derivative.
 #pragma once
 
-#include <utility>
-
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/dispatch.hpp"
 #include "backends/cuda/sm90/kv_wgmma_block.cuh"
@@ -127,10 +125,8 @@ KernelEntry kv_wgmma_entry() {
   e.guarded = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, false>);
   e.fold = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true>);
   e.mods = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true, kFeatAll>);
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((e.mods_single[I] = reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true, kSingleFeatures[I]>)), ...);
-  }
-  (std::make_integer_sequence<int, kScoreFeatureCount>{});
+  set_single_features<kScoreFeatureCount>(
+      &e, []<int F>() { return reinterpret_cast<const void*>(&backward_wgmma_kernel<T, D, true, F>); });
   return e;
 }
 

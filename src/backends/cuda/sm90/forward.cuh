@@ -14,8 +14,6 @@
 // variant (all of them) as sm80/forward.cuh's Mods, or one alone (common/score_mod.cuh).
 #pragma once
 
-#include <utility>
-
 #include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
@@ -176,15 +174,6 @@ __global__ void __launch_bounds__(kKvThreads, 1) forward_wgmma_kernel(const Kern
 #endif
 }
 
-// The instantiation with `Feature` alone, where the bucket has it (wgmma_forward_single_feature).
-template <class T, int D, int Feature>
-const void* forward_wgmma_single() {
-  if constexpr (wgmma_forward_single_feature(D, Feature))
-    return reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, Feature>);
-  else
-    return nullptr;
-}
-
 // The kernel table's entry of this forward for (T, D) (dispatch.hpp).
 template <class T, int D>
 KernelEntry forward_wgmma_entry() {
@@ -197,10 +186,13 @@ KernelEntry forward_wgmma_entry() {
   e.guarded = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false>);
   e.fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true>);
   e.mods = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, kFeatAll>);
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((e.mods_single[I] = forward_wgmma_single<T, D, kSingleFeatures[I]>()), ...);
-  }
-  (std::make_integer_sequence<int, kSingleFeatureCount>{});
+  // (each feature alone where the bucket has it: wgmma_forward_single_feature)
+  set_single_features<kSingleFeatureCount>(&e, []<int F>() -> const void* {
+    if constexpr (wgmma_forward_single_feature(D, F))
+      return reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, F>);
+    else
+      return nullptr;
+  });
   e.kv_cache = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, false, 0, true>);
   e.kv_cache_fold = reinterpret_cast<const void*>(&forward_wgmma_kernel<T, D, true, 0, true>);
   return e;

@@ -21,8 +21,6 @@
 //     have completed. Then dK and dV through the common epilogue (store_dk_dv).
 #pragma once
 
-#include <utility>
-
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/kv_pass.cuh"
 #include "backends/cuda/common/tiles.hpp"
@@ -226,10 +224,8 @@ KernelEntry ws_backward_entry() {
   e.guarded = reinterpret_cast<const void*>(&ws_backward_kernel<T, D, 0>);
   if constexpr (ws_backward_features(D)) {
     e.mods = reinterpret_cast<const void*>(&ws_backward_kernel<T, D, kFeatAll>);
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((e.mods_single[I] = reinterpret_cast<const void*>(&ws_backward_kernel<T, D, kSingleFeatures[I]>)), ...);
-    }
-    (std::make_integer_sequence<int, kScoreFeatureCount>{});
+    set_single_features<kScoreFeatureCount>(
+        &e, []<int F>() { return reinterpret_cast<const void*>(&ws_backward_kernel<T, D, F>); });
   }
   return e;
 }

@@ -25,8 +25,6 @@
 // through shared memory and a TMA store.
 #pragma once
 
-#include <utility>
-
 #include "backends/cuda/common/dropout.cuh"
 #include "backends/cuda/common/epilogue.cuh"
 #include "backends/cuda/common/fragment.cuh"
@@ -378,15 +376,6 @@ __global__ void __launch_bounds__(ws_forward_tile(D).threads, 1)
 // features, also has the fold instantiation (Variant::fold) and the features' ones, up to
 // kFoldKeys keys: every feature (Variant::mods) and each alone (Variant::mods_bias ...,
 // common/feature_set.hpp); the others cover up to kFoldKeys keys, no features.
-// The instantiation with `Feature` alone, where the bucket has it (ws_forward_single_feature).
-template <class T, int D, WsSchedule Schedule, int Feature>
-const void* ws_forward_single() {
-  if constexpr (ws_forward_single_feature(D, Feature))
-    return reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, false, Feature>);
-  else
-    return nullptr;
-}
-
 template <class T, int D, WsSchedule Schedule>
 KernelEntry ws_forward_entry() {
   constexpr WsForwardTile kTile = ws_forward_tile(D);
@@ -402,10 +391,13 @@ KernelEntry ws_forward_entry() {
   if constexpr (Schedule == WsSchedule::overlapped) {
     e.fold = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, true>);
     e.mods = reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, false, kFeatAll>);
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((e.mods_single[I] = ws_forward_single<T, D, Schedule, kSingleFeatures[I]>()), ...);
-    }
-    (std::make_integer_sequence<int, kSingleFeatureCount>{});
+    // (each feature alone where the bucket has it: ws_forward_single_feature)
+    set_single_features<kSingleFeatureCount>(&e, []<int F>() -> const void* {
+      if constexpr (ws_forward_single_feature(D, F))
+        return reinterpret_cast<const void*>(&ws_forward_kernel<T, D, Schedule, false, F>);
+      else
+        return nullptr;
+    });
   }
   return e;
 }
