@@ -478,8 +478,7 @@ Status fill_features(const CallAttrs& a, const std::vector<Buffer>& args, const 
     if (dbias != nullptr) {
       if (bias == nullptr || dbias->dims != bias->dims || dbias->type != bias->type)
         return bad("dbias result of shape " + dims_str(dbias->dims) +
-                   " does not match the bias; supported: the "
-                   "bias's shape and dtype");
+                   " does not match the bias; supported: the bias's shape and dtype");
       if (Status s = bias_view(*dbias, "dbias", &out->dbias); !s.ok()) return s;
       (*counts)[static_cast<std::size_t>(a.feature_rets[0])] +=
           out->dbias.shape[0] * out->dbias.shape[1] * out->dbias.shape[2] * out->dbias.shape[3];
@@ -664,8 +663,8 @@ ffi::Error backward_cuda(void* stream, ffi::RemainingArgs in, ffi::RemainingRets
 }  // namespace
 
 // Not marked command-buffer compatible: a varlen call with host lengths copies its sequence
-// tables from host memory, and the cudnn backend may build a graph on first use, neither of which a CUDA
-// graph capture may hold.
+// tables from host memory, and the cudnn backend may build a graph on first use, neither of
+// which a CUDA graph capture may hold.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(strideattn_jax_forward_cpu, forward_cpu,
                               ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs<ffi::Dictionary>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(strideattn_jax_backward_cpu, backward_cpu,
